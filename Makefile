@@ -1,0 +1,35 @@
+# One command each: `make demo` and `make test` install what they need first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Multi-rank test runs: real mpiexec from the venv's MPICH wheel.
+MPIEXEC := $(VENV)/bin/mpiexec
+PYTEST  := $(PY) -m pytest -q --color=no
+
+.PHONY: install test test-unit test-mpi demo bench bench-quick clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,examples,bench]'
+	touch $(STAMP)
+
+test: install
+	$(PYTEST) tests
+	$(MPIEXEC) -n 2 $(PYTEST) --with-mpi -p no:randomly tests/mpi
+	$(MPIEXEC) -n 3 $(PYTEST) --with-mpi tests/mpi
+
+demo: install
+	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/where_am_i.py
+
+bench: install
+	$(PY) -m bench.run
+
+bench-quick: install
+	$(PY) -m bench.run --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache bench/results.json bench/results.png
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

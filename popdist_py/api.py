@@ -1,0 +1,59 @@
+"""PopDist's query functions under their original names, so ported applications run unchanged."""
+
+from __future__ import annotations
+
+from popdist_py.env import is_set, read_topology
+
+
+def isPopdistEnvSet() -> bool:
+    """True when this process was started by ``poprun`` (its ``POPDIST_*`` variables are present)."""
+    return is_set()
+
+
+def getNumTotalReplicas() -> int:
+    return read_topology().num_total_replicas
+
+
+def getNumLocalReplicas() -> int:
+    return read_topology().num_local_replicas
+
+
+def getReplicaIndexOffset() -> int:
+    return read_topology().replica_index_offset
+
+
+def getNumIpusPerReplica() -> int:
+    return read_topology().ipus_per_replica
+
+
+def getNumInstances() -> int:
+    return read_topology().num_instances
+
+
+def getInstanceIndex() -> int:
+    return read_topology().instance_index
+
+
+def getLocalInstanceIndex() -> int:
+    return read_topology().local_instance_index
+
+
+def getDeviceId(ipusPerReplica: int = 0) -> int:
+    """The id of the (virtual) device this instance attaches to: one device per instance.
+
+    With IPUs, device ids enumerate devices of ``L x ipus`` IPUs; here the instance index plays
+    that role. ``ipusPerReplica`` (when non-zero) must match the environment, as in PopDist.
+    """
+    if ipusPerReplica and not checkNumIpusPerReplica(ipusPerReplica):
+        raise ValueError(
+            f"ipusPerReplica={ipusPerReplica} does not match POPDIST_NUM_IPUS_PER_REPLICA="
+            f"{getNumIpusPerReplica()}"
+        )
+    return read_topology().instance_index
+
+
+def checkNumIpusPerReplica(n: int) -> bool:
+    """False when the environment says a different number of IPUs per replica."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"number of IPUs per replica must be a positive integer, got {n!r}")
+    return read_topology().ipus_per_replica == n if is_set() else True

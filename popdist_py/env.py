@@ -1,0 +1,111 @@
+"""Where this instance stands, read from the ``POPDIST_*`` environment that ``poprun`` sets.
+
+Without that environment every answer is the one of a single instance with one replica.
+Values are validated on every read (they are cheap to parse), so a malformed environment is
+reported with the variable's name and value instead of producing a wrong topology.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
+LOCAL_REPLICAS = "POPDIST_NUM_LOCAL_REPLICAS"
+IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
+REPLICA_OFFSET = "POPDIST_REPLICA_INDEX_OFFSET"
+UNIFORM = "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"
+LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
+NUM_INSTANCES = "POPDIST_NUM_INSTANCES"
+INSTANCE_INDEX = "POPDIST_INSTANCE_INDEX"
+
+#: Presence of these marks a PopDist environment (PopRun sets exactly these).
+REQUIRED = (TOTAL_REPLICAS, LOCAL_REPLICAS, REPLICA_OFFSET)
+
+
+class PopdistEnvError(ValueError):
+    """The ``POPDIST_*`` environment is malformed; the message names the variable and value."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    num_total_replicas: int = 1
+    num_local_replicas: int = 1
+    ipus_per_replica: int = 1
+    replica_index_offset: int = 0
+    local_instance_index: int = 0
+    is_set: bool = False
+
+    @property
+    def num_instances(self) -> int:
+        return self.num_total_replicas // self.num_local_replicas
+
+    @property
+    def instance_index(self) -> int:
+        return self.replica_index_offset // self.num_local_replicas
+
+    @property
+    def local_replicas(self) -> range:
+        """The global indices of this instance's replicas."""
+        return range(self.replica_index_offset, self.replica_index_offset + self.num_local_replicas)
+
+
+def _int(env: dict[str, str] | os._Environ[str], name: str, default: int, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise PopdistEnvError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise PopdistEnvError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def is_set(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return any(env.get(name) for name in REQUIRED)
+
+
+def read_topology(env: dict[str, str] | os._Environ[str] | None = None) -> Topology:
+    """Parse and cross-check the PopDist environment (``os.environ`` by default)."""
+    env = os.environ if env is None else env
+    if not is_set(env):
+        return Topology()
+    missing = [name for name in REQUIRED if not env.get(name)]
+    if missing:
+        present = ", ".join(f"{n}={env.get(n)!r}" for n in REQUIRED if env.get(n))
+        raise PopdistEnvError(f"incomplete PopDist environment: {', '.join(missing)} missing while {present} is set")
+    total = _int(env, TOTAL_REPLICAS, 1, 1)
+    local = _int(env, LOCAL_REPLICAS, 1, 1)
+    offset = _int(env, REPLICA_OFFSET, 0, 0)
+    topo = Topology(
+        num_total_replicas=total,
+        num_local_replicas=local,
+        ipus_per_replica=_int(env, IPUS_PER_REPLICA, 1, 1),
+        replica_index_offset=offset,
+        local_instance_index=_int(env, LOCAL_INSTANCE_INDEX, 0, 0),
+        is_set=True,
+    )
+    if local > total:
+        raise PopdistEnvError(f"{LOCAL_REPLICAS}={local} exceeds {TOTAL_REPLICAS}={total}")
+    if total % local:
+        raise PopdistEnvError(f"{TOTAL_REPLICAS}={total} is not a multiple of {LOCAL_REPLICAS}={local}")
+    if offset % local:
+        raise PopdistEnvError(f"{REPLICA_OFFSET}={offset} is not a multiple of {LOCAL_REPLICAS}={local}")
+    if offset + local > total:
+        raise PopdistEnvError(
+            f"{REPLICA_OFFSET}={offset} + {LOCAL_REPLICAS}={local} exceeds {TOTAL_REPLICAS}={total}"
+        )
+    uniform = env.get(UNIFORM)
+    if uniform not in (None, "", "0", "1"):
+        raise PopdistEnvError(f"{UNIFORM}={uniform!r} must be 0 or 1")
+    for name, derived in ((NUM_INSTANCES, topo.num_instances), (INSTANCE_INDEX, topo.instance_index)):
+        given = _int(env, name, derived, 0)
+        if given != derived:
+            raise PopdistEnvError(
+                f"{name}={given} contradicts the replica counts, which give {derived} "
+                f"({TOTAL_REPLICAS}={total}, {LOCAL_REPLICAS}={local}, {REPLICA_OFFSET}={offset})"
+            )
+    return topo

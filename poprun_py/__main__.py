@@ -1,0 +1,3 @@
+from poprun_py.cli import main
+
+main()

@@ -1,0 +1,122 @@
+"""The job plan: which instance runs on which host and owns which global replicas.
+
+Instance i owns global replicas [i*L, (i+1)*L) and runs on host i // (I/H), so consecutive
+instances share a host, as PopRun lays them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from poprun_py.errors import PlanError
+
+LOCAL_HOST = "localhost"
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    index: int
+    host: str
+    local_index: int
+    replica_offset: int
+    num_local_replicas: int
+
+    @property
+    def replicas(self) -> range:
+        return range(self.replica_offset, self.replica_offset + self.num_local_replicas)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    num_instances: int
+    num_replicas: int
+    ipus_per_replica: int = 1
+    hosts: tuple[str, ...] = ()
+    executable_cache_path: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_instances", "num_replicas", "ipus_per_replica"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise PlanError(f"{flag} must be a positive integer, got {value!r}")
+        if self.num_replicas % self.num_instances:
+            raise PlanError(
+                f"--num-replicas {self.num_replicas} cannot be divided evenly among "
+                f"--num-instances {self.num_instances}; use a multiple of {self.num_instances} "
+                f"replicas or a divisor of {self.num_replicas} instances"
+            )
+        if self.hosts and self.num_instances % len(self.hosts):
+            raise PlanError(
+                f"--num-instances {self.num_instances} cannot be spread evenly over "
+                f"{len(self.hosts)} hosts ({', '.join(self.hosts)}); use a multiple of {len(self.hosts)} instances"
+            )
+
+    @property
+    def num_local_replicas(self) -> int:
+        return self.num_replicas // self.num_instances
+
+    @property
+    def host_names(self) -> tuple[str, ...]:
+        return self.hosts or (LOCAL_HOST,)
+
+    @property
+    def instances_per_host(self) -> int:
+        return self.num_instances // len(self.host_names)
+
+    def instance(self, index: int) -> InstancePlan:
+        if not 0 <= index < self.num_instances:
+            raise PlanError(f"instance {index} is outside 0..{self.num_instances - 1}")
+        per_host = self.instances_per_host
+        return InstancePlan(
+            index=index,
+            host=self.host_names[index // per_host],
+            local_index=index % per_host,
+            replica_offset=index * self.num_local_replicas,
+            num_local_replicas=self.num_local_replicas,
+        )
+
+    @property
+    def instances(self) -> list[InstancePlan]:
+        return [self.instance(i) for i in range(self.num_instances)]
+
+    def job_env(self) -> dict[str, str]:
+        """Variables that are the same for every instance."""
+        env = {
+            "POPDIST_NUM_TOTAL_REPLICAS": str(self.num_replicas),
+            "POPDIST_NUM_LOCAL_REPLICAS": str(self.num_local_replicas),
+            "POPDIST_NUM_IPUS_PER_REPLICA": str(self.ipus_per_replica),
+            "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE": "1",
+            "POPDIST_NUM_INSTANCES": str(self.num_instances),
+            "WORLD_SIZE": str(self.num_instances),
+            "LOCAL_WORLD_SIZE": str(self.instances_per_host),
+        }
+        if self.executable_cache_path:
+            env["POPDIST_EXECUTABLE_CACHE_PATH"] = self.executable_cache_path
+        return env
+
+    def instance_env(self, index: int) -> dict[str, str]:
+        """Variables that differ between instances."""
+        inst = self.instance(index)
+        return {
+            "POPDIST_INSTANCE_INDEX": str(inst.index),
+            "POPDIST_LOCAL_INSTANCE_INDEX": str(inst.local_index),
+            "POPDIST_REPLICA_INDEX_OFFSET": str(inst.replica_offset),
+            "RANK": str(inst.index),
+            "LOCAL_RANK": str(inst.local_index),
+        }
+
+    def describe(self) -> str:
+        """One line per instance: the plan that ``--dry-run`` prints."""
+        lines = [
+            f"job: {self.num_instances} instance(s) x {self.num_local_replicas} local replica(s) = "
+            f"{self.num_replicas} replica(s), {self.ipus_per_replica} IPU(s) per replica, "
+            f"{len(self.host_names)} host(s)"
+        ]
+        for inst in self.instances:
+            reps = inst.replicas
+            span = f"{reps.start}" if len(reps) == 1 else f"{reps.start}-{reps.stop - 1}"
+            lines.append(
+                f"  instance {inst.index} on {inst.host} (local index {inst.local_index}): replicas {span}"
+            )
+        return "\n".join(lines)

@@ -1,0 +1,26 @@
+"""``--print-topology yes``: PopRun's boxed table of hosts -> instances -> global replicas."""
+
+from __future__ import annotations
+
+from poprun_py.plan import JobPlan
+
+
+def render_topology(plan: JobPlan) -> str:
+    """Each cell spans the replica columns it owns, like PopRun's ``poprun topology`` box."""
+    width = max(len(str(plan.num_replicas - 1)), 2) + 2
+    per_host = plan.instances_per_host * plan.num_local_replicas
+
+    def row(label: str, cells: list[tuple[str, int]]) -> str:
+        parts = []
+        for text, span in cells:
+            cell_width = span * width + (span - 1)
+            parts.append(text.center(cell_width)[:cell_width])
+        return f"| {label:<9} |" + "|".join(parts) + "|"
+
+    hosts = [(name, per_host) for name in plan.host_names]
+    instances = [(str(i.index), plan.num_local_replicas) for i in plan.instances]
+    replicas = [(str(r), 1) for r in range(plan.num_replicas)]
+    body = [row("hosts", hosts), row("instances", instances), row("replicas", replicas)]
+    rule = "+" + "-" * (len(body[0]) - 2) + "+"
+    title = "| " + "poprun topology".center(len(body[0]) - 4) + " |"
+    return "\n".join([rule, title, rule, *body, rule])

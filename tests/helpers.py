@@ -1,0 +1,55 @@
+"""Shared test helpers: run real commands with an outer time bound, look for leftover processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+BIN = Path(sys.executable).parent
+POPRUN = [PYTHON, "-m", "poprun_py"]
+#: Outer bound for any subprocess a test starts; pytest-timeout is the inner one.
+SUBPROCESS_TIMEOUT = 60
+
+
+def run(cmd: list[str], *, timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, str] | None = None,
+        cwd: str | Path | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=cwd or ROOT, input=input)
+
+
+def poprun(*args: str, timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, str] | None = None,
+           cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
+    return run([*POPRUN, *args], timeout=timeout, env=env, cwd=cwd)
+
+
+def processes_matching(marker: str) -> list[str]:
+    """Command lines of live processes containing ``marker`` (read from /proc, no ps parsing)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(f"{pid}: {cmdline.strip()}")
+    return found
+
+
+def wait_no_processes(marker: str, within: float = 5.0) -> list[str]:
+    """Poll until no process carries ``marker``; return what is left after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        left = processes_matching(marker)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
