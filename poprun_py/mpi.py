@@ -1,0 +1,161 @@
+"""Find ``mpiexec``, tell MPICH (Hydra) from Open MPI, and build the one command that starts a job.
+
+Every instance is its own MPMD app context (``A : B : ...``) because each gets different
+``POPDIST_*`` values, as PopRun does with Open MPI's ``mpirun``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from poprun_py.errors import PlanError
+from poprun_py.plan import JobPlan
+
+Flavour = Literal["mpich", "openmpi"]
+
+#: Open MPI does not forward the environment by default; PopRun forwards these by name.
+OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
+
+
+@dataclass(frozen=True)
+class MpiLauncher:
+    path: str
+    flavour: Flavour
+    version: str
+
+
+def find_mpiexec(explicit: str | None = None) -> str:
+    """``--mpi PATH`` if given, else the mpiexec next to the running Python, else the one on PATH."""
+    if explicit:
+        resolved = shutil.which(explicit) if os.sep not in explicit else explicit
+        if not resolved or not os.path.isfile(resolved) or not os.access(resolved, os.X_OK):
+            raise PlanError(f"--mpi {explicit!r} is not an executable file; give the path of mpiexec or mpirun")
+        return os.path.abspath(resolved)
+    beside_python = Path(sys.executable).parent / "mpiexec"
+    if beside_python.is_file() and os.access(beside_python, os.X_OK):
+        return str(beside_python)
+    on_path = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not on_path:
+        raise PlanError(
+            "no mpiexec found next to Python or on PATH; install the 'mpich' wheel "
+            "(pip install mpich) or pass --mpi /path/to/mpiexec"
+        )
+    return on_path
+
+
+def detect_launcher(path: str) -> MpiLauncher:
+    """Ask ``path --version`` which MPI it belongs to."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PlanError(f"could not run {path!r} --version to detect the MPI flavour: {exc}") from None
+    text = (out.stdout + out.stderr).decode(errors="replace").replace("\0", "")
+    if "HYDRA" in text or "MPICH" in text.upper():
+        version = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if "Version:" in ln), "unknown")
+        return MpiLauncher(path, "mpich", version)
+    if "Open MPI" in text or "OpenRTE" in text or "prterun" in text.lower():
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        version = first.rsplit(" ", 1)[-1] if first else "unknown"
+        return MpiLauncher(path, "openmpi", version)
+    first_line = text.strip().splitlines()[0] if text.strip() else "(no output)"
+    raise PlanError(
+        f"{path!r} is neither MPICH (Hydra) nor Open MPI (its --version says {first_line!r}); "
+        "pass --mpi with an MPICH or Open MPI mpiexec"
+    )
+
+
+@dataclass
+class CommandSpec:
+    """Everything that shapes the mpiexec command apart from the plan."""
+
+    job_env: dict[str, str]
+    instance_envs: list[dict[str, str]]
+    instance_argv: list[list[str]]
+    global_args: list[str] = field(default_factory=list)
+    local_args: list[str] = field(default_factory=list)
+    instance_local_args: dict[int, list[str]] = field(default_factory=dict)
+    numa_aware: bool = False
+    explicit_hosts: bool = False
+
+
+def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> list[str]:
+    if launcher.flavour == "mpich":
+        return _mpich_command(launcher, plan, spec)
+    return _openmpi_command(launcher, plan, spec)
+
+
+def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> list[str]:
+    cmd = [launcher.path, *spec.global_args]
+    if spec.numa_aware:
+        cmd += ["-bind-to", "numa"]
+    for name, value in spec.job_env.items():
+        cmd += ["-genv", name, value]
+    for inst in plan.instances:
+        if inst.index:
+            cmd.append(":")
+        cmd += ["-n", "1"]
+        if spec.explicit_hosts:
+            cmd += ["-host", inst.host]
+        for name, value in spec.instance_envs[inst.index].items():
+            cmd += ["-env", name, value]
+        cmd += [*spec.local_args, *spec.instance_local_args.get(inst.index, []), *spec.instance_argv[inst.index]]
+    return cmd
+
+
+def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> list[str]:
+    cmd = [launcher.path, *spec.global_args]
+    cmd += ["--bind-to", "numa", "--map-by", "numa"] if spec.numa_aware else ["--bind-to", "none"]
+    # Instances are placed by poprun's plan, not by Open MPI's slot count (2 cores would refuse 4).
+    cmd.append("--oversubscribe")
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-run-as-root" not in spec.global_args:
+        cmd.append("--allow-run-as-root")
+    forwarded = [name for name in OPENMPI_FORWARDED if name in os.environ]
+    for inst in plan.instances:
+        if inst.index:
+            cmd.append(":")
+        cmd += ["-np", "1"]
+        if spec.explicit_hosts:
+            cmd += ["--host", inst.host]
+        for name, value in {**spec.job_env, **spec.instance_envs[inst.index]}.items():
+            cmd += ["-x", f"{name}={value}"]
+        for name in forwarded:
+            cmd += ["-x", name]
+        cmd += [*spec.local_args, *spec.instance_local_args.get(inst.index, []), *spec.instance_argv[inst.index]]
+    return cmd
+
+
+def split_args(text: str | None, option: str) -> list[str]:
+    """shlex-split an option's value; unbalanced quotes are a usage error naming the option."""
+    if not text:
+        return []
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise PlanError(f"{option} {text!r} cannot be split into arguments: {exc}") from None
+
+
+def parse_instance_local_args(values: tuple[str, ...] | list[str], num_instances: int) -> dict[int, list[str]]:
+    """``I:ARGS`` entries (repeatable; repeats for one instance are joined in order)."""
+    result: dict[int, list[str]] = {}
+    for value in values:
+        index_text, sep, args = value.partition(":")
+        if not sep or not index_text.strip().isdigit():
+            raise PlanError(
+                f"--instance-mpi-local-args {value!r} is not of the form I:ARGS with I an instance index, "
+                f"e.g. '1:-env FOO bar'"
+            )
+        index = int(index_text)
+        if index >= num_instances:
+            raise PlanError(
+                f"--instance-mpi-local-args {value!r} names instance {index}, but instances are "
+                f"0..{num_instances - 1}"
+            )
+        result.setdefault(index, []).extend(split_args(args, "--instance-mpi-local-args"))
+    return result

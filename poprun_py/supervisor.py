@@ -1,0 +1,402 @@
+"""Run the mpiexec command, route every instance's output, and tear the job down on failure.
+
+One event loop (selectors) watches: the control listener and each instance's connection,
+mpiexec's own stdout/stderr, and a wake-up pipe for signals. The first instance to fail is the
+root cause; every other instance is told to stop, then mpiexec's process group is signalled,
+then anything left in mpiexec's session is killed, so no process outlives ``poprun``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable
+
+from poprun_py import protocol
+from poprun_py.output import InstanceOutput
+
+log = logging.getLogger("poprun")
+
+#: How long after a teardown starts before mpiexec's process group is signalled, then killed.
+TERM_MPIEXEC_AFTER = protocol.DEFAULT_GRACE + 0.5
+KILL_MPIEXEC_AFTER = TERM_MPIEXEC_AFTER + 1.0
+
+
+@dataclass
+class InstanceState:
+    index: int
+    host: str
+    output: InstanceOutput
+    connection: socket.socket | None = None
+    reader: protocol.FrameReader = field(default_factory=protocol.FrameReader)
+    pid: int | None = None
+    status: int | None = None
+    signal: int | None = None
+    error: str | None = None
+    stopped_by_poprun: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not None
+
+
+@dataclass
+class Failure:
+    index: int | None
+    status: int
+    description: str
+
+
+def describe_status(status: int, signum: int | None) -> str:
+    if signum:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return f"killed by {name} (status {status})"
+    return f"exit status {status}"
+
+
+class Supervisor:
+    def __init__(self, num_instances: int, hosts: list[str], build_command: Callable[[str], list[str]],
+                 show_instance: int | None = None, bind_all: bool = False,
+                 stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> None:
+        self.sinks = {1: stdout or sys.stdout.buffer, 2: stderr or sys.stderr.buffer}
+        self.instances = [
+            InstanceState(i, hosts[i], InstanceOutput(i, show_instance in (None, i), self.sinks))
+            for i in range(num_instances)
+        ]
+        self.build_command = build_command
+        self.bind_all = bind_all
+        self.selector = selectors.DefaultSelector()
+        self.failure: Failure | None = None
+        self.interrupted: int | None = None
+        self.teardown_started: float | None = None
+        self.mpiexec: subprocess.Popen[bytes] | None = None
+        self.mpiexec_output: list[bytes] = []
+        self.pending_connections: list[socket.socket] = []
+
+    # ---------------------------------------------------------------- set-up
+    def _listen(self) -> tuple[socket.socket, str]:
+        if self.bind_all:
+            server = socket.create_server(("", 0), backlog=len(self.instances) + 8)
+            address = f"{socket.getfqdn()}:{server.getsockname()[1]}"
+        else:
+            server = socket.create_server(("127.0.0.1", 0), backlog=len(self.instances) + 8)
+            address = f"127.0.0.1:{server.getsockname()[1]}"
+        server.setblocking(False)
+        return server, address
+
+    def run(self) -> int:
+        server, address = self._listen()
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        os.set_blocking(wake_read, False)
+        previous_wakeup = signal.set_wakeup_fd(wake_write)
+        previous_handlers = {sig: signal.signal(sig, self._on_signal)
+                             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            command = self.build_command(address)
+            log.info("running command: %s", " ".join(command))
+            stdin = None if not os.isatty(0) else subprocess.DEVNULL
+            self.mpiexec = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, start_new_session=True)
+            log.info("waiting for mpiexec (PID %d)", self.mpiexec.pid)
+            self.selector.register(server, selectors.EVENT_READ, ("listen", None))
+            self.selector.register(wake_read, selectors.EVENT_READ, ("wake", None))
+            self.selector.register(self.mpiexec.stdout, selectors.EVENT_READ, ("mpiexec", 1))
+            self.selector.register(self.mpiexec.stderr, selectors.EVENT_READ, ("mpiexec", 2))
+            exit_fd = pidfd(self.mpiexec.pid)
+            if exit_fd is not None:  # wake the moment mpiexec exits instead of polling
+                self.selector.register(exit_fd, selectors.EVENT_READ, ("exited", None))
+            self._loop()
+        finally:
+            signal.set_wakeup_fd(previous_wakeup)
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
+            self._kill_leftovers()
+            server.close()
+            os.close(wake_read)
+            os.close(wake_write)
+        return self._finish()
+
+    # ---------------------------------------------------------------- event loop
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.interrupted is None:
+            self.interrupted = signum
+        elif self.teardown_started is not None:
+            self.teardown_started = -float("inf")  # second signal: escalate at once
+
+    def _loop(self) -> None:
+        assert self.mpiexec is not None
+        mpiexec_done_at: float | None = None
+        while True:
+            if self.interrupted is not None and self.teardown_started is None:
+                log.warning("received %s: stopping every instance", signal.Signals(self.interrupted).name)
+                self._teardown()
+            self._escalate()
+            if mpiexec_done_at is None and self.mpiexec.poll() is not None:
+                mpiexec_done_at = time.monotonic()
+                log.info("mpiexec exited with status %s", self.mpiexec.returncode)
+            if mpiexec_done_at is not None:
+                connected = any(i.connection is not None for i in self.instances)
+                # mpiexec is gone: read what is still in flight, then stop.
+                if (not connected and not self._mpiexec_pipes_open()) or time.monotonic() - mpiexec_done_at > 2.0:
+                    return
+            for key, _ in self.selector.select(0.1):
+                kind, data = key.data
+                if kind == "listen":
+                    self._accept(key.fileobj)  # type: ignore[arg-type]
+                elif kind == "wake":
+                    try:
+                        os.read(key.fd, 512)
+                    except BlockingIOError:
+                        pass
+                elif kind == "pending":
+                    self._read_hello(key.fileobj)  # type: ignore[arg-type]
+                elif kind == "instance":
+                    self._read_instance(data)
+                elif kind == "mpiexec":
+                    self._read_mpiexec(key.fileobj, data)  # type: ignore[arg-type]
+                elif kind == "exited":
+                    self.selector.unregister(key.fileobj)
+                    os.close(key.fd)
+
+    def _mpiexec_pipes_open(self) -> bool:
+        return any(key.data[0] == "mpiexec" for key in self.selector.get_map().values())
+
+    def _accept(self, server: socket.socket) -> None:
+        try:
+            conn, _ = server.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(False)
+        self.selector.register(conn, selectors.EVENT_READ, ("pending", FrameReaderBox()))
+
+    def _read_hello(self, conn: socket.socket) -> None:
+        box: FrameReaderBox = self.selector.get_key(conn).data[1]
+        data = self._recv(conn)
+        if data is None:
+            return
+        if not data:
+            self.selector.unregister(conn)
+            conn.close()
+            return
+        frames = box.reader.feed(data)
+        if not frames:
+            return
+        kind, _, payload = frames[0]
+        hello = json.loads(payload) if kind == protocol.HELLO else {}
+        index = hello.get("instance")
+        if not isinstance(index, int) or not 0 <= index < len(self.instances) or self.instances[index].connection:
+            log.error("unexpected connection on the control port: %r", hello)
+            self.selector.unregister(conn)
+            conn.close()
+            return
+        state = self.instances[index]
+        state.connection, state.reader, state.pid = conn, box.reader, hello.get("pid")
+        state.host = hello.get("host", state.host)
+        self.selector.modify(conn, selectors.EVENT_READ, ("instance", index))
+        log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
+        if self.teardown_started is not None:
+            self._send_terminate(state)
+        self._handle_frames(state, frames[1:])
+
+    @staticmethod
+    def _recv(conn: socket.socket) -> bytes | None:
+        """Bytes received; ``b""`` when the peer is gone; ``None`` when nothing is there yet."""
+        try:
+            return conn.recv(1 << 16)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def _read_instance(self, index: int) -> None:
+        state = self.instances[index]
+        assert state.connection is not None
+        data = self._recv(state.connection)
+        if data is None:
+            return
+        if not data:
+            self._disconnect(state)
+            return
+        self._handle_frames(state, state.reader.feed(data))
+
+    def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]]) -> None:
+        for kind, stream, payload in frames:
+            if kind == protocol.OUTPUT:
+                state.output.feed(stream, payload)
+            elif kind == protocol.EXIT:
+                report = json.loads(payload)
+                state.status, state.signal, state.error = report["status"], report.get("signal"), report.get("error")
+                if state.error:
+                    state.output.stderr_tail.append(state.error.encode())
+                log.info("instance %d on %s: %s", state.index, state.host, describe_status(state.status, state.signal))
+                if state.status != 0 and self.failure is None and not state.stopped_by_poprun \
+                        and self.teardown_started is None:
+                    self.failure = Failure(state.index, state.status, describe_status(state.status, state.signal))
+                    self._teardown()
+
+    def _disconnect(self, state: InstanceState) -> None:
+        assert state.connection is not None
+        self.selector.unregister(state.connection)
+        state.connection.close()
+        state.connection = None
+        state.output.flush()
+        if state.status is None:
+            # The shim died without reporting (killed by mpiexec or a signal).
+            log.info("instance %d on %s was lost without an exit report", state.index, state.host)
+            if self.failure is None and self.teardown_started is None:
+                self.failure = Failure(state.index, 1, "lost: its launcher process died without reporting")
+                self._teardown()
+
+    def _read_mpiexec(self, pipe: BinaryIO, stream: int) -> None:
+        data = os.read(pipe.fileno(), 1 << 16)
+        if not data:
+            self.selector.unregister(pipe)
+            return
+        self.mpiexec_output.append(data)
+        if self.teardown_started is None:
+            self.sinks[stream].write(data)
+            self.sinks[stream].flush()
+        else:
+            log.debug("mpiexec during teardown: %s", data.decode(errors="replace").rstrip())
+
+    # ---------------------------------------------------------------- teardown
+    def _send_terminate(self, state: InstanceState) -> None:
+        if state.connection is None or state.finished:
+            return
+        state.stopped_by_poprun = True
+        try:
+            state.connection.sendall(protocol.TERMINATE)
+        except OSError:
+            pass
+
+    def _teardown(self) -> None:
+        if self.teardown_started is not None:
+            return
+        self.teardown_started = time.monotonic()
+        log.info("stopping every instance")
+        for state in self.instances:
+            if not state.finished:
+                state.stopped_by_poprun = True
+                self._send_terminate(state)
+
+    def _escalate(self) -> None:
+        if self.teardown_started is None or self.mpiexec is None or self.mpiexec.poll() is not None:
+            return
+        elapsed = time.monotonic() - self.teardown_started
+        if elapsed >= KILL_MPIEXEC_AFTER:
+            self._signal_mpiexec(signal.SIGKILL)
+        elif elapsed >= TERM_MPIEXEC_AFTER:
+            self._signal_mpiexec(signal.SIGTERM)
+
+    def _signal_mpiexec(self, sig: int) -> None:
+        assert self.mpiexec is not None
+        log.debug("sending %s to mpiexec's process group", signal.Signals(sig).name)
+        try:
+            os.killpg(self.mpiexec.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _kill_leftovers(self) -> None:
+        """Last resort on this host: nothing started in mpiexec's session may survive poprun."""
+        if self.mpiexec is None:
+            return
+        if self.mpiexec.poll() is None:
+            self._signal_mpiexec(signal.SIGKILL)
+            try:
+                self.mpiexec.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
+        for pid in session_members(self.mpiexec.pid):
+            log.warning("killing process %d left behind in the job's session", pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for state in self.instances:
+            state.output.flush()
+            if state.connection is not None:
+                state.connection.close()
+                state.connection = None
+
+    # ---------------------------------------------------------------- result
+    def _finish(self) -> int:
+        assert self.mpiexec is not None
+        rc = self.mpiexec.returncode
+        if self.interrupted is not None:
+            self._summary(f"interrupted by {signal.Signals(self.interrupted).name}")
+            return 128 + self.interrupted
+        if self.failure is not None:
+            self._summary(None)
+            return self.failure.status
+        unreported = [s.index for s in self.instances if s.status is None]
+        if unreported:
+            tail = b"".join(self.mpiexec_output).decode(errors="replace").strip()
+            self._error(f"mpiexec exited with status {rc} before instance(s) "
+                        f"{', '.join(map(str, unreported))} reported an exit status"
+                        + (f"; mpiexec said:\n{tail}" if tail and self.teardown_started is not None else ""))
+            return rc if rc else 1
+        return 0 if rc == 0 else rc
+
+    def _error(self, message: str) -> None:
+        self.sinks[2].write(f"poprun: error: {message}\n".encode())
+        self.sinks[2].flush()
+
+    def _summary(self, reason: str | None) -> None:
+        lines = []
+        if self.failure is not None and self.failure.index is not None:
+            state = self.instances[self.failure.index]
+            lines.append(f"poprun: instance {state.index} on {state.host} failed: {self.failure.description}")
+            if state.output.stderr_tail:
+                lines.append(f"poprun: last lines of instance {state.index}'s stderr:")
+                lines += [f"    {line.decode(errors='replace')}" for line in state.output.stderr_tail]
+        if reason:
+            lines.append(f"poprun: {reason}")
+        stopped = [s.index for s in self.instances if s.stopped_by_poprun]
+        if stopped:
+            lines.append(f"poprun: stopped instance(s) {', '.join(map(str, stopped))}")
+        self.sinks[2].write(("\n".join(lines) + "\n").encode())
+        self.sinks[2].flush()
+
+
+class FrameReaderBox:
+    """A connection's decoder before we know which instance it belongs to."""
+
+    def __init__(self) -> None:
+        self.reader = protocol.FrameReader()
+
+
+def pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux >= 5.3), else None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def session_members(session_id: int) -> list[int]:
+    """PIDs whose session is ``session_id`` (Linux /proc), excluding zombies."""
+    members = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        # fields: state ppid pgrp session ...
+        if int(fields[3]) == session_id and fields[0] != b"Z":
+            members.append(int(entry))
+    return members
