@@ -1,0 +1,409 @@
+"""Dataset sharding helpers: which samples this instance (or replica) reads, and batch shapes.
+
+Every instance must read a disjoint part of the same dataset in the same order, so every index
+list is computed from ``n``, ``seed + epoch`` and the topology alone: any instance can recompute
+any other's shard, and no communication is needed.
+
+Two layouts of a shard over ``k`` shards exist; both pad (repeat the head of the index list) or
+drop (cut the tail) so every shard has the same length, which keeps every instance doing the same
+number of steps (an instance with one batch fewer would hang its peers at the next collective):
+
+``"strided"`` (torch ``DistributedSampler``): shard ``r`` takes ``indices[r::k]``.
+    The default for instance-level sharding (``shard_indices``, ``shard``,
+    ``DistributedSampler``), so PyTorch-style programs behave as they do with torch.
+``"contiguous"``: shard ``r`` takes the block ``indices[r*p:(r+1)*p]``.
+    The default for replica-level sharding (``replica_shard_indices``,
+    ``local_replica_shard_indices``), because only with blocks does the split of R replicas into
+    I instances x L local replicas not matter: global replica ``g = offset + r`` owns block ``g``,
+    instance ``i`` owns the union of blocks ``i*L .. i*L+L-1``, which is itself one block, the
+    same way ``instance_batch_slice`` cuts a global batch.
+
+Defaults come from the PopDist environment (``popdist_py.env`` / ``popdist_py.api``); without it
+everything answers as one instance with one replica, i.e. no sharding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence, Sized
+from typing import Any, Literal, TypeVar, overload
+
+import numpy as np
+
+from popdist_py.api import getInstanceIndex, getNumInstances, getNumLocalReplicas
+from popdist_py.env import Topology, read_topology
+
+__all__ = [
+    "DistributedSampler",
+    "global_batch_size",
+    "instance_batch_slice",
+    "local_replica_shard_indices",
+    "replica_shard_indices",
+    "shard",
+    "shard_indices",
+    "shuffle_buffer_size",
+    "split_for_replicas",
+]
+
+Layout = Literal["strided", "contiguous"]
+LAYOUTS: tuple[str, ...] = ("strided", "contiguous")
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------------------------
+# argument checks: messages name the value and what would be valid
+
+
+def _int(name: str, value: object, minimum: int | None = None) -> int:
+    # bool is an int subclass; a flag passed where a count belongs is a bug, not a 0/1.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value} is invalid: it must be an integer >= {minimum}")
+    return value
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}")
+    return bool(value)
+
+
+def _index(name: str, value: object, count_name: str, count: int) -> int:
+    value = _int(name, value)
+    if not 0 <= value < count:
+        raise ValueError(f"{name}={value} is outside the valid range [0, {count - 1}] for {count_name}={count}")
+    return value
+
+
+def _layout(value: object) -> Layout:
+    if value not in LAYOUTS:
+        raise ValueError(f"layout={value!r} is invalid: it must be one of {', '.join(map(repr, LAYOUTS))}")
+    return value  # type: ignore[return-value]
+
+
+def _length(dataset_or_length: object) -> int:
+    if isinstance(dataset_or_length, (int, np.integer)) and not isinstance(dataset_or_length, (bool, np.bool_)):
+        return _int("dataset length", dataset_or_length, 0)
+    if isinstance(dataset_or_length, Sized):
+        return len(dataset_or_length)
+    raise TypeError(
+        f"dataset_or_length must be an integer length or an object with __len__, got {dataset_or_length!r} "
+        f"of type {type(dataset_or_length).__name__}"
+    )
+
+
+def _order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """The dataset order before sharding: the same on every instance, which keeps shards disjoint."""
+    if shuffle:
+        return np.random.default_rng(seed + epoch).permutation(n).astype(np.int64, copy=False)
+    return np.arange(n, dtype=np.int64)
+
+
+def _per_shard(n: int, num_shards: int, drop_last: bool) -> int:
+    # torch writes the drop_last case as ceil((n - k) / k) when k does not divide n: that is n // k.
+    return n // num_shards if drop_last else -(-n // num_shards)
+
+
+def _fit(indices: np.ndarray, total: int) -> np.ndarray:
+    """Cut the tail, or pad by repeating the list from its head as often as needed (as torch)."""
+    if total <= len(indices):
+        return indices[:total]
+    return np.resize(indices, total)  # np.resize repeats cyclically: head, head, ...
+
+
+def _take(full: np.ndarray, num_shards: int, index: int, layout: Layout) -> np.ndarray:
+    if layout == "strided":
+        return full[index::num_shards]
+    per = len(full) // num_shards
+    return full[index * per : (index + 1) * per]
+
+
+def _sharded(n: int, num_shards: int, shuffle: bool, seed: int, epoch: int, drop_last: bool) -> np.ndarray:
+    """The ordered, padded or cut list of ``num_shards x per_shard`` indices that shards are cut from."""
+    return _fit(_order(n, shuffle, seed, epoch), num_shards * _per_shard(n, num_shards, drop_last))
+
+
+def _common(
+    n: object, seed: object, epoch: object, shuffle: object, drop_last: object
+) -> tuple[int, int, int, bool, bool]:
+    return (
+        _int("n", n, 0),
+        _int("seed", seed, 0),  # numpy's generators reject negative seeds
+        _int("epoch", epoch, 0),
+        _flag("shuffle", shuffle),
+        _flag("drop_last", drop_last),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# instance-level sharding
+
+
+def shard_indices(
+    n: int,
+    num_shards: int | None = None,
+    index: int | None = None,
+    *,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    drop_last: bool = False,
+    layout: Layout = "strided",
+) -> np.ndarray:
+    """The int64 indices of shard ``index`` of ``num_shards`` (default: this instance of all instances).
+
+    Same contract as ``DistributedSampler``: ``ceil(n/k)`` indices per shard, padded by repeating
+    the head of the list, or ``floor(n/k)`` with ``drop_last`` (tail cut). Shuffling permutes with
+    ``np.random.default_rng(seed + epoch)`` before sharding, identically on every instance.
+    ``layout`` picks ``indices[index::k]`` ("strided", torch) or the ``index``-th block ("contiguous").
+    """
+    n, seed, epoch, shuffle, drop_last = _common(n, seed, epoch, shuffle, drop_last)
+    layout = _layout(layout)
+    num_shards = _int("num_shards", getNumInstances() if num_shards is None else num_shards, 1)
+    index = _index("index", getInstanceIndex() if index is None else index, "num_shards", num_shards)
+    return _take(_sharded(n, num_shards, shuffle, seed, epoch, drop_last), num_shards, index, layout)
+
+
+@overload
+def shard(data: np.ndarray, num_shards: int | None = ..., index: int | None = ..., **options: Any) -> np.ndarray: ...
+@overload
+def shard(data: Sequence[T], num_shards: int | None = ..., index: int | None = ..., **options: Any) -> list[T]: ...
+@overload
+def shard(data: Any, num_shards: int | None = ..., index: int | None = ..., **options: Any) -> list[Any]: ...
+
+
+def shard(data: Any, num_shards: int | None = None, index: int | None = None, **options: Any) -> np.ndarray | list[Any]:
+    """This instance's part of ``data`` (any sequence or array), by ``shard_indices(len(data), ...)``.
+
+    Arrays are fancy-indexed along their first axis (a copy, so later writes to ``data`` do not
+    leak into the shard); other indexable sequences give a list of their items.
+    ``options`` are ``shard_indices``'s keywords (shuffle, seed, epoch, drop_last, layout).
+    """
+    if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        raise TypeError(
+            f"data must be a sequence or array (with __getitem__ and __len__), got {type(data).__name__}"
+        )
+    if isinstance(data, np.ndarray):
+        if data.ndim == 0:
+            raise ValueError(f"data is a 0-d array ({data!r}); it has no leading axis to shard")
+        return data[shard_indices(len(data), num_shards, index, **options)]
+    return [data[i] for i in shard_indices(len(data), num_shards, index, **options).tolist()]
+
+
+class DistributedSampler:
+    """A sampler with the contract of ``torch.utils.data.DistributedSampler`` (duck-typed, no torch).
+
+    Defaults shard by instance: each instance feeds all its local replicas from its shard, so the
+    instance, not the replica, is the unit of data loading. Pass it as ``DataLoader(sampler=...)``
+    and call ``set_epoch(epoch)`` every epoch, or every epoch repeats the same order.
+    """
+
+    def __init__(
+        self,
+        dataset_or_length: Sized | int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        self.dataset = dataset_or_length
+        self.num_replicas: int = _int("num_replicas", getNumInstances() if num_replicas is None else num_replicas, 1)
+        self.rank: int = _index("rank", getInstanceIndex() if rank is None else rank, "num_replicas", self.num_replicas)
+        self.shuffle: bool = _flag("shuffle", shuffle)
+        self.seed: int = _int("seed", seed, 0)
+        self.drop_last: bool = _flag("drop_last", drop_last)
+        self.epoch: int = 0
+        # Fixed now, as torch does: every rank must agree on the length for the whole run.
+        self._n: int = _length(dataset_or_length)
+        self.num_samples: int = _per_shard(self._n, self.num_replicas, self.drop_last)
+        self.total_size: int = self.num_samples * self.num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        full = _sharded(self._n, self.num_replicas, self.shuffle, self.seed, self.epoch, self.drop_last)
+        # Plain ints: numpy scalars surprise code that checks isinstance(i, int) or serialises them.
+        return iter(full[self.rank :: self.num_replicas].tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reseed the shuffle with ``seed + epoch``; all ranks must pass the same epoch."""
+        self.epoch = _int("epoch", epoch, 0)
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedSampler(n={self._n}, num_replicas={self.num_replicas}, rank={self.rank}, "
+            f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch})"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# replica-level sharding
+
+
+def _replicas(
+    num_total_replicas: int | None, num_local_replicas: int | None, replica_index_offset: int | None
+) -> tuple[int, int, int]:
+    """R, L and offset: given values win, the rest come from the environment, then are cross-checked."""
+    given = (num_total_replicas, num_local_replicas, replica_index_offset)
+    topo = read_topology() if any(value is None for value in given) else Topology()
+    total = _int("num_total_replicas", topo.num_total_replicas if num_total_replicas is None else num_total_replicas, 1)
+    local = _int("num_local_replicas", topo.num_local_replicas if num_local_replicas is None else num_local_replicas, 1)
+    offset = _int(
+        "replica_index_offset", topo.replica_index_offset if replica_index_offset is None else replica_index_offset, 0
+    )
+    if offset + local > total:
+        raise ValueError(
+            f"replica_index_offset={offset} + num_local_replicas={local} exceeds num_total_replicas={total}: "
+            f"the offset must be at most {total - local}"
+        )
+    return total, local, offset
+
+
+def replica_shard_indices(
+    n: int,
+    local_replica: int = 0,
+    *,
+    num_total_replicas: int | None = None,
+    num_local_replicas: int | None = None,
+    replica_index_offset: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    drop_last: bool = False,
+    layout: Layout = "contiguous",
+) -> np.ndarray:
+    """The indices of one replica's shard over all R replicas: global replica ``offset + local_replica``.
+
+    For programs that feed each replica separately. ``layout="contiguous"`` (default) keeps
+    replica ``g``'s block inside its instance's block (see the module docstring); "strided" gives
+    torch's ``indices[g::R]``. Topology values default to the PopDist environment.
+    """
+    n, seed, epoch, shuffle, drop_last = _common(n, seed, epoch, shuffle, drop_last)
+    layout = _layout(layout)
+    total, local, offset = _replicas(num_total_replicas, num_local_replicas, replica_index_offset)
+    local_replica = _index("local_replica", local_replica, "num_local_replicas", local)
+    full = _sharded(n, total, shuffle, seed, epoch, drop_last)
+    return _take(full, total, offset + local_replica, layout)
+
+
+def local_replica_shard_indices(
+    n: int,
+    *,
+    num_total_replicas: int | None = None,
+    num_local_replicas: int | None = None,
+    replica_index_offset: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    drop_last: bool = False,
+    layout: Layout = "contiguous",
+) -> np.ndarray:
+    """This instance's L replica shards stacked ``[L, per_replica]``: row r is ``replica_shard_indices(n, r)``.
+
+    Indexing data with it gives the ``[L, B, ...]`` arrays the engine takes. With the default
+    "contiguous" layout, ``.reshape(-1)`` is the instance's one block of the R-way split, and
+    ``split_for_replicas`` of that block gives these rows back: sharding by instance then by
+    local replica equals sharding by global replica, whatever ``n``.
+    """
+    n, seed, epoch, shuffle, drop_last = _common(n, seed, epoch, shuffle, drop_last)
+    layout = _layout(layout)
+    total, local, offset = _replicas(num_total_replicas, num_local_replicas, replica_index_offset)
+    full = _sharded(n, total, shuffle, seed, epoch, drop_last)
+    per = len(full) // total
+    if layout == "contiguous":
+        return full[offset * per : (offset + local) * per].reshape(local, per)
+    return full.reshape(per, total)[:, offset : offset + local].T.copy()
+
+
+def instance_batch_slice(
+    global_batch_size: int,
+    *,
+    num_total_replicas: int | None = None,
+    num_local_replicas: int | None = None,
+    replica_index_offset: int | None = None,
+) -> slice:
+    """This instance's part ``[i*L*B, (i+1)*L*B)`` of a global batch of ``R*B`` samples.
+
+    A global batch is split over replicas in global replica order (DESIGN.md), so every instance
+    can load the same global batch, cut this block and ``split_for_replicas`` it: replica ``g``
+    then gets samples ``[g*B, (g+1)*B)``, independent of how replicas are spread over instances.
+    """
+    size = _int("global_batch_size", global_batch_size, 0)
+    total, local, offset = _replicas(num_total_replicas, num_local_replicas, replica_index_offset)
+    if size % total:
+        raise ValueError(
+            f"global_batch_size={size} is not divisible by num_total_replicas={total}: "
+            f"use a multiple of {total} so every replica gets the same micro-batch"
+        )
+    per_replica = size // total
+    return slice(offset * per_replica, (offset + local) * per_replica)
+
+
+# --------------------------------------------------------------------------------------------
+# batch shapes and sizes
+
+
+@overload
+def split_for_replicas(batch: np.ndarray, num_local_replicas: int | None = ...) -> np.ndarray: ...
+@overload
+def split_for_replicas(
+    batch: tuple[Any, ...] | list[Any], num_local_replicas: int | None = ...
+) -> tuple[np.ndarray, ...]: ...
+
+
+def split_for_replicas(
+    batch: np.ndarray | tuple[Any, ...] | list[Any], num_local_replicas: int | None = None
+) -> np.ndarray | tuple[np.ndarray, ...]:
+    """Reshape an instance's host batch ``[L*B, ...]`` to ``[L, B, ...]`` (a view when possible).
+
+    Replica ``r`` gets rows ``[r*B, (r+1)*B)``, the same contiguous order as ``instance_batch_slice``.
+    A tuple or list of arrays (inputs, labels, ...) is split element-wise and returned as a tuple.
+    """
+    local = _int("num_local_replicas", getNumLocalReplicas() if num_local_replicas is None else num_local_replicas, 1)
+    if isinstance(batch, (tuple, list)):
+        return tuple(_split_one(f"batch[{i}]", item, local) for i, item in enumerate(batch))
+    return _split_one("batch", batch, local)
+
+
+def _split_one(name: str, batch: Any, local: int) -> np.ndarray:
+    array = np.asarray(batch)
+    if array.ndim == 0:
+        raise ValueError(f"{name} is a 0-d value ({array!r}); it needs a leading batch axis of size L*B")
+    lead = array.shape[0]
+    if lead % local:
+        raise ValueError(
+            f"{name} has leading size {lead}, which is not divisible by num_local_replicas={local}: "
+            f"it must be a multiple of {local} (L*B)"
+        )
+    return array.reshape(local, lead // local, *array.shape[1:])
+
+
+def global_batch_size(
+    micro_batch_size: int, gradient_accumulation: int = 1, *, num_total_replicas: int | None = None
+) -> int:
+    """Samples per weight update: micro-batch x gradient accumulation x total replicas (R, default from PopDist).
+
+    Learning-rate scaling and epoch step counts depend on this, not on the per-replica batch.
+    """
+    micro = _int("micro_batch_size", micro_batch_size, 1)
+    accumulation = _int("gradient_accumulation", gradient_accumulation, 1)
+    if num_total_replicas is None:
+        num_total_replicas = read_topology().num_total_replicas
+    total = _int("num_total_replicas", num_total_replicas, 1)
+    return micro * accumulation * total
+
+
+def shuffle_buffer_size(n: int, *, num_instances: int | None = None) -> int:
+    """This instance's share of ``n`` samples: ``ceil(n / num_instances)`` (default from PopDist).
+
+    A shuffle buffer applied after sharding (as TF programs do) only ever holds this instance's
+    shard, so a buffer this large shuffles the whole shard; ceil so the largest shard also fits.
+    ``n == 0`` gives 0; frameworks that need a positive buffer should use ``max(1, ...)``.
+    """
+    n = _int("n", n, 0)
+    instances = _int("num_instances", getNumInstances() if num_instances is None else num_instances, 1)
+    return -(-n // instances)

@@ -1,0 +1,470 @@
+"""Dataset sharding helpers: exact values, torch's DistributedSampler algorithm, coverage properties."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from popdist_py.data import (
+    DistributedSampler,
+    global_batch_size,
+    instance_batch_slice,
+    local_replica_shard_indices,
+    replica_shard_indices,
+    shard,
+    shard_indices,
+    shuffle_buffer_size,
+    split_for_replicas,
+)
+
+PROPS = settings(max_examples=150, deadline=None)
+
+
+@pytest.fixture(autouse=True)
+def no_popdist_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts outside poprun, whatever environment pytest was started in."""
+    for name in list(os.environ):
+        if name.startswith("POPDIST_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def instance_1_of_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """R=8, L=4, offset 4: instance 1 of 2, global replicas 4..7."""
+    monkeypatch.setenv("POPDIST_NUM_TOTAL_REPLICAS", "8")
+    monkeypatch.setenv("POPDIST_NUM_LOCAL_REPLICAS", "4")
+    monkeypatch.setenv("POPDIST_REPLICA_INDEX_OFFSET", "4")
+
+
+def torch_reference(n: int, k: int, rank: int, shuffle: bool, seed: int, epoch: int, drop_last: bool) -> list[int]:
+    """torch.utils.data.DistributedSampler's algorithm (peers.md 2.4), numpy's permutation for randperm."""
+    if drop_last and n % k != 0:
+        num_samples = math.ceil((n - k) / k)
+    else:
+        num_samples = math.ceil(n / k)
+    total_size = num_samples * k
+    indices = np.random.default_rng(seed + epoch).permutation(n).tolist() if shuffle else list(range(n))
+    if not drop_last:
+        padding_size = total_size - len(indices)
+        if padding_size <= len(indices):
+            indices += indices[:padding_size]
+        else:
+            indices += (indices * math.ceil(padding_size / len(indices)))[:padding_size]
+    else:
+        indices = indices[:total_size]
+    assert len(indices) == total_size
+    indices = indices[rank:total_size:k]
+    assert len(indices) == num_samples
+    return indices
+
+
+# ------------------------------------------------------------------------------------------
+# exact values
+
+
+def test_strided_padding_repeats_head() -> None:
+    assert [shard_indices(10, 3, r).tolist() for r in range(3)] == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
+
+
+def test_strided_drop_last_cuts_tail() -> None:
+    assert [shard_indices(10, 3, r, drop_last=True).tolist() for r in range(3)] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+
+
+def test_padding_longer_than_dataset_repeats_several_times() -> None:
+    assert [shard_indices(2, 5, r).tolist() for r in range(5)] == [[0], [1], [0], [1], [0]]
+    assert [shard_indices(2, 5, r, drop_last=True).tolist() for r in range(5)] == [[]] * 5
+
+
+def test_contiguous_blocks() -> None:
+    got = [shard_indices(10, 3, r, layout="contiguous").tolist() for r in range(3)]
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+    got = [shard_indices(10, 3, r, layout="contiguous", drop_last=True).tolist() for r in range(3)]
+    assert got == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
+def test_shuffle_uses_seed_plus_epoch() -> None:
+    perm = np.random.default_rng(7 + 3).permutation(12)
+    assert shard_indices(12, 4, 1, shuffle=True, seed=7, epoch=3).tolist() == perm[1::4].tolist()
+    # seed 8 epoch 2 is the same stream as seed 7 epoch 3, as in torch
+    assert shard_indices(12, 4, 1, shuffle=True, seed=8, epoch=2).tolist() == perm[1::4].tolist()
+
+
+def test_empty_dataset() -> None:
+    assert shard_indices(0, 3, 2).tolist() == []
+    assert shard_indices(0, 3, 2).dtype == np.int64
+    assert len(DistributedSampler(0, 3, 2)) == 0
+    assert list(DistributedSampler(0, 3, 2)) == []
+
+
+def test_sampler_torch_attributes_and_len() -> None:
+    sampler = DistributedSampler(list(range(10)), num_replicas=3, rank=2, shuffle=False)
+    assert (len(sampler), sampler.num_samples, sampler.total_size) == (4, 4, 12)
+    assert (sampler.num_replicas, sampler.rank, sampler.epoch, sampler.seed) == (3, 2, 0, 0)
+    assert list(sampler) == [2, 5, 8, 1]
+    dropped = DistributedSampler(10, num_replicas=3, rank=2, shuffle=False, drop_last=True)
+    assert (len(dropped), dropped.total_size, list(dropped)) == (3, 9, [2, 5, 8])
+
+
+def test_sampler_yields_plain_ints_and_reshuffles_per_epoch() -> None:
+    sampler = DistributedSampler(range(40), num_replicas=2, rank=0, seed=5)
+    first = list(sampler)
+    assert all(type(i) is int for i in first)
+    assert first == np.random.default_rng(5).permutation(40)[0::2].tolist()
+    assert list(sampler) == first  # no set_epoch: the same order again, as torch
+    sampler.set_epoch(1)
+    assert sampler.epoch == 1
+    second = list(sampler)
+    assert second == np.random.default_rng(6).permutation(40)[0::2].tolist()
+    assert second != first
+
+
+def test_sampler_default_shuffles() -> None:
+    assert list(DistributedSampler(30, 1, 0)) == np.random.default_rng(0).permutation(30).tolist()
+
+
+def test_sampler_accepts_numpy_integers() -> None:
+    sampler = DistributedSampler(np.int64(9), np.int32(2), np.int64(1), shuffle=False)
+    assert (sampler.num_replicas, sampler.rank, list(sampler)) == (2, 1, [1, 3, 5, 7, 0])
+    assert type(sampler.rank) is int
+
+
+# ------------------------------------------------------------------------------------------
+# shard()
+
+
+def test_shard_numpy_array_is_fancy_indexed() -> None:
+    data = np.arange(20).reshape(10, 2)
+    got = shard(data, 3, 1)
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, data[[1, 4, 7, 0]])
+    got[0, 0] = -1
+    assert data[1, 0] == 2  # a copy, not a view
+
+
+def test_shard_list_tuple_and_other_sequences() -> None:
+    assert shard(list("abcdefg"), 2, 1) == ["b", "d", "f", "a"]
+    assert shard(tuple("abcdefg"), 2, 1, drop_last=True) == ["b", "d", "f"]
+    assert shard(range(100, 107), 2, 0, layout="contiguous") == [100, 101, 102, 103]
+    assert shard("abcdef", 3, 2) == ["c", "f"]
+    perm = np.random.default_rng(3).permutation(6)
+    assert shard(list(range(10, 16)), 2, 0, shuffle=True, seed=1, epoch=2) == [10 + int(i) for i in perm[0::2]]
+
+
+def test_shard_rejects_non_sequences() -> None:
+    with pytest.raises(TypeError, match=r"data must be a sequence or array.*got int"):
+        shard(5, 2, 0)
+    with pytest.raises(TypeError, match=r"got set"):
+        shard({1, 2}, 2, 0)
+    with pytest.raises(ValueError, match=r"0-d array"):
+        shard(np.array(3), 1, 0)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'bogus'"):
+        shard([1, 2], 1, 0, bogus=1)
+
+
+# ------------------------------------------------------------------------------------------
+# replica level, batches
+
+
+def test_replica_shards_explicit_topology() -> None:
+    topo = dict(num_total_replicas=4, num_local_replicas=2, replica_index_offset=2)
+    # n=10 over R=4: blocks of 3 from [0..9, 0, 1]; this instance owns global replicas 2 and 3
+    assert replica_shard_indices(10, 0, **topo).tolist() == [6, 7, 8]
+    assert replica_shard_indices(10, 1, **topo).tolist() == [9, 0, 1]
+    assert replica_shard_indices(10, 1, **topo, layout="strided").tolist() == [3, 7, 1]
+    assert local_replica_shard_indices(10, **topo).tolist() == [[6, 7, 8], [9, 0, 1]]
+    assert local_replica_shard_indices(10, **topo, layout="strided").tolist() == [[2, 6, 0], [3, 7, 1]]
+    assert local_replica_shard_indices(10, **topo, drop_last=True).tolist() == [[4, 5], [6, 7]]
+    assert instance_batch_slice(12, **topo) == slice(6, 12)
+
+
+def test_split_for_replicas_is_a_view() -> None:
+    batch = np.arange(24).reshape(6, 4)
+    split = split_for_replicas(batch, 3)
+    assert split.shape == (3, 2, 4)
+    assert np.shares_memory(split, batch)
+    np.testing.assert_array_equal(split[1], batch[2:4])
+
+
+def test_split_for_replicas_tuple_and_list() -> None:
+    x, y = np.zeros((8, 3)), np.arange(8)
+    got = split_for_replicas((x, y), 4)
+    assert isinstance(got, tuple) and [a.shape for a in got] == [(4, 2, 3), (4, 2)]
+    got = split_for_replicas([x, y], 2)
+    assert isinstance(got, tuple) and got[1].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_split_for_replicas_errors_name_size_and_l() -> None:
+    with pytest.raises(ValueError, match=r"batch has leading size 7.*num_local_replicas=4"):
+        split_for_replicas(np.zeros((7, 2)), 4)
+    with pytest.raises(ValueError, match=r"batch\[1\] has leading size 5.*num_local_replicas=2"):
+        split_for_replicas((np.zeros(4), np.zeros(5)), 2)
+    with pytest.raises(ValueError, match=r"0-d"):
+        split_for_replicas(np.float64(1.0), 1)
+    with pytest.raises(ValueError, match=r"num_local_replicas=0.*>= 1"):
+        split_for_replicas(np.zeros(4), 0)
+
+
+def test_global_batch_and_shuffle_buffer_explicit() -> None:
+    assert global_batch_size(20, 6, num_total_replicas=16) == 1920  # the reference's example
+    assert global_batch_size(3) == 3
+    assert shuffle_buffer_size(10, num_instances=4) == 3
+    assert shuffle_buffer_size(12, num_instances=4) == 3
+    assert shuffle_buffer_size(0, num_instances=4) == 0
+    assert shuffle_buffer_size(7) == 7
+
+
+# ------------------------------------------------------------------------------------------
+# defaults from the PopDist environment
+
+
+def test_defaults_without_env_are_one_instance_one_replica() -> None:
+    assert shard_indices(5).tolist() == [0, 1, 2, 3, 4]
+    sampler = DistributedSampler(5, shuffle=False)
+    assert (sampler.num_replicas, sampler.rank, list(sampler)) == (1, 0, [0, 1, 2, 3, 4])
+    assert split_for_replicas(np.arange(3)).shape == (1, 3)
+    assert local_replica_shard_indices(4).tolist() == [[0, 1, 2, 3]]
+    assert instance_batch_slice(6) == slice(0, 6)
+
+
+def test_defaults_read_popdist_env(instance_1_of_2: None) -> None:
+    assert shard_indices(11).tolist() == [1, 3, 5, 7, 9, 0]
+    assert shard_indices(11, drop_last=True).tolist() == [1, 3, 5, 7, 9]
+    assert shard(list("abcdef")) == ["b", "d", "f"]
+    sampler = DistributedSampler(range(11), shuffle=False)
+    assert (sampler.num_replicas, sampler.rank, len(sampler), list(sampler)) == (2, 1, 6, [1, 3, 5, 7, 9, 0])
+    assert split_for_replicas(np.arange(8)).tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert replica_shard_indices(16, 0).tolist() == [8, 9]  # global replica 4
+    assert replica_shard_indices(16, 3).tolist() == [14, 15]  # global replica 7
+    assert local_replica_shard_indices(16).tolist() == [[8, 9], [10, 11], [12, 13], [14, 15]]
+    assert local_replica_shard_indices(16, layout="strided").tolist() == [[4, 12], [5, 13], [6, 14], [7, 15]]
+    assert instance_batch_slice(16) == slice(8, 16)
+    assert global_batch_size(2, 3) == 48
+    assert shuffle_buffer_size(11) == 6
+
+
+def test_explicit_values_override_env(instance_1_of_2: None) -> None:
+    assert shard_indices(6, 3, 0).tolist() == [0, 3]
+    assert DistributedSampler(6, 3, 2, shuffle=False).rank == 2
+    assert split_for_replicas(np.arange(6), 3).shape == (3, 2)
+    # only the offset overridden: R=8 and L=4 still come from the environment
+    assert local_replica_shard_indices(8, replica_index_offset=0).tolist() == [[0], [1], [2], [3]]
+    assert global_batch_size(2, num_total_replicas=1) == 2
+    assert shuffle_buffer_size(11, num_instances=1) == 11
+
+
+def test_malformed_env_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POPDIST_NUM_TOTAL_REPLICAS", "8")
+    monkeypatch.setenv("POPDIST_NUM_LOCAL_REPLICAS", "3")
+    monkeypatch.setenv("POPDIST_REPLICA_INDEX_OFFSET", "0")
+    with pytest.raises(ValueError, match=r"POPDIST_NUM_TOTAL_REPLICAS=8 is not a multiple"):
+        shard_indices(10)
+
+
+# ------------------------------------------------------------------------------------------
+# errors name the value and what would be valid
+
+
+TOPO = dict(num_total_replicas=4, num_local_replicas=2, replica_index_offset=2)
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "pattern"),
+    [
+        (lambda: shard_indices(10, 3, 3), ValueError, r"index=3 is outside the valid range \[0, 2\] for num_shards=3"),
+        (lambda: shard_indices(10, 3, -1), ValueError, r"index=-1 is outside the valid range \[0, 2\]"),
+        (lambda: shard_indices(10, 0, 0), ValueError, r"num_shards=0 .*>= 1"),
+        (lambda: shard_indices(10, -2, 0), ValueError, r"num_shards=-2 .*>= 1"),
+        (lambda: shard_indices(-1, 2, 0), ValueError, r"n=-1 .*>= 0"),
+        (lambda: shard_indices(10.0, 2, 0), TypeError, r"n must be an integer, got 10.0 of type float"),
+        (lambda: shard_indices(True, 2, 0), TypeError, r"n must be an integer, got True of type bool"),
+        (lambda: shard_indices(10, True, 0), TypeError, r"num_shards must be an integer, got True"),
+        (lambda: shard_indices(10, 2, np.bool_(True)), TypeError, r"index must be an integer, got .*True"),
+        (lambda: shard_indices(10, 2, "1"), TypeError, r"index must be an integer, got '1' of type str"),
+        (lambda: shard_indices(10, 2, 0, seed=-1), ValueError, r"seed=-1 .*>= 0"),
+        (lambda: shard_indices(10, 2, 0, epoch=-3), ValueError, r"epoch=-3 .*>= 0"),
+        (lambda: shard_indices(10, 2, 0, shuffle=1), TypeError, r"shuffle must be True or False, got 1 of type int"),
+        (lambda: shard_indices(10, 2, 0, drop_last="no"), TypeError, r"drop_last must be True or False, got 'no'"),
+        (lambda: shard_indices(10, 2, 0, layout="blocks"), ValueError, r"layout='blocks' .*'strided', 'contiguous'"),
+        (lambda: DistributedSampler(10, 4, 4), ValueError,
+         r"rank=4 is outside the valid range \[0, 3\] for num_replicas=4"),
+        (lambda: DistributedSampler(10, 0, 0), ValueError, r"num_replicas=0 .*>= 1"),
+        (lambda: DistributedSampler(10, 2, 0, seed=1.5), TypeError, r"seed must be an integer, got 1.5"),
+        (lambda: DistributedSampler(-5, 2, 0), ValueError, r"dataset length=-5 .*>= 0"),
+        (lambda: DistributedSampler(object(), 2, 0), TypeError, r"integer length or an object with __len__.*object"),
+        (lambda: DistributedSampler(False, 2, 0), TypeError, r"got False of type bool"),
+        (lambda: DistributedSampler(10, 2, 0).set_epoch(-1), ValueError, r"epoch=-1 .*>= 0"),
+        (lambda: DistributedSampler(10, 2, 0).set_epoch(1.0), TypeError, r"epoch must be an integer, got 1.0"),
+        (lambda: replica_shard_indices(10, 2, **TOPO), ValueError,
+         r"local_replica=2 is outside the valid range \[0, 1\] for num_local_replicas=2"),
+        (lambda: replica_shard_indices(10, 0, num_total_replicas=4, num_local_replicas=2, replica_index_offset=3),
+         ValueError,
+         r"replica_index_offset=3 \+ num_local_replicas=2 exceeds num_total_replicas=4: the offset must be at most 2"),
+        (lambda: local_replica_shard_indices(10, num_total_replicas=0, num_local_replicas=1, replica_index_offset=0),
+         ValueError, r"num_total_replicas=0 .*>= 1"),
+        (lambda: local_replica_shard_indices(10, num_total_replicas=4, num_local_replicas=2, replica_index_offset=-2),
+         ValueError, r"replica_index_offset=-2 .*>= 0"),
+        (lambda: instance_batch_slice(10, **TOPO), ValueError,
+         r"global_batch_size=10 is not divisible by num_total_replicas=4.*multiple of 4"),
+        (lambda: instance_batch_slice(-4, **TOPO), ValueError, r"global_batch_size=-4 .*>= 0"),
+        (lambda: global_batch_size(0), ValueError, r"micro_batch_size=0 .*>= 1"),
+        (lambda: global_batch_size(2, -1), ValueError, r"gradient_accumulation=-1 .*>= 1"),
+        (lambda: global_batch_size(2, True), TypeError, r"gradient_accumulation must be an integer, got True"),
+        (lambda: global_batch_size(2.5), TypeError, r"micro_batch_size must be an integer, got 2.5"),
+        (lambda: shuffle_buffer_size(-3), ValueError, r"n=-3 .*>= 0"),
+        (lambda: shuffle_buffer_size(10, num_instances=0), ValueError, r"num_instances=0 .*>= 1"),
+        (lambda: split_for_replicas(np.zeros(4), False), TypeError,
+         r"num_local_replicas must be an integer, got False"),
+    ],
+)
+def test_errors_name_the_value(call, exc: type[Exception], pattern: str) -> None:
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+# ------------------------------------------------------------------------------------------
+# properties
+
+
+sizes = st.integers(min_value=0, max_value=120)
+counts = st.integers(min_value=1, max_value=6)
+seeds = st.integers(min_value=0, max_value=2**32)
+epochs = st.integers(min_value=0, max_value=50)
+
+
+@PROPS
+@given(n=sizes, k=st.integers(min_value=1, max_value=9), shuffle=st.booleans(), seed=seeds, epoch=epochs,
+       drop_last=st.booleans())
+def test_strided_matches_torch_reference(n: int, k: int, shuffle: bool, seed: int, epoch: int, drop_last: bool) -> None:
+    for rank in range(k):
+        expected = torch_reference(n, k, rank, shuffle, seed, epoch, drop_last)
+        got = shard_indices(n, k, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+        assert got.tolist() == expected
+        sampler = DistributedSampler(n, k, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        sampler.set_epoch(epoch)
+        assert len(sampler) == len(expected)
+        assert list(sampler) == expected
+
+
+def _check_cover(shards: list[np.ndarray], n: int, k: int, drop_last: bool) -> None:
+    assert len(shards) == k
+    flat = np.concatenate(shards) if shards else np.array([], dtype=np.int64)
+    if drop_last:
+        assert all(len(s) == n // k for s in shards)
+        assert len(np.unique(flat)) == len(flat)  # disjoint
+    else:
+        assert all(len(s) == -(-n // k) for s in shards)
+        assert set(flat.tolist()) == set(range(n))  # the union covers every index
+        # only padding repeats: each index appears once, plus at most ceil(pad / n) more times
+        if n:
+            counts_ = np.bincount(flat, minlength=n)
+            assert counts_.min() >= 1 and counts_.sum() - n == k * -(-n // k) - n
+
+
+@PROPS
+@given(n=sizes, instances=counts, local=counts, shuffle=st.booleans(), seed=seeds, epoch=epochs,
+       drop_last=st.booleans(), layout=st.sampled_from(["strided", "contiguous"]))
+def test_shards_over_instances_and_replicas_cover_the_data(
+    n: int, instances: int, local: int, shuffle: bool, seed: int, epoch: int, drop_last: bool, layout: str
+) -> None:
+    opts = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last, layout=layout)
+    total = instances * local
+    by_instance = [shard_indices(n, instances, i, **opts) for i in range(instances)]
+    _check_cover(by_instance, n, instances, drop_last)
+
+    by_replica = []
+    for i in range(instances):
+        topo = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
+        stacked = local_replica_shard_indices(n, **topo, **opts)
+        rows = [replica_shard_indices(n, r, **topo, **opts) for r in range(local)]
+        per = n // total if drop_last else -(-n // total)
+        assert stacked.shape == (local, per)
+        for r in range(local):
+            np.testing.assert_array_equal(stacked[r], rows[r])
+            # global replica offset + r gets the same shard as a plain shard over R replicas
+            np.testing.assert_array_equal(rows[r], shard_indices(n, total, i * local + r, **opts))
+        by_replica.extend(rows)
+    _check_cover(by_replica, n, total, drop_last)
+
+
+@PROPS
+@given(n=sizes, instances=counts, local=counts, shuffle=st.booleans(), seed=seeds, epoch=epochs,
+       drop_last=st.booleans())
+def test_contiguous_instance_block_split_equals_global_replica_shards(
+    n: int, instances: int, local: int, shuffle: bool, seed: int, epoch: int, drop_last: bool
+) -> None:
+    opts = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+    total = instances * local
+    blocks = []
+    for i in range(instances):
+        topo = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
+        stacked = local_replica_shard_indices(n, **topo, **opts)
+        block = stacked.reshape(-1)  # the instance's one contiguous block
+        blocks.append(block)
+        split = split_for_replicas(block, local)
+        for r in range(local):
+            np.testing.assert_array_equal(split[r], replica_shard_indices(n, r, **topo, **opts))
+    # instance blocks in instance order are the whole R-way list, as a global batch is split
+    full = np.concatenate(blocks)
+    np.testing.assert_array_equal(full, np.concatenate([shard_indices(n, total, g, layout="contiguous", **opts)
+                                                        for g in range(total)]))
+
+
+@PROPS
+@given(per_replica_items=st.integers(min_value=0, max_value=10), instances=counts, local=counts,
+       shuffle=st.booleans(), seed=seeds, epoch=epochs, drop_last=st.booleans())
+def test_instance_shard_then_split_equals_replica_shard_when_divisible(
+    per_replica_items: int, instances: int, local: int, shuffle: bool, seed: int, epoch: int, drop_last: bool
+) -> None:
+    total = instances * local
+    n = per_replica_items * total
+    opts = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last, layout="contiguous")
+    for i in range(instances):
+        split = split_for_replicas(shard_indices(n, instances, i, **opts), local)
+        topo = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
+        np.testing.assert_array_equal(split, local_replica_shard_indices(n, **topo, **opts))
+
+
+@PROPS
+@given(micro=st.integers(min_value=1, max_value=8), instances=counts, local=counts)
+def test_instance_batch_slices_split_a_global_batch_in_replica_order(micro: int, instances: int, local: int) -> None:
+    total = instances * local
+    global_batch = np.arange(global_batch_size(micro, num_total_replicas=total))
+    for i in range(instances):
+        topo = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
+        part = split_for_replicas(global_batch[instance_batch_slice(len(global_batch), **topo)], local)
+        assert part.shape == (local, micro)
+        for r in range(local):
+            g = i * local + r
+            assert part[r].tolist() == list(range(g * micro, (g + 1) * micro))
+            assert part[r].tolist() == replica_shard_indices(len(global_batch), r, **topo).tolist()
+
+
+@PROPS
+@given(n=st.integers(min_value=20, max_value=120), k=counts, seed=seeds, epoch=epochs)
+def test_shuffle_identical_across_ranks_and_different_across_epochs(n: int, k: int, seed: int, epoch: int) -> None:
+    def interleaved(e: int) -> np.ndarray:
+        # drop_last keeps shards disjoint iff every rank used the same permutation
+        shards = [shard_indices(n, k, r, shuffle=True, seed=seed, epoch=e, drop_last=True) for r in range(k)]
+        out = np.empty(k * len(shards[0]), dtype=np.int64)
+        for r, s in enumerate(shards):
+            out[r::k] = s
+        return out
+
+    now, later = interleaved(epoch), interleaved(epoch + 1)
+    perm = np.random.default_rng(seed + epoch).permutation(n)
+    np.testing.assert_array_equal(now, perm[: len(now)])
+    assert len(np.unique(now)) == len(now)
+    assert not np.array_equal(now, later)
+
+
+@PROPS
+@given(n=sizes, instances=counts)
+def test_shuffle_buffer_is_the_largest_instance_share(n: int, instances: int) -> None:
+    size = shuffle_buffer_size(n, num_instances=instances)
+    assert size == max(len(shard_indices(n, instances, i)) for i in range(instances))
+    assert size * instances >= n > (size - 1) * instances or n == 0
