@@ -78,7 +78,7 @@ def import_config(ctx: click.Context, path: str) -> None:
         try:
             ctx.params[param.name] = param.type_cast_value(ctx, value)
         except click.BadParameter as exc:
-            raise click.UsageError(f"config file {path!r}: {key!r}: {exc.format_message()}") from None
+            raise click.UsageError(f"config file {path!r}: {key!r}: {exc.message}") from None
 
 
 def export_config(ctx: click.Context, path: str, overwrite: bool) -> None:

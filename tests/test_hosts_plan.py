@@ -1,0 +1,39 @@
+"""Host lists and the job plan, without launching anything."""
+
+import pytest
+
+from poprun_py.errors import PlanError
+from poprun_py.hosts import expand_hosts, read_host_file
+from poprun_py.plan import JobPlan
+
+
+@pytest.mark.parametrize("spec,hosts", [
+    ("a", ["a"]),
+    ("a,b", ["a", "b"]),
+    ("node[0-2,4]", ["node0", "node1", "node2", "node4"]),
+    ("node[08-10]", ["node08", "node09", "node10"]),
+    ("r[1-2]x,gpu7", ["r1x", "r2x", "gpu7"]),
+    (" a , b ,", ["a", "b"]),
+])
+def test_expand_hosts(spec, hosts):
+    assert expand_hosts(spec) == hosts
+
+
+def test_host_file_with_comments_and_slots(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# cluster\nnode[0-1] slots=4\n\nhead  # login\n")
+    assert read_host_file(path) == ["node0", "node1", "head"]
+
+
+def test_plan_layout_consecutive_instances_share_a_host():
+    plan = JobPlan(4, 8, hosts=("h0", "h1"))
+    layout = [(i.host, i.local_index, list(i.replicas)) for i in plan.instances]
+    assert layout == [("h0", 0, [0, 1]), ("h0", 1, [2, 3]), ("h1", 0, [4, 5]), ("h1", 1, [6, 7])]
+    assert plan.instance_env(3) == {"POPDIST_INSTANCE_INDEX": "3", "POPDIST_LOCAL_INSTANCE_INDEX": "1",
+                                    "POPDIST_REPLICA_INDEX_OFFSET": "6", "RANK": "3", "LOCAL_RANK": "1"}
+    assert plan.job_env()["LOCAL_WORLD_SIZE"] == "2"
+
+
+def test_plan_rejects_non_integers():
+    with pytest.raises(PlanError, match=r"--num-instances must be a positive integer, got 1.5"):
+        JobPlan(1.5, 3)  # type: ignore[arg-type]

@@ -1,0 +1,177 @@
+"""Real launches through ``poprun`` and the MPICH wheel's mpiexec: environment, output, failures."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from tests.helpers import POPRUN, PYTHON, ROOT, poprun, wait_no_processes
+
+SCRIPTS = ROOT / "tests" / "scripts"
+BEHAVE = str(SCRIPTS / "behave.py")
+
+
+def env_lines(stdout: str) -> dict[int, dict[str, str]]:
+    result = {}
+    for line in stdout.splitlines():
+        match = re.fullmatch(r"\[(\d+)\] (\{.*\})", line)
+        assert match, f"untagged or malformed line: {line!r}"
+        result[int(match.group(1))] = json.loads(match.group(2))
+    return result
+
+
+@pytest.mark.parametrize("instances,replicas", [(1, 1), (2, 4), (4, 8)])
+def test_each_instance_gets_its_environment(instances: int, replicas: int) -> None:
+    result = poprun("--num-instances", str(instances), "--num-replicas", str(replicas),
+                    PYTHON, str(SCRIPTS / "print_env.py"))
+    assert result.returncode == 0, result.stderr
+    envs = env_lines(result.stdout)
+    assert sorted(envs) == list(range(instances))
+    local = replicas // instances
+    for i, env in envs.items():
+        assert env["POPDIST_NUM_TOTAL_REPLICAS"] == str(replicas)
+        assert env["POPDIST_NUM_LOCAL_REPLICAS"] == str(local)
+        assert env["POPDIST_REPLICA_INDEX_OFFSET"] == str(i * local)
+        assert env["POPDIST_NUM_IPUS_PER_REPLICA"] == "1"
+        assert env["POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"] == "1"
+        assert env["POPDIST_LOCAL_INSTANCE_INDEX"] == str(i)
+        assert env["POPDIST_NUM_INSTANCES"] == str(instances)
+        assert env["POPDIST_INSTANCE_INDEX"] == str(i)
+        assert (env["RANK"], env["WORLD_SIZE"]) == (str(i), str(instances))
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (str(i), str(instances))
+        assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_replicas_default_to_one_per_instance_and_options_reach_instances(tmp_path) -> None:
+    result = poprun("--num-instances", "2", "--ipus-per-replica", "2", "--executable-cache-path", str(tmp_path),
+                    "--mpi-local-args", "-env FOO from-local", "--instance-mpi-local-args", "1:-env BAR only-one",
+                    PYTHON, str(SCRIPTS / "print_env.py"))
+    assert result.returncode == 0, result.stderr
+    envs = env_lines(result.stdout)
+    for i in (0, 1):
+        assert envs[i]["POPDIST_NUM_TOTAL_REPLICAS"] == "2"
+        assert envs[i]["POPDIST_NUM_LOCAL_REPLICAS"] == "1"
+        assert envs[i]["POPDIST_NUM_IPUS_PER_REPLICA"] == "2"
+        assert envs[i]["POPDIST_EXECUTABLE_CACHE_PATH"] == str(tmp_path)
+        assert envs[i]["FOO"] == "from-local"
+    assert envs[0]["BAR"] is None and envs[1]["BAR"] == "only-one"
+
+
+def test_non_python_program_and_arguments_without_a_shell() -> None:
+    result = poprun("--num-instances", "2", "/bin/echo", "a b", "$HOME", "*", "--flag")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[0] a b $HOME * --flag", "[1] a b $HOME * --flag"]
+
+
+def test_long_lines_never_interleave_and_filtering_keeps_one_instance() -> None:
+    count, width = 60, 150_000
+    result = poprun("--num-instances", "3", PYTHON, str(SCRIPTS / "long_lines.py"), str(count), str(width),
+                    timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    per_instance = {0: 0, 1: 0, 2: 0}
+    for line in lines:
+        match = re.fullmatch(r"\[(\d)\] (?:\d+:([a-h])\2{%d}|no newline at the end)" % (width - 1), line)
+        assert match, f"corrupted line (first 80 chars): {line[:80]!r}"
+        index = int(match.group(1))
+        if match.group(2):
+            assert match.group(2) == "abc"[index]
+        per_instance[index] += 1
+    expected = count + len(range(0, count, 3)) + 1
+    assert per_instance == {0: expected, 1: expected, 2: expected}
+
+    only = poprun("--num-instances", "3", "--only-output-from-instance", "1",
+                  PYTHON, str(SCRIPTS / "long_lines.py"), "5", "10")
+    assert only.returncode == 0, only.stderr
+    assert only.stdout.splitlines() and all(line.startswith("[1] ") for line in only.stdout.splitlines())
+
+
+def test_stderr_is_tagged_on_stderr() -> None:
+    result = poprun("--num-instances", "2", PYTHON, "-c",
+                    "import os,sys; print('out', os.environ['RANK']); print('err', os.environ['RANK'], file=sys.stderr)")
+    assert result.returncode == 0
+    assert sorted(result.stdout.splitlines()) == ["[0] out 0", "[1] out 1"]
+    assert sorted(result.stderr.splitlines()) == ["[0] err 0", "[1] err 1"]
+
+
+@pytest.mark.parametrize("action,status,word", [("exit=3", 3, "exit status 3"),
+                                                 ("signal=SIGKILL", 137, "SIGKILL"),
+                                                 ("signal=SIGSEGV", 139, "SIGSEGV")])
+def test_failing_instance_stops_the_others(action: str, status: int, word: str) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    start = time.monotonic()
+    result = poprun("--num-instances", "4", PYTHON, BEHAVE, marker, f"2:stderr=about to fail,{action}")
+    elapsed = time.monotonic() - start
+    assert result.returncode == status, result.stderr
+    assert elapsed < 8, f"teardown took {elapsed:.1f}s"
+    assert f"instance 2 on " in result.stderr and word in result.stderr
+    assert "    about to fail" in result.stderr  # the tail of its stderr is in the summary
+    assert "stopped instance(s) 0, 1, 3" in result.stderr
+    assert wait_no_processes(marker) == []
+
+
+def test_failure_summary_survives_output_filter() -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    result = poprun("--num-instances", "2", "--only-output-from-instance", "0",
+                    PYTHON, BEHAVE, marker, "1:stderr=the real cause,exit=5")
+    assert result.returncode == 5
+    assert "[1]" not in result.stdout and "[1] the real cause" not in result.stderr
+    assert "instance 1 on" in result.stderr and "    the real cause" in result.stderr
+    assert wait_no_processes(marker) == []
+
+
+def test_all_instances_succeed_with_different_durations() -> None:
+    result = poprun("--num-instances", "3", PYTHON, BEHAVE, "m", "0:sleep=0.5", "1:ok", "2:sleep=0.2")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == sorted(
+        f"[{i}] instance {i} {w}" for i in range(3) for w in ("started", "done"))
+
+
+@pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_to_poprun_stops_every_instance(sig: signal.Signals, status: int) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, BEHAVE, marker, "0:ignore-term,sleep=120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        seen = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
+        assert seen == {"[0] instance 0 started", "[1] instance 1 started"}
+        start = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == status
+    assert elapsed < 5, f"stopping took {elapsed:.1f}s (instance 0 ignores SIGTERM: needs SIGKILL)"
+    assert f"interrupted by {sig.name}" in proc.stderr.read()
+    assert wait_no_processes(marker) == []
+
+
+def test_program_that_does_not_exist() -> None:
+    result = poprun("--num-instances", "2", "no-such-program-xyz")
+    assert result.returncode == 127
+    assert result.stderr.strip() == "poprun: error: program 'no-such-program-xyz' was not found on PATH"
+
+
+def test_print_topology_then_runs() -> None:
+    result = poprun("--num-instances", "2", "--num-replicas", "4", "--print-topology", "yes", "/bin/true")
+    assert result.returncode == 0, result.stderr
+    assert "poprun topology" in result.stdout
+    assert re.search(r"\| instances \|\s+0\s+\|\s+1\s+\|", result.stdout)
+    assert re.search(r"\| replicas  \| 0  \| 1  \| 2  \| 3  \|", result.stdout)
+
+
+def test_python_dash_m_entry_point_and_console_script_agree() -> None:
+    console = subprocess.run([str(ROOT / ".venv" / "bin" / "poprun"), "--version"],
+                             capture_output=True, text=True, timeout=30)
+    module = poprun("--version")
+    assert console.returncode == module.returncode == 0
+    assert console.stdout == module.stdout and "poprun (poprun-py)" in module.stdout
