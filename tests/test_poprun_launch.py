@@ -175,3 +175,13 @@ def test_python_dash_m_entry_point_and_console_script_agree() -> None:
     module = poprun("--version")
     assert console.returncode == module.returncode == 0
     assert console.stdout == module.stdout and "poprun (poprun-py)" in module.stdout
+
+
+@pytest.mark.parametrize("args,said", [(["-H", "no-such-host.invalid"], "no-such-host.invalid"),
+                                       (["--mpi-global-args", "-bogus-flag"], "bogus-flag")])
+def test_mpiexec_failing_before_instances_start_is_reported(args: list[str], said: str) -> None:
+    result = poprun(*args, "/bin/true")
+    assert result.returncode == 255
+    assert said in result.stderr  # mpiexec's own explanation is passed through
+    assert result.stderr.strip().splitlines()[-1] == (
+        "poprun: error: mpiexec exited with status 255 before instance(s) 0 reported an exit status")
