@@ -16,9 +16,52 @@ from popdist_py.api import (
     isPopdistEnvSet,
 )
 from popdist_py.env import PopdistEnvError
+from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+from popdist_py import failsafe as _failsafe  # noqa: F401  (registers its exit handler early)
+
+#: Names loaded on first use, so that importing popdist_py imports neither mpi4py nor numpy.
+_LAZY = {
+    "init": "popdist_py.lifecycle",
+    "finalize": "popdist_py.lifecycle",
+    "initializeBackend": ("popdist_py.lifecycle", "init"),
+    "finalizeBackend": ("popdist_py.lifecycle", "finalize"),
+    "isBackendInitialized": ("popdist_py.lifecycle", "is_backend_initialized"),
+    "synchronize": "popdist_py.collectives",
+    "allreduce": "popdist_py.collectives",
+    "allgather": "popdist_py.collectives",
+    "broadcast": "popdist_py.collectives",
+    "barrier": "popdist_py.collectives",
+    "execute_on_instances": "popdist_py.instances",
+}
+
+
+def __getattr__(name: str):  # PEP 562
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'popdist_py' has no attribute {name!r}")
+    module_name, attr = target if isinstance(target, tuple) else (target, name)
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value
 
 __all__ = [
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
     "PopdistEnvError",
+    "allgather",
+    "allreduce",
+    "barrier",
+    "broadcast",
+    "execute_on_instances",
+    "finalize",
+    "finalizeBackend",
+    "init",
+    "initializeBackend",
+    "isBackendInitialized",
+    "synchronize",
     "checkNumIpusPerReplica",
     "getDeviceId",
     "getInstanceIndex",

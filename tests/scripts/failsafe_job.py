@@ -1,0 +1,129 @@
+"""A small MPI job whose instances fail (or not) in chosen ways: ``failsafe_job.py MODE [--marker=X]``.
+
+Run it with ``mpiexec -n N python failsafe_job.py MODE`` or through ``poprun``; every line it
+prints starts with ``instance <i>:``. The extra ``--marker=...`` argument is ignored: tests use it
+to find leftover processes. Modes:
+
+raise        instance 1 raises while the others wait in a barrier        -> job aborts, status 1
+raise_reduce instance 1 raises while the others wait in an allreduce     -> job aborts, status 1
+thread       instance 1 has an uncaught exception in a thread             -> job aborts, status 1
+exit3        instance 1 calls sys.exit(3) while the others wait          -> job status 3
+exit_caught  instance 1 catches its sys.exit(3), then ends normally      -> status 0
+ok           collectives on every instance, normal exit                  -> status 0
+mismatch     shapes differ between instances; each prints its error      -> status 0
+late         instance 1 sleeps instead of calling allreduce (uncaught timeout on the others)
+subset       execute_on_instances({0, 2}) with collectives inside (3 instances)
+subset_mismatch  instance 2 asks for {0, 1, 2}, the others for {0, 2} (3 instances; use a short
+             POPDIST_COLLECTIVE_TIMEOUT): 0 reports the mismatch, 2 a timeout naming instance 1
+finalize     init(), finalize(), then a collective                       -> RuntimeError, status 1
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+
+import popdist_py
+from popdist_py import CollectiveMismatchError
+
+
+def say(*parts: object) -> None:
+    """One line, written at once, so that lines of different instances do not interleave."""
+    index = popdist_py.getInstanceIndex() if popdist_py.isPopdistEnvSet() else RANK
+    sys.stdout.write(" ".join([f"instance {index}:", *map(str, parts)]) + "\n")
+    sys.stdout.flush()
+
+
+def main(mode: str) -> None:
+    popdist_py.init()
+    n = COMM.Get_size()
+    if mode in ("raise", "raise_reduce", "thread", "exit3", "exit_caught"):
+        if mode == "exit3" and RANK == 1:
+            import atexit
+
+            atexit.register(say, "atexit handler ran")  # registered after popdist_py: runs first
+            say("last words before exit 3")
+        if RANK == 1:
+            time.sleep(0.3)  # let the others be waiting already
+            if mode == "raise" or mode == "raise_reduce":
+                raise RuntimeError("boom from instance 1")
+            if mode == "thread":
+                worker = threading.Thread(target=lambda: 1 / 0, name="worker")
+                worker.start()
+                worker.join()
+                time.sleep(30)
+            if mode == "exit3":
+                sys.exit(3)
+            if mode == "exit_caught":
+                try:
+                    sys.exit(3)
+                except SystemExit as exc:
+                    say("caught SystemExit", exc.code)
+        if mode == "raise_reduce":
+            popdist_py.allreduce(np.ones(3))
+        else:
+            popdist_py.barrier()
+        say("done")
+    elif mode == "ok":
+        x = np.arange(6, dtype=np.float32).reshape(2, 3) + RANK
+        total = popdist_py.allreduce(x)
+        expected = sum(np.arange(6, dtype=np.float32).reshape(2, 3) + r for r in range(n))
+        assert np.array_equal(total, expected), (total, expected)
+        gathered = popdist_py.allgather(np.array([RANK, RANK * 10]))
+        assert gathered.tolist() == [[r, r * 10] for r in range(n)], gathered
+        b = popdist_py.broadcast(np.full(2, RANK, dtype=np.int64), root=n - 1)
+        assert b.tolist() == [n - 1, n - 1], b
+        mean = popdist_py.allreduce(np.array([RANK], dtype=np.int32), op="mean")
+        assert mean.dtype == np.int32 and mean[0] == sum(range(n)) // n
+        popdist_py.synchronize()
+        say("ok", total.sum(), gathered[:, 0].tolist())
+    elif mode == "mismatch":
+        shape = (3, 4) if RANK == 0 else (4,)
+        try:
+            popdist_py.allreduce(np.zeros(shape, dtype=np.float32))
+        except CollectiveMismatchError as exc:
+            say("error:", exc)
+        popdist_py.barrier()
+    elif mode == "late":
+        if RANK == 1:
+            time.sleep(30)
+        popdist_py.allreduce(np.ones(3))
+        say("done")
+    elif mode == "subset":
+        def on_subset(offset: int) -> list[float]:
+            total = popdist_py.allreduce(np.array([float(RANK + offset)]))
+            popdist_py.synchronize()
+            gathered = popdist_py.allgather(np.array([RANK]))
+            inner = popdist_py.execute_on_instances({2}, lambda: popdist_py.allreduce(np.array([7.0]))[0])
+            return [float(total[0]), gathered[:, 0].tolist(), inner]
+
+        result = popdist_py.execute_on_instances({0, 2}, on_subset, offset=1)
+        say("subset result", result)
+        again = popdist_py.execute_on_instances({0, 2}, on_subset, 0)  # reuses the communicator
+        say("again", again)
+        popdist_py.barrier()
+    elif mode == "subset_mismatch":
+        wanted = {0, 1, 2} if RANK == 2 else {0, 2}
+        try:
+            popdist_py.execute_on_instances(wanted, popdist_py.barrier)
+        except popdist_py.CollectiveError as exc:
+            say(f"error: {type(exc).__name__}: {exc}")
+        else:
+            say("no error")
+    elif mode == "finalize":
+        popdist_py.finalize()
+        say("finalized")
+        popdist_py.barrier()
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    from popdist_py.world import world
+
+    COMM = world()
+    RANK = COMM.Get_rank()
+    main(sys.argv[1])

@@ -1,0 +1,96 @@
+"""Host collectives as a one-instance job (no mpiexec, no MPI), and the pure parts of the checks."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import popdist_py
+from popdist_py import checks, failsafe
+
+pytestmark = pytest.mark.skipif(
+    any(k.startswith(("PMI_", "OMPI_COMM_WORLD")) for k in os.environ),
+    reason="run without mpiexec: these tests are about the one-instance job",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_popdist_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("POPDIST_"):
+            monkeypatch.delenv(name)
+
+
+def test_one_instance_collectives_return_copies_without_mpi() -> None:
+    x = np.arange(6, dtype=np.int16).reshape(2, 3)[:, ::2]
+    for op in ("sum", "mean", "min", "max", "prod"):
+        out = popdist_py.allreduce(x, op=op)
+        assert out.dtype == np.int16 and np.array_equal(out, x) and not np.shares_memory(out, x)
+    gathered = popdist_py.allgather(x)
+    assert gathered.shape == (1, 2, 2) and np.array_equal(gathered[0], x)
+    b = popdist_py.broadcast(x, root=0)
+    assert np.array_equal(b, x) and not np.shares_memory(b, x)
+    popdist_py.barrier()
+    popdist_py.synchronize()
+    popdist_py.init()
+    assert popdist_py.execute_on_instances({0}, lambda a, b=1: a + b, 1, b=2) == 3
+    assert "mpi4py.MPI" not in sys.modules or not popdist_py.isBackendInitialized()
+
+
+def test_one_instance_argument_errors() -> None:
+    with pytest.raises(ValueError, match="invalid instance indices \\[1\\]: valid instances are 0"):
+        popdist_py.execute_on_instances({0, 1}, print)
+    with pytest.raises(ValueError, match="root=1 is not a valid instance: valid instances are 0"):
+        popdist_py.broadcast(np.ones(1), root=1)
+    with pytest.raises(TypeError, match="expected a numpy array, got float 1.0"):
+        popdist_py.allreduce(1.0)
+    with pytest.raises(ValueError, match="op='MEDIAN' is not valid"):
+        popdist_py.allreduce(np.ones(1), op="MEDIAN")
+    with pytest.raises(TypeError, match="complex"):
+        popdist_py.allreduce(np.ones(1, dtype=complex), op="max")
+
+
+def test_collective_timeout_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(checks.TIMEOUT_ENV, raising=False)
+    assert checks.collective_timeout() == checks.DEFAULT_TIMEOUT == 600
+    assert checks.collective_timeout(2) == 2.0
+    monkeypatch.setenv(checks.TIMEOUT_ENV, " 1.5 ")
+    assert checks.collective_timeout() == 1.5
+    assert checks.collective_timeout(3) == 3.0
+    monkeypatch.setenv(checks.TIMEOUT_ENV, "inf")
+    assert math.isinf(checks.collective_timeout())
+    for bad in ("abc", "0", "-2", "nan"):
+        monkeypatch.setenv(checks.TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"POPDIST_COLLECTIVE_TIMEOUT='{bad}'"):
+            checks.collective_timeout()
+    for bad in (0, -1.0, "x", True, float("nan")):
+        with pytest.raises(ValueError, match="timeout="):
+            checks.collective_timeout(bad)
+
+
+def test_mismatch_messages() -> None:
+    d = lambda r: f"instance {r}"  # noqa: E731
+    message = checks._mismatch_message(
+        "allreduce", [0, 1, 2], [("allreduce", ("sum", (3, 4), "f")), ("allreduce", ("sum", (4,), "f")),
+                                 ("allreduce", ("sum", (3, 4), "f"))], d, ("op", "shape", "dtype"))
+    assert message == "allreduce: shapes differ between instances: instance 0 (3, 4), instance 1 (4,), instance 2 (3, 4)"
+    message = checks._mismatch_message("x", [0, 3], [("x", (1,)), ("x", (1, 2))], d, ("a",))
+    assert message == "x: signatures differ between instances: instance 0 (1,), instance 3 (1, 2)"
+
+
+def test_encoding_is_fixed_size_and_round_trips() -> None:
+    small = checks._encode("allreduce", ("sum", (3, 4), "float32"))
+    large = checks._encode("allreduce", ("x" * 5000,))
+    assert len(small) == len(large) == checks.SLOT
+    assert checks._decode(bytes(small)) == ("allreduce", ("sum", (3, 4), "float32"))
+    what, opaque = checks._decode(bytes(large))
+    assert what == "allreduce" and "..." in opaque and "#" in opaque
+    assert checks._encode("a", ("x" * 5000,)) != checks._encode("a", ("x" * 4999 + "y",))
+
+
+def test_exit_status_follows_python() -> None:
+    assert [failsafe.exit_status(c) for c in (None, 0, 3, 256 + 4, -1, True, "message")] == [0, 0, 3, 4, 255, 1, 1]

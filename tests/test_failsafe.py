@@ -1,0 +1,177 @@
+"""Failure propagation and host collectives in real MPI jobs (mpiexec + tests/scripts/failsafe_job.py).
+
+Each test starts a whole job as a child process, so a hang, an exit status or a lost traceback is
+observed exactly as a user (or poprun) would see it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import BIN, PYTHON, ROOT, wait_no_processes
+
+MPIEXEC = str(BIN / "mpiexec")
+SCRIPT = ROOT / "tests" / "scripts" / "failsafe_job.py"
+#: Variables of an enclosing MPI job or poprun that must not leak into the child job.
+_FOREIGN = ("PMI_", "HYDI_", "HYDRA_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL", "POPDIST_")
+
+pytestmark = pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="the venv's mpiexec (mpich wheel) is missing")
+
+
+@dataclass
+class Job:
+    returncode: int
+    output: str
+    elapsed: float
+
+
+def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout: float = 60,
+            program: list[str] | None = None) -> Job:
+    """Run ``mpiexec -n N python failsafe_job.py MODE`` and check that it leaves no process behind."""
+    marker = f"--marker={uuid.uuid4().hex}"
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
+    child_env.update(env or {})
+    command = [MPIEXEC, "-n", str(n), *(program or [PYTHON, str(SCRIPT), mode]), marker]
+    start = time.monotonic()
+    # A session of its own, so that a hung job can be killed whole (mpiexec, proxies, instances).
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        raise
+    finally:
+        left = wait_no_processes(marker, within=5)
+        assert not left, f"processes left behind: {left}"
+    return Job(proc.returncode, output, time.monotonic() - start)
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.communicate(timeout=3)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.mark.parametrize("mode", ["raise", "raise_reduce"])
+def test_uncaught_exception_aborts_the_job_with_its_traceback(mode: str) -> None:
+    job = run_job(mode)
+    assert job.returncode == 1, job.output
+    assert job.elapsed < 5, f"took {job.elapsed:.1f}s\n{job.output}"
+    assert "Traceback (most recent call last)" in job.output
+    assert "RuntimeError: boom from instance 1" in job.output
+    assert "instance 0: done" not in job.output
+
+
+def test_uncaught_exception_in_a_thread_aborts_the_job() -> None:
+    job = run_job("thread")
+    assert job.returncode == 1, job.output
+    assert job.elapsed < 5, f"took {job.elapsed:.1f}s\n{job.output}"
+    assert "ZeroDivisionError" in job.output and "worker" in job.output
+
+
+def test_sys_exit_status_ends_the_job_with_that_status() -> None:
+    job = run_job("exit3")
+    assert job.returncode == 3, job.output
+    assert job.elapsed < 5, f"took {job.elapsed:.1f}s\n{job.output}"
+    assert "instance 1: last words before exit 3" in job.output
+    assert "instance 1: atexit handler ran" in job.output
+    assert "instance 0: done" not in job.output
+
+
+def test_a_caught_sys_exit_is_forgotten() -> None:
+    job = run_job("exit_caught")
+    assert job.returncode == 0, job.output
+    assert "instance 1: caught SystemExit 3" in job.output
+    assert "instance 0: done" in job.output and "instance 1: done" in job.output
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_normal_exit_with_collectives(n: int) -> None:
+    job = run_job("ok", n)
+    assert job.returncode == 0, job.output
+    for i in range(n):
+        assert f"instance {i}: ok" in job.output
+    assert "Abort" not in job.output
+
+
+def test_mismatched_shapes_are_reported_on_every_instance() -> None:
+    job = run_job("mismatch")
+    assert job.returncode == 0, job.output
+    message = "allreduce: shapes differ between instances: instance 0 (3, 4), instance 1 (4,)"
+    assert f"instance 0: error: {message}" in job.output
+    assert f"instance 1: error: {message}" in job.output
+
+
+def test_a_peer_that_never_arrives_is_named_after_the_timeout() -> None:
+    job = run_job("late", env={"POPDIST_COLLECTIVE_TIMEOUT": "1"})
+    assert job.returncode == 1, job.output
+    assert 1 <= job.elapsed < 6, f"took {job.elapsed:.1f}s\n{job.output}"
+    assert "CollectiveTimeoutError: allreduce: timed out after 1 s waiting for instance 1" in job.output
+
+
+def test_execute_on_a_subset_of_three_instances() -> None:
+    job = run_job("subset", 3)
+    assert job.returncode == 0, job.output
+    assert "instance 0: subset result [4.0, [0, 2], None]" in job.output  # (0+1) + (2+1); inner {2} only
+    assert "instance 2: subset result [4.0, [0, 2], np.float64(7.0)]" in job.output
+    assert "instance 1: subset result None" in job.output
+    assert "instance 0: again [2.0, [0, 2], None]" in job.output
+
+
+def test_different_instance_sets_are_reported() -> None:
+    job = run_job("subset_mismatch", 3, env={"POPDIST_COLLECTIVE_TIMEOUT": "1"})
+    assert job.returncode == 0, job.output
+    assert ("instance 0: error: CollectiveMismatchError: execute_on_instances: instance sets differ between "
+            "instances: instance 0 (0, 2), instance 2 (0, 1, 2)") in job.output
+    assert "instance 2: error: CollectiveTimeoutError: execute_on_instances: timed out after 1 s waiting for " \
+           "instance 1" in job.output
+
+
+def test_collectives_after_finalize_raise() -> None:
+    job = run_job("finalize")
+    assert job.returncode == 1, job.output
+    assert job.elapsed < 5
+    assert "RuntimeError: MPI has been finalised" in job.output
+
+
+def test_plain_mpi4py_without_popdist_init_hangs_for_comparison() -> None:
+    """The problem being solved: without popdist_py an exception while a peer waits hangs the job."""
+    code = ("import sys, time\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+            "if c.rank == 1:\n    time.sleep(0.2)\n    raise RuntimeError('boom')\nc.Barrier()\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_job("", program=[PYTHON, "-c", code], timeout=3)
+
+
+def test_popdist_environment_that_contradicts_the_job_is_an_error() -> None:
+    env = {"POPDIST_NUM_TOTAL_REPLICAS": "2", "POPDIST_NUM_LOCAL_REPLICAS": "1", "POPDIST_REPLICA_INDEX_OFFSET": "0"}
+    code = "import numpy as np, popdist_py\npopdist_py.allreduce(np.ones(2))\n"
+    done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **env}, cwd=ROOT)
+    assert done.returncode == 1
+    assert "describes 2 instances but the MPI job has 1 process" in done.stderr
+
+
+def test_importing_popdist_py_does_not_import_mpi4py_or_numpy() -> None:
+    code = ("import sys, popdist_py\nassert not {'mpi4py', 'numpy'} & set(sys.modules), sorted(sys.modules)\n"
+            "popdist_py.init(); popdist_py.synchronize()\nassert 'mpi4py' not in sys.modules\n"
+            "print(popdist_py.execute_on_instances({0}, lambda: 'ran'))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
+    done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=30, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ran"
