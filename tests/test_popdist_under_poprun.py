@@ -82,3 +82,14 @@ def test_execute_on_instances_subset_of_three() -> None:
     assert "[2] instance 2: subset result [4.0, [0, 2], np.float64(7.0)]" in lines
     assert "[1] instance 1: subset result None" in lines
     assert "[0] instance 0: again [2.0, [0, 2], None]" in lines
+
+
+def test_distributed_sampler_defaults_shard_by_instance() -> None:
+    code = ("import json; from popdist_py.data import DistributedSampler as S; s = S(10, seed=3); s.set_epoch(2); "
+            "print(json.dumps(list(s)))")
+    result = poprun("--num-instances", "3", "--num-replicas", "6", PYTHON, "-c", code)
+    assert result.returncode == 0, result.stderr
+    shards = {int(line[1]): json.loads(line[4:]) for line in result.stdout.splitlines()}
+    assert sorted(shards) == [0, 1, 2] and all(len(s) == 4 for s in shards.values())  # ceil(10/3)
+    everything = [i for s in shards.values() for i in s]
+    assert set(everything) == set(range(10)) and len(everything) == 12  # padded with 2 repeats
