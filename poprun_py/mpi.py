@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from poprun_py.errors import PlanError
@@ -38,9 +37,9 @@ def find_mpiexec(explicit: str | None = None) -> str:
         if not resolved or not os.path.isfile(resolved) or not os.access(resolved, os.X_OK):
             raise PlanError(f"--mpi {explicit!r} is not an executable file; give the path of mpiexec or mpirun")
         return os.path.abspath(resolved)
-    beside_python = Path(sys.executable).parent / "mpiexec"
-    if beside_python.is_file() and os.access(beside_python, os.X_OK):
-        return str(beside_python)
+    beside_python = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.isfile(beside_python) and os.access(beside_python, os.X_OK):
+        return beside_python
     on_path = shutil.which("mpiexec") or shutil.which("mpirun")
     if not on_path:
         raise PlanError(
