@@ -1,0 +1,382 @@
+"""Plans and execution of the replicated collectives on one instance.
+
+A :class:`Plan` is built once per collective signature (kind, op, dtype, shape, grouping) and
+cached: which local replicas belong to which group, which groups span instances, what this
+instance sends to and receives from each other instance, and the reductions compiled to flat
+programs (:class:`.reduce.Program`) over the canonical tree. Running a plan takes the arrays the
+local replicas deposited at the rendezvous and returns one result per local replica.
+
+Reductions (all-reduce, reduce-scatter) of a group that spans instances:
+
+1. Each instance computes, for every other instance of the group, its partials (the maximal
+   complete subtrees of its own members: a single partial for consecutive groups and a
+   power-of-two L) restricted to that instance's region of the flattened array, and sends them.
+   Small arrays (up to ``EAGER_LIMIT`` bytes) travel inside the per-collective header message
+   and every region is the whole array (one message exchange in all); large arrays are split
+   into one contiguous region per instance (a reduce-scatter by chunk exchange). For
+   reduce-scatter the regions are exactly the slices the local members keep.
+2. Each instance completes the tree over its own region in one cache-blocked pass from its
+   members' data and the received partials (its own partials are recomputed there, not stored).
+3. Large all-reduces then exchange the completed regions (an all-gather).
+
+Groups whose members are all local are reduced in-process; only what crosses instances goes
+through MPI. All-reduce and all-gather results are shared, read-only, by a group's local members.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from popdist_py.engine.grouping import ReplicaGrouping
+from popdist_py.engine.reduce import UFUNCS, Node, Program, decompose
+from popdist_py.engine.topology import Layout
+from popdist_py.engine.transport import HDR_BYTES, TAG_DATA, TAG_GATHER
+
+#: Per-replica input size (bytes) up to which data travels inside the header message.
+EAGER_LIMIT = 32 * 1024
+
+ALL_REDUCE = "replicated_all_reduce"
+REDUCE_SCATTER = "replicated_reduce_scatter"
+ALL_GATHER = "replicated_all_gather"
+KINDS = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
+
+
+class Signature(NamedTuple):
+    """What every participant of one collective must agree on."""
+
+    kind: str
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    group: ReplicaGrouping
+    axis: int
+
+    def describe(self) -> str:
+        g = self.group
+        parts = [f"dtype={np.dtype(self.dtype).name}", f"shape={self.shape}",
+                 f"group=(stride={g.stride}, group_size={g.group_size})"]
+        if self.kind == ALL_GATHER:
+            parts.insert(0, f"axis={self.axis}")
+        else:
+            parts.insert(0, f"op={self.op}")
+        return f"{self.kind}({', '.join(parts)})"
+
+    def agree_signature(self, index: int) -> tuple:
+        """(signature, field names) in the form ``checks.agree`` reports."""
+        g = self.group
+        values = (f"{self.kind} #{index} of the step", self.op, np.dtype(self.dtype).name, self.shape,
+                  f"stride={g.stride}, group_size={g.group_size}", self.axis)
+        return values, ("collective", "op", "dtype", "shape", "group", "axis")
+
+
+#: (peer instance, buffer) of one point-to-point message
+Message = tuple[int, np.ndarray]
+
+
+class Link(Protocol):
+    """What a plan needs from the transport for one call (bound to that call's header)."""
+
+    def exchange(self, sendbufs: Sequence[np.ndarray], recvbufs: Sequence[np.ndarray]) -> list[np.ndarray]: ...
+
+    def transfer(self, recvs: Sequence[Message], sends: Sequence[Message], tag: int) -> None: ...
+
+
+class GroupPlan:
+    """One group that has members on this instance, with its compiled reductions."""
+
+    __slots__ = ("index", "size", "k0", "k1", "local", "owners", "ranges", "pieces", "regions", "cross",
+                 "program", "piece_programs", "region_program", "remote_inputs")
+
+    def __init__(self, layout: Layout, grouping: ReplicaGrouping, group: int) -> None:
+        me = layout.instance
+        members = grouping.members(group)
+        ranges: dict[int, list[int]] = {}
+        for k, m in enumerate(members):
+            r = ranges.setdefault(layout.owner(m), [k, k])
+            r[1] = k + 1
+        self.index = group
+        self.size = len(members)
+        self.ranges = {j: (a, b) for j, (a, b) in ranges.items()}
+        self.owners = tuple(sorted(self.ranges))
+        self.k0, self.k1 = self.ranges[me]
+        #: local replica index of each of this instance's members, in member order
+        self.local = tuple(members[k] - layout.offset for k in range(self.k0, self.k1))
+        self.cross = len(self.owners) > 1
+        self.pieces = {j: tuple(decompose(a, b, self.size)) for j, (a, b) in self.ranges.items()}
+        self.regions: dict[int, tuple[int, int]] = {}
+        leaves = [(k, k + 1) for k in range(self.k0, self.k1)]
+        self.program: Program | None = None
+        #: my piece -> (program over my leaves, positions in ``local`` of those leaves)
+        self.piece_programs: dict[Node, tuple[Program, list[int]]] = {}
+        self.region_program: Program | None = None
+        #: (peer position, position in that peer's receive list) of each remote program input
+        self.remote_inputs: list[tuple[int, int]] = []
+        if not self.cross:
+            self.program = Program((0, self.size), leaves)
+            return
+        for node in self.pieces[me]:
+            inside = [j for j, (k, _) in enumerate(leaves) if node[0] <= k < node[1]]
+            self.piece_programs[node] = (Program(node, [leaves[j] for j in inside]), inside)
+
+
+class Plan:
+    """Everything about one collective signature on this instance that does not depend on the data."""
+
+    def __init__(self, layout: Layout, sig: Signature, eager_limit: int = EAGER_LIMIT) -> None:
+        self.layout = layout
+        self.sig = sig
+        self.kind = sig.kind
+        self.dtype = np.dtype(sig.dtype)
+        self.shape = sig.shape
+        self.n = n = math.prod(sig.shape)
+        self.itemsize = isz = self.dtype.itemsize
+        self.ufunc = UFUNCS.get(sig.op, np.add)
+        self.divide_by = sig.group.group_size if sig.op == "mean" else 0
+        grouping = sig.group
+        G = self.group_size = grouping.group_size
+        me = layout.instance
+        local_groups = sorted({grouping.group_of(layout.offset + r) for r in range(layout.local_replicas)})
+        self.groups = [GroupPlan(layout, grouping, g) for g in local_groups]
+        self.eager = n * isz <= eager_limit
+        self.chunk = -(-n // G) if self.kind == REDUCE_SCATTER else 0  # elements of each member's slice
+        for gp in self.groups:
+            if self.kind == ALL_REDUCE:
+                if self.eager:
+                    gp.regions = {j: (0, n) for j in gp.owners}
+                else:
+                    c = len(gp.owners)
+                    gp.regions = {j: (i * n // c, (i + 1) * n // c) for i, j in enumerate(gp.owners)}
+            elif self.kind == REDUCE_SCATTER:
+                cs = self.chunk
+                gp.regions = {j: (min(a * cs, n), min(b * cs, n)) for j, (a, b) in gp.ranges.items()}
+        self.cross = [gp for gp in self.groups if gp.cross]
+        self.peers = tuple(p for p in range(layout.num_instances) if p != me)
+        # What goes to / comes from each peer, in an order both sides derive identically:
+        # groups ascending, then the sender's pieces (or members) ascending.
+        self.send_specs: list[list[tuple[int, Any, int, int]]] = []
+        self.recv_specs: list[list[tuple[int, Any, int]]] = []
+        for p in self.peers:
+            sends: list[tuple[int, Any, int, int]] = []
+            recvs: list[tuple[int, Any, int]] = []
+            for gi, gp in enumerate(self.groups):
+                if p not in gp.ranges:
+                    continue
+                if self.kind == ALL_GATHER:
+                    sends += [(gi, k, 0, n) for k in range(gp.k0, gp.k1)]
+                    a, b = gp.ranges[p]
+                    recvs += [(gi, k, n) for k in range(a, b)]
+                else:
+                    lo, hi = gp.regions[p]
+                    sends += [(gi, node, lo, hi) for node in gp.pieces[me]]
+                    mlo, mhi = gp.regions[me]
+                    recvs += [(gi, node, mhi - mlo) for node in gp.pieces[p]]
+            self.send_specs.append(sends)
+            self.recv_specs.append(recvs)
+        if self.kind != ALL_GATHER:
+            for gi, gp in enumerate(self.groups):
+                if not gp.cross:
+                    continue
+                inputs = [(k, k + 1) for k in range(gp.k0, gp.k1)]
+                for pi, specs in enumerate(self.recv_specs):
+                    for si, (sgi, node, _) in enumerate(specs):
+                        if sgi == gi:
+                            inputs.append(node)
+                            gp.remote_inputs.append((pi, si))
+                gp.region_program = Program((0, G), inputs)
+        if self.eager:
+            send_counts = [[s[3] - s[2] for s in specs] for specs in self.send_specs]
+            recv_counts = [[r[2] for r in specs] for specs in self.recv_specs]
+            self.sendbufs = [np.zeros(HDR_BYTES + isz * sum(c), np.uint8) for c in send_counts]
+            self.recvbufs = [np.zeros(HDR_BYTES + isz * sum(c), np.uint8) for c in recv_counts]
+            # typed views of the payloads, one per spec (the buffers never move)
+            self.send_data = [self._views(b, c) for b, c in zip(self.sendbufs, send_counts)]
+            self.recv_data = [self._views(b, c) for b, c in zip(self.recvbufs, recv_counts)]
+        else:
+            self.sendbufs = [np.zeros(HDR_BYTES, np.uint8) for _ in self.peers]
+            self.recvbufs = [np.zeros(HDR_BYTES, np.uint8) for _ in self.peers]
+            # bulk: partials of non-leaf pieces are computed into send buffers; peers' partials land in recv buffers
+            self.send_data = [
+                [None if self.kind == ALL_GATHER or node[1] - node[0] == 1 else np.empty(hi - lo, self.dtype)
+                 for _, node, lo, hi in specs]
+                for specs in self.send_specs
+            ]
+            self.recv_data = [
+                [np.empty(0 if self.kind == ALL_GATHER else count, self.dtype) for *_, count in specs]
+                for specs in self.recv_specs
+            ]
+        self.headers = [b[:HDR_BYTES].view(np.int64) for b in self.sendbufs]
+        self._compile_jobs()
+
+    def _compile_jobs(self) -> None:
+        """Flatten the per-call work of reductions into lists, so a call does no lookups."""
+        self.local_jobs: list[tuple[GroupPlan, Program, tuple[int, ...]]] = [
+            (gp, gp.program, gp.local) for gp in self.groups if gp.program is not None
+        ]
+        if self.kind == ALL_GATHER:
+            return
+        me = self.layout.instance
+        #: (peer, program, local replicas of its inputs, lo, hi, destination or None)
+        self.send_jobs: list[tuple[int, Program, list[int], int, int, np.ndarray | None]] = []
+        for p, dests, specs in zip(self.peers, self.send_data, self.send_specs):
+            for dest, (gi, node, lo, hi) in zip(dests, specs):
+                gp = self.groups[gi]
+                prog, pos = gp.piece_programs[node]
+                self.send_jobs.append((p, prog, [gp.local[j] for j in pos], lo, hi, dest))
+        #: (group index, group, lo, hi, peers' partials for my region)
+        self.region_jobs: list[tuple[int, GroupPlan, int, int, list[np.ndarray]]] = []
+        for gi, gp in enumerate(self.groups):
+            if gp.region_program is not None:
+                lo, hi = gp.regions[me]
+                remote = [self.recv_data[pi][si] for pi, si in gp.remote_inputs]
+                self.region_jobs.append((gi, gp, lo, hi, remote))
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _views(self, buf: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
+        views, off = [], HDR_BYTES
+        for c in counts:
+            nb = c * self.itemsize
+            views.append(buf[off : off + nb].view(self.dtype))
+            off += nb
+        return views
+
+    def set_header(self, seq: int, index: int, sig_hash: int) -> np.ndarray:
+        """Write ``[seq, index, hash, OK]`` into every outgoing message; return the header."""
+        h = self.headers[0]
+        h[0] = seq
+        h[1] = index
+        h[2] = sig_hash
+        h[3] = 0
+        for other in self.headers[1:]:
+            other[:] = h
+        return h
+
+    # -- execution ---------------------------------------------------------------------------------
+    def run(self, xs: Sequence[np.ndarray], link: Link | None) -> list[Any]:
+        """Results for every local replica from the arrays they deposited (``xs[local index]``)."""
+        flat = [x.reshape(-1) for x in xs]
+        if self.kind == ALL_GATHER:
+            return self._gather(xs, flat, link)
+        return self._reduce(flat, link)
+
+    def _reduce(self, flat: list[np.ndarray], link: Link | None) -> list[Any]:
+        ufunc, n, div, dtype = self.ufunc, self.n, self.divide_by, self.dtype
+        results: list[Any] = [None] * self.layout.local_replicas
+        for gp, prog, local in self.local_jobs:  # groups with every member here
+            out = np.empty(n, dtype) if self.kind == ALL_REDUCE else np.zeros(self.group_size * self.chunk, dtype)
+            prog.run_blocked([flat[li] for li in local], ufunc, out[:n], div)
+            self._assign(results, gp, out, 0)
+        if link is None:
+            return results
+        # 1. my partials for each peer's region, 2. exchange them
+        if self.eager:
+            for _, prog, local, lo, hi, dest in self.send_jobs:
+                prog.run_blocked([flat[li][lo:hi] for li in local], ufunc, dest)  # type: ignore[arg-type]
+            link.exchange(self.sendbufs, self.recvbufs)
+        else:
+            link.exchange(self.sendbufs, self.recvbufs)
+            sends = []
+            for p, prog, local, lo, hi, dest in self.send_jobs:
+                if dest is None:  # a single member: send its data as it is
+                    sends.append((p, flat[local[0]][lo:hi]))
+                else:
+                    sends.append((p, prog.run_blocked([flat[li][lo:hi] for li in local], ufunc, dest)))
+            recvs = [(p, buf) for p, bufs in zip(self.peers, self.recv_data) for buf in bufs]
+            link.transfer(recvs, sends, TAG_DATA)
+        # 3. my region of each spanning group, in one pass from my members' data and the peers' partials
+        me = self.layout.instance
+        outs: list[tuple[GroupPlan, np.ndarray]] = []
+        for gi, gp, lo, hi, remote in self.region_jobs:
+            inputs = [flat[li][lo:hi] for li in gp.local]
+            inputs += remote
+            if self.kind == ALL_REDUCE:
+                out = np.empty(n, dtype)
+                target = out[lo:hi]
+            else:
+                out = np.zeros((gp.k1 - gp.k0) * self.chunk, dtype)
+                target = out[: hi - lo]
+            gp.region_program.run_blocked(inputs, ufunc, target, div)  # type: ignore[union-attr]
+            outs.append((gp, out))
+        # 4. all-reduce in bulk: every instance has completed one region; exchange them
+        if self.kind == ALL_REDUCE and not self.eager and outs:
+            recvs, sends = [], []
+            for gp, out in outs:
+                lo, hi = gp.regions[me]
+                for p in gp.owners:
+                    if p != me:
+                        plo, phi = gp.regions[p]
+                        recvs.append((p, out[plo:phi]))
+                        sends.append((p, out[lo:hi]))
+            link.transfer(recvs, sends, TAG_GATHER)
+        for gp, out in outs:
+            self._assign(results, gp, out, gp.k0)
+        return results
+
+    def _assign(self, results: list[Any], gp: GroupPlan, out: np.ndarray, first_member: int) -> None:
+        if self.kind == ALL_REDUCE:
+            full = out.reshape(self.shape)
+            full.flags.writeable = False  # shared by the group's local members
+            for li in gp.local:
+                results[li] = full
+        else:
+            cs = self.chunk
+            for k, li in zip(range(gp.k0, gp.k1), gp.local):
+                i = k - first_member
+                results[li] = out[i * cs : (i + 1) * cs]
+
+    def _gather(self, xs: Sequence[np.ndarray], flat: list[np.ndarray], link: Link | None) -> list[Any]:
+        G, shape = self.group_size, self.shape
+        stacks = []
+        for gp in self.groups:
+            stacked = np.empty((G, *shape), self.dtype)
+            for k, li in zip(range(gp.k0, gp.k1), gp.local):
+                stacked[k] = xs[li]
+            stacks.append(stacked)
+        if link is not None:
+            if self.eager:
+                for views, specs in zip(self.send_data, self.send_specs):
+                    for view, (gi, k, _, _) in zip(views, specs):
+                        view[:] = stacks[gi][k].reshape(-1)
+                link.exchange(self.sendbufs, self.recvbufs)
+                for views, specs in zip(self.recv_data, self.recv_specs):
+                    for view, (gi, k, _) in zip(views, specs):
+                        stacks[gi][k].reshape(-1)[:] = view
+            else:
+                link.exchange(self.sendbufs, self.recvbufs)
+                recvs = [(p, stacks[gi][k].reshape(-1))
+                         for p, specs in zip(self.peers, self.recv_specs) for gi, k, _ in specs]
+                sends = [(p, stacks[gi][k].reshape(-1))
+                         for p, specs in zip(self.peers, self.send_specs) for gi, k, _, _ in specs]
+                link.transfer(recvs, sends, TAG_DATA)
+        results: list[Any] = [None] * self.layout.local_replicas
+        for gp, stacked in zip(self.groups, stacks):
+            full = concat_members(stacked, self.sig.axis)
+            full.flags.writeable = False  # shared by the group's local members
+            for li in gp.local:
+                results[li] = full
+        return results
+
+
+def concat_members(stacked: np.ndarray, axis: int) -> np.ndarray:
+    """``np.concatenate(list(stacked), axis)`` without the list: members along ``axis`` (0-d: stacked)."""
+    G, *shape = stacked.shape
+    if not shape:
+        return stacked
+    if axis == 0:
+        return stacked.reshape((G * shape[0], *shape[1:]))
+    moved = np.moveaxis(stacked, 0, axis)
+    return moved.reshape((*shape[:axis], G * shape[axis], *shape[axis + 1 :]))
+
+
+def shard_slice(x: np.ndarray, index: int, count: int) -> np.ndarray:
+    """Member ``index`` of ``count``'s contiguous slice of flattened ``x``, zero-padded to ``ceil(n / count)``."""
+    flat = np.asarray(x).reshape(-1)
+    cs = -(-flat.size // count)
+    out = np.zeros(cs, flat.dtype)
+    part = flat[index * cs : (index + 1) * cs]
+    out[: part.size] = part
+    return out
+

@@ -1,0 +1,69 @@
+"""The replica a piece of code runs as: a thread-local :class:`StepContext`, set by ``Runtime.run``.
+
+Collectives find their replica through it, so ``ops.replicated_all_reduce(x)`` needs no handle.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from popdist_py.engine.runtime import Runtime
+    from popdist_py.engine.variables import Variable
+
+_tls = threading.local()
+
+
+class StepContext:
+    """What a step sees of its replica: indices, and its own value of every variable."""
+
+    __slots__ = ("runtime", "local_index", "replica_index", "ncoll")
+
+    def __init__(self, runtime: Runtime, local_index: int) -> None:
+        self.runtime = runtime
+        self.local_index = local_index
+        self.replica_index = runtime.replica_index_offset + local_index
+        self.ncoll = 0  # collectives this replica has entered in the current step
+
+    @property
+    def instance_index(self) -> int:
+        return self.runtime.instance_index
+
+    @property
+    def replication_factor(self) -> int:
+        return self.runtime.replication_factor
+
+    def __getitem__(self, var: Variable) -> np.ndarray:
+        """This replica's value (read-only; assign ``ctx[var] = new`` to change it)."""
+        value = self.runtime._owned(var).local_value(self.local_index).view()
+        value.flags.writeable = False
+        return value
+
+    def __setitem__(self, var: Variable, value: Any) -> None:
+        v = self.runtime._owned(var)
+        v.set_local_value(self.local_index, value, f"ctx[{v.name!r}] = ... in replica {self.replica_index}")
+
+    def __repr__(self) -> str:
+        return f"StepContext(replica_index={self.replica_index}, local_index={self.local_index})"
+
+
+def current() -> StepContext:
+    """The context of the replica running on this thread; RuntimeError outside ``Runtime.run``."""
+    ctx = getattr(_tls, "ctx", None)
+    if ctx is None:
+        raise RuntimeError("replicated collectives can only be called inside a step run by Runtime.run(step, ...)")
+    return ctx
+
+
+def swap(ctx: StepContext | None) -> StepContext | None:
+    """Install ``ctx`` on this thread and return the previous one."""
+    prev = getattr(_tls, "ctx", None)
+    _tls.ctx = ctx
+    return prev
+
+
+def peek() -> StepContext | None:
+    return getattr(_tls, "ctx", None)

@@ -1,0 +1,247 @@
+"""Replica groupings over the global replicas, with PopXL's rules and PopART's CommGroup mapping.
+
+A grouping splits the ``N`` global replicas into ``N / group_size`` equal groups whose members are
+``stride`` apart: group ``g`` holds ``first(g) + k * stride`` for ``k < group_size``, with
+``first(g) = (g // stride) * stride * group_size + g % stride``. Groupings are pure values (no
+runtime state) so they can be compared, hashed and used as cache keys by the collectives.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cached_property
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    return value
+
+
+@dataclass(frozen=True)
+class ReplicaGrouping:
+    """``stride``/``group_size`` partition of ``num_replicas`` global replicas (PopXL's ReplicaGrouping).
+
+    Build it with :meth:`create` (or ``Runtime.replica_grouping``), which validates the values;
+    the constructor assumes they are valid.
+    """
+
+    num_replicas: int
+    stride: int = 1
+    group_size: int = field(default=0)
+
+    @classmethod
+    def create(cls, num_replicas: int, stride: int = 1, group_size: int | None = None) -> ReplicaGrouping:
+        """Validate as PopXL does: 0 < stride <= N, N % stride == 0, 0 < group_size <= N,
+        N % (stride * group_size) == 0; group_size defaults to N // stride; stride is forced to 1
+        when group_size == 1 (every replica alone, whatever the stride)."""
+        n = _positive_int("num_replicas", num_replicas)
+        if n < 1:
+            raise ValueError(f"num_replicas={n} must be >= 1")
+        stride = _positive_int("stride", stride)
+        if not 0 < stride <= n or n % stride:
+            raise ValueError(
+                f"stride={stride} is invalid for {n} replicas: it must be a divisor of the replication "
+                f"factor, one of {_divisors(n)}"
+            )
+        if group_size is None:
+            group_size = n // stride
+        group_size = _positive_int("group_size", group_size)
+        if not 0 < group_size <= n:
+            raise ValueError(f"group_size={group_size} is invalid for {n} replicas: it must be in 1..{n}")
+        if n % (stride * group_size):
+            valid = [g for g in _divisors(n) if n % (stride * g) == 0]
+            raise ValueError(
+                f"stride={stride} with group_size={group_size} does not divide {n} replicas: "
+                f"stride * group_size must divide the replication factor (with stride={stride}, "
+                f"group_size can be one of {valid})"
+            )
+        if group_size == 1:
+            stride = 1
+        return cls(n, stride, group_size)
+
+    @classmethod
+    def from_assignment(cls, assignment: list[int] | tuple[int, ...]) -> ReplicaGrouping:
+        """The grouping whose ``assignment`` this is; ValueError unless it has constant stride and size."""
+        a = [int(g) for g in assignment]
+        n = len(a)
+        if n == 0:
+            raise ValueError("assignment is empty")
+        size = a.count(0)
+        stride = next((r for r in range(1, n) if a[r] == 0), n) if size > 1 else 1
+        try:
+            rg = cls.create(n, stride, size)
+        except (TypeError, ValueError):
+            rg = None
+        if rg is None or rg.assignment != tuple(a):
+            raise ValueError(
+                f"assignment {a} is not a constant-stride grouping (groups must be numbered by first "
+                "appearance, equal in size and evenly strided)"
+            )
+        return rg
+
+    # -- derived values ------------------------------------------------------------------------
+    @property
+    def num_groups(self) -> int:
+        return self.num_replicas // self.group_size
+
+    @property
+    def is_const(self) -> bool:
+        """Always True: only constant-stride groupings are representable (PopXL's ``is_const``)."""
+        return True
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """What identifies the grouping (used in collective signatures)."""
+        return (self.num_replicas, self.stride, self.group_size)
+
+    @cached_property
+    def assignment(self) -> tuple[int, ...]:
+        """Group index of every global replica (PopXL's ``assignment``)."""
+        return tuple(self.group_of(r) for r in range(self.num_replicas))
+
+    @cached_property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """Members of every group, in member order."""
+        return tuple(self.members(g) for g in range(self.num_groups))
+
+    def group_of(self, replica: int) -> int:
+        s, g = self.stride, self.group_size
+        self._check_replica(replica)
+        return replica % s + s * (replica // (s * g))
+
+    def index_in_group(self, replica: int) -> int:
+        """Position of ``replica`` among its group's members (0 for the group's first replica)."""
+        self._check_replica(replica)
+        return (replica - self.first(self.group_of(replica))) // self.stride
+
+    def first(self, group: int) -> int:
+        """The group's first (lowest) replica: the one ``one_per_group`` retrieval reads."""
+        self._check_group(group)
+        s, g = self.stride, self.group_size
+        return (group // s) * s * g + group % s
+
+    def member(self, group: int, k: int) -> int:
+        if not 0 <= k < self.group_size:
+            raise ValueError(f"member index {k} out of range for group_size={self.group_size}")
+        return self.first(group) + k * self.stride
+
+    def members(self, group: int) -> tuple[int, ...]:
+        f = self.first(group)
+        return tuple(f + k * self.stride for k in range(self.group_size))
+
+    def transpose(self) -> ReplicaGrouping:
+        """The orthogonal grouping: replicas that share a group here are in different groups there.
+
+        Defined (as in PopART) when stride == 1 or stride * group_size == N; otherwise the result
+        would not have a constant stride, which this engine does not represent.
+        """
+        n, s, g = self.num_replicas, self.stride, self.group_size
+        if s == 1:
+            return ReplicaGrouping.create(n, g, n // g)
+        if s * g == n:
+            return ReplicaGrouping.create(n, 1, s)
+        raise ValueError(
+            f"cannot transpose {self}: the transpose of a grouping with stride={s} and group_size={g} "
+            f"over {n} replicas is not a constant-stride grouping (needs stride == 1 or stride * group_size == {n})"
+        )
+
+    def to_comm_group(self) -> CommGroup:
+        return CommGroup.from_replica_grouping(self)
+
+    def _check_replica(self, replica: int) -> None:
+        if not 0 <= replica < self.num_replicas:
+            raise ValueError(f"replica {replica} out of range for {self.num_replicas} replicas")
+
+    def _check_group(self, group: int) -> None:
+        if not 0 <= group < self.num_groups:
+            raise ValueError(f"group {group} out of range: {self} has {self.num_groups} groups")
+
+    def __repr__(self) -> str:
+        return f"ReplicaGrouping(num_replicas={self.num_replicas}, stride={self.stride}, group_size={self.group_size})"
+
+    def __str__(self) -> str:
+        return repr(self)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class CommGroupType(enum.Enum):
+    """PopART's CommGroupType. ``Ungrouped`` is PopART's "None" (every replica alone)."""
+
+    All = "All"
+    Consecutive = "Consecutive"
+    Orthogonal = "Orthogonal"
+    Ungrouped = "Ungrouped"
+
+
+@dataclass(frozen=True)
+class CommGroup:
+    """PopART-style communication group: a type and a replica group size (ignored for All/Ungrouped).
+
+    Maps onto a :class:`ReplicaGrouping` once the replication factor is known (reference 3.4):
+    All -> (1, N); Consecutive(k) -> (1, k); Orthogonal(k) -> (N / k, k); Ungrouped -> (1, 1).
+    """
+
+    type: CommGroupType = CommGroupType.All
+    replica_group_size: int = 0
+
+    @classmethod
+    def all(cls) -> CommGroup:
+        return cls(CommGroupType.All, 0)
+
+    @classmethod
+    def consecutive(cls, size: int) -> CommGroup:
+        return cls(CommGroupType.Consecutive, _positive_int("replica_group_size", size))
+
+    @classmethod
+    def orthogonal(cls, size: int) -> CommGroup:
+        return cls(CommGroupType.Orthogonal, _positive_int("replica_group_size", size))
+
+    @classmethod
+    def none(cls) -> CommGroup:
+        return cls(CommGroupType.Ungrouped, 0)
+
+    ungrouped = none
+
+    def to_replica_grouping(self, num_replicas: int) -> ReplicaGrouping:
+        n = num_replicas
+        t, k = self.type, self.replica_group_size
+        if t is CommGroupType.All:
+            return ReplicaGrouping.create(n, 1, n)
+        if t is CommGroupType.Ungrouped:
+            return ReplicaGrouping.create(n, 1, 1)
+        if not 0 < k <= n or n % k:
+            raise ValueError(
+                f"{self}: replica_group_size={k} must divide the replication factor {n} "
+                f"(one of {_divisors(n)})"
+            )
+        if t is CommGroupType.Consecutive:
+            return ReplicaGrouping.create(n, 1, k)
+        return ReplicaGrouping.create(n, n // k, k)
+
+    @classmethod
+    def from_replica_grouping(cls, rg: ReplicaGrouping) -> CommGroup:
+        """Reverse mapping: G == 1 -> Ungrouped, G == N -> All, stride == N / G -> Orthogonal(G),
+        stride == 1 -> Consecutive(G); anything else has no CommGroup (ValueError)."""
+        n, s, g = rg.num_replicas, rg.stride, rg.group_size
+        if g == 1:
+            return cls.none()
+        if g == n:
+            return cls.all()
+        if s == n // g:
+            return cls.orthogonal(g)
+        if s == 1:
+            return cls.consecutive(g)
+        raise ValueError(
+            f"{rg} has no CommGroup equivalent: CommGroups are All, Ungrouped, Consecutive (stride 1) "
+            f"or Orthogonal (stride * group_size == {n})"
+        )
+
+    def __repr__(self) -> str:
+        if self.type in (CommGroupType.All, CommGroupType.Ungrouped):
+            return f"CommGroup({self.type.name})"
+        return f"CommGroup({self.type.name}, {self.replica_group_size})"

@@ -1,0 +1,85 @@
+"""A persistent pool of replica threads owned by a Runtime.
+
+Local replica 0 runs on the thread that called ``Runtime.run`` and replicas 1..L-1 on L-1
+long-lived worker threads, so a run costs one wake-up per worker and no thread creation; with
+L == 1 a step runs directly on the caller's thread. Workers reference only the pool (never the
+runtime), so a runtime that is dropped without ``close()`` can still be collected, which shuts
+the pool down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class ReplicaPool:
+    def __init__(self, size: int, name: str = "replica") -> None:
+        self.size = size
+        self._go = [threading.Lock() for _ in range(size)]
+        for lock in self._go:
+            lock.acquire()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._count_lock = threading.Lock()
+        self._pending = 0
+        self._task: object = None
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._worker, args=(i,), name=f"{name}-{i}", daemon=True) for i in range(1, size)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _worker(self, index: int) -> None:
+        go = self._go[index]
+        while True:
+            go.acquire()
+            task = self._task
+            if task is _STOP:
+                return
+            try:
+                task(index)  # type: ignore[operator]
+            except BaseException:  # the task records its own errors; never let a worker die
+                log.exception("replica task %d raised", index)
+            with self._count_lock:
+                self._pending -= 1
+                last = self._pending == 0
+            if last:
+                self._done.release()
+
+    def run(self, task: Callable[[int], None]) -> None:
+        """Run ``task(i)`` for every replica ``i`` concurrently; return when all have returned.
+
+        ``task`` must not raise (it records failures itself).
+        """
+        if self._closed:
+            raise RuntimeError("the Runtime is closed")
+        if self.size == 1:
+            task(0)
+            return
+        self._task = task
+        self._pending = self.size - 1
+        for i in range(1, self.size):
+            self._go[i].release()
+        try:
+            task(0)
+        finally:
+            self._done.acquire()
+            self._task = None
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._task = _STOP
+        for i in range(1, self.size):
+            self._go[i].release()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)

@@ -1,0 +1,243 @@
+"""The canonical reduction order: a fixed binary tree over a group's member order.
+
+Float addition is not associative, so a result that must not depend on how replicas are split
+between instances needs one fixed order. The order used everywhere is the tree over members
+``m0 .. m(G-1)`` that splits ``[lo, hi)`` at ``lo + p`` where ``p`` is the largest power of two
+strictly below ``hi - lo`` (a perfectly aligned segment tree: ``((m0+m1)+(m2+m3)) + (m4+m5)``
+for six members). Any contiguous run of members held by one process decomposes into a few
+complete nodes of that tree (:func:`decompose`); a process reduces those nodes locally and the
+remaining nodes are combined, in the same tree, after the pieces have been exchanged
+(:func:`evaluate`). Every element goes through the same sequence of IEEE operations whichever
+process does them, so results are bitwise identical for any split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+Node = tuple[int, int]
+
+#: Binary ufuncs for the reduction ops; mean is add followed by a division by the group size.
+UFUNCS: dict[str, np.ufunc] = {
+    "add": np.add,
+    "mean": np.add,
+    "mul": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+}
+OPS = tuple(UFUNCS)
+
+
+def split(lo: int, hi: int) -> int:
+    """Where node ``[lo, hi)`` (two or more members) splits into its left and right children."""
+    n = hi - lo
+    return lo + (1 << ((n - 1).bit_length() - 1))
+
+
+def children(node: Node) -> tuple[Node, Node]:
+    lo, hi = node
+    mid = split(lo, hi)
+    return (lo, mid), (mid, hi)
+
+
+def decompose(a: int, b: int, size: int) -> list[Node]:
+    """The maximal complete nodes of the tree over ``[0, size)`` that exactly cover ``[a, b)``, in order."""
+    out: list[Node] = []
+
+    def visit(lo: int, hi: int) -> None:
+        if hi <= a or b <= lo:
+            return
+        if a <= lo and hi <= b:
+            out.append((lo, hi))
+            return
+        mid = split(lo, hi)
+        visit(lo, mid)
+        visit(mid, hi)
+
+    if 0 <= a < b <= size:
+        visit(0, size)
+    return out
+
+
+def evaluate(
+    node: Node,
+    known: Mapping[Node, np.ndarray],
+    ufunc: np.ufunc,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """The value of ``node``: ``known[node]`` if given, else ``ufunc(left, right)`` recursively.
+
+    ``known`` must hold a set of nodes that covers ``node`` (leaves are ``(k, k + 1)``). Internal
+    results go into ``out`` when given (its shape must match) or into temporaries that are then
+    reused in place, so an evaluation allocates at most one buffer per tree level. Known arrays
+    are never written.
+    """
+    value, _ = _eval(node, known, ufunc, out)
+    if out is not None and value is not out:
+        np.copyto(out, value)
+        return out
+    return value
+
+
+def _eval(
+    node: Node, known: Mapping[Node, np.ndarray], ufunc: np.ufunc, out: np.ndarray | None
+) -> tuple[np.ndarray, bool]:
+    """(value, owned): owned values are temporaries (or ``out``) that may be overwritten."""
+    hit = known.get(node)
+    if hit is not None:
+        return hit, False
+    lo, hi = node
+    if hi - lo < 2:
+        raise KeyError(f"member {lo} of the reduction is missing")
+    mid = split(lo, hi)
+    left, left_owned = _eval((lo, mid), known, ufunc, out)
+    right, right_owned = _eval((mid, hi), known, ufunc, None)
+    if out is not None:
+        target = out
+    elif left_owned:
+        target = left
+    elif right_owned:
+        target = right
+    else:
+        target = np.empty_like(left)
+    ufunc(left, right, out=target)
+    return target, True
+
+
+#: Elements per block in :func:`evaluate_blocked` (about 512 KiB of float32): each block's
+#: intermediate values stay in cache, so a tree over several arrays streams memory once.
+BLOCK = 1 << 17
+
+
+def evaluate_blocked(
+    node: Node,
+    known: Mapping[Node, np.ndarray],
+    ufunc: np.ufunc,
+    out: np.ndarray,
+    divide_by: int = 0,
+    block: int = BLOCK,
+) -> np.ndarray:
+    """:func:`evaluate` into the 1-D ``out`` block by block (``known`` arrays 1-D, same length).
+
+    With ``divide_by`` the result is divided by it (mean) within the same pass.
+    """
+    m = out.shape[0]
+    if m <= block:
+        evaluate(node, known, ufunc, out=out)
+        if divide_by:
+            finish_mean(out, divide_by)
+        return out
+    for b0 in range(0, m, block):
+        b1 = min(m, b0 + block)
+        part = out[b0:b1]
+        evaluate(node, {k: a[b0:b1] for k, a in known.items()}, ufunc, out=part)
+        if divide_by:
+            finish_mean(part, divide_by)
+    return out
+
+
+class Program:
+    """The evaluation of ``node`` from ``inputs`` (nodes covering it), compiled once.
+
+    ``ops`` is a list of ``(a, b, dst)`` slot triples: slots ``0..len(inputs)-1`` are the input
+    arrays, then temporaries, and slot ``-1`` is the output. Running it costs one ufunc call per
+    internal node and no Python-level tree walking, which matters for small collectives.
+    """
+
+    __slots__ = ("ops", "result", "ntemp", "ninputs")
+
+    def __init__(self, node: Node, inputs: Sequence[Node]) -> None:
+        index = {n: i for i, n in enumerate(inputs)}
+        self.ninputs = len(inputs)
+        ops: list[tuple[int, int, int]] = []
+        temps = 0
+
+        def comp(nd: Node, to_out: bool) -> tuple[int, bool]:
+            nonlocal temps
+            hit = index.get(nd)
+            if hit is not None:
+                return hit, False
+            lo, hi = nd
+            if hi - lo < 2:
+                raise KeyError(f"member {lo} of the reduction is missing")
+            mid = split(lo, hi)
+            left, left_owned = comp((lo, mid), to_out)
+            right, right_owned = comp((mid, hi), False)
+            if to_out:
+                dst = -1
+            elif left_owned:
+                dst = left
+            elif right_owned:
+                dst = right
+            else:
+                dst = self.ninputs + temps
+                temps += 1
+            ops.append((left, right, dst))
+            return dst, True
+
+        self.result, _ = comp(node, True)
+        self.ops = tuple(ops)
+        self.ntemp = temps
+
+    def run(self, inputs: Sequence[np.ndarray], ufunc: np.ufunc, out: np.ndarray) -> np.ndarray:
+        if not self.ops:
+            np.copyto(out, inputs[self.result])
+            return out
+        slots = list(inputs)
+        for _ in range(self.ntemp):
+            slots.append(np.empty_like(out))
+        slots.append(out)
+        for a, b, d in self.ops:
+            ufunc(slots[a], slots[b], out=slots[d])
+        return out
+
+    def run_blocked(
+        self, inputs: Sequence[np.ndarray], ufunc: np.ufunc, out: np.ndarray, divide_by: int = 0, block: int = BLOCK
+    ) -> np.ndarray:
+        """:meth:`run` on 1-D arrays block by block (intermediates stay in cache), then ``/ divide_by``."""
+        m = out.shape[0]
+        if m <= block:
+            self.run(inputs, ufunc, out)
+            if divide_by:
+                finish_mean(out, divide_by)
+            return out
+        for b0 in range(0, m, block):
+            b1 = min(m, b0 + block)
+            part = out[b0:b1]
+            self.run([a[b0:b1] for a in inputs], ufunc, part)
+            if divide_by:
+                finish_mean(part, divide_by)
+        return out
+
+
+def reduce_sequence(values: Sequence[np.ndarray], op: str = "add") -> np.ndarray:
+    """Reference: the canonical tree over ``values`` (member order), computed directly.
+
+    Kept independent of :func:`evaluate` so tests can check the engine against it.
+    """
+    ufunc = UFUNCS[op]
+
+    def rec(lo: int, hi: int) -> np.ndarray:
+        if hi - lo == 1:
+            return np.asarray(values[lo])
+        mid = split(lo, hi)
+        return ufunc(rec(lo, mid), rec(mid, hi))
+
+    if not values:
+        raise ValueError("nothing to reduce")
+    result = np.array(rec(0, len(values)), copy=True)
+    if op == "mean":
+        finish_mean(result, len(values))
+    return result
+
+
+def finish_mean(total: np.ndarray, group_size: int) -> None:
+    """In place: the mean from the sum (the same division on every process, so still bitwise stable)."""
+    np.divide(total, total.dtype.type(group_size), out=total)
+
+
+def leaf_map(arrays: Sequence[np.ndarray], first: int = 0) -> dict[Node, np.ndarray]:
+    """``known`` for ``evaluate`` from member arrays ``first, first + 1, ...``."""
+    return {(first + i, first + i + 1): a for i, a in enumerate(arrays)}

@@ -1,0 +1,101 @@
+"""Where this process stands among the global replicas: R, L and this instance's index.
+
+Resolved once, when a Runtime is built, from its arguments and the PopDist environment that
+``poprun`` sets (:func:`popdist_py.env.read_topology`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from popdist_py.env import read_topology
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the R global replicas are split: L per instance, this process being instance ``instance``."""
+
+    replication_factor: int
+    local_replicas: int
+    instance: int = 0
+
+    @property
+    def num_instances(self) -> int:
+        return self.replication_factor // self.local_replicas
+
+    @property
+    def offset(self) -> int:
+        return self.instance * self.local_replicas
+
+    def owner(self, replica: int) -> int:
+        return replica // self.local_replicas
+
+    def describe_instance(self, instance: int) -> str:
+        lo = instance * self.local_replicas
+        hi = lo + self.local_replicas - 1
+        return f"instance {instance} (replica {lo})" if lo == hi else f"instance {instance} (replicas {lo}-{hi})"
+
+    def describe_replica(self, replica: int) -> str:
+        if self.num_instances == 1:
+            return f"replica {replica}"
+        return f"replica {replica} (instance {self.owner(replica)})"
+
+    def describe_replicas(self, replicas: Sequence[int]) -> str:
+        rs = sorted(replicas)
+        word = "replica" if len(rs) == 1 else "replicas"
+        text = f"{word} {', '.join(map(str, rs))}"
+        if self.num_instances > 1:
+            insts = sorted({self.owner(r) for r in rs})
+            text += f" (instance{'s' if len(insts) > 1 else ''} {', '.join(map(str, insts))})"
+        return text
+
+
+
+def count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name}={value} must be >= 1")
+    return int(value)
+
+
+def resolve(replication: int | None, comm: Any) -> tuple[int, int, int, Any]:
+    """(R, L, instance index, communicator or None) from the arguments and the PopDist environment."""
+    topo = read_topology()
+    if comm is not None:
+        size, rank = comm.Get_size(), comm.Get_rank()
+        if replication is None:
+            if topo.is_set:
+                if (topo.num_instances, topo.instance_index) != (size, rank):
+                    raise ValueError(
+                        f"the PopDist environment describes instance {topo.instance_index} of {topo.num_instances} "
+                        f"but the given communicator makes this rank {rank} of {size}"
+                    )
+                return topo.num_total_replicas, topo.num_local_replicas, rank, comm
+            return size, 1, rank, comm
+        r = count("replication", replication)
+        if r % size:
+            raise ValueError(
+                f"replication={r} cannot be split evenly over the communicator's {size} instances "
+                f"(use a multiple of {size})"
+            )
+        return r, r // size, rank, comm
+    if replication is None:
+        if topo.num_instances > 1:
+            from popdist_py.world import world
+
+            comm = world()
+        return topo.num_total_replicas, topo.num_local_replicas, topo.instance_index, comm
+    r = count("replication", replication)
+    if topo.is_set and topo.num_instances > 1:
+        raise ValueError(
+            f"Runtime(replication={r}) contradicts the PopDist environment, which runs "
+            f"{topo.num_total_replicas} replicas as {topo.num_instances} instances of {topo.num_local_replicas} "
+            f"(POPDIST_NUM_TOTAL_REPLICAS={topo.num_total_replicas}, POPDIST_NUM_LOCAL_REPLICAS="
+            f"{topo.num_local_replicas}): use Runtime() to take the replication from poprun"
+        )
+    return r, r, 0, None

@@ -1,0 +1,269 @@
+"""MPI between instances: one header exchange per collective (carrying small payloads), bulk transfers.
+
+Every collective starts with each instance sending every other instance a message that begins
+with a 32-byte header ``[sequence, index in step, signature hash, status]``; for small
+collectives the data rides in the same message ("eager"), so a small all-reduce costs a single
+message exchange. Receivers use ``Improbe``/``Mrecv`` so a message of unexpected size (a
+participant with another shape or op) is received whole and reported, never truncated. Bulk
+data follows as ``Isend``/``Irecv`` of numpy buffers. Every wait has a deadline (the collective
+timeout) and polls MPI: a tight spin first (peers usually arrive within microseconds), then
+``sched_yield`` (polite when instances oversubscribe the cores), then, for headers only, sleeps
+with back-off (a peer computing for minutes must not cost a core); transfers never sleep, as
+MPI only makes progress while polled.
+
+Headers whose hashes differ fall back to :func:`popdist_py.checks.agree` with the full
+signature, which raises :class:`CollectiveMismatchError` on every instance naming the values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from popdist_py import checks
+from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+
+log = logging.getLogger(__name__)
+
+HDR_WORDS = 4
+HDR_BYTES = 8 * HDR_WORDS
+TAG_HEADER = 11
+TAG_DATA = 12
+TAG_GATHER = 13
+STATUS_OK = 0
+STATUS_ABORT = 1
+_OK = np.int64(STATUS_OK).tobytes()
+
+#: Requests abandoned by failed collectives (each keeps its buffer alive). Never freed: MPI may
+#: still read a send buffer after its request is freed, so they stay for the life of the process.
+_ORPHANS: list[Any] = []
+
+
+#: Busy-poll this long, then poll with sched_yield (gives the core to a runnable peer when
+#: instances are oversubscribed) up to _YIELD, then sleep with back-off up to _MAX_SLEEP. MPI's
+#: own blocking waits spin forever; this keeps the latency of a spin for the usual short skews
+#: between instances without burning a shared core while a slow instance computes for seconds.
+_SPIN = 50e-6
+_YIELD = 20e-3
+_FIRST_SLEEP = 50e-6
+_MAX_SLEEP = 1e-3
+
+
+def poll(test: Callable[[], bool], deadline: float, sleep: bool = True) -> bool:
+    """Call ``test`` until it is true (True) or ``deadline`` (time.monotonic) passes (False).
+
+    ``sleep=False`` never sleeps (yields instead): for transfers that only progress while polled.
+    """
+    if test():
+        return True
+    now = time.monotonic()
+    spin_end, yield_end = now + _SPIN, now + _YIELD
+    delay = _FIRST_SLEEP
+    while True:
+        if test():
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if now < spin_end:
+            continue
+        if now < yield_end or not sleep:
+            os.sched_yield()
+            continue
+        time.sleep(min(delay, deadline - now))
+        delay = min(delay * 2, _MAX_SLEEP)
+
+
+class PeerAborted(CollectiveError):
+    """Another instance abandoned its step (an exception there) while this one waited for it."""
+
+
+class Transport:
+    """The MPI side of one Runtime: a private duplicate of the instances' communicator."""
+
+    def __init__(self, comm: Any, describe_instance: Callable[[int], str], timeout: float) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm.Dup()
+        self.size = self.comm.Get_size()
+        self.rank = self.comm.Get_rank()
+        self.peers = tuple(p for p in range(self.size) if p != self.rank)
+        self.describe = describe_instance
+        self.timeout = timeout
+        self._status = MPI.Status()
+        self._orphans: list[Any] = []  # sends left behind by a failed exchange or an abort notice
+        # agree() keeps its own private duplicate of our communicator; create it now, while every
+        # instance is constructing its Runtime, rather than in the middle of an error report.
+        checks.prepare(self.comm, timeout=timeout, what="Runtime()")
+
+    # -- per-collective header (+ small payload) exchange ------------------------------------------
+    def exchange(
+        self,
+        header: np.ndarray,
+        sendbufs: Sequence[np.ndarray],
+        recvbufs: Sequence[np.ndarray],
+        describe: Callable[[], tuple[str, tuple, Sequence[str]]],
+    ) -> list[np.ndarray]:
+        """Send ``sendbufs[i]`` (which starts with ``header``) to ``peers[i]``, receive its message, check headers.
+
+        ``recvbufs[i]`` is used when the message has the expected size. Returns the received
+        messages (uint8). Raises CollectiveTimeoutError naming instances that did not arrive,
+        PeerAborted, or CollectiveMismatchError (on every instance, via ``agree``).
+        ``describe()`` gives (what, signature, field names) for error messages; it is only
+        called when something is wrong.
+        """
+        comm = self.comm
+        peers = self.peers
+        status = self._status
+        count = len(peers)
+        # Plain uint8 buffers on both sides (typecode 'B'); sizes are read in bytes.
+        sends = [comm.Isend(buf, p, TAG_HEADER) for p, buf in zip(peers, sendbufs)]
+        got: list[np.ndarray | None] = [None] * count
+        left = count
+        # Fast path: a short tight loop without closures (peers usually arrive within microseconds).
+        spin_end = time.perf_counter() + _SPIN
+        while True:
+            for i in range(count):
+                if got[i] is None:
+                    msg = comm.Improbe(peers[i], TAG_HEADER, status)
+                    if msg is not None:
+                        got[i] = self._receive(msg, status, recvbufs[i])
+                        left -= 1
+            if not left or time.perf_counter() > spin_end:
+                break
+        if left:
+            pending = [i for i in range(count) if got[i] is None]
+
+            def progress() -> bool:
+                nonlocal pending
+                still = []
+                for i in pending:
+                    msg = comm.Improbe(peers[i], TAG_HEADER, status)
+                    if msg is None:
+                        still.append(i)
+                    else:
+                        got[i] = self._receive(msg, status, recvbufs[i])
+                pending = still
+                return not pending
+
+            if not poll(progress, time.monotonic() + self.timeout):
+                self._orphans.extend(sends)
+                what = describe()[0]
+                missing = [peers[i] for i in pending]
+                names = ", ".join(self.describe(p) for p in missing)
+                raise CollectiveTimeoutError(
+                    f"{what}: {names} did not arrive within {self.timeout:g} s "
+                    f"({count + 1 - len(missing)} of {count + 1} instances did); "
+                    f"set {checks.TIMEOUT_ENV} to wait longer"
+                )
+        # Every peer has arrived (its receive for our message is posted), so our sends complete.
+        Testall = self.MPI.Request.Testall
+        if not Testall(sends) and not poll(lambda: Testall(sends), time.monotonic() + self.timeout):
+            self._orphans.extend(sends)
+            raise CollectiveTimeoutError(
+                f"{describe()[0]}: sending to the other instances did not complete within {self.timeout:g} s"
+            )
+        mine = header[:3].tobytes()
+        mismatch = False
+        for p, buf in zip(peers, got):
+            assert buf is not None
+            if buf[24:32].tobytes() != _OK:
+                what = describe()[0]
+                raise PeerAborted(
+                    f"{what}: {self.describe(p)} abandoned its step (an exception was raised there; see its "
+                    "output) while this instance waited for it"
+                )
+            if buf[:24].tobytes() != mine:
+                mismatch = True
+        if mismatch:
+            what, signature, fields = describe()
+            log.debug("%s: header mismatch, asking agree() for the details", what)
+            checks.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe, fields=fields)
+            raise CollectiveMismatchError(
+                f"{what}: the instances disagree about this collective (signature hashes differ)"
+            )
+        return got  # type: ignore[return-value]
+
+    def _receive(self, msg: Any, status: Any, expected: np.ndarray) -> np.ndarray:
+        """Receive a probed message into ``expected`` if it has that size, else into a new buffer."""
+        size = status.Get_count(self.MPI.BYTE)
+        if size == expected.nbytes:
+            msg.Recv(expected)
+            return expected
+        buf = np.zeros(max(size, HDR_BYTES), np.uint8)
+        msg.Recv(buf[:size])
+        return buf
+
+    # -- bulk transfers ------------------------------------------------------------------------------
+    def transfer(
+        self,
+        recvs: Sequence[tuple[int, np.ndarray]],
+        sends: Sequence[tuple[int, np.ndarray]],
+        tag: int,
+        describe: Callable[[], tuple[str, tuple, Sequence[str]]],
+    ) -> None:
+        """Post all receives, then all sends, and wait for everything (polling MPI without sleeping).
+
+        Messages between a pair of instances are matched in posting order, so both sides must
+        list them in the same order (the collective plans guarantee it). Every peer has passed
+        the header exchange, so this normally completes at MPI speed; the deadline only catches
+        a peer that gave up (timed out) after sending its header.
+        """
+        if not recvs and not sends:
+            return
+        MPI = self.MPI
+        comm = self.comm
+        rreqs = [comm.Irecv([a, MPI.BYTE], p, tag) for p, a in recvs]
+        reqs = rreqs + [comm.Isend([a, MPI.BYTE], p, tag) for p, a in sends]
+        if poll(lambda: MPI.Request.Testall(reqs), time.monotonic() + self.timeout, sleep=False):
+            return
+        late = sorted({p for (p, _), r in zip(recvs, rreqs) if not r.Test()})
+        for r in rreqs:  # a late peer must never write into our (soon user-visible) buffers
+            try:
+                if not r.Test():
+                    r.Cancel()
+                    r.Wait()
+            except Exception:  # pragma: no cover - best effort; the runtime is broken anyway
+                pass
+        self._orphans.extend(reqs)
+        names = ", ".join(self.describe(p) for p in late) or "the other instances"
+        raise CollectiveTimeoutError(
+            f"{describe()[0]}: the data exchange with {names} did not complete within {self.timeout:g} s "
+            "(an instance gave up on this collective or stopped)"
+        )
+
+    def send_abort(self, seq: int) -> None:
+        """Tell every peer that this instance abandoned its step, so none waits for the timeout."""
+        hdr = np.array([seq, -1, 0, STATUS_ABORT], dtype=np.int64).view(np.uint8)
+        for p in self.peers:
+            self._orphans.append(self.comm.Isend(hdr, p, TAG_HEADER))  # the request keeps hdr alive
+
+    # -- host-side collectives for variables ----------------------------------------------------------
+    def allgatherv(self, send: np.ndarray, counts: Sequence[int], recv: np.ndarray, what: str) -> None:
+        """Gather ``counts[i]`` bytes from instance ``i`` into ``recv`` (instance order), with a deadline."""
+        MPI = self.MPI
+        displs = np.concatenate(([0], np.cumsum(counts[:-1]))).astype(np.int64).tolist()
+        req = self.comm.Iallgatherv([send, MPI.BYTE], [recv, (list(counts), displs), MPI.BYTE])
+        checks.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
+
+    def agree(self, what: str, signature: tuple, fields: Sequence[str] | None = None) -> None:
+        checks.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe, fields=fields)
+
+    def close(self, free: bool) -> None:
+        """Release the communicator (``free``: only when every instance is known to be in step)."""
+        MPI = self.MPI
+        if MPI.Is_finalized():
+            return
+        _ORPHANS.extend(r for r in self._orphans if not r.Test())
+        self._orphans.clear()
+        if free:
+            try:
+                self.comm.Free()
+            except Exception:  # pragma: no cover
+                log.debug("could not free the runtime communicator", exc_info=True)

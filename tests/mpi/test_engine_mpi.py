@@ -1,0 +1,342 @@
+"""The engine across instances (run under ``mpiexec -n 2|3|4 python -m pytest --with-mpi``).
+
+Each test builds runtimes over sub-communicators of COMM_WORLD for every instance count that
+divides the replica count, and compares with the same replicas run in one process: results
+must be bitwise identical for every split (1xR, 2xR/2, ...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from popdist_py.engine import CommGroup, PeerAborted, ReplicaGrouping, Runtime, ops
+from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_train.py"
+
+
+def _load_train() -> Any:
+    spec = importlib.util.spec_from_file_location("engine_train", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def world() -> Any:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+@contextmanager
+def instances(count: int) -> Iterator[Any]:
+    """A communicator of ranks 0..count-1 (None on the other ranks); collective over COMM_WORLD."""
+    from mpi4py import MPI
+
+    w = world()
+    comm = w.Split(0 if w.rank < count else MPI.UNDEFINED, w.rank)
+    try:
+        yield None if comm == MPI.COMM_NULL else comm
+    finally:
+        if comm != MPI.COMM_NULL:
+            comm.Free()
+        w.Barrier()
+
+
+def splits(replicas: int) -> list[int]:
+    return [i for i in range(2, world().size + 1) if replicas % i == 0]
+
+
+def wild(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return (rng.standard_normal(shape) * 10.0 ** rng.integers(-4, 5, shape)).astype(np.float32)
+
+
+def every_grouping(n: int) -> list[ReplicaGrouping]:
+    out = []
+    for s in range(1, n + 1):
+        for g in range(1, n + 1):
+            if n % s == 0 and n % (s * g) == 0:
+                rg = ReplicaGrouping.create(n, s, g)
+                if rg not in out:
+                    out.append(rg)
+    return out
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("replicas", [4, 6, 8])
+def test_training_hash_is_identical_for_every_split(replicas: int) -> None:
+    train = _load_train()
+    with Runtime(replication=replicas) as rt:
+        expect = train.digest(train.train(rt))
+    for count in splits(replicas):
+        with instances(count) as comm:
+            if comm is None:
+                continue
+            with Runtime(replication=replicas, comm=comm, timeout=60) as rt:
+                assert (rt.num_instances, rt.instance_replication_factor) == (count, replicas // count)
+                got = train.digest(train.train(rt))
+            assert got == expect, f"{count} instances x {replicas // count} replicas"
+
+
+def collectives_step(R: int):  # type: ignore[no-untyped-def]
+    """A step running every collective kind over every grouping (eager and bulk sizes)."""
+    groups = every_grouping(R)
+
+    def step(ctx, small, big):  # type: ignore[no-untyped-def]
+        out = []
+        for rg in groups:
+            for x in (small, big):
+                out.append(ops.replicated_all_reduce(x, group=rg))
+                out.append(ops.replicated_all_reduce(x, op="mean", group=rg))
+            out.append(ops.replicated_all_reduce(small, op="max", group=rg))
+            out.append(ops.replicated_all_reduce(small, op="mul", group=rg))
+            out.append(ops.replicated_all_gather(small, axis=1, group=rg).reshape(-1))
+            out.append(ops.replicated_all_gather(big, group=rg).reshape(-1))
+            out.append(ops.replicated_reduce_scatter(small, group=rg))
+            out.append(ops.replicated_reduce_scatter(big, op="mean", group=rg))
+            out.append(ops.replica_sharded_slice(small, group=rg))
+        return tuple(out)
+
+    return step
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("replicas", [4, 6, 8])
+def test_grouped_collectives_match_one_process(replicas: int) -> None:
+    rng = np.random.default_rng(replicas)
+    small = wild(rng, (replicas, 3, 5))
+    big = wild(rng, (replicas, 9001))  # 36 KB: above the eager limit, odd so chunks are uneven
+    step = collectives_step(replicas)
+    with Runtime(replication=replicas) as rt:
+        expect = rt.run(step, small, big)
+    for count in splits(replicas):
+        with instances(count) as comm:
+            if comm is None:
+                continue
+            with Runtime(replication=replicas, comm=comm, timeout=60) as rt:
+                off, L = rt.replica_index_offset, rt.instance_replication_factor
+                got = rt.run(step, small[off : off + L], big[off : off + L])
+            for i, (g, e) in enumerate(zip(got, expect)):
+                assert g.tobytes() == e[off : off + L].tobytes(), f"output {i}, {count} instances"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("replicas", [4, 6])
+def test_variables_across_instances(replicas: int) -> None:
+    def build(rt: Runtime) -> list[Any]:
+        vs = []
+        for rg in every_grouping(replicas):
+            host = np.arange(rg.num_groups * 4, dtype=np.float64).reshape(rg.num_groups, 2, 2)
+            host = host if rg.num_groups > 1 else host[0]
+            for mode in ("one_per_group", "all_replicas"):
+                vs.append(rt.variable(host, replica_grouping=rg, retrieval_mode=mode))
+        return vs
+
+    def diverge(vs: list[Any]):  # type: ignore[no-untyped-def]
+        def step(ctx):  # type: ignore[no-untyped-def]
+            for v in vs:
+                ctx[v] = ctx[v] * (1 + ctx.replica_index) + ctx.replica_index
+        return step
+
+    def collect(rt: Runtime, vs: list[Any]) -> list[np.ndarray]:
+        out = [rt.get_tensor_data(v) for v in vs]
+        rt.run(diverge(vs))
+        out += [rt.get_tensor_data(v) for v in vs]
+        for v in vs:
+            rt.write_variable_data(v, rt.get_tensor_data(v) if v.retrieval_mode == "one_per_group"
+                                   else np.zeros(v.shape_on_host) + 7)
+        return out + [rt.get_tensor_data(v) for v in vs]
+
+    with Runtime(replication=replicas) as rt:
+        expect = collect(rt, build(rt))
+    for count in splits(replicas):
+        with instances(count) as comm:
+            if comm is None:
+                continue
+            with Runtime(replication=replicas, comm=comm, timeout=60) as rt:
+                got = collect(rt, build(rt))
+            assert len(got) == len(expect)
+            for g, e in zip(got, expect):
+                assert g.shape == e.shape and g.tobytes() == e.tobytes()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n", [8, 20000])
+def test_mismatch_between_instances_is_named_on_every_instance(n: int) -> None:
+    with instances(2) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=4, comm=comm, timeout=30) as rt:
+            size = n + 1 if rt.instance_index == 1 else n
+
+            def step(ctx):  # type: ignore[no-untyped-def]
+                return ops.replicated_all_reduce(np.zeros(size, np.float32))
+
+            with pytest.raises(CollectiveMismatchError) as info:
+                rt.run(step)
+            msg = str(info.value)
+            assert "instance 0 (replicas 0-1)" in msg and "instance 1 (replicas 2-3)" in msg
+            assert f"({n},)" in msg and f"({n + 1},)" in msg
+            # every instance raised: they are still in step and the runtime stays usable
+            got = rt.run(lambda ctx: ops.replicated_all_reduce(np.array([ctx.replica_index])))
+            assert got.tolist() == [[6], [6]]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_op_and_group_mismatch_between_instances() -> None:
+    with instances(2) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=4, comm=comm, timeout=30) as rt:
+            other = rt.instance_index == 1
+            with pytest.raises(CollectiveMismatchError, match="ops differ.*instance 0 .*add.*instance 1 .*max"):
+                rt.run(lambda ctx: ops.replicated_all_reduce(np.zeros(2), op="max" if other else "add"))
+            rg = rt.replica_grouping(stride=2) if other else CommGroup.consecutive(2)
+            with pytest.raises(CollectiveMismatchError, match="groups differ"):
+                rt.run(lambda ctx: ops.replicated_all_gather(np.zeros(2), group=rg))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_exception_on_one_instance_releases_the_others_at_once() -> None:
+    with instances(2) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=4, comm=comm, timeout=60) as rt:
+            def step(ctx):  # type: ignore[no-untyped-def]
+                if ctx.replica_index == 1:
+                    raise ZeroDivisionError("replica 1 fails")
+                return ops.replicated_all_reduce(np.ones(3))
+
+            t = time.monotonic()
+            if rt.instance_index == 0:
+                with pytest.raises(ZeroDivisionError):
+                    rt.run(step)
+            else:
+                with pytest.raises(PeerAborted, match="instance 0 \\(replicas 0-1\\) abandoned"):
+                    rt.run(step)
+            assert time.monotonic() - t < 20  # not the 60 s timeout
+            with pytest.raises(CollectiveError, match="create a new Runtime"):
+                rt.run(step)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_instance_that_never_arrives_is_named() -> None:
+    with instances(2) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=4, comm=comm, timeout=1.0) as rt:
+            late = rt.instance_index == 1
+
+            def step(ctx):  # type: ignore[no-untyped-def]
+                if not late:
+                    ops.replicated_all_reduce(np.ones(3))
+
+            if late:
+                rt.run(step)  # finishes without the collective
+            else:
+                t = time.monotonic()
+                with pytest.raises(CollectiveTimeoutError) as info:
+                    rt.run(step)
+                assert 0.9 < time.monotonic() - t < 20
+                msg = str(info.value)
+                assert "instance 1 (replicas 2-3) did not arrive within 1 s" in msg
+                assert "replicated_all_reduce #1" in msg
+
+
+@pytest.mark.mpi(min_size=2)
+def test_runtime_from_the_popdist_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = world()
+    L = 2
+    for name, value in {
+        "POPDIST_NUM_TOTAL_REPLICAS": L * w.size,
+        "POPDIST_NUM_LOCAL_REPLICAS": L,
+        "POPDIST_REPLICA_INDEX_OFFSET": L * w.rank,
+        "POPDIST_NUM_INSTANCES": w.size,
+        "POPDIST_INSTANCE_INDEX": w.rank,
+    }.items():
+        monkeypatch.setenv(name, str(value))
+    with Runtime(timeout=60) as rt:
+        assert (rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset) == (
+            L * w.size, L, L * w.rank)
+        got = rt.run(lambda ctx: ops.replicated_all_reduce(np.array([ctx.replica_index])))
+        assert got.tolist() == [[sum(range(L * w.size))]] * L
+        with pytest.raises(ValueError, match="contradicts the PopDist environment"):
+            Runtime(replication=L)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n", [8, 200_000])
+def test_instance_arriving_after_the_others_gave_up_does_not_hang(n: int) -> None:
+    with instances(2) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=4, comm=comm, timeout=1.0) as rt:
+            late = rt.instance_index == 1
+
+            def step(ctx):  # type: ignore[no-untyped-def]
+                if late:  # the whole instance is late (all its replicas)
+                    time.sleep(1.6)
+                return ops.replicated_all_reduce(np.ones(n, np.float32))
+
+            t = time.monotonic()
+            if not late:
+                with pytest.raises(CollectiveTimeoutError, match="instance 1 .* did not arrive"):
+                    rt.run(step)
+            elif n > 1000:  # bulk: the early instance's header is there, its data never comes
+                with pytest.raises(CollectiveTimeoutError, match="data exchange with instance 0"):
+                    rt.run(step)
+            else:  # eager: the early instance's header carried its data, but at the end of the step
+                with pytest.raises(PeerAborted, match="instance 0 .* abandoned"):  # its abort notice is seen
+                    rt.run(step)
+            assert time.monotonic() - t < 20
+            # both are out of step now; the next step reports it instead of hanging
+            with pytest.raises(CollectiveError):
+                rt.run(step)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_different_numbers_of_collectives_are_reported_at_once() -> None:
+    with instances(2) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=4, comm=comm, timeout=60) as rt:
+            extra = rt.instance_index == 1
+
+            def step(ctx):  # type: ignore[no-untyped-def]
+                x = ops.replicated_all_reduce(np.ones(2))
+                if extra:
+                    x = ops.replicated_all_reduce(x)
+                return x
+
+            t = time.monotonic()
+            with pytest.raises(CollectiveMismatchError) as info:
+                rt.run(step)
+            assert time.monotonic() - t < 20  # not the 60 s timeout
+            msg = str(info.value)
+            assert "instance 0 (replicas 0-1) end of step (after 1 collective)" in msg
+            assert "instance 1 (replicas 2-3) replicated_all_reduce #2 of the step" in msg
+            # every instance raised the same error: still in step, still usable
+            assert rt.run(lambda ctx: ops.replicated_all_reduce(np.ones(1)))[0, 0] == 4
+            # steps without collectives need not run everywhere
+            if rt.instance_index == 0:
+                rt.run(lambda ctx: None)
+            assert rt.run(lambda ctx: ops.replicated_all_reduce(np.ones(1)))[0, 0] == 4
+
+
+@pytest.mark.mpi(min_size=2)
+def test_explicit_communicator_must_split_the_replicas_evenly() -> None:
+    w = world()
+    bad = w.size + 1
+    with pytest.raises(ValueError, match=f"replication={bad} cannot be split evenly over the communicator's {w.size}"):
+        Runtime(replication=bad, comm=w)
+    with Runtime(comm=w, timeout=60) as rt:  # no PopDist environment: one replica per rank
+        assert (rt.replication_factor, rt.instance_replication_factor, rt.instance_index) == (w.size, 1, w.rank)

@@ -1,0 +1,113 @@
+"""The canonical reduction tree: shape, decomposition into pieces, evaluation from any split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from popdist_py.engine.reduce import decompose, evaluate, reduce_sequence, split
+
+
+def tree(values: list[np.ndarray], lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Independent statement of the order: split at the largest power of two below the count."""
+    hi = len(values) if hi is None else hi
+    n = hi - lo
+    if n == 1:
+        return values[lo]
+    p = 1
+    while p * 2 < n:
+        p *= 2
+    return tree(values, lo, lo + p) + tree(values, lo + p, hi)
+
+
+def test_split_points() -> None:
+    assert [split(0, n) for n in range(2, 10)] == [1, 2, 2, 4, 4, 4, 4, 8]
+    assert split(4, 6) == 5 and split(8, 16) == 12
+
+
+def test_six_members_shape() -> None:
+    v = [np.array([float(i)]) for i in range(6)]
+    calls: list[tuple[float, float]] = []
+
+    def add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+        calls.append((a[0], b[0]))
+        return np.add(a, b, out=out)
+
+    class U:  # stands in for a ufunc to record the order of operations
+        def __call__(self, a, b, out):  # type: ignore[no-untyped-def]
+            return add(a, b, out)
+
+    evaluate((0, 6), {(k, k + 1): v[k] for k in range(6)}, U())  # type: ignore[arg-type]
+    assert calls == [(0, 1), (2, 3), (1, 5), (4, 5), (6, 9)]
+
+
+@pytest.mark.parametrize("size", range(1, 17))
+def test_decompose_covers_exactly_with_tree_nodes(size: int) -> None:
+    def nodes(lo: int, hi: int) -> set[tuple[int, int]]:
+        out = {(lo, hi)}
+        if hi - lo > 1:
+            mid = split(lo, hi)
+            out |= nodes(lo, mid) | nodes(mid, hi)
+        return out
+
+    all_nodes = nodes(0, size)
+    for a in range(size):
+        for b in range(a + 1, size + 1):
+            pieces = decompose(a, b, size)
+            assert all(p in all_nodes for p in pieces)
+            covered = [k for lo, hi in pieces for k in range(lo, hi)]
+            assert covered == list(range(a, b))
+            # maximal: no two neighbouring pieces form a node together
+            for (l1, h1), (l2, h2) in zip(pieces, pieces[1:]):
+                assert (l1, h2) not in all_nodes or split(l1, h2) != h1
+
+
+def wild(rng: np.random.Generator, n: int, size: int) -> list[np.ndarray]:
+    """float32 values over many magnitudes, so that the order of additions changes the result."""
+    return [(rng.standard_normal(size) * 10.0 ** rng.integers(-4, 5, size)).astype(np.float32) for _ in range(n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 12), seed=st.integers(0, 2**31), data=st.data())
+def test_any_split_gives_the_same_bits(size: int, seed: int, data: st.DataObject) -> None:
+    rng = np.random.default_rng(seed)
+    values = wild(rng, size, 33)
+    expect = tree(values)
+    assert np.array_equal(reduce_sequence(values), expect)
+    # cut the members into contiguous runs (one per "instance"), reduce each run's pieces locally
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(size - 1, 1)), max_size=size - 1)) if size > 1 else set())
+    bounds = [0, *cuts, size]
+    known = {}
+    for a, b in zip(bounds, bounds[1:]):
+        leaves = {(k, k + 1): values[k] for k in range(a, b)}
+        for node in decompose(a, b, size):
+            known[node] = evaluate(node, leaves, np.add)
+    got = evaluate((0, size), known, np.add, out=np.empty(33, np.float32))
+    assert got.tobytes() == expect.tobytes()
+
+
+def test_order_matters_for_these_inputs() -> None:
+    """Guard against a vacuous determinism test: a left-to-right sum gives other bits."""
+    rng = np.random.default_rng(1)
+    values = wild(rng, 6, 1000)
+    seq = values[0].copy()
+    for v in values[1:]:
+        seq = seq + v
+    assert not np.array_equal(seq, tree(values))
+
+
+def test_ops_and_mean() -> None:
+    v = [np.array([1.0, 4.0]), np.array([3.0, 2.0]), np.array([5.0, -1.0])]
+    assert reduce_sequence(v, "max").tolist() == [5.0, 4.0]
+    assert reduce_sequence(v, "min").tolist() == [1.0, -1.0]
+    assert reduce_sequence(v, "mul").tolist() == [15.0, -8.0]
+    assert reduce_sequence(v, "mean").tolist() == [3.0, 5.0 / 3.0]
+
+
+def test_evaluate_does_not_write_known_arrays() -> None:
+    v = [np.arange(4.0) + k for k in range(5)]
+    before = [a.copy() for a in v]
+    evaluate((0, 5), {(k, k + 1): v[k] for k in range(5)}, np.add)
+    assert all(np.array_equal(a, b) for a, b in zip(v, before))
