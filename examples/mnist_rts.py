@@ -1,0 +1,180 @@
+"""MNIST with replication and RTS: a two-layer network trained data parallel on popdist_py.engine.
+
+One process with 4 replicas, or the same 4 replicas as 2 instances under poprun (same weights):
+
+    python examples/mnist_rts.py --replication-factor 4
+    poprun --num-instances 2 --num-replicas 4 python examples/mnist_rts.py --rts
+
+Without ``--data-dir`` it trains on scikit-learn's bundled 8x8 handwritten digits; with it, on the
+real MNIST IDX files in that directory (plain or ``.gz``; nothing is downloaded).
+
+Each replica runs the forward and backward pass in numpy on its micro-batch of ``--batch-size``
+samples; gradients are averaged over all replicas (``replicated_all_reduce(..., op="mean")``) and
+every replica applies the same SGD update. ``--rts`` shards W0 and W1 over the replicas
+(replicated tensor sharding) the two ways of the PopXL user guide's example.
+
+The last line of stdout, printed by every instance (they agree), is
+``final: test_accuracy=<accuracy> weights_sha256=<sha256 of W0, b0, W1, b1 as float32>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+import popdist_py as popdist
+from popdist_py.engine import Runtime
+
+from mnist import checkpoint, datasets
+from mnist.datasets import NUM_CLASSES, Dataset, Replicas
+from mnist.idx import IdxError
+from mnist.model import Params, init_params
+from mnist.trainer import Network
+
+log = logging.getLogger("mnist_rts")
+
+
+class InputError(Exception):
+    """Bad data, checkpoint or options: reported as one line and exit status 2, no traceback."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--replication-factor", type=int, default=None,
+                   help="replicas in this process (default 1); under poprun the job's replicas are used instead")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per replica per step")
+    p.add_argument("--test-batch-size", type=int, default=32, help="test samples per replica per step")
+    p.add_argument("--epochs", type=int, default=10, help="total epochs, counting those of a resumed checkpoint")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--hidden-size", type=int, default=64, help="units in the hidden layer")
+    p.add_argument("--rts", action="store_true", help="shard W0 and W1 over the replicas (replicated tensor sharding)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and each epoch's shuffle")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="directory with the MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="resume from this file if it exists; save to it after every epoch")
+    args = p.parse_args(argv)
+    for name, minimum in (("replication_factor", 1), ("batch_size", 1), ("test_batch_size", 1),
+                          ("epochs", 0), ("hidden_size", 1), ("seed", 0)):
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            p.error(f"--{name.replace('_', '-')}={value} is invalid: it must be >= {minimum}")
+    if not args.lr > 0:
+        p.error(f"--lr={args.lr} is invalid: it must be > 0")
+    return args
+
+
+def make_runtime(replication_factor: int | None) -> Runtime:
+    """The job's replicas under poprun (the environment decides), else ``--replication-factor``."""
+    if popdist.isPopdistEnvSet():
+        if replication_factor is not None:
+            log.warning("--replication-factor %d is ignored under poprun, which runs %d replicas "
+                        "(--num-replicas)", replication_factor, popdist.getNumTotalReplicas())
+        return Runtime()
+    return Runtime(replication=replication_factor or 1)
+
+
+def digest(params: Params) -> str:
+    """SHA-256 of W0, b0, W1, b1 in that order, as float32 C-contiguous bytes."""
+    h = hashlib.sha256()
+    for array in params:
+        h.update(np.ascontiguousarray(array, np.float32).tobytes())
+    return h.hexdigest()
+
+
+def train(net: Network, data: Dataset, args: argparse.Namespace, replicas: Replicas, first_epoch: int,
+          meta: dict[str, object]) -> None:
+    """Epochs ``first_epoch .. args.epochs - 1``; a checkpoint after each one when asked for."""
+    instance0 = popdist.getInstanceIndex() == 0
+    steps = datasets.steps_per_epoch(len(data.train_x), args.batch_size, replicas)
+    global_batch = args.batch_size * replicas.total
+    for epoch in range(first_epoch, args.epochs):
+        batches = datasets.train_batches(data.train_x, data.train_y, args.batch_size, replicas,
+                                         seed=args.seed, epoch=epoch)
+        bar = tqdm(batches, total=steps, desc=f"epoch {epoch + 1}/{args.epochs}", unit="step",
+                   disable=not (instance0 and sys.stderr.isatty()), leave=False)
+        start, losses = time.perf_counter(), []
+        for x, y in bar:
+            losses.append(float(net.rt.run(net.train_step, x, y)[0, 0]))
+            rate = len(losses) * global_batch / (time.perf_counter() - start)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", samples_s=f"{rate:.0f}", refresh=False)
+        bar.close()
+        elapsed = time.perf_counter() - start
+        log.info("epoch %d/%d: mean loss %.4f, %.0f samples/s", epoch + 1, args.epochs,
+                 float(np.mean(losses)), steps * global_batch / elapsed)
+        if args.checkpoint is not None:
+            params = net.host_params()  # collective: every instance takes part, instance 0 writes
+            if instance0:
+                checkpoint.save(args.checkpoint, params, epoch + 1, meta)
+                log.info("saved %s (%d epochs)", args.checkpoint, epoch + 1)
+
+
+def evaluate(net: Network, data: Dataset, batch_size: int, replicas: Replicas) -> float:
+    """Accuracy over the whole test set, evaluated data parallel on all replicas."""
+    right = 0
+    for x, y, mask in datasets.eval_batches(data.test_x, data.test_y, batch_size, replicas):
+        right += int(net.rt.run(net.eval_step, x, y, mask)[0, 0])
+    return right / len(data.test_x)
+
+
+def run(args: argparse.Namespace) -> tuple[float, str]:
+    try:
+        data = datasets.load(args.data_dir)
+    except (FileNotFoundError, IdxError) as exc:
+        raise InputError(exc) from None
+    with make_runtime(args.replication_factor) as rt:
+        replicas = Replicas(rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset)
+        if len(data.train_x) < args.batch_size * replicas.total:
+            raise InputError(f"the global batch of {args.batch_size * replicas.total} samples (--batch-size "
+                             f"{args.batch_size} x {replicas.total} replicas) exceeds the {len(data.train_x)} "
+                             "training samples")
+        log.info("%s", data.describe())
+        log.info("%d replica(s) as %d instance(s) x %d; global batch %d; RTS %s", replicas.total,
+                 replicas.total // replicas.local, replicas.local, args.batch_size * replicas.total,
+                 "on" if args.rts and replicas.total > 1 else "off")
+        params = init_params(data.input_size, args.hidden_size, NUM_CLASSES, args.seed)
+        first_epoch = 0
+        meta = {"dataset": data.name, "seed": args.seed, "hidden_size": args.hidden_size}
+        if args.checkpoint is not None and args.checkpoint.exists():
+            try:
+                params, first_epoch, info = checkpoint.load(args.checkpoint, params)
+            except ValueError as exc:
+                raise InputError(exc) from None
+            log.info("resumed from %s after %d epoch(s)", args.checkpoint, first_epoch)
+            if first_epoch >= args.epochs:
+                log.info("nothing to train: the checkpoint has %d epoch(s), --epochs is %d; evaluating it",
+                         first_epoch, args.epochs)
+            if (info.get("dataset"), info.get("seed")) != (data.name, args.seed):
+                log.warning("%s was saved with dataset %r and --seed %s; continuing with %r and --seed %d",
+                            args.checkpoint, info.get("dataset"), info.get("seed"), data.name, args.seed)
+        net = Network(rt, params, rts=args.rts, lr=args.lr)
+        train(net, data, args, replicas, first_epoch, meta)
+        accuracy = evaluate(net, data, args.test_batch_size, replicas)
+        return accuracy, digest(net.host_params())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    instance0 = popdist.getInstanceIndex() == 0
+    logging.basicConfig(level=logging.INFO if instance0 else logging.WARNING, format="%(message)s")
+    start = time.perf_counter()
+    try:
+        accuracy, weights_hash = run(args)
+    except InputError as exc:
+        print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    log.info("done in %.1f s", time.perf_counter() - start)
+    print(f"final: test_accuracy={accuracy:.4f} weights_sha256={weights_hash}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
