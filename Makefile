@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(PYTEST) tests
-	$(MPIEXEC) -n 2 $(PYTEST) --with-mpi -p no:randomly tests/mpi
+	$(MPIEXEC) -n 2 $(PYTEST) --with-mpi tests/mpi
 	$(MPIEXEC) -n 3 $(PYTEST) --with-mpi tests/mpi
+	$(MPIEXEC) -n 4 $(PYTEST) --with-mpi tests/mpi
 
 demo: install
 	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/where_am_i.py
