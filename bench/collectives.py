@@ -1,0 +1,67 @@
+"""``allreduce`` (+ all-gather, reduce-scatter): the engine at 2 instances x 2 replicas against
+flat 4-rank mpi4py and 2-rank raw mpi4py, per size, with algbw/busbw (nccl-tests convention)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+QUICK_SIZES = [1 << 10, 1 << 20, 16 << 20]
+WORKER = ["-m", "bench.collectives_worker"]
+#: nccl-tests' bus-bandwidth factors for n participants.
+BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n}
+
+
+def _run(command: list[str]) -> dict[int, float]:
+    out = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=BIN.parent.parent)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    line = [ln for ln in out.stdout.splitlines() if ln.lstrip("[0123456789] ").startswith("{")][-1]
+    return {int(k): v for k, v in json.loads(line.split("] ", 1)[-1]).items()}
+
+
+def _entry(op: str, nbytes: int, seconds: float, participants: int) -> dict[str, float]:
+    # nccl-tests: S is the per-rank buffer for all-reduce, the whole array for gather/scatter.
+    size = nbytes * participants if op == "allgather" else nbytes
+    algbw = size / seconds / 1e9
+    return {"seconds": seconds, "algbw_GBps": algbw, "busbw_GBps": algbw * BUS_FACTOR[op](participants)}
+
+
+def run(quick: bool) -> dict[str, object]:
+    sizes = QUICK_SIZES if quick else SIZES
+    python = sys.executable
+    result: dict[str, object] = {}
+    for op in ("allreduce", "allgather", "reduce_scatter"):
+        sz = [str(s) for s in (sizes if op == "allreduce" else [s for s in sizes if s >= 1 << 20])]
+        engine = _run([str(BIN / "poprun"), "--num-instances", "2", "--num-replicas", "4",
+                       python, *WORKER, "engine", op, *sz])
+        flat4 = _run([str(BIN / "mpiexec"), "-n", "4", python, *WORKER, "raw", op, *sz])
+        raw2 = _run([str(BIN / "mpiexec"), "-n", "2", python, *WORKER, "raw", op, *sz]) if op == "allreduce" else {}
+        rows = []
+        for s in map(int, sz):
+            row = {"bytes_per_replica": s, "engine_2x2": _entry(op, s, engine[s], 4),
+                   "mpi4py_flat_4": _entry(op, s, flat4[s], 4),
+                   "ratio_engine_to_flat_4": engine[s] / flat4[s]}
+            if raw2:
+                row["mpi4py_raw_2"] = _entry(op, s, raw2[s], 2)
+                row["ratio_engine_to_raw_2"] = engine[s] / raw2[s]
+            rows.append(row)
+        result[op] = rows
+    by_size = {row["bytes_per_replica"]: row for row in result["allreduce"]}  # type: ignore[index]
+    targets = []
+    if 16 << 20 in by_size:
+        row = by_size[16 << 20]
+        targets.append({"what": "2x2 all-reduce 16 MiB / flat 4-rank Allreduce", "limit": 0.75,
+                        "value": row["ratio_engine_to_flat_4"], "holds": row["ratio_engine_to_flat_4"] <= 0.75})
+        targets.append({"what": "2x2 all-reduce 16 MiB / 2-rank raw Allreduce", "limit": 1.5,
+                        "value": row["ratio_engine_to_raw_2"], "holds": row["ratio_engine_to_raw_2"] <= 1.5})
+    row = by_size[1 << 10]
+    targets.append({"what": "2x2 all-reduce 1 KiB / 2-rank raw Allreduce latency", "limit": 3.0,
+                    "value": row["ratio_engine_to_raw_2"], "holds": row["ratio_engine_to_raw_2"] <= 3.0})
+    result["targets"] = targets
+    return result

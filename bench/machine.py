@@ -1,0 +1,36 @@
+"""What every benchmark entry records: the machine, the MPI library, the date."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+
+
+def machine_info() -> dict[str, object]:
+    mpi = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"],
+                         capture_output=True, text=True, timeout=60).stdout.strip().replace("\0", "")
+    import numpy
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "mpi_library": mpi,
+        "platform": platform.platform(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

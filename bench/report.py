@@ -1,0 +1,113 @@
+"""Turn results.json into the markdown table the README shows and a plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+
+
+def _size(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB else f"{n // 1024} KiB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}" if seconds < 0.01 else f"{seconds * 1e3:.1f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines: list[str] = []
+    machine = next((s["machine"] for s in results.values() if isinstance(s, dict) and "machine" in s), None)
+    if machine:
+        lines += [f"Measured {machine['date']} on {machine['cores']} cores ({machine['cpu']}), "
+                  f"{machine['mpi_library']}, Python {machine['python']}; medians of interleaved runs.", ""]
+    if "allreduce" in results:
+        section = results["allreduce"]
+        lines += ["| all-reduce per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | mpi4py 2 ranks (ms) | "
+                  "engine busbw (GB/s) | engine / 4 ranks | engine / 2 ranks |", "|---|---|---|---|---|---|---|"]
+        for row in section["allreduce"]:
+            lines.append(f"| {_size(row['bytes_per_replica'])} | {_ms(row['engine_2x2']['seconds'])} | "
+                         f"{_ms(row['mpi4py_flat_4']['seconds'])} | {_ms(row['mpi4py_raw_2']['seconds'])} | "
+                         f"{row['engine_2x2']['busbw_GBps']:.2f} | {row['ratio_engine_to_flat_4']:.2f} | "
+                         f"{row['ratio_engine_to_raw_2']:.2f} |")
+        lines.append("")
+        for op in ("allgather", "reduce_scatter"):
+            lines += [f"| {op.replace('_', '-')} per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | engine / 4 ranks |",
+                      "|---|---|---|---|"]
+            lines += [f"| {_size(r['bytes_per_replica'])} | {_ms(r['engine_2x2']['seconds'])} | "
+                      f"{_ms(r['mpi4py_flat_4']['seconds'])} | {r['ratio_engine_to_flat_4']:.2f} |"
+                      for r in section[op]]
+            lines.append("")
+    if "launch" in results:
+        launch = results["launch"]
+        lines += ["| launch, 2 instances | bare mpiexec (ms) | poprun (ms) | ratio |", "|---|---|---|---|"]
+        for name, label in (("mpi_init", "`from mpi4py import MPI`"), ("pass", "`pass`")):
+            entry = launch[name]
+            lines.append(f"| {label} | {_ms(entry['seconds']['mpiexec']['median'])} | "
+                         f"{_ms(entry['seconds']['poprun']['median'])} | {entry['ratio']:.2f} |")
+        lines.append("")
+    if "scaling" in results:
+        s = results["scaling"]
+        lines += [f"| scaling: {s['model']} | samples/s | speedup |", "|---|---|---|"]
+        base = s["samples_per_s"]["1_instance"]
+        for name, value in s["samples_per_s"].items():
+            lines.append(f"| {name.replace('_', ' ')} | {value:.0f} | {value / base:.2f} |")
+        lines.append("")
+    if "rts_memory" in results:
+        m = results["rts_memory"]
+        lines += [f"| state memory per process ({m['description']}) | MiB | vs replicated |", "|---|---|---|"]
+        base = m["mib"]["replicated"]
+        for name, value in m["mib"].items():
+            lines.append(f"| {name.replace('_', ' ')} | {value:.1f} | {value / base:.2f} |")
+        lines.append("")
+    targets = [t for s in results.values() if isinstance(s, dict) for t in
+               (s.get("targets") or ([s["target"]] if "target" in s else []))]
+    if targets:
+        lines += ["| target | limit | measured | holds |", "|---|---|---|---|"]
+        for t in targets:
+            lines.append(f"| {t['what']} | {t['limit']} | {t['value']:.2f} | {'yes' if t['holds'] else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [k for k in ("allreduce", "launch", "scaling", "rts_memory") if k in results]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        section = results[key]
+        if key == "allreduce":
+            rows = section["allreduce"]
+            sizes = [r["bytes_per_replica"] for r in rows]
+            for name, label in (("engine_2x2", "engine 2x2"), ("mpi4py_flat_4", "mpi4py 4 ranks"),
+                                ("mpi4py_raw_2", "mpi4py 2 ranks")):
+                ax.loglog(sizes, [r[name]["seconds"] * 1e3 for r in rows], marker="o", label=label)
+            ax.set_xlabel("bytes per replica")
+            ax.set_ylabel("ms per all-reduce")
+            ax.legend()
+        elif key == "launch":
+            names = ["mpi_init", "pass"]
+            for i, who in enumerate(("mpiexec", "poprun")):
+                ax.bar([j + 0.4 * i for j in range(2)], [section[n]["seconds"][who]["median"] * 1e3 for n in names],
+                       0.4, label=who)
+            ax.set_xticks([0.2, 1.2], ["MPI init", "pass"])
+            ax.set_ylabel("ms to run 2 instances")
+            ax.legend()
+        elif key == "scaling":
+            values = section["samples_per_s"]
+            ax.bar(range(len(values)), list(values.values()))
+            ax.set_xticks(range(len(values)), [k.replace("_", "\n") for k in values])
+            ax.set_ylabel("samples/s")
+        else:
+            values = section["mib"]
+            ax.bar(range(len(values)), list(values.values()))
+            ax.set_xticks(range(len(values)), [k.replace("_", "\n") for k in values])
+            ax.set_ylabel("MiB per process")
+        ax.set_title(key)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,48 @@
+"""``make bench``: measure side by side, write bench/results.json, results.md and results.png.
+
+    python -m bench.run [--quick] [--sections allreduce,launch,scaling,rts_memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+from pathlib import Path
+
+from bench.machine import machine_info
+from bench.report import markdown, plot
+
+HERE = Path(__file__).resolve().parent
+SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scaling": "bench.scaling",
+            "rts_memory": "bench.rts_memory"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (under a minute)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="bench: %(message)s")
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(wanted) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; valid: {', '.join(SECTIONS)}")
+    machine = machine_info()
+    results: dict[str, object] = {}
+    for name in wanted:
+        logging.info("measuring %s%s", name, " (quick)" if args.quick else "")
+        section = importlib.import_module(SECTIONS[name]).run(args.quick)
+        section["machine"] = machine
+        section["quick"] = args.quick
+        results[name] = section
+    (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = markdown(results)
+    (HERE / "results.md").write_text(table)
+    plot(results, HERE / "results.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
