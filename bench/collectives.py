@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [1 << 10, 1 << 20, 16 << 20]
 WORKER = ["-m", "bench.collectives_worker"]
@@ -18,7 +19,7 @@ BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n 
 
 
 def _run(command: list[str]) -> dict[int, float]:
-    out = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=BIN.parent.parent)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     line = [ln for ln in out.stdout.splitlines() if ln.lstrip("[0123456789] ").startswith("{")][-1]

@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
 ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 TARGET = 1.7
 
 
 def _throughput(command: list[str]) -> dict[str, float]:
     env = {**os.environ, **ONE_THREAD}
-    out = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{out.stderr[-3000:]}")
     line = [ln for ln in out.stdout.splitlines() if "samples_per_s" in ln][-1]
