@@ -11,9 +11,26 @@
         rt.get_tensor_data(w)                  # the full global value, on every instance
 
 Modules: ``runtime`` (Runtime, runs), ``grouping`` (ReplicaGrouping, CommGroup), ``variables``,
-``ops`` (collectives inside a step), ``collectives`` (per-signature plans), ``reduce`` (the
-canonical reduction order), ``rendezvous`` (local meeting of replica threads), ``transport``
-(MPI between instances), ``pool`` (replica threads), ``topology``, ``context``.
+``ops`` (collectives and remote loads/stores inside a step), ``collectives`` (per-signature
+plans), ``reduce`` (the canonical reduction order), ``sharding`` (replicated tensor sharding:
+the balanced shard layout, domains, shard arrays), ``remote`` (remote buffers in memory or in
+memory-mapped files), ``checkpoint`` (save/load under any split), ``rendezvous`` (local meeting
+of replica threads), ``transport`` (MPI between instances), ``pool`` (replica threads),
+``topology``, ``context``.
+
+Replicated tensor sharding and remote buffers (PopXL's API):
+
+    full, shard = rt.replica_sharded_variable(w0)          # each replica stores ceil(n / R) elements
+    buf = rt.remote_buffer((ops.shard_size(w1.shape, R),), np.float32)
+    w1v = rt.remote_replica_sharded_variable(w1, buf, 0)
+    def step(ctx, x):
+        W0 = ops.replicated_all_gather(shard)              # the full tensor, original shape
+        s1 = ops.remote_load(buf, 0); W1 = ops.replicated_all_gather(s1)
+        ...
+        ctx[shard] -= lr * ops.replicated_reduce_scatter(
+            g0, op="mean", configure_output_for_replicated_tensor_sharding=True)
+        ops.remote_store(buf, 0, s1 - lr * ops.replica_sharded_slice(g1_mean))
+    rt.save("ckpt.npz"); rt.load("ckpt.npz")               # restores under any split, RTS or not
 
 Semantics worth knowing: all-reduce and all-gather results, and ``ctx[var]``, are read-only
 arrays (shared between local replicas where possible; copy to modify); float reductions follow
@@ -23,20 +40,29 @@ error on every participant instead of hanging.
 """
 
 from popdist_py.engine import ops
+from popdist_py.engine.checkpoint import CheckpointError
 from popdist_py.engine.context import StepContext
 from popdist_py.engine.grouping import CommGroup, CommGroupType, ReplicaGrouping
+from popdist_py.engine.remote import RemoteBuffer
 from popdist_py.engine.rendezvous import StepAborted
 from popdist_py.engine.runtime import Runtime
+from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
 from popdist_py.engine.transport import PeerAborted
-from popdist_py.engine.variables import RETRIEVAL_MODES, Variable
+from popdist_py.engine.variables import RETRIEVAL_MODES, Shard, Variable
 
 __all__ = [
     "RETRIEVAL_MODES",
+    "CheckpointError",
     "CommGroup",
     "CommGroupType",
     "PeerAborted",
+    "RemoteBuffer",
     "ReplicaGrouping",
     "Runtime",
+    "Shard",
+    "ShardArray",
+    "ShardLayout",
+    "ShardMeta",
     "StepAborted",
     "StepContext",
     "Variable",

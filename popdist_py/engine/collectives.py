@@ -33,6 +33,7 @@ import numpy as np
 
 from popdist_py.engine.grouping import ReplicaGrouping
 from popdist_py.engine.reduce import UFUNCS, Node, Program, decompose
+from popdist_py.engine.sharding import ShardLayout, end_bounds, spread
 from popdist_py.engine.topology import Layout
 from popdist_py.engine.transport import HDR_BYTES, TAG_DATA, TAG_GATHER
 
@@ -54,6 +55,9 @@ class Signature(NamedTuple):
     shape: tuple[int, ...]
     group: ReplicaGrouping
     axis: int
+    #: Replicated tensor sharding: the full (unsharded) shape. A reduce-scatter then returns
+    #: shards in the balanced RTS layout; an all-gather takes shards and returns the full tensor.
+    meta_shape: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         g = self.group
@@ -63,12 +67,15 @@ class Signature(NamedTuple):
             parts.insert(0, f"axis={self.axis}")
         else:
             parts.insert(0, f"op={self.op}")
+        if self.meta_shape is not None:
+            parts.append(f"RTS full shape={self.meta_shape}")
         return f"{self.kind}({', '.join(parts)})"
 
     def agree_signature(self, index: int) -> tuple:
         """(signature, field names) in the form ``checks.agree`` reports."""
         g = self.group
-        values = (f"{self.kind} #{index} of the step", self.op, np.dtype(self.dtype).name, self.shape,
+        rts = "" if self.meta_shape is None else f" (RTS, full shape {self.meta_shape})"
+        values = (f"{self.kind}{rts} #{index} of the step", self.op, np.dtype(self.dtype).name, self.shape,
                   f"stride={g.stride}, group_size={g.group_size}", self.axis)
         return values, ("collective", "op", "dtype", "shape", "group", "axis")
 
@@ -143,6 +150,13 @@ class Plan:
         self.groups = [GroupPlan(layout, grouping, g) for g in local_groups]
         self.eager = n * isz <= eager_limit
         self.chunk = -(-n // G) if self.kind == REDUCE_SCATTER else 0  # elements of each member's slice
+        #: RTS: the balanced layout of the full tensor over the group (reduce-scatter output,
+        #: all-gather input); otherwise reduce-scatter slices are contiguous, padded at the end.
+        self.rts: ShardLayout | None = None
+        if sig.meta_shape is not None:
+            self.rts = ShardLayout(math.prod(sig.meta_shape), G)
+        self.bounds = (self.rts.bounds if self.rts is not None and self.kind == REDUCE_SCATTER
+                       else end_bounds(n, G))
         for gp in self.groups:
             if self.kind == ALL_REDUCE:
                 if self.eager:
@@ -151,8 +165,8 @@ class Plan:
                     c = len(gp.owners)
                     gp.regions = {j: (i * n // c, (i + 1) * n // c) for i, j in enumerate(gp.owners)}
             elif self.kind == REDUCE_SCATTER:
-                cs = self.chunk
-                gp.regions = {j: (min(a * cs, n), min(b * cs, n)) for j, (a, b) in gp.ranges.items()}
+                bd = self.bounds
+                gp.regions = {j: (bd[a], bd[b]) for j, (a, b) in gp.ranges.items()}
         self.cross = [gp for gp in self.groups if gp.cross]
         self.peers = tuple(p for p in range(layout.num_instances) if p != me)
         # What goes to / comes from each peer, in an order both sides derive identically:
@@ -323,6 +337,8 @@ class Plan:
                 results[li] = full
         else:
             cs = self.chunk
+            if self.rts is not None:  # reduced elements are packed: lay them out as padded shards
+                spread(out, self.bounds, gp.k0, gp.k1, cs)
             for k, li in zip(range(gp.k0, gp.k1), gp.local):
                 i = k - first_member
                 results[li] = out[i * cs : (i + 1) * cs]
@@ -353,7 +369,11 @@ class Plan:
                 link.transfer(recvs, sends, TAG_DATA)
         results: list[Any] = [None] * self.layout.local_replicas
         for gp, stacked in zip(self.groups, stacks):
-            full = concat_members(stacked, self.sig.axis)
+            if self.rts is not None:  # shards -> the full tensor without its padding
+                flat = stacked.reshape(-1) if not self.rts.padding else self.rts.join(stacked)
+                full = flat.reshape(self.sig.meta_shape)
+            else:
+                full = concat_members(stacked, self.sig.axis)
             full.flags.writeable = False  # shared by the group's local members
             for li in gp.local:
                 results[li] = full
@@ -369,14 +389,3 @@ def concat_members(stacked: np.ndarray, axis: int) -> np.ndarray:
         return stacked.reshape((G * shape[0], *shape[1:]))
     moved = np.moveaxis(stacked, 0, axis)
     return moved.reshape((*shape[:axis], G * shape[axis], *shape[axis + 1 :]))
-
-
-def shard_slice(x: np.ndarray, index: int, count: int) -> np.ndarray:
-    """Member ``index`` of ``count``'s contiguous slice of flattened ``x``, zero-padded to ``ceil(n / count)``."""
-    flat = np.asarray(x).reshape(-1)
-    cs = -(-flat.size // count)
-    out = np.zeros(cs, flat.dtype)
-    part = flat[index * cs : (index + 1) * cs]
-    out[: part.size] = part
-    return out
-

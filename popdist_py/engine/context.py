@@ -12,7 +12,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine.runtime import Runtime
-    from popdist_py.engine.variables import Variable
+    from popdist_py.engine.variables import Shard, Variable
 
 _tls = threading.local()
 
@@ -36,13 +36,15 @@ class StepContext:
     def replication_factor(self) -> int:
         return self.runtime.replication_factor
 
-    def __getitem__(self, var: Variable) -> np.ndarray:
-        """This replica's value (read-only; assign ``ctx[var] = new`` to change it)."""
-        value = self.runtime._owned(var).local_value(self.local_index).view()
-        value.flags.writeable = False
-        return value
+    def __getitem__(self, var: Variable | Shard) -> np.ndarray:
+        """This replica's value (read-only; assign ``ctx[var] = new`` to change it).
 
-    def __setitem__(self, var: Variable, value: Any) -> None:
+        For a replica-sharded variable (or its shard handle): this replica's flat shard, writable
+        (``ctx[shard] -= update`` works) and gatherable with ``ops.replicated_all_gather``.
+        """
+        return self.runtime._owned(var).step_value(self.local_index)
+
+    def __setitem__(self, var: Variable | Shard, value: Any) -> None:
         v = self.runtime._owned(var)
         v.set_local_value(self.local_index, value, f"ctx[{v.name!r}] = ... in replica {self.replica_index}")
 

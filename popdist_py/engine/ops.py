@@ -1,11 +1,12 @@
-"""Replicated collectives, called inside a step (PopXL's ``popxl.ops.collectives`` names).
+"""Replicated collectives and remote buffer access, called inside a step (PopXL's ``popxl.ops`` names).
 
 Each function finds its replica through the thread-local step context. Every replica of the
 runtime must call the same collectives in the same order: one call is one meeting of all local
 replicas (and of all instances); with a ``group`` each replica is combined only with its own
 group's members, and different groups are served by the same call. ``group`` is a
 :class:`ReplicaGrouping` from ``rt.replica_grouping(...)``, a :class:`CommGroup`, or None (all
-global replicas, across instances).
+global replicas, across instances). ``replica_sharded_slice``, ``remote_load`` and
+``remote_store`` are local to the replica: they do not meet the others.
 
 Results of all-reduce and all-gather are read-only arrays, shared by the members of a group that
 run in this process (no per-replica copy of large results); use ``.copy()`` or out-of-place
@@ -13,18 +14,27 @@ arithmetic to derive new values. Reduce-scatter and slice results are private, w
 
 Float reductions follow a fixed tree over the group's members in member order
 (:mod:`popdist_py.engine.reduce`), so results are bitwise identical however the replicas are
-split between instances.
+split between instances; a reduce-scatter reduces every element with the same tree as an
+all-reduce, so ``reduce_scatter(x, RTS)`` is bitwise ``replica_sharded_slice(all_reduce(x))``.
+
+Replicated tensor sharding (:mod:`popdist_py.engine.sharding`): shards are
+:class:`~popdist_py.engine.sharding.ShardArray` s (``ctx[shard]``, ``remote_load`` of a sharded
+variable's slot, RTS reduce-scatter and ``replica_sharded_slice`` results) that remember the full
+shape and the sharding domain, so ``replicated_all_gather`` of one returns the full tensor.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from popdist_py.engine import context
-from popdist_py.engine.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, shard_slice
+from popdist_py.engine.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from popdist_py.engine.grouping import CommGroup, ReplicaGrouping
+from popdist_py.engine.sharding import ShardArray, ShardMeta, meta_of
+from popdist_py.engine.variables import Shard, Variable
 
 Group = ReplicaGrouping | CommGroup | None
 
@@ -40,15 +50,35 @@ def replicated_all_reduce(x: Any, op: str = "add", group: Group = None) -> np.nd
 
 
 def replicated_all_gather(x: Any, axis: int = 0, group: Group = None) -> np.ndarray:
-    """The members' ``x`` concatenated along ``axis`` in member order (PopXL's ``output_shape="concat"``).
+    """The members' ``x`` concatenated along ``axis`` in member order; for a shard, the full tensor.
 
+    Given an RTS shard (a shard handle from ``rt.replica_sharded_variable``, a sharded variable,
+    or a :class:`ShardArray` such as ``ctx[shard]`` or ``remote_load`` of a sharded variable's
+    slot) it gathers over the shard's domain and returns the full tensor in its original shape,
+    without padding (PopXL's ``output_shape="meta_shape"``); ``group`` may then only be None or
+    that domain. Otherwise it concatenates (PopXL's ``"concat"``): for inputs of shape ``s`` the
+    result has ``s[axis] * group_size`` along ``axis``; a 0-d input gives ``(group_size,)``.
     Read-only, like :func:`replicated_all_reduce`'s result.
-    For inputs of shape ``s`` the result has ``s[axis] * group_size`` along ``axis``; a 0-d input
-    gives shape ``(group_size,)``. Use ``result.reshape(group_size, *s)`` (axis 0) to get the
-    members stacked on a new axis.
     """
     ctx = context.current()
-    return ctx.runtime.collective(ctx, ALL_GATHER, x, "", group, axis)
+    rt = ctx.runtime
+    if isinstance(x, (Shard, Variable)):
+        v = rt._owned(x)
+        if v.sharding is None:
+            raise ValueError(f"replicated_all_gather: variable {v.name!r} is not replica-sharded; "
+                             "read it with ctx[var]")
+        x = v.step_value(ctx.local_index)
+    meta = meta_of(x)
+    if meta is None:
+        return rt.collective(ctx, ALL_GATHER, x, "", group, axis)
+    if group is not None and rt._grouping(group) != meta.domain:
+        raise ValueError(
+            f"replicated_all_gather: group {group!r} is not the sharding domain of this {meta.describe()}; "
+            "pass group=None (or that domain) to gather it"
+        )
+    if axis != 0:
+        raise ValueError(f"replicated_all_gather: axis={axis!r}: a shard is flat and is gathered along axis 0")
+    return rt.collective(ctx, ALL_GATHER, x, "", meta.domain, 0, meta_shape=meta.meta_shape)
 
 
 def replicated_reduce_scatter(
@@ -57,34 +87,86 @@ def replicated_reduce_scatter(
     group: Group = None,
     configure_output_for_replicated_tensor_sharding: bool = False,
 ) -> np.ndarray:
-    """Reduce the flattened ``x`` over the group and keep this member's contiguous slice.
+    """Reduce the flattened ``x`` over the group and keep this member's part.
 
-    With ``n`` elements and group size ``G`` every member gets ``ceil(n / G)`` elements: member
-    ``k`` holds reduced elements ``k*c .. (k+1)*c - 1``; the slices of the last members are
-    padded with zeros past ``n``. The RTS layout (``configure_output_for_replicated_tensor_sharding``)
-    is not implemented yet.
+    With ``n`` elements and group size ``G`` every member gets ``ceil(n / G)`` elements.
+    Without RTS member ``k`` holds reduced elements ``k*c .. (k+1)*c - 1`` (contiguous slices in
+    member order) and the slices of the last members are padded with zeros past ``n``. With
+    ``configure_output_for_replicated_tensor_sharding`` the result is member ``k``'s shard in
+    the balanced RTS layout of :mod:`popdist_py.engine.sharding` (the layout of a variable
+    sharded over ``group``), as a :class:`ShardArray` that gathers back to ``x``'s shape.
     """
-    if configure_output_for_replicated_tensor_sharding:
-        raise NotImplementedError("replicated tensor sharding layouts are not implemented yet")
     ctx = context.current()
-    return ctx.runtime.collective(ctx, REDUCE_SCATTER, x, op, group)
+    rt = ctx.runtime
+    if not configure_output_for_replicated_tensor_sharding:
+        return rt.collective(ctx, REDUCE_SCATTER, x, op, group)
+    arr = np.asarray(x)
+    out = rt.collective(ctx, REDUCE_SCATTER, arr, op, group, meta_shape=arr.shape)
+    return ShardArray.wrap(out, ShardMeta(arr.shape, rt._grouping(group)))
 
 
 def replica_sharded_slice(x: Any, group: Group = None) -> np.ndarray:
-    """This member's slice of the flattened ``x`` (no reduction, no communication).
+    """This member's shard of ``x`` in the RTS layout, without reducing (PopXL's "Local" reduce-scatter).
 
-    The same slicing as :func:`replicated_reduce_scatter`: ``ceil(n / G)`` elements, zero-padded.
-    It is local: it does not meet the other replicas.
+    ``ceil(n / G)`` elements of the flattened ``x``, laid out (and zero-padded) exactly as the
+    shards of a variable sharded over ``group``, so it lines up with ``ctx[shard]`` and gathers
+    back to ``x``. Local: it does not meet the other replicas.
     """
     ctx = context.current()
     grouping = ctx.runtime._grouping(group)
-    r = ctx.replica_index
-    return shard_slice(np.asarray(x), grouping.index_in_group(r), grouping.group_size)
+    arr = np.asarray(x)
+    meta = ShardMeta(arr.shape, grouping)
+    return ShardArray.wrap(meta.layout.shard(arr.reshape(-1), meta.shard_index(ctx.replica_index)), meta)
+
+
+def remote_load(buf: Any, index: int) -> np.ndarray:
+    """A private, writable copy of this replica's slot ``index`` of remote buffer ``buf``.
+
+    When the slot holds a replica-sharded variable the copy is a :class:`ShardArray`, so
+    ``replicated_all_gather`` of it gives the full tensor. Store changes back with
+    :func:`remote_store`.
+    """
+    ctx = context.current()
+    b = ctx.runtime._owned_buffer(buf, "remote_load")
+    what = f"remote_load({b.name!r}, {index!r}) in replica {ctx.replica_index}"
+    i = b.check_index(index, what)
+    var = b.variable_at(i)
+    if var is None:
+        raise ValueError(
+            f"{what}: entry {i} of remote buffer {b.name!r} holds no variable (entries with variables: "
+            f"{b.bound_entries() or 'none'}); create one with rt.remote_variable(data, buffer, offset={i})"
+        )
+    value = b.slot(ctx.local_index, i).copy()
+    return ShardArray.wrap(value, var.sharding) if var.sharding is not None else value
+
+
+def remote_store(buf: Any, index: int, x: Any) -> None:
+    """Write ``x`` (the buffer's shape and dtype) into this replica's slot ``index`` of ``buf``."""
+    ctx = context.current()
+    b = ctx.runtime._owned_buffer(buf, "remote_store")
+    what = f"remote_store({b.name!r}, {index!r}, ...) in replica {ctx.replica_index}"
+    i = b.check_index(index, what)
+    if b.variable_at(i) is None:
+        raise ValueError(
+            f"{what}: entry {i} of remote buffer {b.name!r} holds no variable, so the value would be lost "
+            f"(entries with variables: {b.bound_entries() or 'none'}); create one with "
+            f"rt.remote_variable(data, buffer, offset={i})"
+        )
+    np.copyto(b.slot(ctx.local_index, i), b.check_value(x, what))
+
+
+def shard_size(n: int | tuple[int, ...], count: int) -> int:
+    """Elements per shard of a tensor of ``n`` elements (or that shape) sharded ``count`` ways."""
+    total = n if isinstance(n, int) else math.prod(n)
+    return -(-total // count)
 
 
 __all__ = [
+    "remote_load",
+    "remote_store",
     "replica_sharded_slice",
     "replicated_all_gather",
     "replicated_all_reduce",
     "replicated_reduce_scatter",
+    "shard_size",
 ]

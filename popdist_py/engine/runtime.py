@@ -6,12 +6,19 @@ replicas in one process. ``rt.run(step, *inputs)`` calls ``step(ctx, *per_replic
 per local replica, concurrently, and stacks the outputs along a leading axis of L. Inside a step,
 ``popdist_py.engine.ops`` provides the replicated collectives and ``ctx[var]`` a replica's value
 of a variable.
+
+Variables come in PopXL's kinds: plain (``variable``), replica-sharded (``replica_sharded_variable``,
+each replica storing only its shard; :mod:`.sharding`), and off-chip in remote buffers
+(``remote_buffer``, ``remote_variable``, ``remote_replica_sharded_variable``; :mod:`.remote`).
+``save``/``load`` write and read them all as full host tensors (:mod:`.checkpoint`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -21,7 +28,7 @@ import numpy as np
 
 from popdist_py import checks
 from popdist_py.engine import context
-from popdist_py.engine.collectives import ALL_GATHER, Message, Plan, Signature
+from popdist_py.engine.collectives import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
 from popdist_py.engine.context import StepContext
 from popdist_py.engine.grouping import CommGroup, ReplicaGrouping
 from popdist_py.engine.pool import ReplicaPool
@@ -29,7 +36,11 @@ from popdist_py.engine.reduce import OPS
 from popdist_py.engine.rendezvous import END, Rendezvous, StepAborted
 from popdist_py.engine.topology import Layout, resolve
 from popdist_py.engine.transport import HDR_BYTES, PeerAborted, Transport
+from popdist_py.engine import checkpoint
+from popdist_py.engine.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
+from popdist_py.engine.sharding import ShardMeta, sharding_domain
 from popdist_py.engine.variables import (
+    Shard,
     Variable,
     VariableRegistry,
     as_host_array,
@@ -102,11 +113,20 @@ class Runtime:
             runtime over a sub-communicator. Default: ``popdist_py.world.world()`` when needed.
         timeout: seconds a collective waits for missing replicas or instances (default:
             ``$POPDIST_COLLECTIVE_TIMEOUT``, else 600).
+        remote_dir: directory for file-backed remote buffers (default ``$POPDIST_REMOTE_DIR``,
+            else a private temporary directory); their files are deleted on ``close()``.
 
     Every instance must create its runtimes, variables and collectives in the same order.
     """
 
-    def __init__(self, replication: int | None = None, *, comm: Any = None, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        replication: int | None = None,
+        *,
+        comm: Any = None,
+        timeout: float | None = None,
+        remote_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         R, L, index, comm = resolve(replication, comm)
         self._layout = Layout(R, L, index)
         self._timeout_arg = timeout
@@ -122,6 +142,7 @@ class Runtime:
         self._pool = ReplicaPool(L, name=f"replica@{self._layout.offset}")
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
         self._variables = VariableRegistry()
+        self._remote = RemoteBuffers(L, index, remote_dir)
         self._run_lock = threading.Lock()
         self._running = False
         self._seq = 0
@@ -314,24 +335,46 @@ class Runtime:
             return group.to_replica_grouping(self.replication_factor)
         raise TypeError(f"group must be a ReplicaGrouping, a CommGroup or None, got {group!r}")
 
-    def collective(self, ctx: StepContext, kind: str, x: Any, op: str, group: Group, axis: int = 0) -> np.ndarray:
-        """Enter collective ``kind`` as ``ctx``'s replica (used by :mod:`popdist_py.engine.ops`)."""
+    def collective(
+        self, ctx: StepContext, kind: str, x: Any, op: str, group: Group, axis: int = 0,
+        meta_shape: tuple[int, ...] | None = None,
+    ) -> np.ndarray:
+        """Enter collective ``kind`` as ``ctx``'s replica (used by :mod:`popdist_py.engine.ops`).
+
+        ``meta_shape`` selects the RTS layout: a reduce-scatter returns balanced shards of a
+        tensor of that shape, an all-gather takes such shards and returns the full tensor.
+        """
         arr = x if type(x) is np.ndarray else np.asarray(x)
-        key = (kind, op, arr.dtype, arr.shape, group, axis)
+        key = (kind, op, arr.dtype, arr.shape, group, axis, meta_shape)
         try:
             entry = self._entries.get(key)
         except TypeError:  # unhashable group: let validation say what is wrong
             entry = None
         if entry is None:
-            entry = self._entry(key, kind, arr, op, group, axis)
+            entry = self._entry(key, kind, arr, op, group, axis, meta_shape)
         n = ctx.ncoll = ctx.ncoll + 1
         return self._rendezvous.arrive(ctx.local_index, (entry, arr, n), self._timeout)
 
-    def _entry(self, key: tuple, kind: str, arr: np.ndarray, op: str, group: Group, axis: int) -> _Entry:
+    def _entry(
+        self, key: tuple, kind: str, arr: np.ndarray, op: str, group: Group, axis: int,
+        meta_shape: tuple[int, ...] | None = None,
+    ) -> _Entry:
         """Validate a collective's arguments (first call with these arguments only)."""
         dt = arr.dtype
         if dt.hasobject or dt.fields is not None or dt.kind in "SUVMm":
             raise TypeError(f"{kind}: arrays of dtype {dt} cannot be communicated (use a numeric or bool dtype)")
+        grouping = self._grouping(group)
+        if meta_shape is not None:
+            meta_shape = tuple(int(d) for d in meta_shape)
+            if kind == ALL_GATHER:
+                want = (-(-math.prod(meta_shape) // grouping.group_size),)
+                if arr.shape != want or axis != 0:
+                    raise ValueError(
+                        f"{kind}: an RTS shard of a tensor of shape {meta_shape} over {grouping.group_size} "
+                        f"replica(s) has shape {want} and is gathered along axis 0; got shape {arr.shape}, axis={axis}"
+                    )
+            elif kind == REDUCE_SCATTER and arr.shape != meta_shape:
+                raise ValueError(f"{kind}: input of shape {arr.shape} is not the full shape {meta_shape}")
         if kind == ALL_GATHER:
             nd = max(arr.ndim, 1)
             if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
@@ -344,7 +387,7 @@ class Runtime:
             if op == "mean" and dt.kind not in "fc":
                 raise TypeError(f"{kind}: op='mean' needs a floating-point input, got dtype {dt}")
             axis = 0
-        entry = _Entry(Signature(kind, op, dt.str, arr.shape, self._grouping(group), axis))
+        entry = _Entry(Signature(kind, op, dt.str, arr.shape, grouping, axis, meta_shape))
         if len(self._entries) >= _ENTRY_CACHE:
             self._entries.clear()
         self._entries[key] = entry
@@ -463,6 +506,137 @@ class Runtime:
         var.load_groups(groups)
         return self._variables.add(var)
 
+    def replica_sharded_variable(
+        self,
+        data: Any,
+        replica_grouping: ReplicaGrouping | CommGroup | None = None,
+        shard_over: int | ReplicaGrouping | CommGroup | None = None,
+        name: str | None = None,
+        dtype: Any = None,
+    ) -> tuple[Variable, Shard]:
+        """A variable stored as RTS shards: ``(full, shard)`` as PopXL's ``replica_sharded_variable``.
+
+        Each replica keeps only its ``ceil(n / shard_over)`` elements of the flattened value of
+        its group (balanced padding, :mod:`popdist_py.engine.sharding`); ``shard_over`` (default:
+        the group size; a divisor of it, or a ReplicaGrouping/CommGroup such as
+        ``CommGroup.consecutive(L)``) sets the sharding domain. ``full`` is the variable (host
+        access: ``get_tensor_data`` gives the original shape, padding removed); ``shard`` is the
+        handle a step uses: ``ctx[shard]`` (its flat shard, writable) and
+        ``ops.replicated_all_gather(shard)`` (the full tensor). ``data`` is not retained.
+        """
+        self._check_idle("replica_sharded_variable")
+        grouping = self._grouping(replica_grouping)
+        name = self._variables.new_name("sharded") if name is None else self._variables.check_name(name)
+        what = f"replica_sharded_variable {name!r}"
+        arr = as_host_array(data, dtype, what)
+        groups = per_group_values(arr, grouping, what)
+        meta = ShardMeta(groups[0].shape, sharding_domain(grouping, shard_over, what), name)
+        var = Variable(name, grouping, "one_per_group", groups[0].shape, arr.dtype, None, self.replica_index_offset,
+                       sharding=meta, num_local_replicas=self.instance_replication_factor)
+        var.load_groups(groups)
+        self._variables.add(var)
+        log.debug("%r: %d bytes per replica", var, var.nbytes)
+        return var, var.shard
+
+    def remote_buffer(
+        self,
+        shape: Any,
+        dtype: Any,
+        entries: int = 1,
+        location: str = "memory",
+        path: str | os.PathLike[str] | None = None,
+    ) -> RemoteBuffer:
+        """Per-replica storage of ``entries`` slots of ``shape``/``dtype`` (PopXL's ``remote_buffer``).
+
+        ``location="file"`` keeps the slots in a memory-mapped temporary file in ``path`` (a
+        directory; default the runtime's ``remote_dir``), deleted when the runtime closes.
+        Every instance must create the same buffers in the same order.
+        """
+        self._check_idle("remote_buffer")
+        return self._remote.create(shape, dtype, entries, location, path)
+
+    def remote_variable(
+        self,
+        data: Any,
+        buf: RemoteBuffer,
+        offset: int = 0,
+        replica_grouping: ReplicaGrouping | CommGroup | None = None,
+        retrieval_mode: str = "one_per_group",
+        name: str | None = None,
+    ) -> Variable:
+        """A variable living in slot ``offset`` of ``buf`` (each replica its own slot, its group's value).
+
+        ``data`` is the host data as for :meth:`variable`; per replica it must have the buffer's
+        shape. A step reads and writes it with ``ops.remote_load(buf, offset)`` /
+        ``ops.remote_store(buf, offset, x)``.
+        """
+        self._check_idle("remote_variable")
+        check_retrieval_mode(retrieval_mode)
+        b = self._owned_buffer(buf, "remote_variable")
+        grouping = self._grouping(replica_grouping)
+        name = self._variables.new_name("remote") if name is None else self._variables.check_name(name)
+        what = f"remote_variable {name!r}"
+        i = b.check_index(offset, what + " offset")
+        arr = as_host_array(data, b.dtype, what)
+        groups = per_group_values(arr, grouping, what)
+        if groups[0].shape != b.shape:
+            raise ValueError(f"{what}: per-replica value has shape {groups[0].shape} but remote buffer "
+                             f"{b.name!r} has slots of shape {b.shape}")
+        return self._bind(b, i, Variable(name, grouping, retrieval_mode, b.shape, b.dtype, None,
+                                         self.replica_index_offset, storage=RemoteSlots(b, i),
+                                         num_local_replicas=self.instance_replication_factor), groups)
+
+    def remote_replica_sharded_variable(
+        self,
+        data: Any,
+        buf: RemoteBuffer,
+        offset: int = 0,
+        replica_grouping: ReplicaGrouping | CommGroup | None = None,
+        shard_over: int | ReplicaGrouping | CommGroup | None = None,
+        name: str | None = None,
+    ) -> Variable:
+        """An RTS variable whose shards live in slot ``offset`` of ``buf`` (PopXL's
+        ``remote_replica_sharded_variable``): ``buf`` must have shape ``(ceil(n / shard_over),)``.
+
+        A step loads its shard with ``ops.remote_load(buf, offset)`` (a shard array that
+        ``ops.replicated_all_gather`` turns into the full tensor) and stores it back with
+        ``ops.remote_store``.
+        """
+        self._check_idle("remote_replica_sharded_variable")
+        b = self._owned_buffer(buf, "remote_replica_sharded_variable")
+        grouping = self._grouping(replica_grouping)
+        name = self._variables.new_name("remote_sharded") if name is None else self._variables.check_name(name)
+        what = f"remote_replica_sharded_variable {name!r}"
+        i = b.check_index(offset, what + " offset")
+        arr = as_host_array(data, b.dtype, what)
+        groups = per_group_values(arr, grouping, what)
+        meta = ShardMeta(groups[0].shape, sharding_domain(grouping, shard_over, what), name)
+        if b.shape != meta.shard_shape:
+            raise ValueError(
+                f"{what}: remote buffer {b.name!r} has slots of shape {b.shape} but a shard of a tensor of shape "
+                f"{meta.meta_shape} ({meta.layout.n} elements) over {meta.domain.group_size} replica(s) has shape "
+                f"{meta.shard_shape}"
+            )
+        return self._bind(b, i, Variable(name, grouping, "one_per_group", meta.meta_shape, b.dtype, None,
+                                         self.replica_index_offset, sharding=meta, storage=RemoteSlots(b, i),
+                                         num_local_replicas=self.instance_replication_factor), groups)
+
+    def _bind(self, b: RemoteBuffer, index: int, var: Variable, groups: list[np.ndarray]) -> Variable:
+        b.bind(index, var)
+        try:
+            var.load_groups(groups)
+            self._variables.add(var)
+        except BaseException:
+            b._bound.pop(index, None)
+            raise
+        return var
+
+    def _owned_buffer(self, buf: Any, what: str) -> RemoteBuffer:
+        if not self._remote.owns(buf):
+            raise ValueError(f"{what}: {buf!r} is not a remote buffer of this Runtime "
+                             "(create it with rt.remote_buffer)")
+        return buf
+
     def write_variable_data(self, var: Variable, data: Any) -> None:
         """Replace every replica's value from host data shaped like the variable's ``shape_on_host``."""
         self._check_idle("write_variable_data")
@@ -484,15 +658,47 @@ class Runtime:
         self._check_idle("get_tensor_data")
         return host_value(self._owned(var), self._layout, self._transport)
 
-    def get_replica_data(self, var: Variable) -> np.ndarray:
-        """This instance's replicas' values, raw: shape ``(L, *shape)`` (no communication)."""
+    def get_replica_data(self, var: Variable | Shard) -> np.ndarray:
+        """This instance's replicas' values, raw: shape ``(L, *shape_on_replica)`` (no communication).
+
+        For a sharded variable that is ``(L, shard_size)``, padding included.
+        """
         v = self._owned(var)
         return np.stack([v.local_value(i) for i in range(self.instance_replication_factor)])
 
     def _owned(self, var: Any) -> Variable:
         if not self._variables.owns(var):
             raise ValueError(f"{var!r} is not a variable of this Runtime")
-        return var
+        return var.variable if isinstance(var, Shard) else var
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None) -> None:
+        """Write every variable as a full host tensor to the ``.npz`` file ``path`` (collective).
+
+        Every instance must call it; instance 0 writes, via a temporary file renamed into place.
+        ``metadata`` (JSON-serialisable, e.g. an epoch counter) comes back from :meth:`load`.
+        See :mod:`popdist_py.engine.checkpoint`.
+        """
+        self._check_idle("save")
+        checkpoint.save(self._variables, self._layout, self._transport, path, metadata)
+
+    def load(self, path: str | os.PathLike[str], strict: bool = True) -> dict[str, Any]:
+        """Restore the variables from a checkpoint written by :meth:`save` under any replica/instance
+        split (collective); returns its metadata. ``strict``: every variable of this runtime must
+        be in the file and vice versa. Raises :class:`CheckpointError` (a ValueError) naming what
+        does not fit, before changing anything.
+        """
+        self._check_idle("load")
+        return checkpoint.load(self._variables, self._layout, self._transport, path, strict)
+
+    def state_nbytes(self) -> dict[str, int]:
+        """Bytes of variable state this process holds: ``{"memory": ..., "file": ...}`` (file:
+        memory-mapped remote buffers), counting each stored array once."""
+        mem = file = 0
+        for v in self._variables:
+            m, f = v.storage.nbytes()
+            mem, file = mem + m, file + f
+        return {"memory": mem, "file": file}
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def _set_timeout(self, timeout: float) -> None:
@@ -518,6 +724,7 @@ class Runtime:
             return
         self._closed = True
         self._finalizer()
+        self._remote.close()
         if self._transport is not None:
             self._transport.close(free=self._broken is None)
 

@@ -252,6 +252,32 @@ class Transport:
         req = self.comm.Iallgatherv([send, MPI.BYTE], [recv, (list(counts), displs), MPI.BYTE])
         checks.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
 
+    def gatherv(self, send: np.ndarray, counts: Sequence[int], recv: np.ndarray | None, root: int, what: str) -> None:
+        """Gather ``counts[i]`` bytes from instance ``i`` into ``recv`` on ``root`` only, with a deadline."""
+        MPI = self.MPI
+        if self.rank == root:
+            assert recv is not None
+            displs = np.concatenate(([0], np.cumsum(counts[:-1]))).astype(np.int64).tolist()
+            req = self.comm.Igatherv([send, MPI.BYTE], [recv, (list(counts), displs), MPI.BYTE], root)
+        else:
+            req = self.comm.Igatherv([send, MPI.BYTE], None, root)
+        checks.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
+
+    def bcast(self, buf: np.ndarray, root: int, what: str) -> None:
+        """Broadcast ``buf`` (any dtype, same size everywhere) from ``root``, with a deadline."""
+        assert buf.flags.c_contiguous, "broadcast buffers must be contiguous (the data lands in them)"
+        req = self.comm.Ibcast([buf.reshape(-1).view(np.uint8), self.MPI.BYTE], root)
+        checks.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
+
+    def bcast_bytes(self, data: bytes | None, root: int, what: str) -> bytes:
+        """``root``'s ``data`` on every instance (length first, then the bytes)."""
+        size = np.array([len(data) if self.rank == root and data is not None else 0], np.int64)
+        self.bcast(size, root, what)
+        buf = np.frombuffer(data, np.uint8).copy() if self.rank == root and data else np.zeros(int(size[0]), np.uint8)
+        if size[0]:
+            self.bcast(buf, root, what)
+        return buf.tobytes()
+
     def agree(self, what: str, signature: tuple, fields: Sequence[str] | None = None) -> None:
         checks.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe, fields=fields)
 

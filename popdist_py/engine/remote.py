@@ -1,0 +1,271 @@
+"""Remote buffers: per-replica off-chip storage (PopXL's ``remote_buffer``), in memory or in a file.
+
+A :class:`RemoteBuffer` gives every local replica ``entries`` slots of one shape and dtype; a step
+moves data between a slot and the replica with ``ops.remote_load``/``ops.remote_store``.
+Variables can live in a slot (``rt.remote_variable``, ``rt.remote_replica_sharded_variable``),
+which is how state that is rarely touched (optimizer state, the seed's W1) is kept out of the
+working set. With ``location="file"`` the slots are a memory-mapped file (the "off-chip streaming
+memory" of PopART's tensor locations): the kernel pages it in only while it is used and may
+drop it again, so it does not count against RAM. Files are temporary: they are deleted when the
+runtime closes (or is collected); the default spill directory of a process that was killed is
+removed by the next runtime that spills on that machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+import socket
+import tempfile
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from popdist_py.engine.variables import Variable
+
+log = logging.getLogger(__name__)
+
+LOCATIONS = ("memory", "file")
+#: Directory for file-backed buffers when neither ``path`` nor ``Runtime(remote_dir=...)`` is given.
+REMOTE_DIR_ENV = "POPDIST_REMOTE_DIR"
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"remote_buffer: shape must be a tuple of ints, got {shape!r}") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
+            raise ValueError(f"remote_buffer: shape {shape!r} must be a tuple of non-negative ints")
+    return tuple(int(d) for d in dims)
+
+
+class RemoteBuffer:
+    """``entries`` slots of ``shape``/``dtype`` for each local replica of one runtime.
+
+    Create with ``rt.remote_buffer``. ``location`` is ``"memory"`` or ``"file"`` (then ``path``
+    is the backing file, deleted on close).
+    """
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype, entries: int, num_local_replicas: int,
+                 location: str, path: Path | None) -> None:
+        self.name = name
+        self.shape = shape
+        self.dtype = dtype
+        self.entries = entries
+        self.location = location
+        self.path = path
+        full = (num_local_replicas, entries, *shape)
+        if location == "file" and math.prod(full) > 0:
+            assert path is not None
+            self._data: np.ndarray = np.memmap(path, dtype=dtype, mode="w+", shape=full)
+        else:
+            self._data = np.zeros(full, dtype)  # calloc: pages are only committed when written
+        self._bound: dict[int, Variable] = {}
+        self._closed = False
+
+    # -- slots ------------------------------------------------------------------------------------
+    def check_index(self, index: Any, what: str) -> int:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"{what}: index must be an int, got {index!r}")
+        if not 0 <= index < self.entries:
+            raise ValueError(
+                f"{what}: index {index} is out of range for remote buffer {self.name!r} with "
+                f"entries={self.entries} (valid indices 0..{self.entries - 1})"
+            )
+        return int(index)
+
+    def slot(self, local_index: int, index: int) -> np.ndarray:
+        """The storage of one replica's slot (a view: writes go to the buffer)."""
+        if self._closed:
+            raise RuntimeError(f"remote buffer {self.name!r} is closed (its Runtime was closed)")
+        return self._data[local_index, index]
+
+    def bind(self, index: int, var: Variable) -> None:
+        """Record that ``var`` lives in slot ``index`` (one variable per slot)."""
+        other = self._bound.get(index)
+        if other is not None:
+            raise ValueError(
+                f"remote buffer {self.name!r} entry {index} already holds variable {other.name!r}; "
+                f"free entries: {self.free_entries() or 'none'} (create the buffer with more entries)"
+            )
+        self._bound[index] = var
+
+    def variable_at(self, index: int) -> Variable | None:
+        return self._bound.get(index)
+
+    def free_entries(self) -> list[int]:
+        return [i for i in range(self.entries) if i not in self._bound]
+
+    def bound_entries(self) -> list[int]:
+        return sorted(self._bound)
+
+    def check_value(self, x: Any, what: str) -> np.ndarray:
+        """``x`` as an array of the buffer's shape and dtype; TypeError/ValueError naming both."""
+        if isinstance(x, np.ndarray):
+            if x.dtype != self.dtype:
+                raise TypeError(f"{what}: value has dtype {x.dtype} but remote buffer {self.name!r} holds {self.dtype}")
+            arr = x
+        else:
+            arr = np.asarray(x, dtype=self.dtype)
+        if arr.shape != self.shape:
+            raise ValueError(
+                f"{what}: value has shape {arr.shape} but remote buffer {self.name!r} has slots of shape {self.shape}"
+            )
+        return arr
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all slots of all local replicas."""
+        return int(self._data.nbytes)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Drop the map (it is unmapped when the last view goes); the file can be unlinked at once (POSIX).
+        self._data = np.zeros((0,), self.dtype)
+        if self.path is not None:
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:  # pragma: no cover - best effort
+                log.debug("could not remove %s", self.path, exc_info=True)
+
+    def __repr__(self) -> str:
+        where = self.location if self.path is None else f"file {self.path}"
+        return (f"RemoteBuffer(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
+                f"entries={self.entries}, location={where})")
+
+
+class RemoteSlots:
+    """Variable storage in slot ``offset`` of a remote buffer (one per local replica)."""
+
+    __slots__ = ("buffer", "offset")
+
+    def __init__(self, buffer: RemoteBuffer, offset: int) -> None:
+        self.buffer = buffer
+        self.offset = offset
+
+    def get(self, local_index: int) -> np.ndarray:
+        return self.buffer.slot(local_index, self.offset)
+
+    def put(self, local_index: int, value: np.ndarray) -> None:
+        np.copyto(self.buffer.slot(local_index, self.offset), value)
+
+    def nbytes(self) -> tuple[int, int]:
+        b = self.buffer
+        size = b._data.shape[0] * math.prod(b.shape) * b.dtype.itemsize
+        return (0, size) if b.location == "file" else (size, 0)
+
+
+_PREFIX = "popdist-remote-"
+
+
+_ORPHAN = re.compile(rf"^{_PREFIX}(?P<host>.+)-p(?P<pid>\d+)-i\d+-\w+$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _remove_orphans() -> None:
+    """Delete default spill directories left on this host by processes that died without closing
+    (SIGKILL, a crash), so killed jobs do not fill the temporary directory."""
+    host = socket.gethostname()
+    for d in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        m = _ORPHAN.match(d.name)
+        try:
+            if m is None or m["host"] != host or d.stat().st_uid != os.getuid() or _alive(int(m["pid"])):
+                continue
+        except OSError:
+            continue
+        log.debug("removing %s, left by process %s", d, m["pid"])
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _cleanup(buffers: list[RemoteBuffer], tmpdir: list[str]) -> None:
+    for b in buffers:
+        b.close()
+    for d in tmpdir:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+class RemoteBuffers:
+    """The remote buffers of one runtime and the directory their files go to."""
+
+    def __init__(self, num_local_replicas: int, instance: int, directory: str | os.PathLike[str] | None) -> None:
+        self.L = num_local_replicas
+        self.instance = instance
+        self.directory = Path(directory) if directory is not None else None
+        self.buffers: list[RemoteBuffer] = []
+        self._tmpdir: list[str] = []  # created by us, removed on close
+        self._finalizer = weakref.finalize(self, _cleanup, self.buffers, self._tmpdir)
+
+    def _dir(self, path: str | os.PathLike[str] | None) -> Path:
+        if path is not None:
+            d = Path(path)
+        elif self.directory is not None:
+            d = self.directory
+        elif os.environ.get(REMOTE_DIR_ENV):
+            d = Path(os.environ[REMOTE_DIR_ENV])
+        else:
+            if not self._tmpdir:
+                _remove_orphans()
+                prefix = f"{_PREFIX}{socket.gethostname()}-p{os.getpid()}-i{self.instance}-"
+                self._tmpdir.append(tempfile.mkdtemp(prefix=prefix))
+            return Path(self._tmpdir[0])
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def create(self, shape: Any, dtype: Any, entries: int, location: str, path: str | os.PathLike[str] | None
+               ) -> RemoteBuffer:
+        dims = _shape(shape)
+        dt = np.dtype(dtype)
+        if dt.hasobject or dt.fields is not None or dt.kind in "SUVMm":
+            raise TypeError(f"remote_buffer: dtype {dt} is not supported (use a numeric or bool dtype)")
+        if isinstance(entries, bool) or not isinstance(entries, (int, np.integer)) or entries < 1:
+            raise ValueError(f"remote_buffer: entries={entries!r} must be an int >= 1")
+        if location not in LOCATIONS:
+            valid = ", ".join(map(repr, LOCATIONS))
+            raise ValueError(f"remote_buffer: location={location!r} is invalid: use one of {valid}")
+        if path is not None and location != "file":
+            raise ValueError(f"remote_buffer: path={str(path)!r} is only used with location='file'")
+        name = f"remote_buffer_{len(self.buffers)}"
+        file = None
+        if location == "file":
+            fd, tmp = tempfile.mkstemp(prefix=f"{name}.i{self.instance}.", suffix=".bin", dir=self._dir(path))
+            os.close(fd)
+            file = Path(tmp)
+        try:
+            buf = RemoteBuffer(name, dims, dt, int(entries), self.L, location, file)
+        except BaseException:
+            if file is not None:
+                file.unlink(missing_ok=True)
+            raise
+        self.buffers.append(buf)
+        log.debug("created %r", buf)
+        return buf
+
+    def owns(self, buf: Any) -> bool:
+        return isinstance(buf, RemoteBuffer) and any(b is buf for b in self.buffers)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+__all__ = ["LOCATIONS", "REMOTE_DIR_ENV", "RemoteBuffer", "RemoteBuffers", "RemoteSlots"]
