@@ -29,7 +29,7 @@ test: install
 	$(MPIEXEC) -n 4 $(PYTEST) --with-mpi tests/mpi
 
 demo: install
-	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/where_am_i.py
+	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/mnist_rts.py --rts
 
 bench: install
 	$(PY) -m bench.run

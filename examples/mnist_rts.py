@@ -90,6 +90,13 @@ def digest(params: Params) -> str:
     return h.hexdigest()
 
 
+def checkpoint_exists(path: Path) -> bool:
+    """Whether instance 0 sees ``path`` (it alone reads it), the same answer on every instance."""
+    if popdist.getNumInstances() == 1:
+        return path.exists()
+    return bool(popdist.broadcast(np.array([path.exists()], np.int8), root=0)[0])
+
+
 def train(net: Network, data: Dataset, args: argparse.Namespace, replicas: Replicas, first_epoch: int,
           meta: dict[str, object]) -> None:
     """Epochs ``first_epoch .. args.epochs - 1``; a checkpoint after each one when asked for."""
@@ -111,10 +118,8 @@ def train(net: Network, data: Dataset, args: argparse.Namespace, replicas: Repli
         log.info("epoch %d/%d: mean loss %.4f, %.0f samples/s", epoch + 1, args.epochs,
                  float(np.mean(losses)), steps * global_batch / elapsed)
         if args.checkpoint is not None:
-            params = net.host_params()  # collective: every instance takes part, instance 0 writes
-            if instance0:
-                checkpoint.save(args.checkpoint, params, epoch + 1, meta)
-                log.info("saved %s (%d epochs)", args.checkpoint, epoch + 1)
+            checkpoint.save(net.rt, args.checkpoint, epoch + 1, meta)  # collective: instance 0 writes
+            log.info("saved %s (%d epochs)", args.checkpoint, epoch + 1)
 
 
 def evaluate(net: Network, data: Dataset, batch_size: int, replicas: Replicas) -> float:
@@ -141,11 +146,13 @@ def run(args: argparse.Namespace) -> tuple[float, str]:
                  replicas.total // replicas.local, replicas.local, args.batch_size * replicas.total,
                  "on" if args.rts and replicas.total > 1 else "off")
         params = init_params(data.input_size, args.hidden_size, NUM_CLASSES, args.seed)
+        net = Network(rt, params, rts=args.rts, lr=args.lr)
+        del params  # the runtime holds the weights now (as shards with --rts)
         first_epoch = 0
         meta = {"dataset": data.name, "seed": args.seed, "hidden_size": args.hidden_size}
-        if args.checkpoint is not None and args.checkpoint.exists():
+        if args.checkpoint is not None and checkpoint_exists(args.checkpoint):
             try:
-                params, first_epoch, info = checkpoint.load(args.checkpoint, params)
+                first_epoch, info = checkpoint.load(rt, args.checkpoint)
             except ValueError as exc:
                 raise InputError(exc) from None
             log.info("resumed from %s after %d epoch(s)", args.checkpoint, first_epoch)
@@ -155,7 +162,6 @@ def run(args: argparse.Namespace) -> tuple[float, str]:
             if (info.get("dataset"), info.get("seed")) != (data.name, args.seed):
                 log.warning("%s was saved with dataset %r and --seed %s; continuing with %r and --seed %d",
                             args.checkpoint, info.get("dataset"), info.get("seed"), data.name, args.seed)
-        net = Network(rt, params, rts=args.rts, lr=args.lr)
         train(net, data, args, replicas, first_epoch, meta)
         accuracy = evaluate(net, data, args.test_batch_size, replicas)
         return accuracy, digest(net.host_params())

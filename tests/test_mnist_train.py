@@ -133,6 +133,17 @@ def test_rts_under_poprun_gives_identical_weights() -> None:
     ref = run_inline("--replication-factor", "4", "--epochs", "2")
     two, _ = run_poprun(2, 4, "--epochs", "2", "--rts")
     assert two == ref
+    four, _ = run_poprun(4, 4, "--epochs", "2", "--rts")  # every shard in another process
+    assert four == ref
+
+
+@needs_rts
+def test_demo_command_matches_one_process() -> None:
+    """``make demo``'s run: 2 instances x 2 replicas with RTS, default options, to the bits of 1 x 4 without."""
+    ref = run_inline("--replication-factor", "4")
+    demo, proc = run_poprun(2, 4, "--rts")
+    assert demo == ref and ref[0] >= 0.95
+    assert "RTS on" in proc.stdout + proc.stderr
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------
@@ -166,7 +177,9 @@ def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run([PYTHON, SCRIPT, "--checkpoint", str(ckpt)], capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert f"{ckpt}: W0 has shape (64, 32) but this model needs (64, 64)" in proc.stderr
+    assert f"checkpoint {ckpt} does not fit this runtime: 'W0' has shape (64, 32) in the checkpoint but " \
+           "(64, 64) here" in proc.stderr
+    assert "another --hidden-size" in proc.stderr
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -4,5 +4,5 @@
 - ``datasets``: MNIST from IDX files or scikit-learn's bundled digits; per-epoch replica batches.
 - ``model``: the two-layer network's forward and backward pass in numpy.
 - ``trainer``: the network's weights as engine variables (plain or RTS) and the replicated steps.
-- ``checkpoint``: weights and the epoch counter in one ``.npz``, restorable under any replica split.
+- ``checkpoint``: the engine's ``rt.save``/``rt.load`` plus the epoch counter, restorable under any split.
 """

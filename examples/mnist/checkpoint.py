@@ -1,56 +1,36 @@
-"""Checkpoints: the full host weights and the number of epochs done, in one ``.npz``.
+"""Checkpoints: the engine's ``rt.save``/``rt.load`` plus the number of epochs done.
 
-The weights are stored whole (not per replica or shard), so a checkpoint resumes under any
-replication, instance split or RTS setting; the epoch counter is all the training state there is,
-because each epoch's shuffle is derived from ``seed + epoch``. Writes go to a temporary file that
-is renamed over the old one, so an interrupted save never leaves a half-written checkpoint.
+The engine stores every weight as its full host tensor (shards joined, remote slots read back),
+so a checkpoint resumes under any replication, instance split or RTS setting; the epoch counter
+is all the other training state there is, because each epoch's shuffle is derived from
+``seed + epoch``. Both calls are collective (every instance calls them; instance 0 writes and
+reads the file); the write goes to a temporary file renamed over the old one, so an interrupted
+save never leaves a half-written checkpoint.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from popdist_py.engine import CheckpointError, Runtime
 
-from .model import PARAMS, Params
-
-FORMAT = "poprun-py mnist_rts checkpoint v1"
+FORMAT = "poprun-py mnist_rts checkpoint v2"
 
 
-def save(path: Path | str, params: Params, epochs_done: int, meta: dict[str, Any]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    info = {"format": FORMAT, "epochs_done": epochs_done, **meta}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def save(rt: Runtime, path: Path | str, epochs_done: int, meta: dict[str, Any]) -> None:
+    """Every weight of ``rt`` and ``epochs_done`` to ``path`` (collective)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    rt.save(path, {"format": FORMAT, "epochs_done": epochs_done, **meta})
+
+
+def load(rt: Runtime, path: Path | str) -> tuple[int, dict[str, Any]]:
+    """Restore ``rt``'s weights from ``path``; (epochs done, metadata). ValueError naming the file
+    when it is not a checkpoint of this example or does not fit this model (collective)."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, info=np.array(json.dumps(info)), **dict(zip(PARAMS, params)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load(path: Path | str, expected: Params) -> tuple[Params, int, dict[str, Any]]:
-    """(weights, epochs done, metadata); ValueError naming the file if it does not fit ``expected``'s shapes."""
-    path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            info = json.loads(str(data["info"]))
-            arrays = {name: data[name] for name in PARAMS}
-    except (OSError, KeyError, ValueError) as exc:
-        raise ValueError(f"{path}: not a readable mnist_rts checkpoint ({exc})") from None
-    if info.get("format") != FORMAT:
-        raise ValueError(f"{path}: unknown checkpoint format {info.get('format')!r}; expected {FORMAT!r}")
-    for name, want in zip(PARAMS, expected):
-        if arrays[name].shape != want.shape:
-            raise ValueError(f"{path}: {name} has shape {arrays[name].shape} but this model needs {want.shape} "
-                             "(was it saved with another --hidden-size or dataset?)")
-    params = Params(*(np.ascontiguousarray(arrays[name], np.float32) for name in PARAMS))
-    return params, int(info["epochs_done"]), info
+        info = rt.load(path)
+    except CheckpointError as exc:
+        raise ValueError(f"{exc} (was it saved with another --hidden-size or dataset?)") from None
+    if info.get("format") != FORMAT or not isinstance(info.get("epochs_done"), int):
+        raise ValueError(f"{path}: not a mnist_rts checkpoint (format {info.get('format')!r}; expected {FORMAT!r})")
+    return info["epochs_done"], info

@@ -43,15 +43,6 @@ class Trainable(NamedTuple):
         return self.shards is not None or self.remote_buffer is not None
 
 
-def _unshard(gathered: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """The full weight from an all-gather result, which is flat (and may carry a shard's zero
-    padding at the end) when the engine gathered a plain array rather than an RTS handle."""
-    if gathered.shape == shape:
-        return gathered
-    size = int(np.prod(shape))
-    return np.asarray(gathered).reshape(-1)[:size].reshape(shape)
-
-
 class Network:
     """The trainables of one :class:`Runtime` and the steps ``rt.run`` calls once per local replica."""
 
@@ -70,9 +61,9 @@ class Network:
             full, shards = rt.replica_sharded_variable(data, name=name)
             return Trainable(full, shards, None, data.shape)
         if self.rts and name == "W1":
-            shard_shape = (-(-data.size // rt.replication_factor),)  # ceil: the engine pads the last shards
-            buffer = rt.remote_buffer(shard_shape, np.float32, entries=1)
-            var = rt.remote_replica_sharded_variable(data, buffer, 0)
+            # one shard per replica: ceil(n / R) elements (the engine pads the last shards)
+            buffer = rt.remote_buffer((ops.shard_size(data.shape, rt.replication_factor),), np.float32, entries=1)
+            var = rt.remote_replica_sharded_variable(data, buffer, 0, name=name)
             return Trainable(var, None, buffer, data.shape)
         return Trainable(rt.variable(data, name=name), None, None, data.shape)
 
@@ -80,10 +71,10 @@ class Network:
     def _read(self, ctx: StepContext, t: Trainable) -> tuple[np.ndarray, np.ndarray | None]:
         """(full weight, this replica's shard or None)."""
         if t.remote_buffer is not None:
-            shard = ops.remote_load(t.remote_buffer, 0)
-            return _unshard(ops.replicated_all_gather(shard), t.shape), shard
+            shard = ops.remote_load(t.remote_buffer, 0)  # a shard array: the gather knows its full shape
+            return ops.replicated_all_gather(shard), shard
         if t.shards is not None:
-            return _unshard(ops.replicated_all_gather(t.shards), t.shape), ctx[t.shards]
+            return ops.replicated_all_gather(t.shards), ctx[t.shards]
         return ctx[t.var], None
 
     def _weights(self, ctx: StepContext) -> tuple[Params, list[np.ndarray | None]]:
