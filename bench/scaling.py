@@ -25,7 +25,7 @@ def _throughput(command: list[str]) -> dict[str, float]:
 
 
 def run(quick: bool) -> dict[str, object]:
-    batch, steps = "256", "4" if quick else "12"
+    batch, steps = "1024", "3" if quick else "8"
     worker = [sys.executable, "-m", "bench.scaling_worker", batch, steps]
     rounds = 1 if quick else 3
     runs: dict[str, list[dict[str, float]]] = {"1_instance": [], "2_instances": [], "1_instance_2_replicas": []}
@@ -36,7 +36,7 @@ def run(quick: bool) -> dict[str, object]:
     median = {name: sorted(r["samples_per_s"] for r in rs)[len(rs) // 2] for name, rs in runs.items()}
     speedup = median["2_instances"] / median["1_instance"]
     return {
-        "model": "MLP 1024-1024-1024-16, float32, global batch 256, one BLAS thread per process",
+        "model": "MLP 1024-1024-1024-16, float32, global batch 1024, one BLAS thread per process",
         "samples_per_s": median,
         "speedup_2_instances": speedup,
         "speedup_1_instance_2_replicas": median["1_instance_2_replicas"] / median["1_instance"],
