@@ -175,7 +175,7 @@ def _launch(options: dict[str, Any]) -> int:
         explicit_hosts=bool(hosts),
     )
     _check_program(options["program"], hosts)
-    launcher = detect_launcher(find_mpiexec(options["mpi"]))
+    launcher = detect_launcher(find_mpiexec(options["mpi"]), need_version=options["dry_run"] or options["verbose"] > 0)
     log.info("using %s (%s %s)", launcher.path, launcher.flavour, launcher.version)
     shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")
     program = [options["program"], *options["args"]]
@@ -222,4 +222,11 @@ def main(argv: list[str] | None = None) -> None:
         status = exc.exit_code
     except click.exceptions.Abort:
         status = 130
-    sys.exit(status if isinstance(status, int) else 0)
+    # Skip the interpreter's teardown (modules, GC): nothing is left to clean up, and every
+    # launch would pay for it.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the reader went away (e.g. `| head`): nothing more can be said
+    os._exit(status if isinstance(status, int) else 0)

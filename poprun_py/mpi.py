@@ -49,8 +49,24 @@ def find_mpiexec(explicit: str | None = None) -> str:
     return on_path
 
 
-def detect_launcher(path: str) -> MpiLauncher:
-    """Ask ``path --version`` which MPI it belongs to."""
+#: Files that sit beside each flavour's mpiexec: telling them apart costs a stat, not a process.
+_SIBLINGS: dict[Flavour, tuple[str, ...]] = {"mpich": ("hydra_pmi_proxy",), "openmpi": ("prterun", "orterun")}
+
+
+def detect_launcher(path: str, need_version: bool = False) -> MpiLauncher:
+    """Which MPI ``path`` belongs to: from the files beside it when that is unambiguous (every
+    launch pays for this, so no process is started), else from ``path --version``."""
+    if not need_version:
+        real = os.path.realpath(path)
+        folder = os.path.dirname(real)
+        found = [flavour for flavour, names in _SIBLINGS.items()
+                 if any(os.path.exists(os.path.join(folder, name)) for name in names)]
+        if len(found) == 1:
+            return MpiLauncher(path, found[0], "unknown")
+    return _ask_version(path)
+
+
+def _ask_version(path: str) -> MpiLauncher:
     try:
         out = subprocess.run([path, "--version"], capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
