@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, ops
+from tests.test_engine_executor import executor  # noqa: F401  (every test under both executors)
 
 
 def tree(values: list[np.ndarray], fn=np.add):  # type: ignore[no-untyped-def]

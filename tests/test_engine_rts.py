@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, Shard, ShardArray, ShardLayout, ops
 from popdist_py.engine.sharding import spread
+from tests.test_engine_executor import executor  # noqa: F401  (every test under both executors)
 
 
 def groupings(n: int) -> list[ReplicaGrouping]:

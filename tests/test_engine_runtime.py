@@ -1,4 +1,4 @@
-"""Runtime in one process: topology, runs, threads, failures, timeouts."""
+"""Runtime in one process: topology, runs, threads, failures, timeouts (under both executors)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from popdist_py.engine import Runtime, StepAborted, ops
 from popdist_py.errors import CollectiveMismatchError, CollectiveTimeoutError
+from tests.test_engine_executor import executor  # noqa: F401  (every test under both executors)
 
 POPDIST = (
     "POPDIST_NUM_TOTAL_REPLICAS",
@@ -106,7 +107,12 @@ def test_outputs_must_agree_between_replicas() -> None:
             rt.run(lambda ctx: np.zeros(ctx.local_index + 1))
 
 
-def test_replicas_run_concurrently_on_persistent_threads() -> None:
+THREADS_ONLY = "a replica blocked outside the engine blocks every replica under the cooperative executor"
+
+
+def test_replicas_run_concurrently_on_persistent_threads(executor: str) -> None:
+    if executor != "threads":
+        pytest.skip(THREADS_ONLY)
     L = 4
     with Runtime(replication=L) as rt:
         barrier = threading.Barrier(L, timeout=10)  # only passes when all L replicas run at once
@@ -221,7 +227,7 @@ def test_mismatched_groups() -> None:
 
 
 def test_replica_that_skips_a_collective() -> None:
-    with Runtime(replication=4, timeout=60) as rt:
+    with Runtime(replication=4, timeout=600) as rt:
         def step(ctx):  # type: ignore[no-untyped-def]
             if ctx.local_index != 1:
                 ops.replicated_all_reduce(np.zeros(1))
@@ -233,7 +239,9 @@ def test_replica_that_skips_a_collective() -> None:
         assert "replica 1 finished its step" in str(info.value)
 
 
-def test_replica_that_never_arrives_is_reported_after_the_timeout() -> None:
+def test_replica_that_never_arrives_is_reported_after_the_timeout(executor: str) -> None:
+    if executor != "threads":
+        pytest.skip(THREADS_ONLY + " (see test_engine_executor's stall test)")
     gone = threading.Event()
     with Runtime(replication=4, timeout=0.5) as rt:
         def step(ctx):  # type: ignore[no-untyped-def]
@@ -254,7 +262,9 @@ def test_replica_that_never_arrives_is_reported_after_the_timeout() -> None:
         assert "replica 3 did not arrive within 0.5 s" in msg and "replicated_all_reduce #1" in msg
 
 
-def test_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_timeout_from_environment(monkeypatch: pytest.MonkeyPatch, executor: str) -> None:
+    if executor != "threads":
+        pytest.skip(THREADS_ONLY)
     monkeypatch.setenv("POPDIST_COLLECTIVE_TIMEOUT", "0.3")
     gone = threading.Event()
     with Runtime(replication=2) as rt:

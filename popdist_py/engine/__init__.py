@@ -4,7 +4,7 @@
 
     with Runtime() as rt:                      # R, L, offset from poprun's environment
         w = rt.variable(np.zeros(4, np.float32))
-        def step(ctx, x):                      # once per local replica, concurrently
+        def step(ctx, x):                      # once per local replica (threads or greenlets)
             g = ops.replicated_all_reduce(x, op="mean")
             ctx[w] = ctx[w] - 0.1 * g
         rt.run(step, batch)                    # batch has a leading axis of L
@@ -15,8 +15,18 @@ Modules: ``runtime`` (Runtime, runs), ``grouping`` (ReplicaGrouping, CommGroup),
 plans), ``reduce`` (the canonical reduction order), ``sharding`` (replicated tensor sharding:
 the balanced shard layout, domains, shard arrays), ``remote`` (remote buffers in memory or in
 memory-mapped files), ``checkpoint`` (save/load under any split), ``rendezvous`` (local meeting
-of replica threads), ``transport`` (MPI between instances), ``pool`` (replica threads),
-``topology``, ``context``.
+of the replicas), ``transport`` (MPI between instances), ``executor`` (which executor runs the
+replicas), ``pool`` (replica threads), ``cooperative`` (replica greenlets), ``topology``,
+``context``.
+
+Executors (``Runtime(executor=...)``, ``$POPDIST_ENGINE_EXECUTOR``; ``rt.executor`` tells):
+``threads`` run the L replicas in parallel, which pays when the process has spare cores (numpy
+releases the GIL) but costs each waiting replica an OS wake-up and a GIL hand-off per collective
+(tens of microseconds); ``cooperative`` runs them one at a time as greenlets on the calling
+thread, so a collective costs a few greenlet switches and a replica that can never arrive is
+reported at once. ``auto`` (the default) takes threads when L > 1 and this instance has at least
+2 cores to itself (CPU affinity divided by poprun's ``LOCAL_WORLD_SIZE``), else cooperative.
+Results and errors are the same either way.
 
 Replicated tensor sharding and remote buffers (PopXL's API):
 

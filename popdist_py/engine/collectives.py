@@ -26,6 +26,7 @@ through MPI. All-reduce and all-gather results are shared, read-only, by a group
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -35,10 +36,13 @@ from popdist_py.engine.grouping import ReplicaGrouping
 from popdist_py.engine.reduce import UFUNCS, Node, Program, decompose
 from popdist_py.engine.sharding import ShardLayout, end_bounds, spread
 from popdist_py.engine.topology import Layout
-from popdist_py.engine.transport import HDR_BYTES, TAG_DATA, TAG_GATHER
+from popdist_py.engine.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
 
 #: Per-replica input size (bytes) up to which data travels inside the header message.
 EAGER_LIMIT = 32 * 1024
+
+#: The header words ``[seq, index, hash, status]`` as native int64 (the int64 view's layout).
+_HEADER = struct.Struct("=4q")
 
 ALL_REDUCE = "replicated_all_reduce"
 REDUCE_SCATTER = "replicated_reduce_scatter"
@@ -224,6 +228,12 @@ class Plan:
             ]
         self.headers = [b[:HDR_BYTES].view(np.int64) for b in self.sendbufs]
         self._compile_jobs()
+        self.flat_shape = len(self.shape) == 1
+        #: the divisor of a mean, as the dtype's scalar (what :func:`.reduce.finish_mean` divides by)
+        self.divisor = self.dtype.type(self.divide_by) if self.divide_by else None
+        self.small = self.kind == ALL_REDUCE and self.eager
+        if self.small:
+            self._compile_small()
 
     def _compile_jobs(self) -> None:
         """Flatten the per-call work of reductions into lists, so a call does no lookups."""
@@ -248,6 +258,40 @@ class Plan:
                 remote = [self.recv_data[pi][si] for pi, si in gp.remote_inputs]
                 self.region_jobs.append((gi, gp, lo, hi, remote))
 
+    def _compile_small(self) -> None:
+        """Jobs of the eager all-reduce (the latency-bound case), with every buffer bound in advance.
+
+        Every peer's region is the whole array, so each of my pieces of a spanning group is
+        computed once, into the first message that carries it (copied into the others), and
+        the region program starts from those pieces instead of recomputing them from my
+        members: the same tree nodes from the same values, so the same bits.
+        """
+        #: (program, local replicas of its inputs, destination, further destinations)
+        self.piece_jobs: list[tuple[Program, list[int], np.ndarray, list[np.ndarray]]] = []
+        first: dict[tuple[int, Node], np.ndarray] = {}
+        for dests, specs in zip(self.send_data, self.send_specs):
+            for dest, (gi, node, _, _) in zip(dests, specs):
+                have = first.get((gi, node))
+                if have is not None:
+                    next(j for j in self.piece_jobs if j[2] is have)[3].append(dest)
+                    continue
+                first[(gi, node)] = dest
+                gp = self.groups[gi]
+                prog, pos = gp.piece_programs[node]
+                self.piece_jobs.append((prog, [gp.local[j] for j in pos], dest, []))
+        #: (group, its program over my pieces and the peers' pieces, those input arrays)
+        self.small_jobs: list[tuple[GroupPlan, Program, list[np.ndarray]]] = []
+        me = self.layout.instance
+        for gi, gp in enumerate(self.groups):
+            if not gp.cross:
+                continue
+            nodes = list(gp.pieces[me])
+            arrays = [first[(gi, node)] for node in nodes]
+            for pi, si in gp.remote_inputs:
+                nodes.append(self.recv_specs[pi][si][1])
+                arrays.append(self.recv_data[pi][si])
+            self.small_jobs.append((gp, Program((0, self.group_size), nodes), arrays))
+
     # -- helpers -----------------------------------------------------------------------------------
     def _views(self, buf: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
         views, off = [], HDR_BYTES
@@ -259,22 +303,50 @@ class Plan:
 
     def set_header(self, seq: int, index: int, sig_hash: int) -> np.ndarray:
         """Write ``[seq, index, hash, OK]`` into every outgoing message; return the header."""
-        h = self.headers[0]
-        h[0] = seq
-        h[1] = index
-        h[2] = sig_hash
-        h[3] = 0
-        for other in self.headers[1:]:
-            other[:] = h
-        return h
+        for buf in self.sendbufs:  # struct: cheaper than numpy item assignments for four words
+            _HEADER.pack_into(buf, 0, seq, index, sig_hash, STATUS_OK)
+        return self.headers[0]
 
     # -- execution ---------------------------------------------------------------------------------
     def run(self, xs: Sequence[np.ndarray], link: Link | None) -> list[Any]:
         """Results for every local replica from the arrays they deposited (``xs[local index]``)."""
-        flat = [x.reshape(-1) for x in xs]
+        flat = xs if self.flat_shape else [x.reshape(-1) for x in xs]  # (deposits have the signature's shape)
+        if self.small:
+            return self._all_reduce_small(flat, link)
         if self.kind == ALL_GATHER:
             return self._gather(xs, flat, link)
         return self._reduce(flat, link)
+
+    def _all_reduce_small(self, flat: list[np.ndarray], link: Link | None) -> list[Any]:
+        """:meth:`_reduce` for an eager all-reduce, trimmed to the bone (no slicing, no blocking)."""
+        ufunc, n, dtype, divisor = self.ufunc, self.n, self.dtype, self.divisor
+        results: list[Any] = [None] * self.layout.local_replicas
+        for gp, prog, local in self.local_jobs:
+            out = np.empty(n, dtype)
+            prog.run([flat[li] for li in local], ufunc, out)
+            if divisor is not None:
+                np.divide(out, divisor, out=out)
+            full = out if self.flat_shape else out.reshape(self.shape)
+            full.flags.writeable = False
+            for li in local:
+                results[li] = full
+        if link is None:
+            return results
+        for prog, local, dest, copies in self.piece_jobs:
+            prog.run([flat[li] for li in local], ufunc, dest)
+            for other in copies:
+                np.copyto(other, dest)
+        link.exchange(self.sendbufs, self.recvbufs)
+        for gp, prog, inputs in self.small_jobs:
+            out = np.empty(n, dtype)
+            prog.run(inputs, ufunc, out)
+            if divisor is not None:
+                np.divide(out, divisor, out=out)
+            full = out if self.flat_shape else out.reshape(self.shape)
+            full.flags.writeable = False
+            for li in gp.local:
+                results[li] = full
+        return results
 
     def _reduce(self, flat: list[np.ndarray], link: Link | None) -> list[Any]:
         ufunc, n, div, dtype = self.ufunc, self.n, self.divide_by, self.dtype

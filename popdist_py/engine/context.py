@@ -1,11 +1,14 @@
-"""The replica a piece of code runs as: a thread-local :class:`StepContext`, set by ``Runtime.run``.
+"""The replica a piece of code runs as: a :class:`StepContext` in a context variable, set by ``Runtime.run``.
 
 Collectives find their replica through it, so ``ops.replicated_all_reduce(x)`` needs no handle.
+A ``contextvars.ContextVar`` rather than thread-local storage: every thread has its own context
+and so does every greenlet (greenlet >= 1), so it names the right replica under both executors,
+threads and cooperative greenlets sharing one thread (thread-locals would be shared by them).
 """
 
 from __future__ import annotations
 
-import threading
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine.runtime import Runtime
     from popdist_py.engine.variables import Shard, Variable
 
-_tls = threading.local()
+_current: ContextVar[StepContext | None] = ContextVar("popdist_step_context", default=None)
 
 
 class StepContext:
@@ -53,19 +56,23 @@ class StepContext:
 
 
 def current() -> StepContext:
-    """The context of the replica running on this thread; RuntimeError outside ``Runtime.run``."""
-    ctx = getattr(_tls, "ctx", None)
+    """The context of the replica running here (thread or greenlet); RuntimeError outside ``Runtime.run``."""
+    ctx = _current.get()
     if ctx is None:
         raise RuntimeError("replicated collectives can only be called inside a step run by Runtime.run(step, ...)")
     return ctx
 
 
 def swap(ctx: StepContext | None) -> StepContext | None:
-    """Install ``ctx`` on this thread and return the previous one."""
-    prev = getattr(_tls, "ctx", None)
-    _tls.ctx = ctx
+    """Install ``ctx`` in the current context (this thread's or greenlet's) and return the previous one."""
+    prev = _current.get()
+    _current.set(ctx)
     return prev
 
 
 def peek() -> StepContext | None:
-    return getattr(_tls, "ctx", None)
+    return _current.get()
+
+
+#: :func:`peek` without the Python call (for hot paths): the bound ``ContextVar.get``.
+peek_fast = _current.get

@@ -1,9 +1,10 @@
 """Replicated collectives and remote buffer access, called inside a step (PopXL's ``popxl.ops`` names).
 
-Each function finds its replica through the thread-local step context. Every replica of the
-runtime must call the same collectives in the same order: one call is one meeting of all local
-replicas (and of all instances); with a ``group`` each replica is combined only with its own
-group's members, and different groups are served by the same call. ``group`` is a
+Each function finds its replica through the step context (:mod:`.context`, per thread or
+greenlet). Every replica of the runtime must call the same collectives in the same order: one
+call is one meeting of all local replicas (and of all instances); with a ``group`` each replica
+is combined only with its own group's members, and different groups are served by the same
+call. ``group`` is a
 :class:`ReplicaGrouping` from ``rt.replica_grouping(...)``, a :class:`CommGroup`, or None (all
 global replicas, across instances). ``replica_sharded_slice``, ``remote_load`` and
 ``remote_store`` are local to the replica: they do not meet the others.
@@ -38,6 +39,8 @@ from popdist_py.engine.variables import Shard, Variable
 
 Group = ReplicaGrouping | CommGroup | None
 
+_peek = context.peek_fast
+
 
 def replicated_all_reduce(x: Any, op: str = "add", group: Group = None) -> np.ndarray:
     """Reduce ``x`` over the replica's group: op is add, mean, mul, min or max.
@@ -45,7 +48,7 @@ def replicated_all_reduce(x: Any, op: str = "add", group: Group = None) -> np.nd
     mean is the sum divided by the group size (floating-point inputs only). Returns a read-only
     array of ``x``'s shape and dtype, equal (bitwise) on every member of the group.
     """
-    ctx = context.current()
+    ctx = _peek() or context.current()  # the hottest call of a step: skip a function layer
     return ctx.runtime.collective(ctx, ALL_REDUCE, x, op, group)
 
 

@@ -47,6 +47,7 @@ class ReplicaPool:
                 task(index)  # type: ignore[operator]
             except BaseException:  # the task records its own errors; never let a worker die
                 log.exception("replica task %d raised", index)
+            task = None  # the task's closure holds the runtime: do not keep it alive while idle
             with self._count_lock:
                 self._pending -= 1
                 last = self._pending == 0

@@ -146,7 +146,7 @@ class Program:
     internal node and no Python-level tree walking, which matters for small collectives.
     """
 
-    __slots__ = ("ops", "result", "ntemp", "ninputs")
+    __slots__ = ("ops", "result", "ntemp", "ninputs", "pair")
 
     def __init__(self, node: Node, inputs: Sequence[Node]) -> None:
         index = {n: i for i, n in enumerate(inputs)}
@@ -180,8 +180,14 @@ class Program:
         self.result, _ = comp(node, True)
         self.ops = tuple(ops)
         self.ntemp = temps
+        #: the inputs of a program that is one ufunc call into the output (two members)
+        self.pair = ops[0][:2] if len(ops) == 1 else None
 
     def run(self, inputs: Sequence[np.ndarray], ufunc: np.ufunc, out: np.ndarray) -> np.ndarray:
+        pair = self.pair
+        if pair is not None:  # the common small case, without building the slot list
+            ufunc(inputs[pair[0]], inputs[pair[1]], out=out)
+            return out
         if not self.ops:
             np.copyto(out, inputs[self.result])
             return out

@@ -1,20 +1,23 @@
-"""Where the L local replica threads meet for each collective.
+"""Where the L local replicas meet for each collective.
 
 Each replica deposits its contribution; the last one to arrive does the combining (and any MPI
-work) in its own thread while the others sleep on a private lock, so a collective costs one
-wake-up per waiting replica and no extra thread hop. Waits have a deadline: a replica that never
-arrives is named in a CollectiveTimeoutError. When one replica fails, every waiting replica is
-released at once with :class:`StepAborted` and later arrivals fail immediately, so an exception
-can never leave the others hanging.
+work) while the others wait, so a collective costs one wake-up per waiting replica and no extra
+hop. How a replica waits and is woken is the executor's business (:class:`Waits`): replica
+threads sleep on a private lock (:class:`ThreadWaits`); cooperative greenlets switch back to
+their scheduler (:mod:`.cooperative`). Everything else (deposits, combining, failures) is this
+one piece of logic for both. Thread waits have a deadline: a replica that never arrives is named
+in a CollectiveTimeoutError; a cooperative scheduler that finds no runnable replica calls
+:meth:`Rendezvous.stall`, which reports the same error at once. When one replica fails, every
+waiting replica is released at once with :class:`StepAborted` and later arrivals fail
+immediately, so an exception can never leave the others hanging.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from popdist_py.errors import CollectiveError, CollectiveTimeoutError
 
@@ -26,11 +29,48 @@ class StepAborted(CollectiveError):
     """
 
 
-class _Aborted:
+class _Raise:
+    """A result that is an error to raise in the woken replica (an abort, or a stall's timeout)."""
+
     __slots__ = ("error",)
 
-    def __init__(self, error: StepAborted) -> None:
+    def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+class Waits(Protocol):
+    """How a replica waits at the rendezvous and is woken: the executor's part of a collective."""
+
+    def reset(self) -> None:
+        """Forget wake-ups left over from an abandoned run."""
+
+    def sleep(self, index: int, timeout: float) -> bool:
+        """Block replica ``index`` until :meth:`wake` (True) or ``timeout`` seconds pass (False;
+        ``inf``: no deadline)."""
+
+    def wake(self, index: int) -> None:
+        """Make replica ``index`` (asleep or about to sleep) return from :meth:`sleep`."""
+
+
+class ThreadWaits:
+    """Replica threads: each sleeps on its own lock, released by whoever wakes it."""
+
+    def __init__(self, size: int) -> None:
+        self._locks = [threading.Lock() for _ in range(size)]
+        for lock in self._locks:
+            lock.acquire()
+
+    def reset(self) -> None:
+        for lock in self._locks:
+            lock.acquire(blocking=False)
+
+    def sleep(self, index: int, timeout: float) -> bool:
+        if math.isinf(timeout):
+            return self._locks[index].acquire()
+        return self._locks[index].acquire(timeout=timeout)
+
+    def wake(self, index: int) -> None:
+        self._locks[index].release()
 
 
 #: Deposit of a replica whose step has returned (it will not reach any further collective).
@@ -46,18 +86,19 @@ class Rendezvous:
         combine: Callable[[list[Any], int], list[Any] | None],
         describe: Callable[[list[int]], str],
         describe_deposit: Callable[[Any], str],
+        waits: Waits | None = None,
     ) -> None:
         """``combine(deposits, index)`` is run by the last arrival (``index``) and returns one
         result per replica (or None); ``describe`` names replicas by index and
-        ``describe_deposit`` names what a deposit is waiting in, for error messages."""
+        ``describe_deposit`` names what a deposit is waiting in, for error messages. ``waits``:
+        the executor's way of waiting (default: replica threads)."""
         self.size = size
         self.combine = combine
         self.describe = describe
         self.describe_deposit = describe_deposit
         self._lock = threading.Lock()
-        self._sems = [threading.Lock() for _ in range(size)]
-        for s in self._sems:
-            s.acquire()
+        self._waits: Waits = waits if waits is not None else ThreadWaits(size)
+        self._sleep, self._wake = self._waits.sleep, self._waits.wake  # bound once: hot path
         self._waiting = [False] * size
         self._results: list[Any] = [None] * size
         self._deposits: list[Any] = [None] * size
@@ -76,8 +117,7 @@ class Rendezvous:
             self._gen += 1
             self._failure = None
             self._failed_by = None
-            for s in self._sems:
-                s.acquire(blocking=False)
+            self._waits.reset()
 
     @property
     def failed(self) -> bool:
@@ -97,25 +137,33 @@ class Rendezvous:
                 self.fail(index, exc)
                 raise
             return None if results is None else results[0]
+        size = self.size
         with self._lock:
             if self._failure is not None:
                 raise self._abort_error()
-            self._deposits[index] = deposit
-            self._count += 1
-            if self._count < self.size:
+            deposits = self._deposits
+            deposits[index] = deposit
+            count = self._count + 1
+            if count < size:
+                self._count = count
                 if not wait:
                     return None
                 self._waiting[index] = True
                 gen = self._gen
-                last = False
             else:
-                deposits = self._deposits
-                self._deposits = [None] * self.size
+                self._deposits = [None] * size
                 self._count = 0
                 self._gen += 1
-                last = True
-        if not last:
-            return self._wait(index, gen, timeout, deposit)
+                gen = -1
+        if gen >= 0:
+            if not self._sleep(index, timeout):
+                return self._wait(index, gen, timeout, deposit)
+            slots = self._results
+            result = slots[index]
+            slots[index] = None
+            if type(result) is _Raise:
+                raise result.error
+            return result
         try:
             results = self.combine(deposits, index)
         except BaseException as exc:
@@ -124,29 +172,24 @@ class Rendezvous:
         if results is None:
             return None
         with self._lock:
-            for j in range(self.size):
-                if self._waiting[j]:
-                    self._results[j] = results[j]
-                    self._waiting[j] = False
-                    self._sems[j].release()
+            waiting, slots, wake = self._waiting, self._results, self._wake
+            for j in range(size):
+                if waiting[j]:
+                    slots[j] = results[j]
+                    waiting[j] = False
+                    wake(j)
         return results[index]
 
     def _wait(self, index: int, gen: int, timeout: float, deposit: Any) -> Any:
-        sem = self._sems[index]
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if math.isinf(remaining):
-                acquired = sem.acquire()
-            else:
-                acquired = sem.acquire(timeout=max(remaining, 0.0))
-            if acquired:
-                break
+        """The first sleep timed out (threads only): released meanwhile, or a missing replica."""
+        sleep = self._sleep
+        wait_for = 0.0
+        while not sleep(index, wait_for):
             with self._lock:
                 if not self._waiting[index]:
-                    continue  # released just now: the next acquire succeeds at once
+                    continue  # released just now: the next sleep returns at once
                 if self._gen != gen:
-                    deadline = math.inf  # everyone arrived; the combiner has its own deadlines
+                    wait_for = math.inf  # everyone arrived; the combiner has its own deadlines
                     continue
                 missing = [j for j in range(self.size) if self._deposits[j] is None]
                 error = CollectiveTimeoutError(
@@ -156,11 +199,37 @@ class Rendezvous:
                 self._waiting[index] = False
                 self._fail_locked(index, error)
             raise error
-        result = self._results[index]
-        self._results[index] = None
-        if isinstance(result, _Aborted):
+        slots = self._results
+        result = slots[index]
+        slots[index] = None
+        if type(result) is _Raise:
             raise result.error
         return result
+
+    def stall(self) -> bool:
+        """No local replica can run any more (cooperative executor) while some wait here.
+
+        The waiting replicas can never be completed, so fail them now, exactly as a thread's
+        timeout would, without waiting for the deadline: the first waiter gets a
+        CollectiveTimeoutError naming the replicas that did not arrive, the others StepAborted.
+        Returns whether any replica was waiting (and has been woken).
+        """
+        with self._lock:
+            waiting = [j for j in range(self.size) if self._waiting[j]]
+            if not waiting:
+                return False
+            first = waiting[0]
+            missing = [j for j in range(self.size) if self._deposits[j] is None]
+            who = self.describe(missing) if missing else "a replica"
+            error = CollectiveTimeoutError(
+                f"{self.describe_deposit(self._deposits[first])}: {who} did not arrive and never will "
+                "(no local replica was left to run under the cooperative executor; the others waited)"
+            )
+            self._waiting[first] = False
+            self._results[first] = _Raise(error)
+            self._wake(first)
+            self._fail_locked(first, error)
+        return True
 
     def fail(self, index: int, error: BaseException) -> None:
         """Replica ``index`` failed with ``error``: release every waiting replica with StepAborted."""
@@ -173,9 +242,9 @@ class Rendezvous:
             self._failed_by = index
         for j in range(self.size):
             if self._waiting[j]:
-                self._results[j] = _Aborted(self._abort_error())
+                self._results[j] = _Raise(self._abort_error())
                 self._waiting[j] = False
-                self._sems[j].release()
+                self._wake(j)
 
     def _abort_error(self) -> StepAborted:
         err = self._failure

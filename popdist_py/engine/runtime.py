@@ -1,11 +1,11 @@
-"""The Runtime: L local replicas of a step in threads, instances joined by MPI (PopXL's vocabulary).
+"""The Runtime: L local replicas of a step in one process, instances joined by MPI (PopXL's vocabulary).
 
 ``Runtime()`` takes R (global replicas), L (replicas in this process) and this instance's replica
 offset from the PopDist environment that ``poprun`` sets; ``Runtime(replication=N)`` runs N
 replicas in one process. ``rt.run(step, *inputs)`` calls ``step(ctx, *per_replica_inputs)`` once
-per local replica, concurrently, and stacks the outputs along a leading axis of L. Inside a step,
-``popdist_py.engine.ops`` provides the replicated collectives and ``ctx[var]`` a replica's value
-of a variable.
+per local replica, concurrently (in threads or as cooperative greenlets: :mod:`.executor`), and
+stacks the outputs along a leading axis of L. Inside a step, ``popdist_py.engine.ops`` provides
+the replicated collectives and ``ctx[var]`` a replica's value of a variable.
 
 Variables come in PopXL's kinds: plain (``variable``), replica-sharded (``replica_sharded_variable``,
 each replica storing only its shard; :mod:`.sharding`), and off-chip in remote buffers
@@ -30,10 +30,12 @@ from popdist_py import checks
 from popdist_py.engine import context
 from popdist_py.engine.collectives import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
 from popdist_py.engine.context import StepContext
+from popdist_py.engine.cooperative import CooperativePool
+from popdist_py.engine.executor import THREADS, choose
 from popdist_py.engine.grouping import CommGroup, ReplicaGrouping
 from popdist_py.engine.pool import ReplicaPool
 from popdist_py.engine.reduce import OPS
-from popdist_py.engine.rendezvous import END, Rendezvous, StepAborted
+from popdist_py.engine.rendezvous import END, Rendezvous, StepAborted, ThreadWaits
 from popdist_py.engine.topology import Layout, resolve
 from popdist_py.engine.transport import HDR_BYTES, PeerAborted, Transport
 from popdist_py.engine import checkpoint
@@ -101,7 +103,7 @@ class _Entry:
 
 
 class Runtime:
-    """L local replicas in threads of this process; R = I x L global replicas over I instances.
+    """L local replicas in this process; R = I x L global replicas over I instances.
 
     Arguments:
         replication: total replicas. Omitted: R, L and the offset come from the PopDist
@@ -115,6 +117,15 @@ class Runtime:
             ``$POPDIST_COLLECTIVE_TIMEOUT``, else 600).
         remote_dir: directory for file-backed remote buffers (default ``$POPDIST_REMOTE_DIR``,
             else a private temporary directory); their files are deleted on ``close()``.
+        executor: how the L local replicas run (default ``$POPDIST_ENGINE_EXECUTOR``, else
+            ``"auto"``; ``rt.executor`` tells the choice). ``"threads"``: in parallel (numpy
+            releases the GIL), but each collective costs every waiting replica an OS wake-up and
+            a GIL hand-off (tens of us). ``"cooperative"``: greenlets on the calling thread, one
+            at a time; a collective costs a few greenlet switches, and a replica that can never
+            arrive is reported at once. ``"auto"``: threads when L > 1 and this instance has at
+            least 2 cores to itself (CPU affinity divided by ``$LOCAL_WORLD_SIZE``, the
+            instances poprun put on this host), else cooperative. Same results and errors
+            either way; with L == 1 the step runs directly on the calling thread.
 
     Every instance must create its runtimes, variables and collectives in the same order.
     """
@@ -126,8 +137,10 @@ class Runtime:
         comm: Any = None,
         timeout: float | None = None,
         remote_dir: str | os.PathLike[str] | None = None,
+        executor: str | None = None,
     ) -> None:
         R, L, index, comm = resolve(replication, comm)
+        self._executor = choose(executor, L)
         self._layout = Layout(R, L, index)
         self._timeout_arg = timeout
         self._timeout = checks.collective_timeout(timeout)
@@ -136,10 +149,16 @@ class Runtime:
             self._transport = Transport(comm, self._layout.describe_instance, self._timeout)
         self._all = ReplicaGrouping.create(R)
         self._contexts = [StepContext(self, i) for i in range(L)]
-        self._rendezvous = Rendezvous(L, self._combine, self._describe_local, self._describe_deposit)
+        self._pool: ReplicaPool | CooperativePool
+        if self._executor == THREADS:
+            self._pool = ReplicaPool(L, name=f"replica@{self._layout.offset}")
+            waits: ThreadWaits | CooperativePool = ThreadWaits(L)
+        else:
+            self._pool = waits = CooperativePool(L)
+        self._rendezvous = Rendezvous(L, self._combine, self._describe_local, self._describe_deposit, waits)
         self._link = _Link(self._transport) if self._transport is not None else None
         self._entries: dict[tuple, _Entry] = {}
-        self._pool = ReplicaPool(L, name=f"replica@{self._layout.offset}")
+        # the finalizer holds the pool: neither pool may reference the runtime between runs
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
         self._variables = VariableRegistry()
         self._remote = RemoteBuffers(L, index, remote_dir)
@@ -150,7 +169,7 @@ class Runtime:
         self._end_bufs: tuple[list[np.ndarray], list[np.ndarray]] | None = None
         self._broken: str | None = None
         self._closed = False
-        log.debug("Runtime: %d replicas, %d in this process (instance %d)", R, L, index)
+        log.debug("Runtime: %d replicas, %d in this process (instance %d), %s executor", R, L, index, self._executor)
 
     # -- topology ----------------------------------------------------------------------------------
     @property
@@ -173,6 +192,11 @@ class Runtime:
         return self._layout.num_instances
 
     @property
+    def executor(self) -> str:
+        """``"threads"`` or ``"cooperative"``: how the local replicas run (see the class docstring)."""
+        return self._executor
+
+    @property
     def instance_index(self) -> int:
         return self._layout.instance
 
@@ -191,7 +215,7 @@ class Runtime:
 
     # -- running steps -------------------------------------------------------------------------------
     def run(self, step: Callable[..., Any], *inputs: Any) -> Any:
-        """Run ``step(ctx, *inputs_of_replica)`` on every local replica concurrently.
+        """Run ``step(ctx, *inputs_of_replica)`` on every local replica concurrently (per :attr:`executor`).
 
         Each input has a leading axis of L; replica ``i`` gets ``input[i]``. Returns the step's
         outputs stacked along a leading axis of L (a tuple of such arrays when the step returns a
@@ -230,7 +254,10 @@ class Runtime:
 
             self._running = True
             try:
-                self._pool.run(task)
+                if self._executor == THREADS:
+                    self._pool.run(task)
+                else:
+                    self._pool.run(task, self._rendezvous.stall)  # type: ignore[call-arg]
             except BaseException as exc:  # interrupted (Ctrl-C) while the replicas were running
                 self._rendezvous.fail(0, exc)
                 self._broken = f"Runtime.run was interrupted ({type(exc).__name__}) while its replicas ran"
@@ -719,7 +746,7 @@ class Runtime:
             raise RuntimeError(f"{what} cannot be called inside a step; use ctx[var] there")
 
     def close(self) -> None:
-        """Stop the replica threads and release the communicator. Idempotent."""
+        """Stop the replica threads (if any) and release the communicator. Idempotent."""
         if self._closed:
             return
         self._closed = True

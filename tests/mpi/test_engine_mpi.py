@@ -23,6 +23,14 @@ from popdist_py.errors import CollectiveError, CollectiveMismatchError, Collecti
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_train.py"
 
 
+@pytest.fixture(scope="module", autouse=True, params=["threads", "cooperative"])
+def executor(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test of this module under both executors (the Runtimes read it from the environment)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POPDIST_ENGINE_EXECUTOR", request.param)
+        yield request.param
+
+
 def _load_train() -> Any:
     spec = importlib.util.spec_from_file_location("engine_train", SCRIPT)
     assert spec and spec.loader
@@ -85,6 +93,27 @@ def test_training_hash_is_identical_for_every_split(replicas: int) -> None:
                 assert (rt.num_instances, rt.instance_replication_factor) == (count, replicas // count)
                 got = train.digest(train.train(rt))
             assert got == expect, f"{count} instances x {replicas // count} replicas"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_training_hash_is_identical_for_every_split_and_executor(executor: str) -> None:
+    """1 x 4 threads == 1 x 4 cooperative == 2 x 2 (and 4 x 1) under either executor, bitwise."""
+    if executor != "threads":
+        pytest.skip("compares both executors itself")
+    train = _load_train()
+    with Runtime(replication=4, executor="threads") as rt:
+        expect = train.digest(train.train(rt))
+    with Runtime(replication=4, executor="cooperative") as rt:
+        assert train.digest(train.train(rt)) == expect, "1 x 4 cooperative"
+    for count in splits(4):
+        for ex in ("cooperative", "threads"):
+            with instances(count) as comm:
+                if comm is None:
+                    continue
+                with Runtime(replication=4, comm=comm, timeout=60, executor=ex) as rt:
+                    assert rt.executor == ex
+                    got = train.digest(train.train(rt))
+                assert got == expect, f"{count} instances x {4 // count} replicas, {ex}"
 
 
 def collectives_step(R: int):  # type: ignore[no-untyped-def]

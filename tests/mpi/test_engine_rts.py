@@ -23,6 +23,14 @@ from popdist_py.engine import CheckpointError, CommGroup, ReplicaGrouping, Runti
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_checkpoint.py"
 
 
+@pytest.fixture(scope="module", autouse=True, params=["threads", "cooperative"])
+def executor(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test of this module under both executors (the Runtimes read it from the environment)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POPDIST_ENGINE_EXECUTOR", request.param)
+        yield request.param
+
+
 def _load_script() -> Any:
     spec = importlib.util.spec_from_file_location("engine_checkpoint", SCRIPT)
     assert spec and spec.loader

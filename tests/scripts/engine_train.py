@@ -7,7 +7,7 @@ The hash must be the same for every split of the same number of replicas into in
     poprun --num-instances 4 --num-replicas 4 python tests/scripts/engine_train.py
 
 Without ``--replicas`` the replication comes from poprun's environment (``Runtime()``). Every
-instance prints ``weights-sha256 <hex> replicas=R instances=I steps=S``.
+instance prints ``weights-sha256 <hex> replicas=R instances=I steps=S executor=E``.
 
 A linear model ``y = x @ W + b`` (float32) trained with SGD + momentum: W's gradient (40 KiB)
 takes the bulk path of the all-reduce, b's the small one; a ZeRO-like reduce-scatter/all-gather
@@ -86,16 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", action="store_true", help="split --replicas over MPI.COMM_WORLD's ranks")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--executor", choices=["auto", "threads", "cooperative"],
+                   help="how the local replicas run (default: $POPDIST_ENGINE_EXECUTOR, else auto)")
     args = p.parse_args(argv)
     comm = None
     if args.world:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    with Runtime(args.replicas, comm=comm) as rt:
+    with Runtime(args.replicas, comm=comm, executor=args.executor) as rt:
         h = digest(train(rt, args.steps, args.seed))
         print(f"weights-sha256 {h} replicas={rt.replication_factor} instances={rt.num_instances} "
-              f"steps={args.steps}", flush=True)
+              f"steps={args.steps} executor={rt.executor}", flush=True)
     return 0
 
 

@@ -1,0 +1,74 @@
+"""Which executor runs a runtime's L local replicas: replica threads or cooperative greenlets.
+
+``threads`` (:mod:`.pool`) run the replicas in parallel, which pays when the process has spare
+cores (numpy releases the GIL in its kernels), but every collective then costs each waiting
+replica an OS wake-up and a GIL hand-off (tens of microseconds). ``cooperative``
+(:mod:`.cooperative`) runs them one at a time as greenlets on the calling thread: a collective
+costs a few greenlet switches, and a replica that can never arrive is detected at once, but
+replicas never compute in parallel. ``auto`` picks threads when L > 1 and this instance has at
+least 2 cores to itself (the CPUs it may run on, divided by the instances on its host:
+``LOCAL_WORLD_SIZE`` from poprun, default 1), else cooperative. With L == 1 neither is used:
+the step runs directly on the calling thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+ENV = "POPDIST_ENGINE_EXECUTOR"
+THREADS = "threads"
+COOPERATIVE = "cooperative"
+AUTO = "auto"
+EXECUTORS = (AUTO, THREADS, COOPERATIVE)
+#: Instances that poprun starts on this host (it sets it for every instance).
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+
+
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, else all of them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - macOS / Windows
+        return os.cpu_count() or 1
+
+
+def instances_on_host() -> int:
+    """``LOCAL_WORLD_SIZE`` (set by poprun), 1 when absent or unusable."""
+    raw = os.environ.get(LOCAL_WORLD_SIZE, "").strip()
+    if not raw:
+        return 1
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        log.warning("ignoring %s=%r (not a positive integer); assuming 1 instance on this host", LOCAL_WORLD_SIZE, raw)
+        return 1
+    return value
+
+
+def cores_per_instance() -> int:
+    return available_cores() // instances_on_host()
+
+
+def choose(requested: str | None, local_replicas: int) -> str:
+    """The executor to use: ``requested`` (an argument) wins over ``$POPDIST_ENGINE_EXECUTOR``,
+    which wins over ``auto``; ``auto`` is resolved by the rule in this module's docstring."""
+    if requested is not None:
+        if requested not in EXECUTORS:
+            raise ValueError(f"executor={requested!r} is not one of {', '.join(EXECUTORS)}")
+        name = requested
+    else:
+        raw = os.environ.get(ENV, "")
+        name = raw.strip().lower() or AUTO
+        if name not in EXECUTORS:
+            raise ValueError(f"{ENV}={raw!r} is not one of {', '.join(EXECUTORS)}")
+    if name != AUTO:
+        return name
+    cores = cores_per_instance()
+    chosen = THREADS if local_replicas > 1 and cores >= 2 else COOPERATIVE
+    log.debug("executor auto -> %s (L=%d, %d core(s) for this instance)", chosen, local_replicas, cores)
+    return chosen
