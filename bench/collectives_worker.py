@@ -50,7 +50,7 @@ def raw(op: str, nbytes: int, comm: MPI.Intracomm) -> float:
 
 
 def engine(op: str, nbytes: int, comm: MPI.Intracomm) -> float:
-    from popdist_py.engine import Runtime, ops
+    from popdist_py.engine import ops
 
     rt = _runtime()
     n = nbytes // 4

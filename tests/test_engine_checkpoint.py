@@ -18,7 +18,7 @@ import pytest
 
 from popdist_py.engine import CheckpointError, CommGroup, Runtime, ops
 from tests.helpers import PYTHON, ROOT, poprun, run
-from tests.test_engine_executor import executor  # noqa: F401  (every test under both executors)
+from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "engine_checkpoint.py")
 W = np.arange(1, 31, dtype=np.float32).reshape(5, 6) / 7

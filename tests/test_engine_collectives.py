@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, ops
-from tests.test_engine_executor import executor  # noqa: F401  (every test under both executors)
+from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
+from tests.engine_helpers import valid_groupings
 
 
 def tree(values: list[np.ndarray], fn=np.add):  # type: ignore[no-untyped-def]
@@ -29,17 +30,6 @@ REF = {
     "max": lambda v: tree(v, np.maximum),
     "mean": lambda v: tree(v) / v[0].dtype.type(len(v)),
 }
-
-
-def groupings(n: int) -> list[ReplicaGrouping]:
-    out = []
-    for s in range(1, n + 1):
-        for g in range(1, n + 1):
-            if n % s == 0 and n % (s * g) == 0:
-                rg = ReplicaGrouping.create(n, s, g)
-                if rg not in out:
-                    out.append(rg)
-    return out
 
 
 def wild(rng: np.random.Generator, shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
@@ -63,7 +53,7 @@ def test_all_reduce_every_grouping_bitwise(L: int, op: str) -> None:
     rng = np.random.default_rng(L)
     x = wild(rng, (L, 5, 3))
     with Runtime(replication=L, timeout=30) as rt:
-        for rg in groupings(L):
+        for rg in valid_groupings(L):
             got = rt.run(lambda ctx, xi: ops.replicated_all_reduce(xi, op=op, group=rg), x)
             expect = per_replica_reference(x, rg, REF[op])
             for r in range(L):
@@ -134,7 +124,7 @@ def test_all_gather_concatenates_members(L: int, axis: int) -> None:
     rng = np.random.default_rng(3)
     x = rng.standard_normal((L, 2, 3)).astype(np.float32)
     with Runtime(replication=L) as rt:
-        for rg in groupings(L):
+        for rg in valid_groupings(L):
             got = rt.run(lambda ctx, xi: ops.replicated_all_gather(xi, axis=axis, group=rg), x)
             for members in rg.groups:
                 expect = np.concatenate([x[m] for m in members], axis=axis)
@@ -157,7 +147,7 @@ def test_reduce_scatter_slices_and_padding(L: int, n: int, op: str) -> None:
     rng = np.random.default_rng(n)
     x = wild(rng, (L, n))
     with Runtime(replication=L) as rt:
-        for rg in groupings(L):
+        for rg in valid_groupings(L):
             got = rt.run(lambda ctx, xi: ops.replicated_reduce_scatter(xi, op=op, group=rg), x)
             G = rg.group_size
             c = math.ceil(n / G)

@@ -11,7 +11,6 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 
 import greenlet
 import numpy as np
@@ -21,20 +20,7 @@ from popdist_py.engine import Runtime, StepAborted, context, ops
 from popdist_py.engine.executor import ENV, cores_per_instance
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 
-EXECUTORS = ["threads", "cooperative"]
-
-
-@pytest.fixture(scope="module", autouse=True, params=EXECUTORS)
-def executor(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test of a module that imports this fixture, under both executors (via the environment).
-
-    Module-scoped (tests grouped by executor; usable with hypothesis); an explicit
-    ``Runtime(executor=...)`` in a test still wins.
-    """
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ENV, request.param)
-        mp.delenv("LOCAL_WORLD_SIZE", raising=False)
-        yield request.param
+from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 
 
 @pytest.fixture

@@ -7,17 +7,7 @@ import itertools
 import pytest
 
 from popdist_py.engine import CommGroup, CommGroupType, ReplicaGrouping
-
-
-def valid_groupings(n: int) -> list[ReplicaGrouping]:
-    out = []
-    for s in range(1, n + 1):
-        for g in range(1, n + 1):
-            if n % s == 0 and n % (s * g) == 0:
-                rg = ReplicaGrouping.create(n, s, g)
-                if rg not in out:
-                    out.append(rg)
-    return out
+from tests.engine_helpers import valid_groupings
 
 
 def brute_groups(n: int, s: int, g: int) -> list[list[int]]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import RemoteBuffer, Runtime, ShardArray, ops
-from tests.test_engine_executor import executor  # noqa: F401  (every test under both executors)
+from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 
 
 def test_seed_listing_13_2_one_group_per_replica() -> None:

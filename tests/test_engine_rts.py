@@ -15,18 +15,8 @@ from hypothesis import strategies as st
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, Shard, ShardArray, ShardLayout, ops
 from popdist_py.engine.sharding import spread
-from tests.test_engine_executor import executor  # noqa: F401  (every test under both executors)
-
-
-def groupings(n: int) -> list[ReplicaGrouping]:
-    out = []
-    for s in range(1, n + 1):
-        for g in range(1, n + 1):
-            if n % s == 0 and n % (s * g) == 0:
-                rg = ReplicaGrouping.create(n, s, g)
-                if rg not in out:
-                    out.append(rg)
-    return out
+from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
+from tests.engine_helpers import valid_groupings
 
 
 def wild(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -104,7 +94,7 @@ def test_spread_lays_packed_members_out_as_shards(n: int, k: int, data: st.DataO
 def test_slice_then_gather_round_trips(R: int, shape: tuple[int, ...]) -> None:
     x = wild(np.random.default_rng(R), shape)
     with Runtime(replication=R) as rt:
-        for rg in groupings(R):
+        for rg in valid_groupings(R):
             layout = ShardLayout(x.size, rg.group_size)
 
             def step(ctx):  # type: ignore[no-untyped-def]
@@ -124,7 +114,7 @@ def test_slice_then_gather_round_trips(R: int, shape: tuple[int, ...]) -> None:
 def test_rts_reduce_scatter_is_bitwise_the_slice_of_the_all_reduce(R: int, n: int, op: str) -> None:
     x = wild(np.random.default_rng(n + R), (R, n))
     with Runtime(replication=R) as rt:
-        for rg in groupings(R):
+        for rg in valid_groupings(R):
             def step(ctx, xi):  # type: ignore[no-untyped-def]
                 rs = ops.replicated_reduce_scatter(xi, op=op, group=rg,
                                                    configure_output_for_replicated_tensor_sharding=True)

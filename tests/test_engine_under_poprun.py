@@ -8,7 +8,7 @@ import pytest
 
 from popdist_py.engine.executor import ENV, available_cores
 from tests.helpers import PYTHON, ROOT, poprun, run
-from tests.test_engine_executor import executor  # noqa: F401  (every test under both executors)
+from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 
 TRAIN = str(ROOT / "tests" / "scripts" / "engine_train.py")
 

@@ -7,57 +7,18 @@ must be bitwise identical for every split (1xR, 2xR/2, ...).
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from popdist_py.engine import CommGroup, PeerAborted, ReplicaGrouping, Runtime, ops
+from popdist_py.engine import CommGroup, PeerAborted, Runtime, ops
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+from tests.engine_helpers import executor, instances, load_script, valid_groupings, world  # noqa: F401
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_train.py"
-
-
-@pytest.fixture(scope="module", autouse=True, params=["threads", "cooperative"])
-def executor(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test of this module under both executors (the Runtimes read it from the environment)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("POPDIST_ENGINE_EXECUTOR", request.param)
-        yield request.param
-
-
-def _load_train() -> Any:
-    spec = importlib.util.spec_from_file_location("engine_train", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def world() -> Any:
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-@contextmanager
-def instances(count: int) -> Iterator[Any]:
-    """A communicator of ranks 0..count-1 (None on the other ranks); collective over COMM_WORLD."""
-    from mpi4py import MPI
-
-    w = world()
-    comm = w.Split(0 if w.rank < count else MPI.UNDEFINED, w.rank)
-    try:
-        yield None if comm == MPI.COMM_NULL else comm
-    finally:
-        if comm != MPI.COMM_NULL:
-            comm.Free()
-        w.Barrier()
 
 
 def splits(replicas: int) -> list[int]:
@@ -68,21 +29,10 @@ def wild(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return (rng.standard_normal(shape) * 10.0 ** rng.integers(-4, 5, shape)).astype(np.float32)
 
 
-def every_grouping(n: int) -> list[ReplicaGrouping]:
-    out = []
-    for s in range(1, n + 1):
-        for g in range(1, n + 1):
-            if n % s == 0 and n % (s * g) == 0:
-                rg = ReplicaGrouping.create(n, s, g)
-                if rg not in out:
-                    out.append(rg)
-    return out
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("replicas", [4, 6, 8])
 def test_training_hash_is_identical_for_every_split(replicas: int) -> None:
-    train = _load_train()
+    train = load_script(SCRIPT)
     with Runtime(replication=replicas) as rt:
         expect = train.digest(train.train(rt))
     for count in splits(replicas):
@@ -100,7 +50,7 @@ def test_training_hash_is_identical_for_every_split_and_executor(executor: str) 
     """1 x 4 threads == 1 x 4 cooperative == 2 x 2 (and 4 x 1) under either executor, bitwise."""
     if executor != "threads":
         pytest.skip("compares both executors itself")
-    train = _load_train()
+    train = load_script(SCRIPT)
     with Runtime(replication=4, executor="threads") as rt:
         expect = train.digest(train.train(rt))
     with Runtime(replication=4, executor="cooperative") as rt:
@@ -118,7 +68,7 @@ def test_training_hash_is_identical_for_every_split_and_executor(executor: str) 
 
 def collectives_step(R: int):  # type: ignore[no-untyped-def]
     """A step running every collective kind over every grouping (eager and bulk sizes)."""
-    groups = every_grouping(R)
+    groups = valid_groupings(R)
 
     def step(ctx, small, big):  # type: ignore[no-untyped-def]
         out = []
@@ -163,7 +113,7 @@ def test_grouped_collectives_match_one_process(replicas: int) -> None:
 def test_variables_across_instances(replicas: int) -> None:
     def build(rt: Runtime) -> list[Any]:
         vs = []
-        for rg in every_grouping(replicas):
+        for rg in valid_groupings(replicas):
             host = np.arange(rg.num_groups * 4, dtype=np.float64).reshape(rg.num_groups, 2, 2)
             host = host if rg.num_groups > 1 else host[0]
             for mode in ("one_per_group", "all_replicas"):

@@ -7,7 +7,6 @@ by another.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 from collections.abc import Iterator
@@ -19,45 +18,9 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CheckpointError, CommGroup, ReplicaGrouping, Runtime, ops
+from tests.engine_helpers import executor, instances, load_script, valid_groupings, world  # noqa: F401
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_checkpoint.py"
-
-
-@pytest.fixture(scope="module", autouse=True, params=["threads", "cooperative"])
-def executor(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test of this module under both executors (the Runtimes read it from the environment)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("POPDIST_ENGINE_EXECUTOR", request.param)
-        yield request.param
-
-
-def _load_script() -> Any:
-    spec = importlib.util.spec_from_file_location("engine_checkpoint", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def world() -> Any:
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-@contextmanager
-def instances(count: int) -> Iterator[Any]:
-    """A communicator of ranks 0..count-1 (None on the other ranks); collective over COMM_WORLD."""
-    from mpi4py import MPI
-
-    w = world()
-    comm = w.Split(0 if w.rank < count else MPI.UNDEFINED, w.rank)
-    try:
-        yield None if comm == MPI.COMM_NULL else comm
-    finally:
-        if comm != MPI.COMM_NULL:
-            comm.Free()
-        w.Barrier()
 
 
 @contextmanager
@@ -84,17 +47,6 @@ def wild(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return (rng.standard_normal(shape) * 10.0 ** rng.integers(-4, 5, shape)).astype(np.float32)
 
 
-def every_grouping(n: int) -> list[ReplicaGrouping]:
-    out = []
-    for s in range(1, n + 1):
-        for g in range(1, n + 1):
-            if n % s == 0 and n % (s * g) == 0:
-                rg = ReplicaGrouping.create(n, s, g)
-                if rg not in out:
-                    out.append(rg)
-    return out
-
-
 def on_every_split(replicas: int, body: Any) -> None:
     """``body(rt)`` in one process, then on every split; results (lists of [L, ...] arrays) must match."""
     with Runtime(replication=replicas) as rt:
@@ -118,7 +70,7 @@ def test_rts_collectives_match_one_process(replicas: int) -> None:
     rng = np.random.default_rng(replicas)
     small = wild(rng, (replicas, 5, 7))
     big = wild(rng, (replicas, 9001))  # above the eager limit, uneven over every group size
-    groups = every_grouping(replicas)
+    groups = valid_groupings(replicas)
 
     def body(rt: Runtime) -> list[np.ndarray]:
         off, L = rt.replica_index_offset, rt.instance_replication_factor
@@ -194,7 +146,7 @@ def test_per_instance_domain_keeps_every_shard_in_its_instance() -> None:
 @pytest.mark.parametrize("replicas", [4, 6])
 @pytest.mark.parametrize("rts", [False, True])
 def test_training_with_rts_and_remote_state_matches_one_process(replicas: int, rts: bool) -> None:
-    script = _load_script()
+    script = load_script(SCRIPT)
 
     def body(rt: Runtime) -> list[np.ndarray]:
         vs = script.build(rt, rts, 0)
@@ -232,7 +184,7 @@ def test_remote_slots_per_replica_across_instances() -> None:
 @pytest.mark.parametrize("saver, loader", [(1, 2), (2, 1), (2, 2)])
 def test_checkpoints_move_between_splits(saver: int, loader: int) -> None:
     """Saved by ``saver`` instances (RTS over all replicas), loaded by ``loader`` instances without RTS."""
-    script = _load_script()
+    script = load_script(SCRIPT)
     R = 4
     with shared_dir() as d:
         path = d / "ck.npz"
