@@ -135,28 +135,31 @@ def prepare(comm: Any, *, timeout: float | None = None, what: str = "init") -> N
         _checker(comm, what, time.monotonic() + t, t)
 
 
-def poll(test: Callable[[], bool], deadline: float) -> bool:
-    """Call ``test`` until it is true or ``deadline`` (time.monotonic) passes; False on timeout.
+def poll(test: Callable[[], bool], deadline: float, *, spin: float = 0.0, yield_for: float = _SPIN,
+         first_sleep: float = _FIRST_SLEEP, sleep: bool = True) -> bool:
+    """Call ``test`` until it is true (True) or ``deadline`` (time.monotonic) passes (False).
 
-    Spins briefly (most collectives complete within microseconds), then sleeps with exponential
-    back-off so that a rank waiting for minutes does not burn a shared core.
+    Busy-spins for ``spin`` seconds (most collectives complete within microseconds), then yields
+    the core until ``yield_for`` seconds have passed (an oversubscribed peer may need it to
+    arrive), then sleeps with exponential back-off so that a rank waiting for minutes does not
+    burn a shared core. ``sleep=False`` never sleeps: for transfers that progress only while polled.
     """
     if test():
         return True
     now = time.monotonic()
-    spin_end = min(now + _SPIN, deadline)
-    while now < spin_end:
-        if test():
-            return True
-        os.sched_yield()  # an oversubscribed peer may need this core to arrive
-        now = time.monotonic()
-    delay = _FIRST_SLEEP
+    spin_end, yield_end = now + spin, now + yield_for
+    delay = first_sleep
     while True:
         if test():
             return True
         now = time.monotonic()
         if now >= deadline:
             return False
+        if now < spin_end:
+            continue
+        if now < yield_end or not sleep:
+            os.sched_yield()
+            continue
         time.sleep(min(delay, deadline - now))
         delay = min(delay * 2, _MAX_SLEEP)
 

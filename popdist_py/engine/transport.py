@@ -18,9 +18,9 @@ signature, which raises :class:`CollectiveMismatchError` on every instance namin
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,38 +45,16 @@ _ORPHANS: list[Any] = []
 
 
 #: Busy-poll this long, then poll with sched_yield (gives the core to a runnable peer when
-#: instances are oversubscribed) up to _YIELD, then sleep with back-off up to _MAX_SLEEP. MPI's
+#: instances are oversubscribed) up to _YIELD, then sleep with back-off (checks.poll). MPI's
 #: own blocking waits spin forever; this keeps the latency of a spin for the usual short skews
 #: between instances without burning a shared core while a slow instance computes for seconds.
 _SPIN = 50e-6
 _YIELD = 20e-3
 _FIRST_SLEEP = 50e-6
-_MAX_SLEEP = 1e-3
 
 
-def poll(test: Callable[[], bool], deadline: float, sleep: bool = True) -> bool:
-    """Call ``test`` until it is true (True) or ``deadline`` (time.monotonic) passes (False).
-
-    ``sleep=False`` never sleeps (yields instead): for transfers that only progress while polled.
-    """
-    if test():
-        return True
-    now = time.monotonic()
-    spin_end, yield_end = now + _SPIN, now + _YIELD
-    delay = _FIRST_SLEEP
-    while True:
-        if test():
-            return True
-        now = time.monotonic()
-        if now >= deadline:
-            return False
-        if now < spin_end:
-            continue
-        if now < yield_end or not sleep:
-            os.sched_yield()
-            continue
-        time.sleep(min(delay, deadline - now))
-        delay = min(delay * 2, _MAX_SLEEP)
+#: The engine's waits: spin a little longer before yielding, and yield for longer before sleeping.
+poll = partial(checks.poll, spin=_SPIN, yield_for=_YIELD, first_sleep=_FIRST_SLEEP)
 
 
 class PeerAborted(CollectiveError):
