@@ -211,9 +211,6 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors are one line and exit status 2, never a traceback."""
     try:
         status = poprun.main(args=argv, prog_name="poprun", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as exc:  # pragma: no cover - click >= 8.2 only
-        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
-        status = 0
     except click.UsageError as exc:
         click.echo(f"poprun: error: {exc.format_message()}", err=True)
         status = 2

@@ -7,7 +7,6 @@ imports this with ``python -S``.
 
 from __future__ import annotations
 
-import json
 import struct
 
 HEADER = struct.Struct("!BBI")  # kind, stream, payload length
@@ -26,10 +25,6 @@ DEFAULT_GRACE = 3.0
 
 def frame(kind: int, payload: bytes, stream: int = 0) -> bytes:
     return HEADER.pack(kind, stream, len(payload)) + payload
-
-
-def json_frame(kind: int, obj: dict) -> bytes:
-    return frame(kind, json.dumps(obj).encode())
 
 
 class FrameReader:

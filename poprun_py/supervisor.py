@@ -179,10 +179,10 @@ class Supervisor:
         except BlockingIOError:
             return
         conn.setblocking(False)
-        self.selector.register(conn, selectors.EVENT_READ, ("pending", FrameReaderBox()))
+        self.selector.register(conn, selectors.EVENT_READ, ("pending", protocol.FrameReader()))
 
     def _read_hello(self, conn: socket.socket) -> None:
-        box: FrameReaderBox = self.selector.get_key(conn).data[1]
+        reader: protocol.FrameReader = self.selector.get_key(conn).data[1]
         data = self._recv(conn)
         if data is None:
             return
@@ -190,7 +190,7 @@ class Supervisor:
             self.selector.unregister(conn)
             conn.close()
             return
-        frames = box.reader.feed(data)
+        frames = reader.feed(data)
         if not frames:
             return
         kind, _, payload = frames[0]
@@ -202,7 +202,7 @@ class Supervisor:
             conn.close()
             return
         state = self.instances[index]
-        state.connection, state.reader, state.pid = conn, box.reader, hello.get("pid")
+        state.connection, state.reader, state.pid = conn, reader, hello.get("pid")
         state.host = hello.get("host", state.host)
         self.selector.modify(conn, selectors.EVENT_READ, ("instance", index))
         log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
@@ -368,13 +368,6 @@ class Supervisor:
             lines.append(f"poprun: stopped instance(s) {', '.join(map(str, stopped))}")
         self.sinks[2].write(("\n".join(lines) + "\n").encode())
         self.sinks[2].flush()
-
-
-class FrameReaderBox:
-    """A connection's decoder before we know which instance it belongs to."""
-
-    def __init__(self) -> None:
-        self.reader = protocol.FrameReader()
 
 
 def pidfd(pid: int) -> int | None:
