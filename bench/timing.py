@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import select
 import statistics
 import subprocess
 import time
@@ -13,11 +15,32 @@ def time_commands(commands: dict[str, Sequence[str]], rounds: int, timeout: floa
     samples: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(rounds):
         for name, command in commands.items():
-            start = time.perf_counter()
-            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
-            samples[name].append(time.perf_counter() - start)
+            samples[name].append(wall_time(command, timeout))
     return {name: summarize(values) for name, values in samples.items()}
+
+
+def wall_time(command: Sequence[str], timeout: float) -> float:
+    """Seconds from start to exit, seen the moment the process exits.
+
+    ``subprocess.run(timeout=...)`` polls with sleeps of up to 50 ms, which would round every
+    sample up by as much; a pidfd wakes at the exit itself.
+    """
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    exit_fd = os.pidfd_open(process.pid)
+    try:
+        ready, _, _ = select.select([exit_fd], [], [], timeout)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(exit_fd)
+    if not ready:
+        process.kill()
+        process.wait()
+        raise subprocess.TimeoutExpired(list(command), timeout)
+    if process.wait() != 0:
+        raise subprocess.CalledProcessError(process.returncode, list(command))
+    return elapsed
 
 
 def summarize(values: list[float]) -> dict[str, float]:
