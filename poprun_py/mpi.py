@@ -7,40 +7,48 @@ Every instance is its own MPMD app context (``A : B : ...``) because each gets d
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
-import subprocess
 import sys
-from dataclasses import dataclass, field
-from typing import Literal
 
 from poprun_py.errors import PlanError
-from poprun_py.plan import JobPlan
+from poprun_py.paths import which
 
-Flavour = Literal["mpich", "openmpi"]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from typing import Literal
+
+    from poprun_py.plan import JobPlan
+
+    Flavour = Literal["mpich", "openmpi"]
 
 #: Open MPI does not forward the environment by default; PopRun forwards these by name.
 OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
 
 
-@dataclass(frozen=True)
 class MpiLauncher:
-    path: str
-    flavour: Flavour
-    version: str
+    """An mpiexec and the MPI it belongs to."""
+
+    __slots__ = ("path", "flavour", "version")
+
+    def __init__(self, path: str, flavour: Flavour, version: str) -> None:
+        self.path = path
+        self.flavour = flavour
+        self.version = version
+
+    def __repr__(self) -> str:
+        return f"MpiLauncher({self.path!r}, {self.flavour!r}, {self.version!r})"
 
 
 def find_mpiexec(explicit: str | None = None) -> str:
     """``--mpi PATH`` if given, else the mpiexec next to the running Python, else the one on PATH."""
     if explicit:
-        resolved = shutil.which(explicit) if os.sep not in explicit else explicit
+        resolved = which(explicit) if os.sep not in explicit else explicit
         if not resolved or not os.path.isfile(resolved) or not os.access(resolved, os.X_OK):
             raise PlanError(f"--mpi {explicit!r} is not an executable file; give the path of mpiexec or mpirun")
         return os.path.abspath(resolved)
     beside_python = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if os.path.isfile(beside_python) and os.access(beside_python, os.X_OK):
         return beside_python
-    on_path = shutil.which("mpiexec") or shutil.which("mpirun")
+    on_path = which("mpiexec") or which("mpirun")
     if not on_path:
         raise PlanError(
             "no mpiexec found next to Python or on PATH; install the 'mpich' wheel "
@@ -67,6 +75,8 @@ def detect_launcher(path: str, need_version: bool = False) -> MpiLauncher:
 
 
 def _ask_version(path: str) -> MpiLauncher:
+    import subprocess
+
     try:
         out = subprocess.run([path, "--version"], capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -86,18 +96,21 @@ def _ask_version(path: str) -> MpiLauncher:
     )
 
 
-@dataclass
 class CommandSpec:
     """Everything that shapes the mpiexec command apart from the plan."""
 
-    job_env: dict[str, str]
-    instance_envs: list[dict[str, str]]
-    instance_argv: list[list[str]]
-    global_args: list[str] = field(default_factory=list)
-    local_args: list[str] = field(default_factory=list)
-    instance_local_args: dict[int, list[str]] = field(default_factory=dict)
-    numa_aware: bool = False
-    explicit_hosts: bool = False
+    def __init__(self, job_env: dict[str, str], instance_envs: list[dict[str, str]],
+                 instance_argv: list[list[str]], global_args: list[str] | None = None,
+                 local_args: list[str] | None = None, instance_local_args: dict[int, list[str]] | None = None,
+                 numa_aware: bool = False, explicit_hosts: bool = False) -> None:
+        self.job_env = job_env
+        self.instance_envs = instance_envs
+        self.instance_argv = instance_argv
+        self.global_args = global_args or []
+        self.local_args = local_args or []
+        self.instance_local_args = instance_local_args or {}
+        self.numa_aware = numa_aware
+        self.explicit_hosts = explicit_hosts
 
 
 def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> list[str]:
@@ -150,6 +163,8 @@ def split_args(text: str | None, option: str) -> list[str]:
     """shlex-split an option's value; unbalanced quotes are a usage error naming the option."""
     if not text:
         return []
+    import shlex
+
     try:
         return shlex.split(text)
     except ValueError as exc:

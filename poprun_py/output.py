@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import collections
-from typing import BinaryIO
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 TAIL_LINES = 20
 

@@ -1,8 +1,9 @@
 """Frames between an instance shim and ``poprun`` over one TCP connection.
 
 Output travels as raw chunks per stream; ``poprun`` assembles lines per instance, so lines of
-different instances can never interleave mid-line, however long they are. Stdlib only: the shim
-imports this with ``python -S``.
+different instances can never interleave mid-line, however long they are. Payloads are packed
+with ``struct`` rather than JSON: the shim imports this under ``python -S`` while the program it
+started competes for the same cores, so it imports nothing that it can do without.
 """
 
 from __future__ import annotations
@@ -11,20 +12,58 @@ import struct
 
 HEADER = struct.Struct("!BBI")  # kind, stream, payload length
 
-HELLO = 1  # payload: JSON {"instance", "host", "pid"}
+HELLO = 1  # payload: HELLO_FIELDS, then the host name (UTF-8)
 OUTPUT = 2  # stream 1 = stdout, 2 = stderr; payload: raw bytes
-EXIT = 3  # payload: JSON {"status", "signal", "error"}
+EXIT = 3  # payload: EXIT_FIELDS, then an error message (UTF-8; empty when there is none)
+
+HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
+EXIT_FIELDS = struct.Struct("!iI")  # exit status, signal number (0: not killed by a signal)
 
 #: poprun -> shim: stop the program (SIGTERM to its process group, SIGKILL after the grace period).
 TERMINATE = b"T"
+#: poprun -> shim: every instance has finished; exit now. Until then a shim whose program is done
+#: stays (idle): MPICH's hydra proxy busy-waits, burning a core, from its first child's exit to
+#: its last, so instances that end at different times would slow the ones still running.
+RELEASE = b"R"
 
 ENV_CONTROL = "POPRUN_CONTROL"  # host:port of poprun's listener
 ENV_GRACE = "POPRUN_KILL_GRACE"  # seconds between SIGTERM and SIGKILL
 DEFAULT_GRACE = 3.0
 
 
+class ProtocolError(ValueError):
+    """A frame whose payload does not have the layout its kind promises."""
+
+
 def frame(kind: int, payload: bytes, stream: int = 0) -> bytes:
     return HEADER.pack(kind, stream, len(payload)) + payload
+
+
+def hello(index: int, pid: int, host: str) -> bytes:
+    return frame(HELLO, HELLO_FIELDS.pack(index, pid) + host.encode())
+
+
+def exit_report(status: int, signum: int | None, error: str | None) -> bytes:
+    return frame(EXIT, EXIT_FIELDS.pack(status, signum or 0) + (error or "").encode())
+
+
+def read_hello(payload: bytes) -> tuple[int, int, str]:
+    """``(instance, pid, host)`` from a HELLO payload."""
+    index, pid = _unpack(HELLO_FIELDS, payload, "HELLO")
+    return index, pid, payload[HELLO_FIELDS.size:].decode(errors="replace")
+
+
+def read_exit(payload: bytes) -> tuple[int, int | None, str | None]:
+    """``(status, signal or None, error or None)`` from an EXIT payload."""
+    status, signum = _unpack(EXIT_FIELDS, payload, "EXIT")
+    error = payload[EXIT_FIELDS.size:].decode(errors="replace")
+    return status, signum or None, error or None
+
+
+def _unpack(fields: struct.Struct, payload: bytes, kind: str) -> tuple[int, ...]:
+    if len(payload) < fields.size:
+        raise ProtocolError(f"{kind} payload of {len(payload)} bytes is shorter than its {fields.size}-byte header")
+    return fields.unpack_from(payload)
 
 
 class FrameReader:

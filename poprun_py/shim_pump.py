@@ -1,51 +1,84 @@
-"""The shim's loop once the program runs: frames out, TERMINATE in, exit status last."""
+"""The shim's loop once the program runs: frames out, TERMINATE in, exit status last.
+
+Built on the interpreter's own C modules (``_socket``, ``select``, ``_signal``, ``time``): see
+``instance.py`` for why.
+"""
 
 from __future__ import annotations
 
 import os
-import selectors
-import signal
-import socket
+import select
 import time
+
+import _signal
+import _socket
 
 from poprun_py import protocol
 
 READ_SIZE = 65536
 #: After the program exits, how long descendants may keep its pipes open before they are killed.
 DRAIN_SECONDS = 1.0
+#: At most this long after its exit report, a shim waits for RELEASE: an instance that could not
+#: reach poprun can never be counted as done, and must not hold the others for ever.
+RELEASE_WAIT_SECONDS = 10.0
+#: Keys of the descriptors the loop watches.
+CONTROL, STDOUT, STDERR, EXITED = 0, 1, 2, 3
+
+
+def connect(address: str) -> _socket.socket:
+    """A TCP connection to poprun's ``host:port``, trying each address the name resolves to."""
+    host, _, port = address.rpartition(":")
+    error: OSError = OSError(f"{host!r} resolves to no address")
+    # An ASCII name goes as bytes: given a str, getaddrinfo imports the IDNA codec (and re),
+    # which would cost the shim more than everything else it does.
+    name: str | bytes = host.encode() if host.isascii() else host
+    for family, kind, proto, _, sockaddr in _socket.getaddrinfo(name, int(port), 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(30)
+            sock.connect(sockaddr)
+            sock.settimeout(None)
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as exc:
+            error = exc
+            sock.close()
+    raise error
+
+
+class _Leave(Exception):
+    """Raised by a signal handler to end the wait for RELEASE."""
 
 
 class Pump:
-    def __init__(self, index: int, control: socket.socket | None) -> None:
+    def __init__(self, index: int, control: _socket.socket | None) -> None:
         self.index = index
         self.control = control
         self.grace = float(os.environ.get(protocol.ENV_GRACE, protocol.DEFAULT_GRACE))
         self.pid: int | None = None
         self.kill_at: float | None = None
 
-    def send(self, kind: int, payload: bytes, stream: int = 0) -> None:
+    def send(self, data: bytes) -> None:
         if self.control is None:
-            if kind == protocol.OUTPUT:
-                os.write(stream, payload)  # no poprun: pass output through as it is
             return
         try:
-            self.control.sendall(protocol.frame(kind, payload, stream))
+            self.control.sendall(data)
         except OSError:
             pass  # poprun is gone; keep going so the program is still stopped cleanly
 
-    def send_json(self, kind: int, obj: dict) -> None:
-        import json
-
-        self.send(kind, json.dumps(obj).encode())
+    def output(self, stream: int, data: bytes) -> None:
+        if self.control is None:
+            os.write(stream, data)  # no poprun: pass output through as it is
+        else:
+            self.send(protocol.frame(protocol.OUTPUT, data, stream))
 
     def hello(self) -> None:
-        self.send_json(protocol.HELLO, {"instance": self.index, "host": socket.gethostname(), "pid": os.getpid()})
+        self.send(protocol.hello(self.index, os.getpid(), _socket.gethostname()))
 
     def spawn_failed(self, program: str, error: OSError) -> int:
-        status = 127 if isinstance(error, FileNotFoundError) or error.errno == 2 else 126
+        status = 127 if error.errno == 2 else 126
         reason = "not found" if status == 127 else f"cannot be executed ({error.strerror})"
-        message = f"program {program!r} {reason} on host {socket.gethostname()}"
-        self.send_json(protocol.EXIT, {"status": status, "signal": None, "error": message})
+        self.send(protocol.exit_report(status, None, f"program {program!r} {reason} on host {_socket.gethostname()}"))
         return status
 
     def stop_program(self, *_: object) -> None:
@@ -53,7 +86,7 @@ class Pump:
         if self.pid is None or self.kill_at is not None:
             return
         self.kill_at = time.monotonic() + self.grace
-        self._signal_group(signal.SIGTERM)
+        self._signal_group(_signal.SIGTERM)
 
     def _signal_group(self, sig: int) -> None:
         assert self.pid is not None
@@ -64,31 +97,53 @@ class Pump:
 
     def run(self, pid: int, stdout_fd: int, stderr_fd: int) -> int:
         self.pid = pid
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self.stop_program)
+        for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+            _signal.signal(sig, self.stop_program)
         status, signum = self._pump(stdout_fd, stderr_fd)
-        self.send_json(protocol.EXIT, {"status": status, "signal": signum, "error": None})
+        self.send(protocol.exit_report(status, signum, None))
+        self._await_release()
         return status
+
+    def _await_release(self) -> None:
+        """Wait, idle, for poprun's RELEASE (see ``protocol.RELEASE``), poprun's end, a signal, or
+        RELEASE_WAIT_SECONDS."""
+        if self.control is None:
+            return
+        self.control.settimeout(RELEASE_WAIT_SECONDS)
+
+        def leave(*_: object) -> None:
+            raise _Leave
+
+        for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+            _signal.signal(sig, leave)
+        try:
+            while True:
+                message = self.control.recv(64)
+                if not message or protocol.RELEASE in message:
+                    return
+        except (_Leave, OSError):
+            return
 
     def _pump(self, stdout_fd: int, stderr_fd: int) -> tuple[int, int | None]:
         assert self.pid is not None
-        selector = selectors.DefaultSelector()
-        selector.register(stdout_fd, selectors.EVENT_READ, 1)
-        selector.register(stderr_fd, selectors.EVENT_READ, 2)
+        poller = select.poll()
+        watched = {stdout_fd: STDOUT, stderr_fd: STDERR}
         if self.control is not None:
-            selector.register(self.control, selectors.EVENT_READ, 0)
+            watched[self.control.fileno()] = CONTROL
         try:  # wake the moment the program exits instead of polling (Linux >= 5.3)
             exit_fd: int | None = os.pidfd_open(self.pid)
-            selector.register(exit_fd, selectors.EVENT_READ, 3)
+            watched[exit_fd] = EXITED
         except (AttributeError, OSError):
             exit_fd = None
+        for fd in watched:
+            poller.register(fd, select.POLLIN)
         open_streams = 2
         drain_until: float | None = None
         returncode: int | None = None
         while True:
             now = time.monotonic()
             if self.kill_at is not None and now >= self.kill_at:
-                self._signal_group(signal.SIGKILL)
+                self._signal_group(_signal.SIGKILL)
                 self.kill_at = float("inf")
             if returncode is None:
                 waited, wait_status = os.waitpid(self.pid, os.WNOHANG)
@@ -103,31 +158,31 @@ class Pump:
                 timeout = max(0.0, drain_until - now)
             else:
                 timeout = 1.0 if exit_fd is not None or open_streams else 0.05
-            for key, _ in selector.select(timeout):
-                stream = key.data
-                if stream == 3:
-                    selector.unregister(key.fileobj)
-                elif stream == 0:
+            for fd, _ in poller.poll(timeout * 1000):
+                key = watched[fd]
+                if key == EXITED:
+                    poller.unregister(fd)
+                elif key == CONTROL:
                     try:
                         message = self.control.recv(64)  # type: ignore[union-attr]
                     except OSError:
                         message = b""
                     if not message or protocol.TERMINATE in message:
                         # poprun asked us to stop, or poprun itself is gone: stop the program.
-                        selector.unregister(key.fileobj)
+                        poller.unregister(fd)
                         self.stop_program()
                 else:
-                    data = os.read(key.fd, READ_SIZE)
+                    data = os.read(fd, READ_SIZE)
                     if data:
-                        self.send(protocol.OUTPUT, data, stream)
+                        self.output(key, data)
                     else:
-                        selector.unregister(key.fileobj)
-                        os.close(key.fd)
+                        poller.unregister(fd)
+                        os.close(fd)
                         open_streams -= 1
         if exit_fd is not None:
             os.close(exit_fd)
         # Descendants that outlived the program (or held its pipes) must not outlive the job.
-        self._signal_group(signal.SIGKILL)
+        self._signal_group(_signal.SIGKILL)
         assert returncode is not None
         if returncode < 0:
             return 128 - returncode, -returncode

@@ -8,51 +8,58 @@ then anything left in mpiexec's session is killed, so no process outlives ``popr
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import BinaryIO, Callable
 
-from poprun_py import protocol
+from poprun_py import log, protocol
 from poprun_py.output import InstanceOutput
+from poprun_py.process import Process
 
-log = logging.getLogger("poprun")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from typing import BinaryIO, Callable
 
 #: How long after a teardown starts before mpiexec's process group is signalled, then killed.
 TERM_MPIEXEC_AFTER = protocol.DEFAULT_GRACE + 0.5
 KILL_MPIEXEC_AFTER = TERM_MPIEXEC_AFTER + 1.0
 
 
-@dataclass
 class InstanceState:
-    index: int
-    host: str
-    output: InstanceOutput
-    connection: socket.socket | None = None
-    reader: protocol.FrameReader = field(default_factory=protocol.FrameReader)
-    pid: int | None = None
-    status: int | None = None
-    signal: int | None = None
-    error: str | None = None
-    stopped_by_poprun: bool = False
+    """What poprun knows of one instance: its connection, output, and exit report."""
+
+    def __init__(self, index: int, host: str, output: InstanceOutput) -> None:
+        self.index = index
+        self.host = host
+        self.output = output
+        self.connection: socket.socket | None = None
+        self.reader = protocol.FrameReader()
+        self.pid: int | None = None
+        self.status: int | None = None
+        self.signal: int | None = None
+        self.error: str | None = None
+        self.stopped_by_poprun = False
+        self.lost = False  # disconnected without an exit report
 
     @property
     def finished(self) -> bool:
         return self.status is not None
 
+    @property
+    def done(self) -> bool:
+        return self.finished or self.lost
 
-@dataclass
+
 class Failure:
-    index: int | None
-    status: int
-    description: str
+    """The root cause of a failed job: the first instance to fail (None: poprun itself)."""
+
+    def __init__(self, index: int | None, status: int, description: str) -> None:
+        self.index = index
+        self.status = status
+        self.description = description
 
 
 def describe_status(status: int, signum: int | None) -> str:
@@ -80,7 +87,7 @@ class Supervisor:
         self.failure: Failure | None = None
         self.interrupted: int | None = None
         self.teardown_started: float | None = None
-        self.mpiexec: subprocess.Popen[bytes] | None = None
+        self.mpiexec: Process | None = None
         self.mpiexec_output: list[bytes] = []
         self.pending_connections: list[socket.socket] = []
 
@@ -106,23 +113,26 @@ class Supervisor:
         try:
             command = self.build_command(address)
             log.info("running command: %s", " ".join(command))
-            stdin = None if not os.isatty(0) else subprocess.DEVNULL
-            self.mpiexec = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, start_new_session=True)
+            # A terminal stays with poprun: instances reading stdin would fight over it.
+            self.mpiexec = Process(command, stdin_devnull=os.isatty(0))
             log.info("waiting for mpiexec (PID %d)", self.mpiexec.pid)
             self.selector.register(server, selectors.EVENT_READ, ("listen", None))
             self.selector.register(wake_read, selectors.EVENT_READ, ("wake", None))
             self.selector.register(self.mpiexec.stdout, selectors.EVENT_READ, ("mpiexec", 1))
             self.selector.register(self.mpiexec.stderr, selectors.EVENT_READ, ("mpiexec", 2))
-            exit_fd = pidfd(self.mpiexec.pid)
-            if exit_fd is not None:  # wake the moment mpiexec exits instead of polling
-                self.selector.register(exit_fd, selectors.EVENT_READ, ("exited", None))
+            if self.mpiexec.exit_fd is not None:  # wake the moment mpiexec exits instead of polling
+                self.selector.register(self.mpiexec.exit_fd, selectors.EVENT_READ, ("exited", None))
             self._loop()
         finally:
             signal.set_wakeup_fd(previous_wakeup)
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
             self._kill_leftovers()
+            for key in list(self.selector.get_map().values()):
+                self.selector.unregister(key.fileobj)
+            self.selector.close()
+            if self.mpiexec is not None:
+                self.mpiexec.close()
             server.close()
             os.close(wake_read)
             os.close(wake_write)
@@ -165,10 +175,9 @@ class Supervisor:
                 elif kind == "instance":
                     self._read_instance(data)
                 elif kind == "mpiexec":
-                    self._read_mpiexec(key.fileobj, data)  # type: ignore[arg-type]
+                    self._read_mpiexec(key.fd, data)
                 elif kind == "exited":
                     self.selector.unregister(key.fileobj)
-                    os.close(key.fd)
 
     def _mpiexec_pipes_open(self) -> bool:
         return any(key.data[0] == "mpiexec" for key in self.selector.get_map().values())
@@ -194,16 +203,19 @@ class Supervisor:
         if not frames:
             return
         kind, _, payload = frames[0]
-        hello = json.loads(payload) if kind == protocol.HELLO else {}
-        index = hello.get("instance")
-        if not isinstance(index, int) or not 0 <= index < len(self.instances) or self.instances[index].connection:
-            log.error("unexpected connection on the control port: %r", hello)
+        try:
+            if kind != protocol.HELLO:
+                raise protocol.ProtocolError(f"first frame is of kind {kind}, not HELLO")
+            index, pid, host = protocol.read_hello(payload)
+            if not 0 <= index < len(self.instances) or self.instances[index].connection:
+                raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
+        except protocol.ProtocolError as exc:
+            log.error("unexpected connection on the control port: %s", exc)
             self.selector.unregister(conn)
             conn.close()
             return
         state = self.instances[index]
-        state.connection, state.reader, state.pid = conn, reader, hello.get("pid")
-        state.host = hello.get("host", state.host)
+        state.connection, state.reader, state.pid, state.host = conn, reader, pid, host
         self.selector.modify(conn, selectors.EVENT_READ, ("instance", index))
         log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
         if self.teardown_started is not None:
@@ -236,8 +248,7 @@ class Supervisor:
             if kind == protocol.OUTPUT:
                 state.output.feed(stream, payload)
             elif kind == protocol.EXIT:
-                report = json.loads(payload)
-                state.status, state.signal, state.error = report["status"], report.get("signal"), report.get("error")
+                state.status, state.signal, state.error = protocol.read_exit(payload)
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())
                 log.info("instance %d on %s: %s", state.index, state.host, describe_status(state.status, state.signal))
@@ -245,6 +256,18 @@ class Supervisor:
                         and self.teardown_started is None:
                     self.failure = Failure(state.index, state.status, describe_status(state.status, state.signal))
                     self._teardown()
+                self._release_when_all_done()
+
+    def _release_when_all_done(self) -> None:
+        """Once every instance is done, let all the shims exit together (see protocol.RELEASE)."""
+        if not all(state.done for state in self.instances):
+            return
+        for state in self.instances:
+            if state.connection is not None:
+                try:
+                    state.connection.sendall(protocol.RELEASE)
+                except OSError:
+                    pass  # that shim is gone already
 
     def _disconnect(self, state: InstanceState) -> None:
         assert state.connection is not None
@@ -254,15 +277,17 @@ class Supervisor:
         state.output.flush()
         if state.status is None:
             # The shim died without reporting (killed by mpiexec or a signal).
+            state.lost = True
             log.info("instance %d on %s was lost without an exit report", state.index, state.host)
             if self.failure is None and self.teardown_started is None:
                 self.failure = Failure(state.index, 1, "lost: its launcher process died without reporting")
                 self._teardown()
+            self._release_when_all_done()
 
-    def _read_mpiexec(self, pipe: BinaryIO, stream: int) -> None:
-        data = os.read(pipe.fileno(), 1 << 16)
+    def _read_mpiexec(self, fd: int, stream: int) -> None:
+        data = os.read(fd, 1 << 16)
         if not data:
-            self.selector.unregister(pipe)
+            self.selector.unregister(fd)
             return
         self.mpiexec_output.append(data)
         if self.teardown_started is None:
@@ -314,9 +339,7 @@ class Supervisor:
             return
         if self.mpiexec.poll() is None:
             self._signal_mpiexec(signal.SIGKILL)
-            try:
-                self.mpiexec.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+            if self.mpiexec.wait(timeout=5) is None:
                 log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
         for pid in session_members(self.mpiexec.pid):
             log.warning("killing process %d left behind in the job's session", pid)
@@ -368,14 +391,6 @@ class Supervisor:
             lines.append(f"poprun: stopped instance(s) {', '.join(map(str, stopped))}")
         self.sinks[2].write(("\n".join(lines) + "\n").encode())
         self.sinks[2].flush()
-
-
-def pidfd(pid: int) -> int | None:
-    """A descriptor that becomes readable when ``pid`` exits (Linux >= 5.3), else None."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
 
 
 def session_members(session_id: int) -> list[int]:

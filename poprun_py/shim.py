@@ -1,0 +1,76 @@
+"""Per-instance shim: ``mpiexec`` starts it (through ``instance.py``), it starts the user's program.
+
+It streams the program's stdout/stderr to ``poprun`` as frames (so ``poprun`` can tag whole
+lines and never interleave them), reports the exact exit status or signal, and stops the
+program's whole process group when ``poprun`` says so or when it is signalled itself. The
+program dies with the shim (PR_SET_PDEATHSIG, set by util-linux's ``setpriv``), so a SIGKILLed
+shim leaves nothing behind.
+
+Run as ``python -S instance.py INDEX PROGRAM [ARGS...]``. The shim shares the cores with the
+program it starts, so it is kept cheap: the program is started first, with ``posix_spawn``
+(a vfork: forking the interpreter costs ~4 ms of copy-on-write faults, and setting the death
+signal from Python needs ctypes, ~3 ms more), and the shim then uses only modules built into the
+interpreter (``_socket``, ``select``, ``_signal``), not their pure-Python wrappers.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+import _signal
+
+from poprun_py.paths import which
+
+
+def spawn(argv: list[str]) -> tuple[int, int, int] | OSError:
+    """Start ``argv`` in its own process group with stdout/stderr on pipes.
+
+    Returns ``(pid, stdout_fd, stderr_fd)``, or the OSError saying why it cannot start. What
+    mpiexec gave us (e.g. MPICH's PMI_FD) stays inherited; our own descriptors are close-on-exec.
+    """
+    if which(argv[0]) is None:
+        missing = os.sep not in argv[0] or not os.path.exists(argv[0])
+        code = errno.ENOENT if missing else errno.EACCES
+        return OSError(code, os.strerror(code))
+    setpriv = which("setpriv")
+    command = [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = os.posix_spawnp(command[0], command, os.environ, setpgroup=0,
+                              file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)],
+                              # Python ignores these; programs expect the defaults.
+                              setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
+    except OSError as exc:
+        os.close(out_r)
+        os.close(err_r)
+        return exc
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return pid, out_r, err_r
+
+
+def main() -> int:
+    index, argv = int(sys.argv[1]), sys.argv[2:]
+    spawned = spawn(argv)  # first: the program starts while we import and connect
+
+    from poprun_py.protocol import ENV_CONTROL
+    from poprun_py.shim_pump import Pump, connect
+
+    address = os.environ[ENV_CONTROL]
+    try:
+        control = connect(address)
+    except OSError as exc:
+        # Cannot reach poprun: pass the output through untagged, so nothing is lost; poprun
+        # still sees the exit status through mpiexec.
+        os.write(2, f"poprun instance {index}: cannot reach poprun at {address} ({exc}); "
+                    "output will not be tagged\n".encode())
+        control = None
+    pump = Pump(index, control)
+    pump.hello()
+    if isinstance(spawned, OSError):
+        return pump.spawn_failed(argv[0], spawned)
+    return pump.run(*spawned)

@@ -1,0 +1,160 @@
+"""The lean launch path: the click-free fast parser agrees with click, a plain launch imports
+nothing heavy, and the shim's RELEASE and death-signal guarantees hold on real processes."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from poprun_py import command, fast_args, protocol
+from poprun_py.options import OPTIONS
+from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, run, wait_no_processes
+
+BEHAVE = str(ROOT / "tests" / "scripts" / "behave.py")
+
+FLAGS = [flag for option in OPTIONS for flag in option.flags] + ["-h", "--help", "--version", "-vv", "--nope"]
+VALUES = ["0", "1", "2", "4", "-1", " 3 ", "2_0", "x", "", "yes", "no", "Maybe", "a,b", "node[0-1]",
+          "1:-env A 1", "--", "-", "-v", "python", "train.py"]
+TOKENS = st.one_of(
+    st.sampled_from(FLAGS),
+    st.sampled_from(VALUES),
+    st.builds(lambda flag, value: f"{flag}={value}", st.sampled_from(FLAGS), st.sampled_from(VALUES)),
+    st.text(max_size=6),
+)
+
+
+def click_params(argv: list[str]) -> dict[str, object]:
+    with command.poprun.make_context("poprun", list(argv)) as ctx:
+        return dict(ctx.params)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(TOKENS, max_size=8))
+def test_fast_parser_agrees_with_click_or_declines(argv: list[str]) -> None:
+    fast = fast_args.parse(argv)
+    if fast is None:
+        return  # click decides, with its own errors and help
+    assert fast == click_params(argv)
+
+
+PLAIN = [
+    ["--num-instances", "2", "python", "train.py", "--lr", "0.1"],
+    ["--num-instances=4", "--num-replicas", "8", "--print-topology", "yes", "python"],
+    ["--host", "a,b", "--instance-mpi-local-args", "0:-env A 1", "--instance-mpi-local-args", "1:x", "prog"],
+    ["--only-output-from-instance", "0", "--dry-run", "--verbose", "--", "--weird-program", "-h"],
+    ["--mpi-global-args", "-verbose", "--executable-cache-path", "/tmp/c", "python", "--help"],
+]
+
+
+@pytest.mark.parametrize("argv", PLAIN, ids=[" ".join(a) for a in PLAIN])
+def test_plain_command_lines_take_the_fast_path(argv: list[str]) -> None:
+    fast = fast_args.parse(argv)
+    assert fast is not None
+    assert fast == click_params(argv)
+
+
+@pytest.mark.parametrize("argv", [["-H", "a", "x"], ["--help"], ["--version"], ["-v", "x"],
+                                  ["--import-config", "c.json", "x"], ["--vipu-partition", "p", "x"],
+                                  ["--num-instances", "0", "x"], ["--num-instances"], ["--dry-run=1", "x"],
+                                  ["--no-such-option", "x"]])
+def test_everything_else_is_left_to_click(argv: list[str]) -> None:
+    assert fast_args.parse(argv) is None
+
+
+HEAVY = ("click", "logging", "subprocess", "dataclasses", "typing", "re", "json", "shutil", "inspect",
+         "ctypes", "argparse", "pathlib")
+
+
+def imported(import_log: str) -> set[str]:
+    """Module names from untagged ``-X importtime`` lines (poprun's and the shims' own)."""
+    names = set()
+    for line in import_log.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+def test_plain_launch_imports_nothing_heavy_before_or_around_the_job() -> None:
+    # The instances' own import logs come back tagged "[i] ", so the untagged lines are poprun's
+    # and the two shims'.
+    result = run([str(BIN / "poprun"), "--num-instances", "2", PYTHON, "-c", "pass"],
+                 env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 0, result.stderr
+    modules = imported(result.stderr)
+    assert "poprun_py.supervisor" in modules and "poprun_py.shim_pump" in modules
+    assert modules.isdisjoint(HEAVY), sorted(modules & set(HEAVY))
+
+
+def test_shim_uses_only_builtin_modules() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        accepted: list[bytes] = []
+
+        def serve() -> None:
+            connection, _ = server.accept()
+            with connection:
+                reader = protocol.FrameReader()
+                while frames := reader.feed(connection.recv(65536)):
+                    accepted.extend(kind.to_bytes(1, "big") for kind, _, _ in frames)
+                    if any(kind == protocol.EXIT for kind, _, _ in frames):
+                        connection.sendall(protocol.RELEASE)
+                        break
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        result = run([PYTHON, "-X", "importtime", "-S", str(ROOT / "poprun_py" / "instance.py"), "0", "/bin/true"],
+                     env={protocol.ENV_CONTROL: f"127.0.0.1:{port}"})
+        thread.join(timeout=SUBPROCESS_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert accepted == [b"\x01", b"\x03"]  # HELLO, then EXIT
+    modules = imported(result.stderr)
+    assert "poprun_py.shim_pump" in modules
+    assert modules.isdisjoint({*HEAVY, "socket", "selectors", "signal", "enum", "encodings.idna"})
+
+
+def test_shims_wait_for_release_so_all_exit_together() -> None:
+    # Instance 0 ends at once; instance 1 looks for instance 0's shim a moment later. The shim is
+    # still there (idle), so MPICH's proxy has no exited child to busy-wait on.
+    marker = f"marker-{uuid.uuid4().hex}"
+    probe = ("import os, sys, time\n"
+             "if os.environ['RANK'] == '0': sys.exit(0)\n"
+             "time.sleep(0.5)\n"
+             "shims = [p for p in os.listdir('/proc') if p.isdigit() and b'instance.py\\x000\\x00' in "
+             "open(f'/proc/{p}/cmdline', 'rb').read() and b'" + marker + "' in "
+             "open(f'/proc/{p}/cmdline', 'rb').read()]\n"
+             "print('shim 0 alive' if shims else 'shim 0 gone')\n")
+    result = poprun("--num-instances", "2", PYTHON, "-c", probe, marker)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[1] shim 0 alive"
+    assert wait_no_processes(marker) == []
+
+
+PDEATHSIG = ("import ctypes; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v)); "
+             "import os; print(v.value, os.getpgid(0) == os.getpid())")  # PR_GET_PDEATHSIG
+
+
+def test_program_dies_with_its_shim_and_leads_its_own_process_group() -> None:
+    result = poprun("--num-instances", "2", PYTHON, "-c", PDEATHSIG)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[0] 9 True", "[1] 9 True"]  # SIGKILL
+
+
+def test_without_setpriv_the_program_still_runs(tmp_path) -> None:
+    # No setpriv on PATH: the shim starts the program directly (no death signal, the session
+    # sweep is what remains) rather than failing.
+    result = poprun("--num-instances", "2", PYTHON, "-c", PDEATHSIG, env={"PATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[0] 0 True", "[1] 0 True"]
+
+
+def test_missing_program_on_a_host_is_reported_by_the_shim() -> None:
+    # Run the shim directly, as mpiexec would on a remote host where the program is missing.
+    result = run([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", "no-such-program-xyz"],
+                 env={protocol.ENV_CONTROL: "127.0.0.1:1"})
+    assert result.returncode == 127
+    assert "cannot reach poprun" in result.stderr
