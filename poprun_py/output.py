@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import collections
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
     from typing import BinaryIO
@@ -19,7 +17,7 @@ class InstanceOutput:
         self.show = show
         self.sinks = sinks
         self.partial = {1: bytearray(), 2: bytearray()}
-        self.stderr_tail: collections.deque[bytes] = collections.deque(maxlen=TAIL_LINES)
+        self.stderr_tail: list[bytes] = []  # the last TAIL_LINES lines
 
     def feed(self, stream: int, data: bytes) -> None:
         buffer = self.partial[stream]
@@ -41,6 +39,7 @@ class InstanceOutput:
     def _emit(self, stream: int, lines: list[bytes]) -> None:
         if stream == 2:
             self.stderr_tail.extend(line.rstrip(b"\n") for line in lines)
+            del self.stderr_tail[:-TAIL_LINES]
         if self.show:
             sink = self.sinks[stream]
             try:

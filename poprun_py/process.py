@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import select
-import signal
+
+import _signal
 
 
 class Process:
@@ -23,7 +24,7 @@ class Process:
             actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
         try:
             self.pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=actions, setsid=True,
-                                      setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+                                      setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
         except OSError:
             os.close(out_read)
             os.close(err_read)
@@ -41,6 +42,14 @@ class Process:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def reap(self) -> int:
+        """Collect the status once the pidfd has said the process exited (waitpid(WNOHANG) may
+        still find nothing for a moment, e.g. under a tracer; this blocks until it can)."""
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: float) -> int | None:

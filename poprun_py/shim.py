@@ -58,7 +58,8 @@ def main() -> int:
     spawned = spawn(argv)  # first: the program starts while we import and connect
 
     from poprun_py.protocol import ENV_CONTROL
-    from poprun_py.shim_pump import Pump, connect
+    from poprun_py.control import connect
+    from poprun_py.shim_pump import Pump
 
     address = os.environ[ENV_CONTROL]
     try:

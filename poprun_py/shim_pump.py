@@ -7,13 +7,13 @@ Built on the interpreter's own C modules (``_socket``, ``select``, ``_signal``, 
 from __future__ import annotations
 
 import os
-import select
 import time
 
 import _signal
 import _socket
 
 from poprun_py import protocol
+from poprun_py.watch import Watch
 
 READ_SIZE = 65536
 #: After the program exits, how long descendants may keep its pipes open before they are killed.
@@ -23,27 +23,6 @@ DRAIN_SECONDS = 1.0
 RELEASE_WAIT_SECONDS = 10.0
 #: Keys of the descriptors the loop watches.
 CONTROL, STDOUT, STDERR, EXITED = 0, 1, 2, 3
-
-
-def connect(address: str) -> _socket.socket:
-    """A TCP connection to poprun's ``host:port``, trying each address the name resolves to."""
-    host, _, port = address.rpartition(":")
-    error: OSError = OSError(f"{host!r} resolves to no address")
-    # An ASCII name goes as bytes: given a str, getaddrinfo imports the IDNA codec (and re),
-    # which would cost the shim more than everything else it does.
-    name: str | bytes = host.encode() if host.isascii() else host
-    for family, kind, proto, _, sockaddr in _socket.getaddrinfo(name, int(port), 0, _socket.SOCK_STREAM):
-        sock = _socket.socket(family, kind, proto)
-        try:
-            sock.settimeout(30)
-            sock.connect(sockaddr)
-            sock.settimeout(None)
-            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
-            return sock
-        except OSError as exc:
-            error = exc
-            sock.close()
-    raise error
 
 
 class _Leave(Exception):
@@ -126,17 +105,16 @@ class Pump:
 
     def _pump(self, stdout_fd: int, stderr_fd: int) -> tuple[int, int | None]:
         assert self.pid is not None
-        poller = select.poll()
-        watched = {stdout_fd: STDOUT, stderr_fd: STDERR}
+        watch = Watch()
+        watch.add(stdout_fd, STDOUT)
+        watch.add(stderr_fd, STDERR)
         if self.control is not None:
-            watched[self.control.fileno()] = CONTROL
+            watch.add(self.control, CONTROL)
         try:  # wake the moment the program exits instead of polling (Linux >= 5.3)
             exit_fd: int | None = os.pidfd_open(self.pid)
-            watched[exit_fd] = EXITED
+            watch.add(exit_fd, EXITED)
         except (AttributeError, OSError):
             exit_fd = None
-        for fd in watched:
-            poller.register(fd, select.POLLIN)
         open_streams = 2
         drain_until: float | None = None
         returncode: int | None = None
@@ -158,10 +136,12 @@ class Pump:
                 timeout = max(0.0, drain_until - now)
             else:
                 timeout = 1.0 if exit_fd is not None or open_streams else 0.05
-            for fd, _ in poller.poll(timeout * 1000):
-                key = watched[fd]
+            for fd, key in watch.ready(timeout):
                 if key == EXITED:
-                    poller.unregister(fd)
+                    watch.remove(fd)
+                    if returncode is None:  # exited: a blocking wait returns at once
+                        returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+                        drain_until = time.monotonic() + DRAIN_SECONDS
                 elif key == CONTROL:
                     try:
                         message = self.control.recv(64)  # type: ignore[union-attr]
@@ -169,14 +149,14 @@ class Pump:
                         message = b""
                     if not message or protocol.TERMINATE in message:
                         # poprun asked us to stop, or poprun itself is gone: stop the program.
-                        poller.unregister(fd)
+                        watch.remove(fd)
                         self.stop_program()
                 else:
                     data = os.read(fd, READ_SIZE)
                     if data:
                         self.output(key, data)
                     else:
-                        poller.unregister(fd)
+                        watch.remove(fd)
                         os.close(fd)
                         open_streams -= 1
         if exit_fd is not None:

@@ -1,6 +1,6 @@
 """Run the mpiexec command, route every instance's output, and tear the job down on failure.
 
-One event loop (selectors) watches: the control listener and each instance's connection,
+One event loop (``watch.Watch``) watches: the control listener and each instance's connection,
 mpiexec's own stdout/stderr, and a wake-up pipe for signals. The first instance to fail is the
 root cause; every other instance is told to stop, then mpiexec's process group is signalled,
 then anything left in mpiexec's session is killed, so no process outlives ``poprun``.
@@ -9,15 +9,16 @@ then anything left in mpiexec's session is killed, so no process outlives ``popr
 from __future__ import annotations
 
 import os
-import selectors
-import signal
-import socket
 import sys
 import time
 
-from poprun_py import log, protocol
+import _signal
+import _socket
+
+from poprun_py import control, log, protocol
 from poprun_py.output import InstanceOutput
 from poprun_py.process import Process
+from poprun_py.watch import Watch
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class InstanceState:
         self.index = index
         self.host = host
         self.output = output
-        self.connection: socket.socket | None = None
+        self.connection: _socket.socket | None = None
         self.reader = protocol.FrameReader()
         self.pid: int | None = None
         self.status: int | None = None
@@ -62,13 +63,19 @@ class Failure:
         self.description = description
 
 
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15; the ``signal`` module (enums) is imported only when a name is needed."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def describe_status(status: int, signum: int | None) -> str:
     if signum:
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        return f"killed by {name} (status {status})"
+        return f"killed by {signal_name(signum)} (status {status})"
     return f"exit status {status}"
 
 
@@ -83,54 +90,40 @@ class Supervisor:
         ]
         self.build_command = build_command
         self.bind_all = bind_all
-        self.selector = selectors.DefaultSelector()
+        self.watch = Watch()
         self.failure: Failure | None = None
         self.interrupted: int | None = None
         self.teardown_started: float | None = None
         self.mpiexec: Process | None = None
         self.mpiexec_output: list[bytes] = []
-        self.pending_connections: list[socket.socket] = []
 
     # ---------------------------------------------------------------- set-up
-    def _listen(self) -> tuple[socket.socket, str]:
-        if self.bind_all:
-            server = socket.create_server(("", 0), backlog=len(self.instances) + 8)
-            address = f"{socket.getfqdn()}:{server.getsockname()[1]}"
-        else:
-            server = socket.create_server(("127.0.0.1", 0), backlog=len(self.instances) + 8)
-            address = f"127.0.0.1:{server.getsockname()[1]}"
-        server.setblocking(False)
-        return server, address
-
     def run(self) -> int:
-        server, address = self._listen()
+        server, address = control.listen(self.bind_all, backlog=len(self.instances) + 8)
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
         os.set_blocking(wake_read, False)
-        previous_wakeup = signal.set_wakeup_fd(wake_write)
-        previous_handlers = {sig: signal.signal(sig, self._on_signal)
-                             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        previous_wakeup = _signal.set_wakeup_fd(wake_write)
+        previous_handlers = {sig: _signal.signal(sig, self._on_signal)
+                             for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)}
         try:
             command = self.build_command(address)
             log.info("running command: %s", " ".join(command))
             # A terminal stays with poprun: instances reading stdin would fight over it.
             self.mpiexec = Process(command, stdin_devnull=os.isatty(0))
             log.info("waiting for mpiexec (PID %d)", self.mpiexec.pid)
-            self.selector.register(server, selectors.EVENT_READ, ("listen", None))
-            self.selector.register(wake_read, selectors.EVENT_READ, ("wake", None))
-            self.selector.register(self.mpiexec.stdout, selectors.EVENT_READ, ("mpiexec", 1))
-            self.selector.register(self.mpiexec.stderr, selectors.EVENT_READ, ("mpiexec", 2))
+            self.watch.add(server, ("listen", server))
+            self.watch.add(wake_read, ("wake", None))
+            self.watch.add(self.mpiexec.stdout, ("mpiexec", 1))
+            self.watch.add(self.mpiexec.stderr, ("mpiexec", 2))
             if self.mpiexec.exit_fd is not None:  # wake the moment mpiexec exits instead of polling
-                self.selector.register(self.mpiexec.exit_fd, selectors.EVENT_READ, ("exited", None))
+                self.watch.add(self.mpiexec.exit_fd, ("exited", None))
             self._loop()
         finally:
-            signal.set_wakeup_fd(previous_wakeup)
+            _signal.set_wakeup_fd(previous_wakeup)
             for sig, handler in previous_handlers.items():
-                signal.signal(sig, handler)
+                _signal.signal(sig, handler)
             self._kill_leftovers()
-            for key in list(self.selector.get_map().values()):
-                self.selector.unregister(key.fileobj)
-            self.selector.close()
             if self.mpiexec is not None:
                 self.mpiexec.close()
             server.close()
@@ -150,7 +143,7 @@ class Supervisor:
         mpiexec_done_at: float | None = None
         while True:
             if self.interrupted is not None and self.teardown_started is None:
-                log.warning("received %s: stopping every instance", signal.Signals(self.interrupted).name)
+                log.warning("received %s: stopping every instance", signal_name(self.interrupted))
                 self._teardown()
             self._escalate()
             if mpiexec_done_at is None and self.mpiexec.poll() is not None:
@@ -161,42 +154,39 @@ class Supervisor:
                 # mpiexec is gone: read what is still in flight, then stop.
                 if (not connected and not self._mpiexec_pipes_open()) or time.monotonic() - mpiexec_done_at > 2.0:
                     return
-            for key, _ in self.selector.select(0.1):
-                kind, data = key.data
+            for fd, (kind, data) in self.watch.ready(0.1):
                 if kind == "listen":
-                    self._accept(key.fileobj)  # type: ignore[arg-type]
+                    self._accept(data)
                 elif kind == "wake":
                     try:
-                        os.read(key.fd, 512)
+                        os.read(fd, 512)
                     except BlockingIOError:
                         pass
                 elif kind == "pending":
-                    self._read_hello(key.fileobj)  # type: ignore[arg-type]
+                    self._read_hello(*data)
                 elif kind == "instance":
                     self._read_instance(data)
                 elif kind == "mpiexec":
-                    self._read_mpiexec(key.fd, data)
+                    self._read_mpiexec(fd, data)
                 elif kind == "exited":
-                    self.selector.unregister(key.fileobj)
+                    self.watch.remove(fd)
+                    self.mpiexec.reap()
 
     def _mpiexec_pipes_open(self) -> bool:
-        return any(key.data[0] == "mpiexec" for key in self.selector.get_map().values())
+        return any(kind == "mpiexec" for kind, _ in self.watch.labels())
 
-    def _accept(self, server: socket.socket) -> None:
-        try:
-            conn, _ = server.accept()
-        except BlockingIOError:
+    def _accept(self, server: _socket.socket) -> None:
+        conn = control.accept(server)
+        if conn is None:
             return
-        conn.setblocking(False)
-        self.selector.register(conn, selectors.EVENT_READ, ("pending", protocol.FrameReader()))
+        self.watch.add(conn, ("pending", (conn, protocol.FrameReader())))
 
-    def _read_hello(self, conn: socket.socket) -> None:
-        reader: protocol.FrameReader = self.selector.get_key(conn).data[1]
+    def _read_hello(self, conn: _socket.socket, reader: protocol.FrameReader) -> None:
         data = self._recv(conn)
         if data is None:
             return
         if not data:
-            self.selector.unregister(conn)
+            self.watch.remove(conn)
             conn.close()
             return
         frames = reader.feed(data)
@@ -211,19 +201,19 @@ class Supervisor:
                 raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
         except protocol.ProtocolError as exc:
             log.error("unexpected connection on the control port: %s", exc)
-            self.selector.unregister(conn)
+            self.watch.remove(conn)
             conn.close()
             return
         state = self.instances[index]
         state.connection, state.reader, state.pid, state.host = conn, reader, pid, host
-        self.selector.modify(conn, selectors.EVENT_READ, ("instance", index))
+        self.watch.relabel(conn, ("instance", index))
         log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
         if self.teardown_started is not None:
             self._send_terminate(state)
         self._handle_frames(state, frames[1:])
 
     @staticmethod
-    def _recv(conn: socket.socket) -> bytes | None:
+    def _recv(conn: _socket.socket) -> bytes | None:
         """Bytes received; ``b""`` when the peer is gone; ``None`` when nothing is there yet."""
         try:
             return conn.recv(1 << 16)
@@ -271,7 +261,7 @@ class Supervisor:
 
     def _disconnect(self, state: InstanceState) -> None:
         assert state.connection is not None
-        self.selector.unregister(state.connection)
+        self.watch.remove(state.connection)
         state.connection.close()
         state.connection = None
         state.output.flush()
@@ -287,7 +277,7 @@ class Supervisor:
     def _read_mpiexec(self, fd: int, stream: int) -> None:
         data = os.read(fd, 1 << 16)
         if not data:
-            self.selector.unregister(fd)
+            self.watch.remove(fd)
             return
         self.mpiexec_output.append(data)
         if self.teardown_started is None:
@@ -321,13 +311,13 @@ class Supervisor:
             return
         elapsed = time.monotonic() - self.teardown_started
         if elapsed >= KILL_MPIEXEC_AFTER:
-            self._signal_mpiexec(signal.SIGKILL)
+            self._signal_mpiexec(_signal.SIGKILL)
         elif elapsed >= TERM_MPIEXEC_AFTER:
-            self._signal_mpiexec(signal.SIGTERM)
+            self._signal_mpiexec(_signal.SIGTERM)
 
     def _signal_mpiexec(self, sig: int) -> None:
         assert self.mpiexec is not None
-        log.debug("sending %s to mpiexec's process group", signal.Signals(sig).name)
+        log.debug("sending %s to mpiexec's process group", signal_name(sig))
         try:
             os.killpg(self.mpiexec.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -338,13 +328,13 @@ class Supervisor:
         if self.mpiexec is None:
             return
         if self.mpiexec.poll() is None:
-            self._signal_mpiexec(signal.SIGKILL)
+            self._signal_mpiexec(_signal.SIGKILL)
             if self.mpiexec.wait(timeout=5) is None:
                 log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
         for pid in session_members(self.mpiexec.pid):
             log.warning("killing process %d left behind in the job's session", pid)
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, _signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         for state in self.instances:
@@ -358,7 +348,7 @@ class Supervisor:
         assert self.mpiexec is not None
         rc = self.mpiexec.returncode
         if self.interrupted is not None:
-            self._summary(f"interrupted by {signal.Signals(self.interrupted).name}")
+            self._summary(f"interrupted by {signal_name(self.interrupted)}")
             return 128 + self.interrupted
         if self.failure is not None:
             self._summary(None)
@@ -399,12 +389,15 @@ def session_members(session_id: int) -> list[int]:
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+        try:  # os.open/os.read: a buffered file object per process would cost 3x as much
+            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(fd, 1024)
+            finally:
+                os.close(fd)
         except OSError:
             continue
-        # fields: state ppid pgrp session ...
-        if int(fields[3]) == session_id and fields[0] != b"Z":
+        fields = stat.rsplit(b")", 1)[1].split()  # state ppid pgrp session ...
+        if len(fields) > 3 and int(fields[3]) == session_id and fields[0] != b"Z":
             members.append(int(entry))
     return members

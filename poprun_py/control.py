@@ -1,0 +1,62 @@
+"""The control channel's TCP sockets: poprun listens and accepts, each shim connects.
+
+Built on the interpreter's C module ``_socket``, as ``socket.py`` itself is. Importing
+``socket`` costs ~6 ms (it turns hundreds of constants into enums), paid by poprun before
+mpiexec can start and by every shim while its program starts; these three calls are all the
+channel needs.
+"""
+
+from __future__ import annotations
+
+import _socket
+
+
+def listen(bind_all: bool, backlog: int) -> tuple[_socket.socket, str]:
+    """A non-blocking listener on a free port, and the ``host:port`` shims should connect to:
+    loopback for a one-host job, every interface (and this host's name) when hosts are remote."""
+    server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        server.bind(("" if bind_all else "127.0.0.1", 0))
+        server.listen(backlog)
+        server.setblocking(False)
+    except OSError:
+        server.close()
+        raise
+    port = server.getsockname()[1]
+    if bind_all:
+        import socket
+
+        return server, f"{socket.getfqdn()}:{port}"
+    return server, f"127.0.0.1:{port}"
+
+
+def accept(server: _socket.socket) -> _socket.socket | None:
+    """The next pending connection, non-blocking, or None when there is none."""
+    try:
+        fd, _ = server._accept()
+    except BlockingIOError:
+        return None
+    connection = _socket.socket(server.family, server.type, server.proto, fileno=fd)
+    connection.setblocking(False)
+    return connection
+
+
+def connect(address: str, timeout: float = 30) -> _socket.socket:
+    """A blocking TCP connection to ``host:port``, trying each address the name resolves to."""
+    host, _, port = address.rpartition(":")
+    error: OSError = OSError(f"{host!r} resolves to no address")
+    # An ASCII name goes as bytes: given a str, getaddrinfo imports the IDNA codec (and re).
+    name: str | bytes = host.encode() if host.isascii() else host
+    for family, kind, proto, _, sockaddr in _socket.getaddrinfo(name, int(port), 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(sockaddr)
+            sock.settimeout(None)
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as exc:
+            error = exc
+            sock.close()
+    raise error
