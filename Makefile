@@ -31,10 +31,13 @@ test: install
 demo: install
 	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/mnist_rts.py --rts
 
+# Bytecode first: with PYTHONDONTWRITEBYTECODE set, every launch would compile poprun's modules.
 bench: install
+	$(PY) -m compileall -q poprun_py popdist_py
 	$(PY) -m bench.run
 
 bench-quick: install
+	$(PY) -m compileall -q poprun_py popdist_py
 	$(PY) -m bench.run --quick
 
 clean:

@@ -46,6 +46,11 @@ def markdown(results: dict[str, Any]) -> str:
             entry = launch[name]
             lines.append(f"| {label} | {_ms(entry['seconds']['mpiexec']['median'])} | "
                          f"{_ms(entry['seconds']['poprun']['median'])} | {entry['ratio']:.2f} |")
+        if "skewed_exit" in launch:
+            skew = launch["skewed_exit"]
+            lines.append(f"| CPU used when instances end {skew['skew_seconds']:g} s apart | "
+                         f"{_ms(skew['cpu_seconds']['mpiexec'])} | {_ms(skew['cpu_seconds']['poprun'])} | "
+                         f"{skew['ratio']:.2f} |")
         lines.append("")
     if "scaling" in results:
         s = results["scaling"]

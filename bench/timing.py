@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import select
 import statistics
 import subprocess
@@ -41,6 +42,14 @@ def wall_time(command: Sequence[str], timeout: float) -> float:
     if process.wait() != 0:
         raise subprocess.CalledProcessError(process.returncode, list(command))
     return elapsed
+
+
+def cpu_seconds(command: Sequence[str], timeout: float) -> float:
+    """CPU time (user + system) that ``command`` and all its descendants used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall_time(command, timeout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def summarize(values: list[float]) -> dict[str, float]:
