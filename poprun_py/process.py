@@ -67,7 +67,7 @@ class Process:
         return self.poll()
 
     def close(self) -> None:
-        """Release the pipes and the pidfd; the owner unregisters them from its selector first and
+        """Release the pipes and the pidfd; the owner removes them from its watch first and
         never closes them itself (a number closed twice may by then be someone else's)."""
         for fd in (self.stdout, self.stderr, self.exit_fd):
             if fd is not None and fd >= 0:

@@ -4,6 +4,7 @@ nothing heavy, and the shim's RELEASE and death-signal guarantees hold on real p
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import uuid
 
@@ -92,28 +93,37 @@ def test_plain_launch_imports_nothing_heavy_before_or_around_the_job() -> None:
     assert modules.isdisjoint(HEAVY), sorted(modules & set(HEAVY))
 
 
-def test_shim_uses_only_builtin_modules() -> None:
+def run_shim(*argv: str, python_flags: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str],
+                                                                     list[tuple[int, int, bytes]]]:
+    """Run the shim as mpiexec would, against a real listener standing in for poprun; return the
+    shim's result and every frame it sent (RELEASE goes back once its EXIT arrives)."""
+    frames: list[tuple[int, int, bytes]] = []
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        accepted: list[bytes] = []
 
         def serve() -> None:
             connection, _ = server.accept()
             with connection:
                 reader = protocol.FrameReader()
-                while frames := reader.feed(connection.recv(65536)):
-                    accepted.extend(kind.to_bytes(1, "big") for kind, _, _ in frames)
-                    if any(kind == protocol.EXIT for kind, _, _ in frames):
+                while received := reader.feed(connection.recv(65536)):
+                    frames.extend(received)
+                    if any(kind == protocol.EXIT for kind, _, _ in received):
                         connection.sendall(protocol.RELEASE)
                         break
 
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
-        result = run([PYTHON, "-X", "importtime", "-S", str(ROOT / "poprun_py" / "instance.py"), "0", "/bin/true"],
+        result = run([PYTHON, *python_flags, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", *argv],
                      env={protocol.ENV_CONTROL: f"127.0.0.1:{port}"})
         thread.join(timeout=SUBPROCESS_TIMEOUT)
+    return result, frames
+
+
+def test_shim_uses_only_builtin_modules() -> None:
+    result, frames = run_shim("/bin/true", python_flags=("-X", "importtime"))
     assert result.returncode == 0, result.stderr
-    assert accepted == [b"\x01", b"\x03"]  # HELLO, then EXIT
+    assert [kind for kind, _, _ in frames] == [protocol.HELLO, protocol.EXIT]
+    assert protocol.read_exit(frames[-1][2]) == (0, None, None)
     modules = imported(result.stderr)
     assert "poprun_py.shim_pump" in modules
     assert modules.isdisjoint(HEAVY), sorted(modules & set(HEAVY))
@@ -155,8 +165,16 @@ def test_without_setpriv_the_program_still_runs(tmp_path) -> None:
 
 
 def test_missing_program_on_a_host_is_reported_by_the_shim() -> None:
-    # Run the shim directly, as mpiexec would on a remote host where the program is missing.
-    result = run([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", "no-such-program-xyz"],
-                 env={protocol.ENV_CONTROL: "127.0.0.1:1"})
+    # As on a remote host where the program is missing: poprun hears why, with the shell's status.
+    result, frames = run_shim("no-such-program-xyz")
     assert result.returncode == 127
-    assert "cannot reach poprun" in result.stderr
+    status, signum, error = protocol.read_exit(frames[-1][2])
+    assert (status, signum) == (127, None)
+    assert error is not None and error.startswith("program 'no-such-program-xyz' not found on host ")
+
+
+def test_shim_that_cannot_reach_poprun_passes_output_through() -> None:
+    result = run([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", PYTHON, "-c", "print('plain')"],
+                 env={protocol.ENV_CONTROL: "127.0.0.1:1"})
+    assert result.returncode == 0
+    assert result.stdout == "plain\n" and "cannot reach poprun" in result.stderr
