@@ -1,11 +1,15 @@
 """Run under mpiexec/poprun: time collectives per size and print one JSON line (from rank 0).
 
-    collectives_worker.py raw    OP SIZES...   mpi4py buffer calls, one array per rank
-    collectives_worker.py engine OP SIZES...   popdist_py.engine, L replicas per process
+    collectives_worker.py raw        OP SIZES...   mpi4py buffer calls on COMM_WORLD, one array per rank
+    collectives_worker.py engine     OP SIZES...   popdist_py.engine, L replicas per process
+    collectives_worker.py engine+raw OP SIZES...   both, batch by batch in the same processes
 
-OP is allreduce, allgather or reduce_scatter; SIZES are bytes per replica (float32).
-Each size: warm-up, then batches of iterations; the per-call time is the median batch mean,
-taken as the maximum over ranks (a collective is as slow as its slowest participant).
+OP is allreduce, allgather or reduce_scatter; SIZES are bytes per replica (float32). Each size:
+warm-up, then batches of iterations; a time is the median batch mean, taken as the maximum over
+ranks (a collective is as slow as its slowest participant). With ``engine+raw`` the engine's
+batches alternate with raw batches, so both see the same machine: this machine's speed drifts
+by tens of percent over seconds, which separate jobs would turn into ratio noise. Prints
+``{size: {kind: seconds}}`` with kinds ``engine`` and/or ``raw``.
 """
 
 from __future__ import annotations
@@ -13,18 +17,19 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
 
-BATCHES = 5
+BATCHES = 7
 
 
 def iterations_for(nbytes: int) -> int:
-    return max(3, min(2000, int(64 * 2**20 / max(nbytes, 1024) // 4)))
+    return max(3, min(1000, int(32 * 2**20 / max(nbytes, 1024) // 4)))
 
 
-def raw(op: str, nbytes: int, comm: MPI.Intracomm) -> float:
+def raw_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Callable[[], None]:
     n = nbytes // 4
     send = np.ones(n, dtype=np.float32)
     if op == "allreduce":
@@ -37,25 +42,19 @@ def raw(op: str, nbytes: int, comm: MPI.Intracomm) -> float:
         recv = np.empty(n // comm.size, dtype=np.float32)
         send = np.ones(recv.size * comm.size, dtype=np.float32)
         call = lambda: comm.Reduce_scatter_block(send, recv, op=MPI.SUM)  # noqa: E731
-    iters = iterations_for(nbytes)
-    call()
-    means = []
-    for _ in range(BATCHES):
-        comm.Barrier()
-        start = time.perf_counter()
+
+    def batch() -> None:
         for _ in range(iters):
             call()
-        means.append((time.perf_counter() - start) / iters)
-    return float(np.median(means))
+
+    return batch
 
 
-def engine(op: str, nbytes: int, comm: MPI.Intracomm) -> float:
+def engine_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Callable[[], None]:
     from popdist_py.engine import ops
 
     rt = _runtime()
-    n = nbytes // 4
-    data = np.ones((rt.instance_replication_factor, n), dtype=np.float32)
-    iters = iterations_for(nbytes)
+    data = np.ones((rt.instance_replication_factor, nbytes // 4), dtype=np.float32)
     call = {"allreduce": lambda x: ops.replicated_all_reduce(x, op="add"),
             "allgather": lambda x: ops.replicated_all_gather(x),
             "reduce_scatter": lambda x: ops.replicated_reduce_scatter(x, op="add")}[op]
@@ -65,14 +64,7 @@ def engine(op: str, nbytes: int, comm: MPI.Intracomm) -> float:
             call(x)
 
     counts = np.full(rt.instance_replication_factor, iters)
-    rt.run(step, data, np.ones_like(counts))
-    means = []
-    for _ in range(BATCHES):
-        comm.Barrier()
-        start = time.perf_counter()
-        rt.run(step, data, counts)
-        means.append((time.perf_counter() - start) / iters)
-    return float(np.median(means))
+    return lambda: rt.run(step, data, counts)
 
 
 _RT = None
@@ -87,14 +79,35 @@ def _runtime():
     return _RT
 
 
+def measure(batches: dict[str, Callable[[], None]], iters: int, comm: MPI.Intracomm) -> dict[str, float]:
+    """Median seconds per call of each kind, batches of the kinds alternating."""
+    for batch in batches.values():  # warm-up: plans, buffers, MPI connections
+        batch()
+    means: dict[str, list[float]] = {name: [] for name in batches}
+    for _ in range(BATCHES):
+        for name, batch in batches.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            batch()
+            means[name].append((time.perf_counter() - start) / iters)
+    return {name: float(np.median(m)) for name, m in means.items()}
+
+
 def main() -> None:
     mode, op, sizes = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3:]]
     comm = MPI.COMM_WORLD
-    measure = raw if mode == "raw" else engine
     results = {}
     for nbytes in sizes:
-        local = measure(op, nbytes, comm)
-        results[nbytes] = comm.allreduce(local, op=MPI.MAX)
+        iters = iterations_for(nbytes)
+        batches = {}
+        if mode in ("engine", "engine+raw"):
+            batches["engine"] = engine_batch(op, nbytes, comm, iters)
+        if mode in ("raw", "engine+raw"):
+            batches["raw"] = raw_batch(op, nbytes, comm, iters)
+        if not batches:
+            raise SystemExit(f"mode {mode!r} is not one of raw, engine, engine+raw")
+        local = measure(batches, iters, comm)
+        results[nbytes] = {name: comm.allreduce(t, op=MPI.MAX) for name, t in local.items()}
     if comm.rank == 0:
         print(json.dumps(results), flush=True)
 

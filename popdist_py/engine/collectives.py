@@ -44,6 +44,9 @@ EAGER_LIMIT = 32 * 1024
 #: The header words ``[seq, index, hash, status]`` as native int64 (the int64 view's layout).
 _HEADER = struct.Struct("=4q")
 
+#: ``arr.setflags(write=False)`` without the attribute lookup (a third of ``arr.flags.writeable = False``)
+_setflags = np.ndarray.setflags
+
 ALL_REDUCE = "replicated_all_reduce"
 REDUCE_SCATTER = "replicated_reduce_scatter"
 ALL_GATHER = "replicated_all_gather"
@@ -91,7 +94,9 @@ Message = tuple[int, np.ndarray]
 class Link(Protocol):
     """What a plan needs from the transport for one call (bound to that call's header)."""
 
-    def exchange(self, sendbufs: Sequence[np.ndarray], recvbufs: Sequence[np.ndarray]) -> list[np.ndarray]: ...
+    def channel(self, sendbufs: Sequence[np.ndarray], recvbufs: Sequence[np.ndarray]) -> Any: ...
+
+    def exchange(self, channel: Any) -> None: ...
 
     def transfer(self, recvs: Sequence[Message], sends: Sequence[Message], tag: int) -> None: ...
 
@@ -226,7 +231,8 @@ class Plan:
                 [np.empty(0 if self.kind == ALL_GATHER else count, self.dtype) for *_, count in specs]
                 for specs in self.recv_specs
             ]
-        self.headers = [b[:HDR_BYTES].view(np.int64) for b in self.sendbufs]
+        #: the header messages as persistent requests, built by the first call that has a link
+        self.channel: Any = None
         self._compile_jobs()
         self.flat_shape = len(self.shape) == 1
         #: the divisor of a mean, as the dtype's scalar (what :func:`.reduce.finish_mean` divides by)
@@ -301,11 +307,16 @@ class Plan:
             off += nb
         return views
 
-    def set_header(self, seq: int, index: int, sig_hash: int) -> np.ndarray:
-        """Write ``[seq, index, hash, OK]`` into every outgoing message; return the header."""
+    def _exchange(self, link: Link) -> None:
+        channel = self.channel
+        if channel is None:
+            channel = self.channel = link.channel(self.sendbufs, self.recvbufs)
+        link.exchange(channel)
+
+    def set_header(self, seq: int, index: int, sig_hash: int) -> None:
+        """Write ``[seq, index, hash, OK]`` into every outgoing message (what the peers' must match)."""
         for buf in self.sendbufs:  # struct: cheaper than numpy item assignments for four words
             _HEADER.pack_into(buf, 0, seq, index, sig_hash, STATUS_OK)
-        return self.headers[0]
 
     # -- execution ---------------------------------------------------------------------------------
     def run(self, xs: Sequence[np.ndarray], link: Link | None) -> list[Any]:
@@ -327,7 +338,7 @@ class Plan:
             if divisor is not None:
                 np.divide(out, divisor, out=out)
             full = out if self.flat_shape else out.reshape(self.shape)
-            full.flags.writeable = False
+            _setflags(full, write=False)
             for li in local:
                 results[li] = full
         if link is None:
@@ -336,14 +347,14 @@ class Plan:
             prog.run([flat[li] for li in local], ufunc, dest)
             for other in copies:
                 np.copyto(other, dest)
-        link.exchange(self.sendbufs, self.recvbufs)
+        self._exchange(link)
         for gp, prog, inputs in self.small_jobs:
             out = np.empty(n, dtype)
             prog.run(inputs, ufunc, out)
             if divisor is not None:
                 np.divide(out, divisor, out=out)
             full = out if self.flat_shape else out.reshape(self.shape)
-            full.flags.writeable = False
+            _setflags(full, write=False)
             for li in gp.local:
                 results[li] = full
         return results
@@ -361,9 +372,9 @@ class Plan:
         if self.eager:
             for _, prog, local, lo, hi, dest in self.send_jobs:
                 prog.run_blocked([flat[li][lo:hi] for li in local], ufunc, dest)  # type: ignore[arg-type]
-            link.exchange(self.sendbufs, self.recvbufs)
+            self._exchange(link)
         else:
-            link.exchange(self.sendbufs, self.recvbufs)
+            self._exchange(link)
             sends = []
             for p, prog, local, lo, hi, dest in self.send_jobs:
                 if dest is None:  # a single member: send its data as it is
@@ -428,12 +439,12 @@ class Plan:
                 for views, specs in zip(self.send_data, self.send_specs):
                     for view, (gi, k, _, _) in zip(views, specs):
                         view[:] = stacks[gi][k].reshape(-1)
-                link.exchange(self.sendbufs, self.recvbufs)
+                self._exchange(link)
                 for views, specs in zip(self.recv_data, self.recv_specs):
                     for view, (gi, k, _) in zip(views, specs):
                         stacks[gi][k].reshape(-1)[:] = view
             else:
-                link.exchange(self.sendbufs, self.recvbufs)
+                self._exchange(link)
                 recvs = [(p, stacks[gi][k].reshape(-1))
                          for p, specs in zip(self.peers, self.recv_specs) for gi, k, _ in specs]
                 sends = [(p, stacks[gi][k].reshape(-1))

@@ -37,7 +37,7 @@ from popdist_py.engine.pool import ReplicaPool
 from popdist_py.engine.reduce import OPS
 from popdist_py.engine.rendezvous import END, Rendezvous, StepAborted, ThreadWaits
 from popdist_py.engine.topology import Layout, resolve
-from popdist_py.engine.transport import HDR_BYTES, PeerAborted, Transport
+from popdist_py.engine.transport import HDR_BYTES, HeaderChannel, PeerAborted, Transport
 from popdist_py.engine import checkpoint
 from popdist_py.engine.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
 from popdist_py.engine.sharding import ShardMeta, sharding_domain
@@ -67,16 +67,18 @@ class _Link:
     One per runtime, re-pointed at each call: only one combiner runs at a time.
     """
 
-    __slots__ = ("transport", "header", "sig", "index")
+    __slots__ = ("transport", "sig", "index")
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
-        self.header: np.ndarray = np.zeros(4, np.int64)
         self.sig: Signature | None = None
         self.index = 0
 
-    def exchange(self, sendbufs: Sequence[np.ndarray], recvbufs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        return self.transport.exchange(self.header, sendbufs, recvbufs, self.describe)
+    def channel(self, sendbufs: Sequence[np.ndarray], recvbufs: Sequence[np.ndarray]) -> HeaderChannel:
+        return self.transport.channel(sendbufs, recvbufs)
+
+    def exchange(self, channel: HeaderChannel) -> None:
+        self.transport.exchange(channel, self.describe)
 
     def transfer(self, recvs: Sequence[Message], sends: Sequence[Message], tag: int) -> None:
         self.transport.transfer(recvs, sends, tag, self.describe)
@@ -166,7 +168,7 @@ class Runtime:
         self._running = False
         self._seq = 0
         self._step_collectives = 0  # collectives combined so far in the current run
-        self._end_bufs: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+        self._end_channel: HeaderChannel | None = None
         self._broken: str | None = None
         self._closed = False
         log.debug("Runtime: %d replicas, %d in this process (instance %d), %s executor", R, L, index, self._executor)
@@ -441,7 +443,7 @@ class Runtime:
         self._step_collectives = first[2]
         link = self._link
         if link is not None:
-            link.header = plan.set_header(self._seq, first[2], entry.hash)
+            plan.set_header(self._seq, first[2], entry.hash)
             link.sig = entry.sig
             link.index = first[2]
         try:
@@ -459,16 +461,15 @@ class Runtime:
         collectives stay local: they need not be run on every instance.
         """
         assert self._transport is not None
-        if self._end_bufs is None:
+        if self._end_channel is None:
             peers = self._transport.peers
-            self._end_bufs = ([np.zeros(HDR_BYTES, np.uint8) for _ in peers],
-                              [np.zeros(HDR_BYTES, np.uint8) for _ in peers])
-        sendbufs, recvbufs = self._end_bufs
+            self._end_channel = self._transport.channel([np.zeros(HDR_BYTES, np.uint8) for _ in peers],
+                                                        [np.zeros(HDR_BYTES, np.uint8) for _ in peers])
+        channel = self._end_channel
         self._seq += 1
         n = self._step_collectives + 1
-        for buf in sendbufs:
+        for buf in channel.sendbufs:
             buf.view(np.int64)[:] = (self._seq, n, _END_HASH, 0)
-        header = sendbufs[0].view(np.int64) if sendbufs else np.zeros(4, np.int64)
 
         what = f"end of step (after {n - 1} collective{'' if n == 2 else 's'})"
 
@@ -476,7 +477,7 @@ class Runtime:
             return what, (what, "", "", (), "", 0), ("collective", "op", "dtype", "shape", "group", "axis")
 
         try:
-            self._transport.exchange(header, sendbufs, recvbufs, describe)
+            self._transport.exchange(channel, describe)
         except CollectiveMismatchError as exc:
             exc._engine_symmetric = True  # type: ignore[attr-defined]
             raise
