@@ -58,6 +58,11 @@ def markdown(results: dict[str, Any]) -> str:
         base = s["samples_per_s"]["1_instance"]
         for name, value in s["samples_per_s"].items():
             lines.append(f"| {name.replace('_', ' ')} | {value:.0f} | {value / base:.2f} |")
+        if "small_batch" in s:
+            small = s["small_batch"]
+            for name, value in small["samples_per_s"].items():
+                lines.append(f"| {name.replace('_', ' ')}, global batch {small['global_batch']} | {value:.0f} | "
+                             f"{value / small['samples_per_s']['1_instance']:.2f} |")
         lines.append("")
     if "rts_memory" in results:
         m = results["rts_memory"]

@@ -3,7 +3,8 @@
     scaling_worker.py GLOBAL_BATCH STEPS [--replication N]
 
 A compute-bound MLP (1024-wide layers, float32): forward, backward, one fused all-reduce (mean)
-of all gradients, SGD. The global batch is the same whatever the split.
+of all gradients, SGD. The global batch is the same whatever the split. Throughput is the
+global batch over the median step time.
 """
 
 from __future__ import annotations
@@ -61,14 +62,16 @@ def main() -> None:
             start += n
 
     rt.run(step, x, y)  # warm-up
-    start = time.perf_counter()
+    seconds = []
     for _ in range(args.steps):
+        start = time.perf_counter()
         rt.run(step, x, y)
-    elapsed = time.perf_counter() - start
+        seconds.append(time.perf_counter() - start)
+    # The median step: one step slowed by a burst of the machine's noise does not move it.
+    step_seconds = float(np.median(seconds))
     if rt.replica_index_offset == 0:
-        print(json.dumps({"samples_per_s": args.global_batch * args.steps / elapsed,
-                          "step_seconds": elapsed / args.steps, "replicas": total,
-                          "local_replicas": local}), flush=True)
+        print(json.dumps({"samples_per_s": args.global_batch / step_seconds, "step_seconds": step_seconds,
+                          "replicas": total, "local_replicas": local}), flush=True)
     rt.close()
 
 

@@ -1,0 +1,44 @@
+"""The benchmark workers and report, run for real at the smallest sizes (`make bench` is the measurement)."""
+
+from __future__ import annotations
+
+import json
+
+from bench import report, scaling
+from tests.helpers import PYTHON, poprun, run
+
+
+def _json_line(stdout: str) -> dict:
+    line = [ln for ln in stdout.splitlines() if "{" in ln][-1]
+    return json.loads(line[line.index("{"):])
+
+
+def test_engine_and_raw_all_reduce_are_timed_in_one_job() -> None:
+    out = poprun("--num-instances", "2", "--num-replicas", "4",
+                 PYTHON, "-m", "bench.collectives_worker", "engine+raw", "allreduce", "1024", "65536")
+    assert out.returncode == 0, out.stderr
+    got = _json_line(out.stdout)
+    assert set(got) == {"1024", "65536"}
+    for times in got.values():
+        assert set(times) == {"engine", "raw"}
+        assert all(0 < t < 0.1 for t in times.values())
+
+
+def test_unknown_worker_mode_is_named() -> None:
+    out = run([PYTHON, "-m", "bench.collectives_worker", "fast", "allreduce", "1024"])
+    assert out.returncode != 0
+    assert "mode 'fast' is not one of raw, engine, engine+raw" in out.stderr
+
+
+def test_scaling_section_reports_both_batches_and_its_target() -> None:
+    section = scaling.run(quick=True)
+    assert set(section["samples_per_s"]) == {"1_instance", "2_instances", "1_instance_2_replicas"}
+    assert all(v > 0 for v in section["samples_per_s"].values())
+    small = section["small_batch"]
+    assert small["global_batch"] == scaling.SMALL_BATCH < scaling.GLOBAL_BATCH
+    assert small["speedup_2_instances"] == small["samples_per_s"]["2_instances"] / small["samples_per_s"]["1_instance"]
+    target = section["target"]
+    assert target["value"] == section["speedup_2_instances"] and target["holds"] == (target["value"] >= 1.7)
+    table = report.markdown({"scaling": section})
+    assert f"| 2 instances, global batch {scaling.SMALL_BATCH} |" in table
+    assert f"(global batch {scaling.GLOBAL_BATCH}) | 1.7 |" in table
