@@ -55,21 +55,15 @@ def markdown(results: dict[str, Any]) -> str:
     if "scaling" in results:
         s = results["scaling"]
         lines += [f"| scaling: {s['model']} | samples/s | speedup |", "|---|---|---|"]
-        base = s["samples_per_s"]["1_instance"]
-        for name, value in s["samples_per_s"].items():
-            lines.append(f"| {name.replace('_', ' ')} | {value:.0f} | {value / base:.2f} |")
+        lines += _relative_rows(s["samples_per_s"], ".0f")
         if "small_batch" in s:
             small = s["small_batch"]
-            for name, value in small["samples_per_s"].items():
-                lines.append(f"| {name.replace('_', ' ')}, global batch {small['global_batch']} | {value:.0f} | "
-                             f"{value / small['samples_per_s']['1_instance']:.2f} |")
+            lines += _relative_rows(small["samples_per_s"], ".0f", f", global batch {small['global_batch']}")
         lines.append("")
     if "rts_memory" in results:
         m = results["rts_memory"]
         lines += [f"| state memory per process ({m['description']}) | MiB | vs replicated |", "|---|---|---|"]
-        base = m["mib"]["replicated"]
-        for name, value in m["mib"].items():
-            lines.append(f"| {name.replace('_', ' ')} | {value:.1f} | {value / base:.2f} |")
+        lines += _relative_rows(m["mib"], ".1f")
         lines.append("")
     targets = [t for s in results.values() if isinstance(s, dict) for t in
                (s.get("targets") or ([s["target"]] if "target" in s else []))]
@@ -78,6 +72,12 @@ def markdown(results: dict[str, Any]) -> str:
         for t in targets:
             lines.append(f"| {t['what']} | {t['limit']} | {t['value']:.2f} | {'yes' if t['holds'] else '**no**'} |")
     return "\n".join(lines) + "\n"
+
+
+def _relative_rows(values: dict[str, float], fmt: str, suffix: str = "") -> list[str]:
+    """A table row per entry: its value, and its ratio to the first entry (the baseline)."""
+    base = next(iter(values.values()))
+    return [f"| {name.replace('_', ' ')}{suffix} | {value:{fmt}} | {value / base:.2f} |" for name, value in values.items()]
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
