@@ -5,11 +5,12 @@ with a 32-byte header ``[sequence, index in step, signature hash, status]``; for
 collectives the data rides in the same message ("eager"), so a small all-reduce costs a single
 message exchange. These messages are persistent requests built once per collective plan
 (:class:`HeaderChannel`); a message of unexpected size (a participant in another collective)
-arrives whole or truncated, and either way its header reports the mismatch. Bulk data follows as ``Isend``/``Irecv`` of numpy buffers. Every wait has a deadline (the collective
-timeout) and polls MPI: a tight spin first (peers usually arrive within microseconds), then
-``sched_yield`` (polite when instances oversubscribe the cores), then, for headers only, sleeps
-with back-off (a peer computing for minutes must not cost a core); transfers never sleep, as
-MPI only makes progress while polled.
+arrives whole or truncated, and either way its header reports the mismatch. Bulk data follows
+as ``Isend``/``Irecv`` of numpy buffers. Every wait has a deadline (the collective timeout) and
+polls MPI: a tight spin first (peers usually arrive within microseconds), then ``sched_yield``
+(polite when instances oversubscribe the cores), then, for headers only, sleeps with back-off (a
+peer computing for minutes must not cost a core); transfers never sleep, as MPI only makes
+progress while polled.
 
 Headers whose hashes differ fall back to :func:`popdist_py.checks.agree` with the full
 signature, which raises :class:`CollectiveMismatchError` on every instance naming the values.
@@ -85,9 +86,9 @@ class HeaderChannel:
 
     def free(self) -> None:
         """Free the requests; one still active (a run interrupted mid-exchange) is left to MPI."""
-        active = [r for r in self.requests if not r.Test()]
-        if active:
-            _ORPHANS.append(self)  # keeps the buffers alive for as long as MPI may touch them
+        if not all(r.Test() for r in self.requests):
+            # never freed: MPI may still touch the buffers, which the requests and this tuple keep alive
+            _ORPHANS.append((self.requests, self.sendbufs, self.recvbufs))
         else:
             for r in self.requests:
                 r.Free()
@@ -159,8 +160,10 @@ class Transport:
                     break
         except self.MPI.Exception:
             # A peer's message was longer than ours (another collective): MPI truncated it into
-            # our buffer and completed every request. Its header says what it was.
+            # our buffer, and its header says what it was. Testall raises as soon as that request
+            # completes, so let the others complete too before the channel can be started again.
             mismatch = True
+            self._settle(channel, describe)
         expect = channel.sent_header
         for p, got, buf in zip(self.peers, channel.recv_headers, channel.recvbufs):
             if got == expect:
@@ -179,6 +182,21 @@ class Transport:
             raise CollectiveMismatchError(
                 f"{what}: the instances disagree about this collective (signature hashes differ)"
             )
+
+    def _settle(self, channel: HeaderChannel, describe: Callable[[], tuple[str, tuple, Sequence[str]]]) -> None:
+        """Wait, with the deadline, until each request has completed (truncated ones raise when tested)."""
+        MPI = self.MPI
+
+        def completed(request: Any) -> bool:
+            try:
+                return request.Test()
+            except MPI.Exception:
+                return True
+
+        requests = channel.requests
+        # a list, not a generator: every request is tested (completed) on every poll
+        if not poll(lambda: all([completed(r) for r in requests]), time.monotonic() + self.timeout):
+            self._timed_out(channel, describe)
 
     def _timed_out(self, channel: HeaderChannel, describe: Callable[[], tuple[str, tuple, Sequence[str]]]) -> None:
         """Some peers never sent their message: withdraw our receives and name those peers."""

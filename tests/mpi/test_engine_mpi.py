@@ -170,6 +170,30 @@ def test_mismatch_between_instances_is_named_on_every_instance(n: int) -> None:
             assert got.tolist() == [[6], [6]]
 
 
+@pytest.mark.mpi(min_size=3)
+def test_truncated_message_while_another_peer_is_late_leaves_the_runtime_usable() -> None:
+    # Instance 1 sends longer messages (truncated at the others) while instance 2 arrives late:
+    # the error comes from the first peer's message with the second's receive still pending.
+    with instances(3) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=3, comm=comm, timeout=30) as rt:
+            me = rt.instance_index
+            size = 9 if me == 1 else 8
+
+            def step(ctx):  # type: ignore[no-untyped-def]
+                if me == 2:
+                    time.sleep(0.3)
+                return ops.replicated_all_reduce(np.zeros(size, np.float32))
+
+            with pytest.raises(CollectiveMismatchError, match=r"\(8,\).*\(9,\)|\(9,\).*\(8,\)"):
+                rt.run(step)
+            # every request had completed: the same plan (size 8) exchanges again, with fresh data
+            for k in range(1, 4):
+                got = rt.run(lambda ctx: ops.replicated_all_reduce(np.full(8, k * (ctx.replica_index + 1), np.float32)))
+                assert got.tolist() == [[6 * k] * 8]
+
+
 @pytest.mark.mpi(min_size=2)
 def test_op_and_group_mismatch_between_instances() -> None:
     with instances(2) as comm:
