@@ -71,13 +71,13 @@ class HeaderChannel:
     and truncated (an MPI error) when longer; either way its header names the mismatch.
     """
 
-    __slots__ = ("requests", "sendbufs", "recvbufs", "sent_header", "recv_headers")
+    __slots__ = ("requests", "sendbufs", "sent_header", "recv_headers")
 
     def __init__(self, comm: Any, peers: Sequence[int], sendbufs: Sequence[np.ndarray],
                  recvbufs: Sequence[np.ndarray]) -> None:
-        self.sendbufs = list(sendbufs)  # the requests point into these buffers
-        self.recvbufs = list(recvbufs)
-        # byte views of the headers: comparing memoryviews is the cheapest check per message
+        self.sendbufs = list(sendbufs)  # the requests point into these (and the receive) buffers
+        # byte views of the headers (they keep the receive buffers alive): comparing memoryviews
+        # is the cheapest check per message
         self.sent_header = memoryview(sendbufs[0])[:HDR_BYTES]
         self.recv_headers = [memoryview(b)[:HDR_BYTES] for b in recvbufs]
         #: receives (one per peer, in peer order), then sends
@@ -88,7 +88,7 @@ class HeaderChannel:
         """Free the requests; one still active (a run interrupted mid-exchange) is left to MPI."""
         if not all(r.Test() for r in self.requests):
             # never freed: MPI may still touch the buffers, which the requests and this tuple keep alive
-            _ORPHANS.append((self.requests, self.sendbufs, self.recvbufs))
+            _ORPHANS.append((self.requests, self.sendbufs, self.recv_headers))
         else:
             for r in self.requests:
                 r.Free()
@@ -165,10 +165,10 @@ class Transport:
             mismatch = True
             self._settle(channel, describe)
         expect = channel.sent_header
-        for p, got, buf in zip(self.peers, channel.recv_headers, channel.recvbufs):
+        for p, got in zip(self.peers, channel.recv_headers):
             if got == expect:
                 continue
-            if buf[24:32].tobytes() != _OK:
+            if got[24:32] != _OK:
                 what = describe()[0]
                 raise PeerAborted(
                     f"{what}: {self.describe(p)} abandoned its step (an exception was raised there; see its "
