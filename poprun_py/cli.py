@@ -36,6 +36,9 @@ def run(argv: list[str]) -> int:
     except ProgramError as exc:
         _error(str(exc))
         return exc.status
+    except OSError as exc:  # mpiexec itself cannot be started (E2BIG, EACCES, ...)
+        _error(f"cannot start mpiexec: {exc.strerror or exc}")
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -11,24 +11,19 @@ from __future__ import annotations
 import _socket
 
 
-def listen(bind_all: bool, backlog: int) -> tuple[_socket.socket, str]:
-    """A non-blocking listener on a free port, and the ``host:port`` shims should connect to:
-    loopback for a one-host job, every interface (and this host's name) when hosts are remote."""
+def listen(address: str, backlog: int) -> tuple[_socket.socket, str]:
+    """A non-blocking listener on a free port of ``address`` (loopback for a one-host job, the
+    address remote hosts reach this one on otherwise) and the ``address:port`` shims connect to."""
     server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
         server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-        server.bind(("" if bind_all else "127.0.0.1", 0))
+        server.bind((address, 0))
         server.listen(backlog)
         server.setblocking(False)
     except OSError:
         server.close()
         raise
-    port = server.getsockname()[1]
-    if bind_all:
-        import socket
-
-        return server, f"{socket.getfqdn()}:{port}"
-    return server, f"127.0.0.1:{port}"
+    return server, f"{address}:{server.getsockname()[1]}"
 
 
 def accept(server: _socket.socket) -> _socket.socket | None:

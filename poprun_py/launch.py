@@ -13,8 +13,13 @@ from poprun_py import log
 from poprun_py.errors import PlanError
 from poprun_py.options import VIPU_FLAGS
 
-_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+#: Inside a Slurm allocation, its nodes are the hosts unless -H/--host-file says otherwise.
+SLURM_NODELIST = "SLURM_JOB_NODELIST"
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from poprun_py.mpi import Command, CommandSpec, MpiLauncher
+    from poprun_py.plan import JobPlan
 
 class ProgramError(Exception):
     """The program cannot be started here; ``status`` is the shell's (127 not found, 126 not executable)."""
@@ -42,54 +47,136 @@ def launch(options: dict) -> int:
     only = options["only_output_from_instance"]
     if only is not None and only >= plan.num_instances:
         raise PlanError(f"--only-output-from-instance {only} is outside the instances 0..{plan.num_instances - 1}")
+    # A dry run asks no resolver: the address remote hosts call back on is shown as a placeholder.
+    remote = _remote_hosts(hosts, resolve=not options["dry_run"])
+    callback = _callback_address(hosts, remote, options["host_subnet"], resolve=not options["dry_run"])
+    job_env = {**plan.job_env(), "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
+    if options["host_subnet"] and hosts:
+        from poprun_py.protocol import ENV_HOST_SUBNET
+
+        job_env[ENV_HOST_SUBNET] = options["host_subnet"]
     spec = CommandSpec(
-        job_env={**plan.job_env(), "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")},
+        job_env=job_env,
         instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],
-        instance_argv=[],
+        shim=[],
+        program=[options["program"], *options["args"]],
         global_args=split_args(options["mpi_global_args"], "--mpi-global-args"),
         local_args=split_args(options["mpi_local_args"], "--mpi-local-args"),
         instance_local_args=parse_instance_local_args(options["instance_mpi_local_args"], plan.num_instances),
         numa_aware=options["numa_aware"],
         explicit_hosts=bool(hosts),
+        callback_address=callback,
+        host_subnet=options["host_subnet"] if hosts else None,
     )
-    _check_program(options["program"], hosts)
+    _check_program(options["program"], bool(remote))
     launcher = detect_launcher(find_mpiexec(options["mpi"]), need_version=options["dry_run"] or options["verbose"] > 0)
     log.info("using %s (%s %s)", launcher.path, launcher.flavour, launcher.version)
-    shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")
-    program = [options["program"], *options["args"]]
-    spec.instance_argv = [[sys.executable, "-S", shim, str(i), *program] for i in range(plan.num_instances)]
-
-    def command(control_address: str) -> list[str]:
-        from poprun_py.protocol import ENV_CONTROL
-
-        spec.job_env[ENV_CONTROL] = control_address
-        return build_command(launcher, plan, spec)
+    spec.shim = [sys.executable, "-S", os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")]
 
     if options["print_topology"] or options["dry_run"]:
         from poprun_py.topology import render_topology
 
         print(render_topology(plan))
     if options["dry_run"]:
-        import shlex
-
-        print(plan.describe())
-        print(f"mpi: {launcher.flavour} {launcher.version} ({launcher.path})")
-        print("command: " + shlex.join(command("<poprun-address>:<port>")))
+        _print_dry_run(plan, launcher, build_command(launcher, plan, _with_control(spec, "<poprun-address>:<port>")))
         return 0
 
     from poprun_py.supervisor import Supervisor
 
-    bind_all = any(h not in _LOCAL_NAMES for h in hosts)
+    written: list[str] = []
+
+    def command(control_address: str) -> list[str]:
+        built = build_command(launcher, plan, _with_control(spec, control_address))
+        os.environ.update(built.env)  # for mpiexec (its ssh options); the instances inherit them too
+        paths = {}
+        for placeholder, text in built.files().items():
+            paths[placeholder] = _write_file(text)
+            written.append(paths[placeholder])
+        if paths:
+            log.info("the command line would be too long: hosts and app contexts are in %s", ", ".join(written))
+        return built.argv(paths)
+
     supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command,
-                            show_instance=only, bind_all=bind_all)
-    return supervisor.run()
+                            show_instance=only, listen_address=callback or "127.0.0.1",
+                            remote_hosts=frozenset(remote))
+    try:
+        return supervisor.run()
+    finally:
+        for path in written:
+            os.unlink(path)
+
+
+def _with_control(spec: CommandSpec, control_address: str) -> CommandSpec:
+    from poprun_py.protocol import ENV_CONTROL
+
+    spec.job_env[ENV_CONTROL] = control_address
+    return spec
+
+
+def _remote_hosts(hosts: list[str], resolve: bool) -> list[str]:
+    if not hosts:
+        return []
+    from poprun_py.network import remote_hosts
+
+    return remote_hosts(hosts, resolve)
+
+
+def _callback_address(hosts: list[str], remote: list[str], subnet: str | None, resolve: bool) -> str | None:
+    """The address remote instances call back on; None for a one-host job (loopback)."""
+    if not hosts:
+        if subnet:
+            log.warning("--host-subnet %s is ignored: no hosts were given, everything runs here", subnet)
+        return None
+    from poprun_py.network import callback_address
+
+    if not resolve and remote and not subnet:
+        return "<poprun-address>"
+
+    address = callback_address(remote, subnet)
+    if address:
+        log.info("remote hosts call back on %s", address)
+    return address
+
+
+def _write_file(text: str) -> str:
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="poprun-", suffix=".mpiexec")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command) -> None:
+    """The plan and what would run; files are shown by their first and last lines."""
+    import shlex
+
+    print(plan.describe())
+    print(f"mpi: {launcher.flavour} {launcher.version} ({launcher.path})")
+    for name, value in built.env.items():
+        print(f"environment: {name}={shlex.quote(value)}")
+    print("command: " + shlex.join(built.argv()))
+    for placeholder, text in built.files().items():
+        lines = text.splitlines()
+        print(f"{placeholder}: {len(lines)} lines (the command line would be too long)")
+        shown = lines if len(lines) <= 6 else [*lines[:3], f"... {len(lines) - 6} more ...", *lines[-3:]]
+        for line in shown:
+            print("  " + line)
 
 
 def _resolve_hosts(options: dict) -> list[str]:
     if options["host"] is not None and options["host_file"] is not None:
         raise PlanError("--host and --host-file exclude each other; give only one of them")
     if options["host"] is None and options["host_file"] is None:
-        return []
+        nodes = os.environ.get(SLURM_NODELIST)
+        if not nodes:
+            return []
+        from poprun_py.hosts import expand_hosts
+
+        hosts = expand_hosts(nodes)
+        log.info("no -H/--host-file: using the Slurm allocation's %d node(s) from %s=%s as hosts",
+                 len(hosts), SLURM_NODELIST, nodes)
+        return hosts
     from poprun_py.hosts import expand_hosts, read_host_file
 
     if options["host"] is not None:
@@ -97,10 +184,10 @@ def _resolve_hosts(options: dict) -> list[str]:
     return read_host_file(options["host_file"])
 
 
-def _check_program(program: str | None, hosts: list[str]) -> None:
+def _check_program(program: str | None, any_remote: bool) -> None:
     if not program:
         raise PlanError("missing PROGRAM: give the program to run, e.g. 'poprun --num-instances 2 python train.py'")
-    if any(h not in _LOCAL_NAMES for h in hosts):
+    if any_remote:
         return  # remote hosts: the instance shim reports a missing program there
     from poprun_py.paths import which
 

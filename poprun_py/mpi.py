@@ -1,7 +1,9 @@
 """Find ``mpiexec``, tell MPICH (Hydra) from Open MPI, and build the one command that starts a job.
 
 Every instance is its own MPMD app context (``A : B : ...``) because each gets different
-``POPDIST_*`` values, as PopRun does with Open MPI's ``mpirun``.
+``POPDIST_*`` values, as PopRun does with Open MPI's ``mpirun``. Hosts are one list for the
+whole job (``-hosts h0:k,h1:k`` / ``--host h0:k,...``), filled in order; past
+``MAX_COMMAND_BYTES`` the app contexts go to a config file instead of the command line.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from poprun_py.paths import which
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
-    from typing import Literal
+    from typing import Callable, Literal
 
     from poprun_py.plan import JobPlan
 
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 
 #: Open MPI does not forward the environment by default; PopRun forwards these by name.
 OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
+#: ... and every variable with one of these prefixes.
+FORWARDED_PREFIXES = ("POPDIST_", "POPRUN_", "MPI4PY_")
 
 
 class MpiLauncher:
@@ -97,66 +101,196 @@ def _ask_version(path: str) -> MpiLauncher:
 
 
 class CommandSpec:
-    """Everything that shapes the mpiexec command apart from the plan."""
+    """Everything that shapes the mpiexec command apart from the plan.
+
+    ``callback_address``: the local address remote hosts reach this one on (None: one-host job).
+    ``host_subnet``: ``--host-subnet``'s CIDR, which MPI's own traffic is kept to as well.
+    """
 
     def __init__(self, job_env: dict[str, str], instance_envs: list[dict[str, str]],
-                 instance_argv: list[list[str]], global_args: list[str] | None = None,
+                 shim: list[str], program: list[str], global_args: list[str] | None = None,
                  local_args: list[str] | None = None, instance_local_args: dict[int, list[str]] | None = None,
-                 numa_aware: bool = False, explicit_hosts: bool = False) -> None:
+                 numa_aware: bool = False, explicit_hosts: bool = False, callback_address: str | None = None,
+                 host_subnet: str | None = None) -> None:
         self.job_env = job_env
         self.instance_envs = instance_envs
-        self.instance_argv = instance_argv
+        #: Each instance runs ``shim + [index] + program``.
+        self.shim = shim
+        self.program = program
         self.global_args = global_args or []
         self.local_args = local_args or []
         self.instance_local_args = instance_local_args or {}
         self.numa_aware = numa_aware
         self.explicit_hosts = explicit_hosts
+        self.callback_address = callback_address
+        self.host_subnet = host_subnet
 
 
-def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> list[str]:
-    if launcher.flavour == "mpich":
-        return _mpich_command(launcher, plan, spec)
-    return _openmpi_command(launcher, plan, spec)
+#: Above this many bytes of arguments, the per-instance app contexts go to a file (Hydra's
+#: ``-configfile``, Open MPI's ``--app``): Linux refuses one argument over 128 KiB and a whole
+#: command line near 2 MiB, and a dry run of such a line is unreadable.
+MAX_COMMAND_BYTES = 64 * 1024
+#: Linux's limit on one argument (MAX_ARG_STRLEN), less room for the variable's name.
+MAX_ARGUMENT_BYTES = 128 * 1024 - 64
+#: ssh options for reaching hosts: fail within a bound instead of hanging on a dead host or a
+#: password prompt. Users' own HYDRA_LAUNCHER_EXTRA_ARGS / plm_ssh_args win.
+SSH_CONNECT_TIMEOUT = 10
+SSH_ARGS = f"-o ConnectTimeout={SSH_CONNECT_TIMEOUT} -o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
 
 
-def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> list[str]:
-    cmd = [launcher.path, *spec.global_args]
+class Command:
+    """The mpiexec command for a job.
+
+    ``head`` comes first, then the host list, then ``tail`` (global options), then one app
+    context per instance. When all of it would be longer than ``MAX_COMMAND_BYTES``, the host
+    list and the app contexts go to files instead (``files``), and ``argv`` names them.
+    """
+
+    def __init__(self, head: list[str], hosts: HostList | None, tail: list[str], blocks: list[list[str]],
+                 context_option: str, env: dict[str, str]) -> None:
+        self.head = head
+        self.hosts = hosts
+        self.tail = tail
+        self.blocks = blocks
+        self.context_option = context_option
+        #: Variables mpiexec itself needs (e.g. its ssh options), added to poprun's environment.
+        self.env = env
+        inline = [*head, *(hosts.inline if hosts else []), *tail, *(a for b in blocks for a in b)]
+        self.uses_files = sum(len(a) + 1 for a in inline) > MAX_COMMAND_BYTES
+
+    def files(self) -> dict[str, str]:
+        """``{placeholder: content}`` of the files ``argv`` names (none for a short command)."""
+        if not self.uses_files:
+            return {}
+        import shlex
+
+        files = {"<config-file>": "".join(shlex.join(block) + "\n" for block in self.blocks)}
+        if self.hosts:
+            files["<host-file>"] = self.hosts.file_text
+        return files
+
+    def argv(self, paths: dict[str, str] | None = None) -> list[str]:
+        """The command; ``paths`` maps each placeholder of ``files`` to where it was written."""
+        paths = paths or {}
+        if self.uses_files:
+            hosts = [self.hosts.file_option, paths.get("<host-file>", "<host-file>")] if self.hosts else []
+            return [*self.head, *hosts, *self.tail, self.context_option, paths.get("<config-file>", "<config-file>")]
+        argv = [*self.head, *(self.hosts.inline if self.hosts else []), *self.tail]
+        for index, block in enumerate(self.blocks):
+            argv += [":", *block] if index else block
+        return argv
+
+
+class HostList:
+    """The job's hosts with their slots, inline (``-hosts a:2,b:2``) and as a machine file."""
+
+    def __init__(self, inline: list[str], file_option: str, file_text: str) -> None:
+        self.inline = inline
+        self.file_option = file_option
+        self.file_text = file_text
+
+
+def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
+    """The command for ``plan``; a job too large for one command line gets config files, whose
+    lines mpiexec splits at white space with no quoting: there the program and its arguments
+    travel hex-encoded in one variable (``ENV_PROGRAM``) that the shim decodes."""
+    build = _mpich_command if launcher.flavour == "mpich" else _openmpi_command
+    command = build(launcher, plan, spec, spec.job_env, lambda i: [*spec.shim, str(i), *spec.program])
+    if not command.uses_files:
+        return command
+    from poprun_py.protocol import ENV_PROGRAM, encode_argv
+
+    encoded = encode_argv(spec.program)
+    if len(encoded) > MAX_ARGUMENT_BYTES:
+        raise PlanError(f"the program and its arguments ({len(encoded) // 2} bytes) are too long to hand to "
+                        f"{plan.num_instances} instances; at most {MAX_ARGUMENT_BYTES // 2} bytes fit")
+    job_env = {**spec.job_env, ENV_PROGRAM: encoded}
+    command = build(launcher, plan, spec, job_env, lambda i: [*spec.shim, str(i)])
+    command.uses_files = True
+    for block in command.blocks:
+        for token in block:
+            if not token or any(c.isspace() or c in "'\"\\" for c in token):
+                raise PlanError(f"{token!r} cannot go in mpiexec's config file, which a job this large needs "
+                                "(its lines are split at white space, without quoting); use arguments "
+                                "without spaces or quotes in --mpi-local-args / --instance-mpi-local-args")
+    return command
+
+
+def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_env: dict[str, str],
+                   argv: Callable[[int], list[str]]) -> Command:
+    # One host list for the job: Hydra fills each host's slots in order, so instance i lands on
+    # host i // k exactly as the plan says; the app contexts carry only what differs.
+    hosts = None
+    if spec.explicit_hosts:
+        k = plan.instances_per_host
+        hosts = HostList(["-hosts", ",".join(f"{h}:{k}" for h in plan.host_names)], "-f",
+                         "".join(f"{h}:{k}\n" for h in plan.host_names))
+    tail, env = [], {}
+    if spec.callback_address:
+        tail += ["-localhost", spec.callback_address]  # where the remote proxies call back
+        if "HYDRA_LAUNCHER_EXTRA_ARGS" not in os.environ:
+            env["HYDRA_LAUNCHER_EXTRA_ARGS"] = SSH_ARGS
     if spec.numa_aware:
-        cmd += ["-bind-to", "numa"]
-    for name, value in spec.job_env.items():
-        cmd += ["-genv", name, value]
+        tail += ["-bind-to", "numa"]
+    for name, value in job_env.items():
+        tail += ["-genv", name, value]
+    blocks = []
     for inst in plan.instances:
-        if inst.index:
-            cmd.append(":")
-        cmd += ["-n", "1"]
-        if spec.explicit_hosts:
-            cmd += ["-host", inst.host]
+        block = ["-n", "1"]
         for name, value in spec.instance_envs[inst.index].items():
-            cmd += ["-env", name, value]
-        cmd += [*spec.local_args, *spec.instance_local_args.get(inst.index, []), *spec.instance_argv[inst.index]]
-    return cmd
+            block += ["-env", name, value]
+        blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
+                       *argv(inst.index)])
+    return Command([launcher.path, *spec.global_args], hosts, tail, blocks, "-configfile", env)
 
 
-def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> list[str]:
-    cmd = [launcher.path, *spec.global_args]
-    cmd += ["--bind-to", "numa", "--map-by", "numa"] if spec.numa_aware else ["--bind-to", "none"]
-    # Instances are placed by poprun's plan, not by Open MPI's slot count (2 cores would refuse 4).
-    cmd.append("--oversubscribe")
+def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_env: dict[str, str],
+                     argv: Callable[[int], list[str]]) -> Command:
+    head = [launcher.path, *spec.global_args]
+    head += ["--bind-to", "numa", "--map-by", "numa"] if spec.numa_aware else ["--bind-to", "none"]
+    hosts, tail = None, []
+    if spec.explicit_hosts:
+        # Each host offers exactly the plan's slots and they are filled in order, so instance i
+        # lands on host i // k. (Adding --oversubscribe here makes Open MPI ignore the order.)
+        k = plan.instances_per_host
+        hosts = HostList(["--host", ",".join(f"{h}:{k}" for h in plan.host_names)], "--hostfile",
+                         "".join(f"{h} slots={k}\n" for h in plan.host_names))
+        if not spec.numa_aware:
+            tail += ["--map-by", "slot"]
+    else:
+        # One host: instances are placed by poprun's plan, not by Open MPI's slot count (2 cores
+        # would refuse 4 instances).
+        tail.append("--oversubscribe")
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-run-as-root" not in spec.global_args:
-        cmd.append("--allow-run-as-root")
-    forwarded = [name for name in OPENMPI_FORWARDED if name in os.environ]
+        tail.append("--allow-run-as-root")
+    if spec.host_subnet:
+        tail += ["--mca", "btl_tcp_if_include", spec.host_subnet, "--prtemca", "oob_tcp_if_include",
+                 spec.host_subnet]
+    env = {}
+    if spec.callback_address and "PRTE_MCA_plm_ssh_args" not in os.environ:
+        env["PRTE_MCA_plm_ssh_args"] = SSH_ARGS
+    # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
+    for name, value in job_env.items():
+        tail += ["-x", f"{name}={value}"]
+    for name in forwarded_names(job_env):
+        tail += ["-x", name]
+    blocks = []
     for inst in plan.instances:
-        if inst.index:
-            cmd.append(":")
-        cmd += ["-np", "1"]
-        if spec.explicit_hosts:
-            cmd += ["--host", inst.host]
-        for name, value in {**spec.job_env, **spec.instance_envs[inst.index]}.items():
-            cmd += ["-x", f"{name}={value}"]
-        for name in forwarded:
-            cmd += ["-x", name]
-        cmd += [*spec.local_args, *spec.instance_local_args.get(inst.index, []), *spec.instance_argv[inst.index]]
-    return cmd
+        block = ["-np", "1"]
+        for name, value in spec.instance_envs[inst.index].items():
+            block += ["-x", f"{name}={value}"]
+        blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
+                       *argv(inst.index)])
+    return Command(head, hosts, tail, blocks, "--app", env)
+
+
+def forwarded_names(already: dict[str, str]) -> list[str]:
+    """What Open MPI must forward by name from poprun's environment: PopRun's list plus every
+    POPDIST_*, POPRUN_* and MPI4PY_* variable (mpi4py must load the same MPI on every host)."""
+    names = [name for name in OPENMPI_FORWARDED if name in os.environ]
+    names += sorted(name for name in os.environ
+                    if name.startswith(FORWARDED_PREFIXES) and name not in already and name not in names)
+    return names
 
 
 def split_args(text: str | None, option: str) -> list[str]:

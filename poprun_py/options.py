@@ -51,6 +51,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(("-H", "--host"), TEXT,
            "Hosts to run on: 'a,b' or ranges 'node[0-2,4]'. Instances are spread evenly.", metavar="LIST"),
     Option(("--host-file",), TEXT, "File with one host per line (not with --host).", metavar="FILE"),
+    Option(("--host-subnet",), TEXT,
+           "Network for traffic between hosts: poprun's control channel, MPI's daemons and MPI itself "
+           "use the interface whose address is in it. Default: the route towards the first remote host.",
+           metavar="CIDR"),
     Option(("--mpi-global-args",), TEXT, "Extra arguments put once on the mpiexec line.", metavar="ARGS"),
     Option(("--mpi-local-args",), TEXT, "Extra arguments for every instance's app context.", metavar="ARGS"),
     Option(("--instance-mpi-local-args",), TEXTS,

@@ -9,6 +9,22 @@ from __future__ import annotations
 from poprun_py.errors import PlanError
 
 LOCAL_HOST = "localhost"
+#: Longer lists are shown by their ends (plans of thousands of instances stay readable).
+SHOWN_IN_FULL = 16
+
+
+def elide(items: list[str], keep: int = SHOWN_IN_FULL) -> list[str]:
+    """``items``, or its first and last few with a line saying how many are left out."""
+    if len(items) <= keep:
+        return items
+    head, tail = keep * 3 // 4, keep // 4
+    indent = items[0][:len(items[0]) - len(items[0].lstrip())]
+    return [*items[:head], f"{indent}... {len(items) - head - tail} more ...", *items[-tail:]]
+
+
+def span(numbers: range) -> str:
+    """``3`` or ``4-7``."""
+    return f"{numbers.start}" if len(numbers) == 1 else f"{numbers.start}-{numbers.stop - 1}"
 
 
 class InstancePlan:
@@ -61,7 +77,8 @@ class JobPlan:
         if self.hosts and self.num_instances % len(self.hosts):
             raise PlanError(
                 f"--num-instances {self.num_instances} cannot be spread evenly over "
-                f"{len(self.hosts)} hosts ({', '.join(self.hosts)}); use a multiple of {len(self.hosts)} instances"
+                f"{len(self.hosts)} hosts ({', '.join(elide(list(self.hosts), 8))}); "
+                f"use a multiple of {len(self.hosts)} instances"
             )
 
     @property
@@ -119,16 +136,12 @@ class JobPlan:
         }
 
     def describe(self) -> str:
-        """One line per instance: the plan that ``--dry-run`` prints."""
+        """One line per instance (the ends of a long plan): what ``--dry-run`` prints."""
         lines = [
             f"job: {self.num_instances} instance(s) x {self.num_local_replicas} local replica(s) = "
             f"{self.num_replicas} replica(s), {self.ipus_per_replica} IPU(s) per replica, "
             f"{len(self.host_names)} host(s)"
         ]
-        for inst in self.instances:
-            reps = inst.replicas
-            span = f"{reps.start}" if len(reps) == 1 else f"{reps.start}-{reps.stop - 1}"
-            lines.append(
-                f"  instance {inst.index} on {inst.host} (local index {inst.local_index}): replicas {span}"
-            )
+        lines += elide([f"  instance {inst.index} on {inst.host} (local index {inst.local_index}): "
+                        f"replicas {span(inst.replicas)}" for inst in self.instances])
         return "\n".join(lines)

@@ -28,7 +28,19 @@ RELEASE = b"R"
 
 ENV_CONTROL = "POPRUN_CONTROL"  # host:port of poprun's listener
 ENV_GRACE = "POPRUN_KILL_GRACE"  # seconds between SIGTERM and SIGKILL
+ENV_HOST_SUBNET = "POPRUN_HOST_SUBNET"  # --host-subnet: each shim keeps MPI on its interface in it
+ENV_PROGRAM = "POPRUN_PROGRAM"  # large jobs: the program and its arguments (see encode_argv)
 DEFAULT_GRACE = 3.0
+
+
+def encode_argv(argv: list[str]) -> str:
+    """``argv`` as one token with no white space or quotes: hex of the NUL-joined UTF-8 arguments
+    (arguments cannot contain NUL). mpiexec's config files split lines at white space."""
+    return "\0".join(argv).encode("utf-8", "surrogateescape").hex()
+
+
+def decode_argv(text: str) -> list[str]:
+    return bytes.fromhex(text).decode("utf-8", "surrogateescape").split("\0")
 
 
 class ProtocolError(ValueError):

@@ -6,7 +6,8 @@ program's whole process group when ``poprun`` says so or when it is signalled it
 program dies with the shim (PR_SET_PDEATHSIG, set by util-linux's ``setpriv``), so a SIGKILLed
 shim leaves nothing behind.
 
-Run as ``python -S instance.py INDEX PROGRAM [ARGS...]``. The shim shares the cores with the
+Run as ``python -S instance.py INDEX PROGRAM [ARGS...]`` (or ``INDEX`` alone, the program in
+``POPRUN_PROGRAM``). The shim shares the cores with the
 program it starts, so it is kept cheap: the program is started first, with ``posix_spawn``
 (a vfork: forking the interpreter costs ~4 ms of copy-on-write faults, and setting the death
 signal from Python needs ctypes, ~3 ms more), and the shim then uses only modules built into the
@@ -53,12 +54,40 @@ def spawn(argv: list[str]) -> tuple[int, int, int] | OSError:
     return pid, out_r, err_r
 
 
+def pin_network(subnet: str) -> None:
+    """``--host-subnet``: keep the program's MPI traffic on this host's interface in ``subnet``.
+
+    Interface names differ between hosts, so each shim finds its own: UCX (MPICH's ch4:ucx) and
+    libfabric's tcp provider (ch4:ofi) take a device name. Open MPI takes the subnet itself
+    (poprun passes btl_tcp_if_include). A variable the user set is left alone.
+    """
+    from poprun_py.errors import PlanError
+    from poprun_py.network import address_in_subnet
+
+    try:
+        _, interface = address_in_subnet(subnet)
+    except PlanError as exc:
+        os.write(2, f"poprun: warning: on host {os.uname().nodename}: {exc}\n".encode())
+        return
+    os.environ.setdefault("UCX_NET_DEVICES", interface)
+    os.environ.setdefault("FI_TCP_IFACE", interface)
+
+
 def main() -> int:
     index, argv = int(sys.argv[1]), sys.argv[2:]
+    from poprun_py.protocol import ENV_HOST_SUBNET, ENV_PROGRAM
+
+    if not argv:  # a large job: the program came in the environment (see mpi.build_command)
+        from poprun_py.protocol import decode_argv
+
+        argv = decode_argv(os.environ.pop(ENV_PROGRAM))
+
+    if ENV_HOST_SUBNET in os.environ:
+        pin_network(os.environ[ENV_HOST_SUBNET])
     spawned = spawn(argv)  # first: the program starts while we import and connect
 
-    from poprun_py.protocol import ENV_CONTROL
     from poprun_py.control import connect
+    from poprun_py.protocol import ENV_CONTROL
     from poprun_py.shim_pump import Pump
 
     address = os.environ[ENV_CONTROL]

@@ -17,6 +17,7 @@ import _socket
 
 from poprun_py import control, log, protocol
 from poprun_py.output import InstanceOutput
+from poprun_py.plan import LOCAL_HOST
 from poprun_py.process import Process
 from poprun_py.watch import Watch
 
@@ -81,7 +82,8 @@ def describe_status(status: int, signum: int | None) -> str:
 
 class Supervisor:
     def __init__(self, num_instances: int, hosts: list[str], build_command: Callable[[str], list[str]],
-                 show_instance: int | None = None, bind_all: bool = False,
+                 show_instance: int | None = None, listen_address: str = "127.0.0.1",
+                 remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> None:
         self.sinks = {1: stdout or sys.stdout.buffer, 2: stderr or sys.stderr.buffer}
         self.instances = [
@@ -89,17 +91,21 @@ class Supervisor:
             for i in range(num_instances)
         ]
         self.build_command = build_command
-        self.bind_all = bind_all
+        self.listen_address = listen_address
+        self.remote_hosts = remote_hosts
         self.watch = Watch()
         self.failure: Failure | None = None
         self.interrupted: int | None = None
         self.teardown_started: float | None = None
         self.mpiexec: Process | None = None
         self.mpiexec_output: list[bytes] = []
+        #: mpiexec's output before any instance has called in, held back: if hosts cannot be
+        #: reached it is a page of launcher noise around the one line that says why.
+        self.held: list[tuple[int, bytes]] | None = []
 
     # ---------------------------------------------------------------- set-up
     def run(self) -> int:
-        server, address = control.listen(self.bind_all, backlog=len(self.instances) + 8)
+        server, address = control.listen(self.listen_address, backlog=len(self.instances) + 8)
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
         os.set_blocking(wake_read, False)
@@ -172,6 +178,24 @@ class Supervisor:
                     self.watch.remove(fd)
                     self.mpiexec.reap()
 
+    def _show_held(self) -> None:
+        """Pass on what mpiexec said before the first instance called in (it started after all)."""
+        if self.held is None:
+            return
+        for stream, data in self.held:
+            self.sinks[stream].write(data)
+            self.sinks[stream].flush()
+        self.held = None
+
+    def _host_failures(self) -> dict[str, str]:
+        """What the launcher's output says went wrong on which host (see ``host_errors``)."""
+        if not self.mpiexec_output:
+            return {}
+        from poprun_py.host_errors import host_failures
+
+        hosts = list(dict.fromkeys(state.host for state in self.instances))
+        return host_failures(b"".join(self.mpiexec_output).decode(errors="replace"), hosts)
+
     def _mpiexec_pipes_open(self) -> bool:
         return any(kind == "mpiexec" for kind, _ in self.watch.labels())
 
@@ -205,7 +229,10 @@ class Supervisor:
             conn.close()
             return
         state = self.instances[index]
-        state.connection, state.reader, state.pid, state.host = conn, reader, pid, host
+        state.connection, state.reader, state.pid = conn, reader, pid
+        self._show_held()
+        if state.host == LOCAL_HOST:
+            state.host = host  # no host list: name the machine; otherwise keep the user's name for it
         self.watch.relabel(conn, ("instance", index))
         log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
         if self.teardown_started is not None:
@@ -280,7 +307,9 @@ class Supervisor:
             self.watch.remove(fd)
             return
         self.mpiexec_output.append(data)
-        if self.teardown_started is None:
+        if self.held is not None:
+            self.held.append((stream, data))
+        elif self.teardown_started is None:
             self.sinks[stream].write(data)
             self.sinks[stream].flush()
         else:
@@ -332,7 +361,9 @@ class Supervisor:
             if self.mpiexec.wait(timeout=5) is None:
                 log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
         for pid in session_members(self.mpiexec.pid):
-            log.warning("killing process %d left behind in the job's session", pid)
+            command = _command_line(pid)
+            if command:  # an empty command line: the process is already exiting
+                log.warning("killing process %d (%s) left behind in the job's session", pid, command)
             try:
                 os.kill(pid, _signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -348,19 +379,44 @@ class Supervisor:
         assert self.mpiexec is not None
         rc = self.mpiexec.returncode
         if self.interrupted is not None:
+            self._show_held()
             self._summary(f"interrupted by {signal_name(self.interrupted)}")
             return 128 + self.interrupted
         if self.failure is not None:
+            self._show_held()
             self._summary(None)
             return self.failure.status
         unreported = [s.index for s in self.instances if s.status is None]
         if unreported:
-            tail = b"".join(self.mpiexec_output).decode(errors="replace").strip()
+            failures = self._host_failures()
+            said = b"".join(self.mpiexec_output).decode(errors="replace").strip()
+            if failures:
+                from poprun_py.host_errors import describe
+
+                if said:
+                    log.info("mpiexec said:\n%s", said)
+                self.held = None
+                self._error(f"instance(s) {_ranges(unreported)} could not be started: {describe(failures)}")
+                return rc if rc else 1
+            self._show_held()
             self._error(f"mpiexec exited with status {rc} before instance(s) "
-                        f"{', '.join(map(str, unreported))} reported an exit status"
-                        + (f"; mpiexec said:\n{tail}" if tail and self.teardown_started is not None else ""))
+                        f"{_ranges(unreported)} reported an exit status"
+                        + (f"; mpiexec said:\n{said}" if said and self.teardown_started is not None else ""))
             return rc if rc else 1
+        self._show_held()
         return 0 if rc == 0 else rc
+
+    def _lost_host(self, state: InstanceState) -> str | None:
+        """When every instance of a remote host was lost without a report, the host is what
+        failed: say so, with what ssh said about it if anything."""
+        if not state.lost or state.host not in self.remote_hosts:
+            return None
+        on_host = [s for s in self.instances if s.host == state.host]
+        if not all(s.lost for s in on_host):
+            return None
+        why = self._host_failures().get(state.host, "its processes or the connection to it died")
+        return (f"host {state.host} was lost: instance(s) {_ranges([s.index for s in on_host])} there ended "
+                f"without an exit report ({why})")
 
     def _error(self, message: str) -> None:
         self.sinks[2].write(f"poprun: error: {message}\n".encode())
@@ -370,17 +426,43 @@ class Supervisor:
         lines = []
         if self.failure is not None and self.failure.index is not None:
             state = self.instances[self.failure.index]
-            lines.append(f"poprun: instance {state.index} on {state.host} failed: {self.failure.description}")
+            lost_host = self._lost_host(state)
+            if lost_host:
+                lines.append(f"poprun: {lost_host}")
+            else:
+                lines.append(f"poprun: instance {state.index} on {state.host} failed: {self.failure.description}")
             if state.output.stderr_tail:
                 lines.append(f"poprun: last lines of instance {state.index}'s stderr:")
                 lines += [f"    {line.decode(errors='replace')}" for line in state.output.stderr_tail]
         if reason:
             lines.append(f"poprun: {reason}")
-        stopped = [s.index for s in self.instances if s.stopped_by_poprun]
+        stopped = [s.index for s in self.instances if s.stopped_by_poprun and not s.lost]
         if stopped:
             lines.append(f"poprun: stopped instance(s) {', '.join(map(str, stopped))}")
         self.sinks[2].write(("\n".join(lines) + "\n").encode())
         self.sinks[2].flush()
+
+
+def _ranges(indices: list[int]) -> str:
+    """``0-3, 7`` for [0, 1, 2, 3, 7]: a job of thousands of instances still fits one line."""
+    parts: list[str] = []
+    start = previous = indices[0]
+    for index in [*indices[1:], None]:
+        if index is not None and index == previous + 1:
+            previous = index
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if index is not None:
+            start = previous = index
+    return ", ".join(parts)
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def session_members(session_id: int) -> list[int]:

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
-from poprun_py.plan import JobPlan
+from poprun_py.plan import JobPlan, elide, span
+
+#: Past this many replica columns the box would not fit a screen: a summary is printed instead.
+MAX_COLUMNS = 32
 
 
 def render_topology(plan: JobPlan) -> str:
-    """Each cell spans the replica columns it owns, like PopRun's ``poprun topology`` box."""
+    """PopRun's ``poprun topology`` box, or for a large job a line per host (the ends of the list)."""
+    if plan.num_replicas > MAX_COLUMNS:
+        return _summary(plan)
+    return _box(plan)
+
+
+def _summary(plan: JobPlan) -> str:
+    k, per_host = plan.instances_per_host, plan.instances_per_host * plan.num_local_replicas
+    rows = [f"  {host}: instances {span(range(h * k, (h + 1) * k))}, "
+            f"replicas {span(range(h * per_host, (h + 1) * per_host))}" for h, host in enumerate(plan.host_names)]
+    return "\n".join([f"poprun topology: {len(plan.host_names)} host(s) x {k} instance(s) x "
+                      f"{plan.num_local_replicas} replica(s) = {plan.num_replicas} replicas", *elide(rows)])
+
+
+def _box(plan: JobPlan) -> str:
+    """Each cell spans the replica columns it owns."""
     width = max(len(str(plan.num_replicas - 1)), 2) + 2
     per_host = plan.instances_per_host * plan.num_local_replicas
 

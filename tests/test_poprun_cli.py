@@ -110,14 +110,18 @@ def test_dry_run_mpich_command(tmp_path: Path) -> None:
                                "python", "train.py", "--lr", "0.1")
     assert "instance 3 on node1 (local index 1): replicas 6-7" in stdout
     assert "mpi: mpich 5" in stdout
-    assert command[0] == str(MPICH) and command[1:4] == ["-verbose", "-bind-to", "numa"]
+    # One host list for the job (Hydra allows one), filled in order; remote hosts call back on
+    # poprun's address (a placeholder: a dry run resolves no names); ssh is bounded in time.
+    assert command[:8] == [str(MPICH), "-verbose", "-hosts", "node0:2,node1:2", "-localhost", "<poprun-address>",
+                           "-bind-to", "numa"]
+    assert "environment: HYDRA_LAUNCHER_EXTRA_ARGS='-o ConnectTimeout=10 -o BatchMode=yes" in stdout
+    assert "-host" not in command
     contexts = _contexts(command)
     assert len(contexts) == 4
     assert "-genv POPDIST_NUM_TOTAL_REPLICAS 8 -genv POPDIST_NUM_LOCAL_REPLICAS 2 " in " ".join(contexts[0])
     for i, ctx in enumerate(contexts):
         joined = " ".join(ctx)
-        assert f"-n 1 -host node{i // 2} " in joined
-        assert f"-env POPDIST_INSTANCE_INDEX {i} " in joined
+        assert f"-n 1 -env POPDIST_INSTANCE_INDEX {i} " in joined
         assert f"-env POPDIST_REPLICA_INDEX_OFFSET {2 * i} " in joined
         assert f"-env POPDIST_LOCAL_INSTANCE_INDEX {i % 2} " in joined
         assert ctx[-4:] == ["python", "train.py", "--lr", "0.1"]
@@ -128,15 +132,19 @@ def test_dry_run_openmpi_command(openmpi: str) -> None:
     stdout, command = _dry_run("--num-instances", "2", "--num-replicas", "4", "-H", "gpu[07-08]", "--mpi", openmpi,
                                "--mpi-local-args", "-x NCCL_DEBUG", "python", "train.py")
     assert "mpi: openmpi 5" in stdout
+    assert "environment: PRTE_MCA_plm_ssh_args='-o ConnectTimeout=10" in stdout
     assert command[0] == openmpi
-    assert command[1:4] == ["--bind-to", "none", "--oversubscribe"]
+    # Exactly the plan's slots per host, filled in order (no --oversubscribe: it reorders).
+    assert command[1:7] == ["--bind-to", "none", "--host", "gpu07:1,gpu08:1", "--map-by", "slot"]
+    assert "--oversubscribe" not in command
     if os.geteuid() == 0:
-        assert command[4] == "--allow-run-as-root"
-    for i, ctx in enumerate(_contexts(command)):
+        assert command[7] == "--allow-run-as-root"
+    contexts = _contexts(command)
+    assert "-x POPDIST_NUM_TOTAL_REPLICAS=4 " in " ".join(contexts[0]) and "-x PATH " in " ".join(contexts[0])
+    for i, ctx in enumerate(contexts):
         joined = " ".join(ctx)
-        assert f"-np 1 --host gpu0{7 + i} " in joined
-        assert f"-x POPDIST_INSTANCE_INDEX={i} " in joined and f"-x POPDIST_REPLICA_INDEX_OFFSET={2 * i} " in joined
-        assert "-x POPDIST_NUM_TOTAL_REPLICAS=4 " in joined and "-x PATH " in joined
+        assert f"-np 1 -x POPDIST_INSTANCE_INDEX={i} " in joined and f"-x POPDIST_REPLICA_INDEX_OFFSET={2 * i} " in joined
+        assert "--host" not in ctx[ctx.index("-np"):]
         # Local args come right before the instance's program (the shim, then the user's program).
         assert joined.endswith(f"-x NCCL_DEBUG {PYTHON} -S {ROOT / 'poprun_py' / 'instance.py'} {i} python train.py")
 

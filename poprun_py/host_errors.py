@@ -1,0 +1,48 @@
+"""Read what mpiexec and its ssh launcher said into one line per failed host.
+
+When a host cannot be reached, mpiexec prints a page (Hydra's stack of ``[mpiexec@...]`` lines,
+Open MPI's daemon-failure box) around the one line that matters, which ssh wrote. This finds
+that line for each host of the job, so poprun can say "host node1: ssh: connect to host node1
+port 22: Connection refused" and nothing else. Imported only when a job has failed.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: ssh's own messages, each naming the host (ssh writes names in lower case).
+_SSH_PATTERNS = (
+    re.compile(r"ssh: Could not resolve hostname (?P<host>[^:\s]+): (?P<why>.+)"),
+    re.compile(r"ssh: connect to host (?P<host>\S+) port \d+: (?P<why>.+)"),
+    re.compile(r"(?:\S+@)?(?P<host>[^@\s:]+): (?P<why>Permission denied \(.+\)\.?)"),
+    re.compile(r"Connection (?:to|closed by) (?P<host>\S+?)(?: port \d+)? (?P<why>closed by remote host\.?|.*)"),
+    re.compile(r"Timeout, server (?P<host>\S+) (?P<why>not responding\.?)"),
+)
+#: Open MPI's box for a daemon that never called back names the host on its own line.
+_OPENMPI_REMOTE = re.compile(r"^\s*Remote host:\s+(?P<host>\S+)\s*$", re.MULTILINE)
+_OPENMPI_STATUS = re.compile(r"Daemon exit status:\s+(?P<status>\d+)")
+
+
+def host_failures(output: str, hosts: list[str]) -> dict[str, str]:
+    """``{host: what went wrong}`` for each of ``hosts`` that the launcher's ``output`` blames."""
+    by_lower = {host.lower(): host for host in hosts}
+    found: dict[str, str] = {}
+    for line in output.splitlines():
+        line = line.strip()
+        for pattern in _SSH_PATTERNS:
+            match = pattern.fullmatch(line)
+            if match and match.group("host").lower() in by_lower:
+                found.setdefault(by_lower[match.group("host").lower()], line)
+                break
+    for match in _OPENMPI_REMOTE.finditer(output):
+        host = by_lower.get(match.group("host").lower())
+        if host and host not in found:
+            status = _OPENMPI_STATUS.search(output, match.end())
+            found[host] = "Open MPI's daemon there did not call back" + \
+                (f" (exit status {status.group('status')})" if status else "")
+    return found
+
+
+def describe(failures: dict[str, str]) -> str:
+    """One line for all failed hosts."""
+    return "; ".join(f"host {host}: {why}" for host, why in failures.items())
