@@ -65,6 +65,20 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [f"| state memory per process ({m['description']}) | MiB | vs replicated |", "|---|---|---|"]
         lines += _relative_rows(m["mib"], ".1f")
         lines.append("")
+    if "multihost" in results:
+        m = results["multihost"]
+        if "skipped" in m:
+            lines += [f"Multi-host: not measured ({m['skipped']}).", ""]
+        else:
+            launch, reduce = m["launch"], m["allreduce"]
+            lines += [f"| 2 hosts ({', '.join(m['hosts'])}; network namespaces, UCX_TLS={m['transport']}) | "
+                      "bare mpiexec / raw MPI (ms) | poprun / engine (ms) | ratio |", "|---|---|---|---|",
+                      f"| launch 2 instances, `from mpi4py import MPI` | "
+                      f"{_ms(launch['seconds']['mpiexec']['median'])} | {_ms(launch['seconds']['poprun']['median'])} | "
+                      f"{launch['ratio']:.2f} |",
+                      f"| all-reduce {_size(reduce['bytes_per_replica'])} per replica (engine 2x2, raw 2 ranks) | "
+                      f"{_ms(reduce['mpi4py_raw_2']['seconds'])} | {_ms(reduce['engine_2x2']['seconds'])} | "
+                      f"{reduce['ratio_engine_to_raw_2']:.2f} |", ""]
     targets = [t for s in results.values() if isinstance(s, dict) for t in
                (s.get("targets") or ([s["target"]] if "target" in s else []))]
     if targets:
@@ -87,6 +101,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = [k for k in ("allreduce", "launch", "scaling", "rts_memory") if k in results]
+    if not panels:
+        return
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, key in zip(axes[0], panels):
         section = results[key]

@@ -1,6 +1,6 @@
 """``make bench``: measure side by side, write bench/results.json, results.md and results.png.
 
-    python -m bench.run [--quick] [--sections allreduce,launch,scaling,rts_memory]
+    python -m bench.run [--quick] [--sections allreduce,launch,scaling,rts_memory,multihost]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from bench.report import markdown, plot
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scaling": "bench.scaling",
-            "rts_memory": "bench.rts_memory"}
+            "rts_memory": "bench.rts_memory", "multihost": "bench.multihost"}
 
 
 def main() -> None:
