@@ -19,13 +19,14 @@ from bench.timing import time_commands
 from tests.cluster import NETWORK_ENV, Cluster, unavailable_reason
 
 BIN = Path(sys.executable).parent
+log = logging.getLogger(__name__)
 SIZE = 16 << 20
 
 
 def run(quick: bool) -> dict[str, object]:
     reason = unavailable_reason()
     if reason:
-        logging.warning("multihost: not measured: %s", reason)
+        log.warning("multihost: not measured: %s", reason)
         return {"skipped": reason}
     saved = {name: os.environ.get(name) for name in NETWORK_ENV}
     os.environ.update(NETWORK_ENV)

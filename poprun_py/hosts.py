@@ -40,7 +40,7 @@ def _expand_one(item: str, whole: str | None = None) -> list[str]:
         raise PlanError(f"host pattern {whole!r} is malformed; valid forms are 'name' or 'prefix[0-3,5]suffix'")
     prefix, ranges, suffix = match.groups()
     tails = _expand_one(suffix, whole)
-    names = []
+    names: list[str] = []
     for part in ranges.split(","):
         part = part.strip()
         range_match = _RANGE.match(part)

@@ -142,6 +142,6 @@ class JobPlan:
             f"{self.num_replicas} replica(s), {self.ipus_per_replica} IPU(s) per replica, "
             f"{len(self.host_names)} host(s)"
         ]
-        lines += elide([f"  instance {inst.index} on {inst.host} (local index {inst.local_index}): "
-                        f"replicas {span(inst.replicas)}" for inst in self.instances])
+        lines += elide([(f"  instance {inst.index} on {inst.host} (local index {inst.local_index}): "
+                         f"replicas {span(inst.replicas)}") for inst in self.instances])
         return "\n".join(lines)

@@ -17,10 +17,11 @@ def render_topology(plan: JobPlan) -> str:
 
 def _summary(plan: JobPlan) -> str:
     k, per_host = plan.instances_per_host, plan.instances_per_host * plan.num_local_replicas
-    rows = [f"  {host}: instances {span(range(h * k, (h + 1) * k))}, "
-            f"replicas {span(range(h * per_host, (h + 1) * per_host))}" for h, host in enumerate(plan.host_names)]
-    return "\n".join([f"poprun topology: {len(plan.host_names)} host(s) x {k} instance(s) x "
-                      f"{plan.num_local_replicas} replica(s) = {plan.num_replicas} replicas", *elide(rows)])
+    rows = [(f"  {host}: instances {span(range(h * k, (h + 1) * k))}, "
+             f"replicas {span(range(h * per_host, (h + 1) * per_host))}") for h, host in enumerate(plan.host_names)]
+    title = (f"poprun topology: {len(plan.host_names)} host(s) x {k} instance(s) x "
+             f"{plan.num_local_replicas} replica(s) = {plan.num_replicas} replicas")
+    return "\n".join([title, *elide(rows)])
 
 
 def _box(plan: JobPlan) -> str:
@@ -30,8 +31,8 @@ def _box(plan: JobPlan) -> str:
 
     def row(label: str, cells: list[tuple[str, int]]) -> str:
         parts = []
-        for text, span in cells:
-            cell_width = span * width + (span - 1)
+        for text, columns in cells:
+            cell_width = columns * width + (columns - 1)
             parts.append(text.center(cell_width)[:cell_width])
         return f"| {label:<9} |" + "|".join(parts) + "|"
 

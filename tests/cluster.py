@@ -65,7 +65,8 @@ def _sshd() -> str | None:
 
 
 def _run(argv: list[str], check: bool = True, timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                            check=False)
     if check and result.returncode:
         raise ClusterUnavailable(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
     return result
@@ -369,9 +370,9 @@ def remove_stale() -> None:
     live_tags = {f"{PREFIX}{pid % 100000}" for pid in _live_cluster_pids()}
     for name in _run(["ip", "netns", "list"], check=False).stdout.split():
         if name.startswith(PREFIX) and name.split("-", 1)[0] not in live_tags:
-            for pid in _run(["ip", "netns", "pids", name], check=False).stdout.split():
+            for text in _run(["ip", "netns", "pids", name], check=False).stdout.split():
                 try:
-                    os.kill(int(pid), signal.SIGKILL)
+                    os.kill(int(text), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
                     pass
             _run(["ip", "netns", "del", name], check=False)
