@@ -33,8 +33,9 @@ HOSTS_FILE = Path("/etc/hosts")
 SSH_CONFIG_DIR = Path("/etc/ssh/ssh_config.d")
 #: Candidate subnets, tried in order; the first that nothing on this machine uses is taken.
 CANDIDATE_SUBNETS = [f"10.{a}.{b}.0/24" for a in (213, 231) for b in range(37, 47)]
-#: Keeps MPI traffic on the network between namespaces (they share /dev/shm).
-NETWORK_ENV = {"UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp"}
+#: Keeps MPI traffic on the network between namespaces (they share /dev/shm). UCX skips bridge
+#: devices unless told, and the root namespace reaches the hosts only through the bridge.
+NETWORK_ENV = {"UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp", "UCX_TCP_BRIDGE_ENABLE": "y"}
 #: Bound for every command the cluster runs itself.
 COMMAND_TIMEOUT = 30
 

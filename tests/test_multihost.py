@@ -187,6 +187,18 @@ def test_host_subnet_keeps_control_and_mpi_on_that_network(cluster: Cluster, mpi
         assert elsewhere < 256 << 10, f"{name}: {elsewhere} bytes on the other network (ssh only)"
 
 
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_a_job_on_this_machine_and_a_remote_host(cluster: Cluster, mpi: str) -> None:
+    # This machine has interfaces the hosts cannot reach (MPICH's UCX would try them):
+    # --host-subnet names the network every instance shares.
+    result = poprun(*mpi_args(mpi), "--host-subnet", str(cluster.subnets[0]), "--num-instances", "4",
+                    "-H", "localhost,node1", PYTHON, WHERE, "--collectives", env=job_env(mpi))
+    assert result.returncode == 0, result.stderr
+    found = reports(result.stdout)
+    assert [found[i]["host"] for i in range(4)] == [os.uname().nodename] * 2 + ["node1"] * 2
+    assert all(r["collectives"] == "ok" for r in found.values())
+
+
 def test_host_subnet_that_no_interface_is_in_is_one_line(cluster: Cluster) -> None:
     result = poprun("--host-subnet", "10.254.253.0/24", "-H", "node0,node1", "--num-instances", "2", "/bin/true")
     assert result.returncode == 2
@@ -227,11 +239,12 @@ def test_host_whose_sshd_refuses(cluster: Cluster, mpi: str) -> None:
     assert wait_no_processes(marker) == []
 
 
-def test_host_that_is_down(cluster: Cluster) -> None:
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_host_that_is_down(cluster: Cluster, mpi: str) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     cluster.set_link(cluster.host("node1"), up=False)  # nothing answers: only ssh's ConnectTimeout ends it
-    result, took = _timed("--num-instances", "2", "-H", "node0,node1", PYTHON, BEHAVE, marker,
-                          env=job_env("mpich"))
+    result, took = _timed(*mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, BEHAVE, marker,
+                          env=job_env(mpi))
     assert result.returncode == 255 and took < FAILURE_BOUND
     assert re.fullmatch(r"poprun: error: instance\(s\) [0-9, -]+ could not be started: host node1: "
                         r"ssh: connect to host node1 port 22: Connection timed out\n", result.stderr), result.stderr
