@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -27,6 +29,16 @@ def run(cmd: list[str], *, timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, s
 def poprun(*args: str, timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, str] | None = None,
            cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
     return run([*POPRUN, *args], timeout=timeout, env=env, cwd=cwd)
+
+
+def tagged_json(stdout: str) -> dict[int, dict]:
+    """``{instance: object}`` from output whose every line is ``[i] {json}`` (poprun's tags)."""
+    found = {}
+    for line in stdout.splitlines():
+        match = re.fullmatch(r"\[(\d+)\] (\{.*\})", line)
+        assert match, f"untagged or malformed line: {line!r}"
+        found[int(match.group(1))] = json.loads(match.group(2))
+    return found
 
 
 def processes_matching(marker: str) -> list[str]:

@@ -8,7 +8,6 @@ job is left on any host, nor here.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -22,7 +21,7 @@ import pytest
 
 from tests.cluster import NETWORK_ENV, Cluster, unavailable_reason
 from tests.conftest import LOUD
-from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run, wait_no_processes
+from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run, tagged_json, wait_no_processes
 
 pytestmark = pytest.mark.multihost
 
@@ -71,15 +70,6 @@ def job_env(mpi: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def reports(stdout: str) -> dict[int, dict]:
-    found = {}
-    for line in stdout.splitlines():
-        match = re.fullmatch(r"\[(\d+)\] (\{.*\})", line)
-        assert match, f"untagged or malformed line: {line!r}"
-        found[int(match.group(1))] = json.loads(match.group(2))
-    return found
-
-
 def tx_bytes(cluster: Cluster, network: int | None = None) -> dict[str, int]:
     """Bytes each host has sent on ``network`` (all networks: MPI spreads over every one it may use)."""
     networks = range(len(cluster.subnets)) if network is None else [network]
@@ -98,7 +88,7 @@ def test_instances_land_where_the_plan_says_with_their_environment(cluster: Clus
     result = poprun(*mpi_args(mpi), "--num-instances", str(instances), "--num-replicas", str(2 * instances),
                     "-H", ",".join(hosts), PYTHON, WHERE, env=job_env(mpi, **extra))
     assert result.returncode == 0, result.stderr
-    found = reports(result.stdout)
+    found = tagged_json(result.stdout)
     assert sorted(found) == list(range(instances))
     for i, report in found.items():
         env = report["env"]
@@ -122,7 +112,7 @@ def test_slurm_allocation_gives_the_hosts(cluster: Cluster) -> None:
     assert result.returncode == 0, result.stderr
     assert f"using the Slurm allocation's 2 node(s) from SLURM_JOB_NODELIST={cluster.name_prefix}[0-1]" \
         in result.stderr
-    assert {i: r["host"] for i, r in reports(result.stdout).items()} == {0: "node0", 1: "node1"}
+    assert {i: r["host"] for i, r in tagged_json(result.stdout).items()} == {0: "node0", 1: "node1"}
 
 
 # ------------------------------------------------------------------ collectives across hosts
@@ -132,7 +122,7 @@ def test_host_collectives_cross_the_network(cluster: Cluster, mpi: str) -> None:
     result = poprun(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, WHERE, "--collectives",
                     env=job_env(mpi))
     assert result.returncode == 0, result.stderr
-    assert all(r["collectives"] == "ok" for r in reports(result.stdout).values())
+    assert all(r["collectives"] == "ok" for r in tagged_json(result.stdout).values())
     after = tx_bytes(cluster)
     # Each host needs the other's share of every element of the 4 MiB result: at least that crosses.
     for name in ("node0", "node1"):
@@ -176,7 +166,7 @@ def test_host_subnet_keeps_control_and_mpi_on_that_network(cluster: Cluster, mpi
     result = poprun(*mpi_args(mpi), "--host-subnet", subnet, "--num-instances", "2", "-H", "node0,node1",
                     PYTHON, WHERE, "--collectives", env=job_env(mpi))
     assert result.returncode == 0, result.stderr
-    found = reports(result.stdout)
+    found = tagged_json(result.stdout)
     assert all(r["collectives"] == "ok" for r in found.values())
     assert all(r["env"]["POPRUN_CONTROL"].startswith(cluster.bridge_addresses[1] + ":") for r in found.values())
     assert all(r["forwarded"]["UCX_NET_DEVICES"] == "eth1" for r in found.values())  # each host's own name
@@ -194,7 +184,7 @@ def test_a_job_on_this_machine_and_a_remote_host(cluster: Cluster, mpi: str) -> 
     result = poprun(*mpi_args(mpi), "--host-subnet", str(cluster.subnets[0]), "--num-instances", "4",
                     "-H", "localhost,node1", PYTHON, WHERE, "--collectives", env=job_env(mpi))
     assert result.returncode == 0, result.stderr
-    found = reports(result.stdout)
+    found = tagged_json(result.stdout)
     assert [found[i]["host"] for i in range(4)] == [os.uname().nodename] * 2 + ["node1"] * 2
     assert all(r["collectives"] == "ok" for r in found.values())
 
@@ -221,33 +211,22 @@ def test_a_command_too_long_for_one_line_runs_from_files(cluster: Cluster, mpi: 
 
 
 # ------------------------------------------------------------------ hosts that fail
-def _timed(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+@pytest.mark.parametrize("failure,said", [("sshd stopped", "Connection refused"),
+                                          ("link down", "Connection timed out")])  # only ConnectTimeout ends it
+def test_host_that_cannot_be_reached(cluster: Cluster, mpi: str, failure: str, said: str) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    node1 = cluster.host("node1")
+    if failure == "sshd stopped":
+        cluster.stop_sshd(node1)
+    else:
+        cluster.set_link(node1, up=False)
     start = time.monotonic()
-    result = poprun(*args, env=env, timeout=FAILURE_BOUND + 30)
-    return result, time.monotonic() - start
-
-
-@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
-def test_host_whose_sshd_refuses(cluster: Cluster, mpi: str) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
-    cluster.stop_sshd(cluster.host("node1"))
-    result, took = _timed(*mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, BEHAVE, marker,
-                          env=job_env(mpi))
-    assert result.returncode == 255 and took < FAILURE_BOUND
+    result = poprun(*mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, BEHAVE, marker,
+                    env=job_env(mpi), timeout=FAILURE_BOUND + 30)
+    assert result.returncode == 255 and time.monotonic() - start < FAILURE_BOUND
     assert re.fullmatch(r"poprun: error: instance\(s\) [0-9, -]+ could not be started: host node1: "
-                        r"ssh: connect to host node1 port 22: Connection refused\n", result.stderr), result.stderr
-    assert wait_no_processes(marker) == []
-
-
-@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
-def test_host_that_is_down(cluster: Cluster, mpi: str) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
-    cluster.set_link(cluster.host("node1"), up=False)  # nothing answers: only ssh's ConnectTimeout ends it
-    result, took = _timed(*mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, BEHAVE, marker,
-                          env=job_env(mpi))
-    assert result.returncode == 255 and took < FAILURE_BOUND
-    assert re.fullmatch(r"poprun: error: instance\(s\) [0-9, -]+ could not be started: host node1: "
-                        r"ssh: connect to host node1 port 22: Connection timed out\n", result.stderr), result.stderr
+                        rf"ssh: connect to host node1 port 22: {said}\n", result.stderr), result.stderr
     assert wait_no_processes(marker) == []
 
 

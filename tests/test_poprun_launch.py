@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import subprocess
@@ -11,19 +10,10 @@ import uuid
 
 import pytest
 
-from tests.helpers import POPRUN, PYTHON, ROOT, poprun, wait_no_processes
+from tests.helpers import POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
 
 SCRIPTS = ROOT / "tests" / "scripts"
 BEHAVE = str(SCRIPTS / "behave.py")
-
-
-def env_lines(stdout: str) -> dict[int, dict[str, str]]:
-    result = {}
-    for line in stdout.splitlines():
-        match = re.fullmatch(r"\[(\d+)\] (\{.*\})", line)
-        assert match, f"untagged or malformed line: {line!r}"
-        result[int(match.group(1))] = json.loads(match.group(2))
-    return result
 
 
 @pytest.mark.parametrize("instances,replicas", [(1, 1), (2, 4), (4, 8)])
@@ -31,7 +21,7 @@ def test_each_instance_gets_its_environment(instances: int, replicas: int) -> No
     result = poprun("--num-instances", str(instances), "--num-replicas", str(replicas),
                     PYTHON, str(SCRIPTS / "print_env.py"))
     assert result.returncode == 0, result.stderr
-    envs = env_lines(result.stdout)
+    envs = tagged_json(result.stdout)
     assert sorted(envs) == list(range(instances))
     local = replicas // instances
     for i, env in envs.items():
@@ -53,7 +43,7 @@ def test_replicas_default_to_one_per_instance_and_options_reach_instances(tmp_pa
                     "--mpi-local-args", "-env FOO from-local", "--instance-mpi-local-args", "1:-env BAR only-one",
                     PYTHON, str(SCRIPTS / "print_env.py"))
     assert result.returncode == 0, result.stderr
-    envs = env_lines(result.stdout)
+    envs = tagged_json(result.stdout)
     for i in (0, 1):
         assert envs[i]["POPDIST_NUM_TOTAL_REPLICAS"] == "2"
         assert envs[i]["POPDIST_NUM_LOCAL_REPLICAS"] == "1"
