@@ -37,8 +37,11 @@ def accept(server: _socket.socket) -> _socket.socket | None:
     return connection
 
 
-def connect(address: str, timeout: float = 30) -> _socket.socket:
-    """A blocking TCP connection to ``host:port``, trying each address the name resolves to."""
+def connect(address: str, timeout: float = 30, give_up_after: float | None = None) -> _socket.socket:
+    """A blocking TCP connection to ``host:port``, trying each address the name resolves to.
+
+    ``give_up_after``: seconds that sent data may stay unacknowledged before the connection fails
+    (TCP_USER_TIMEOUT), so a peer that vanished without a word is noticed."""
     host, _, port = address.rpartition(":")
     error: OSError = OSError(f"{host!r} resolves to no address")
     # An ASCII name goes as bytes: given a str, getaddrinfo imports the IDNA codec (and re).
@@ -50,6 +53,8 @@ def connect(address: str, timeout: float = 30) -> _socket.socket:
             sock.connect(sockaddr)
             sock.settimeout(None)
             sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            if give_up_after is not None and hasattr(_socket, "TCP_USER_TIMEOUT"):
+                sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_USER_TIMEOUT, int(give_up_after * 1000))
             return sock
         except OSError as exc:
             error = exc

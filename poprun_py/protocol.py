@@ -15,6 +15,7 @@ HEADER = struct.Struct("!BBI")  # kind, stream, payload length
 HELLO = 1  # payload: HELLO_FIELDS, then the host name (UTF-8)
 OUTPUT = 2  # stream 1 = stdout, 2 = stderr; payload: raw bytes
 EXIT = 3  # payload: EXIT_FIELDS, then an error message (UTF-8; empty when there is none)
+HEARTBEAT = 4  # no payload: the shim is alive and reachable (see HEARTBEAT_SECONDS)
 
 HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
 EXIT_FIELDS = struct.Struct("!iI")  # exit status, signal number (0: not killed by a signal)
@@ -25,6 +26,14 @@ TERMINATE = b"T"
 #: stays (idle): MPICH's hydra proxy busy-waits, burning a core, from its first child's exit to
 #: its last, so instances that end at different times would slow the ones still running.
 RELEASE = b"R"
+
+#: A running shim says something at least this often; after SILENCE_LIMIT seconds without a word
+#: from an instance that has not exited, poprun counts it lost: its host died or the network to it
+#: is cut, and neither sends a FIN. A shim whose own frames go unacknowledged for SILENCE_LIMIT
+#: seconds (TCP_USER_TIMEOUT) sees its socket fail and stops its program: cut off, it stops too.
+HEARTBEAT_SECONDS = 5.0
+SILENCE_LIMIT = 20.0
+HEARTBEAT_FRAME = HEADER.pack(HEARTBEAT, 0, 0)
 
 ENV_CONTROL = "POPRUN_CONTROL"  # host:port of poprun's listener
 ENV_GRACE = "POPRUN_KILL_GRACE"  # seconds between SIGTERM and SIGKILL

@@ -87,12 +87,12 @@ def main() -> int:
     spawned = spawn(argv)  # first: the program starts while we import and connect
 
     from poprun_py.control import connect
-    from poprun_py.protocol import ENV_CONTROL
+    from poprun_py.protocol import ENV_CONTROL, SILENCE_LIMIT
     from poprun_py.shim_pump import Pump
 
     address = os.environ[ENV_CONTROL]
     try:
-        control = connect(address)
+        control = connect(address, give_up_after=SILENCE_LIMIT)
     except OSError as exc:
         # Cannot reach poprun: pass the output through untagged, so nothing is lost; poprun
         # still sees the exit status through mpiexec.

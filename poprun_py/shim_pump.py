@@ -36,6 +36,7 @@ class Pump:
         self.grace = float(os.environ.get(protocol.ENV_GRACE, protocol.DEFAULT_GRACE))
         self.pid: int | None = None
         self.kill_at: float | None = None
+        self.last_sent = time.monotonic()
 
     def send(self, data: bytes) -> None:
         if self.control is None:
@@ -44,6 +45,7 @@ class Pump:
             self.control.sendall(data)
         except OSError:
             pass  # poprun is gone; keep going so the program is still stopped cleanly
+        self.last_sent = time.monotonic()
 
     def output(self, stream: int, data: bytes) -> None:
         if self.control is None:
@@ -130,6 +132,8 @@ class Pump:
                     drain_until = now + DRAIN_SECONDS
             if drain_until is not None and (open_streams == 0 or now >= drain_until):
                 break
+            if now - self.last_sent >= protocol.HEARTBEAT_SECONDS:
+                self.send(protocol.HEARTBEAT_FRAME)
             if self.kill_at is not None:
                 timeout = max(0.0, self.kill_at - now) if self.kill_at != float("inf") else 0.05
             elif drain_until is not None:

@@ -45,6 +45,8 @@ class InstanceState:
         self.error: str | None = None
         self.stopped_by_poprun = False
         self.lost = False  # disconnected without an exit report
+        self.last_heard = 0.0  # time.monotonic() of its last frame
+        self.silent = False  # lost because nothing came from it for protocol.SILENCE_LIMIT seconds
 
     @property
     def finished(self) -> bool:
@@ -97,6 +99,7 @@ class Supervisor:
         self.failure: Failure | None = None
         self.interrupted: int | None = None
         self.teardown_started: float | None = None
+        self.next_silence_check = 0.0
         self.mpiexec: Process | None = None
         self.mpiexec_output: list[bytes] = []
         #: mpiexec's output until every instance has called in, held back: if a host cannot be
@@ -152,6 +155,7 @@ class Supervisor:
                 log.warning("received %s: stopping every instance", signal_name(self.interrupted))
                 self._teardown()
             self._escalate()
+            self._check_silence()
             if mpiexec_done_at is None and self.mpiexec.poll() is not None:
                 mpiexec_done_at = time.monotonic()
                 log.info("mpiexec exited with status %s", self.mpiexec.returncode)
@@ -230,6 +234,7 @@ class Supervisor:
             return
         state = self.instances[index]
         state.connection, state.reader, state.pid = conn, reader, pid
+        state.last_heard = time.monotonic()
         if all(s.pid is not None for s in self.instances):
             self._show_held()
         if state.host == LOCAL_HOST:
@@ -259,6 +264,7 @@ class Supervisor:
         if not data:
             self._disconnect(state)
             return
+        state.last_heard = time.monotonic()
         self._handle_frames(state, state.reader.feed(data))
 
     def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]]) -> None:
@@ -287,6 +293,21 @@ class Supervisor:
                 except OSError:
                     pass  # that shim is gone already
 
+    def _check_silence(self) -> None:
+        """An instance still running that has said nothing for SILENCE_LIMIT seconds is lost: its
+        host died or the network to it is cut (neither closes the connection). Checked once a second."""
+        now = time.monotonic()
+        if now < self.next_silence_check:
+            return
+        self.next_silence_check = now + 1.0
+        for state in self.instances:
+            if state.connection is not None and not state.finished \
+                    and now - state.last_heard > protocol.SILENCE_LIMIT:
+                log.warning("no word from instance %d on %s for %.0f s", state.index, state.host,
+                            now - state.last_heard)
+                state.silent = True
+                self._disconnect(state)
+
     def _disconnect(self, state: InstanceState) -> None:
         assert state.connection is not None
         self.watch.remove(state.connection)
@@ -298,7 +319,7 @@ class Supervisor:
             state.lost = True
             log.info("instance %d on %s was lost without an exit report", state.index, state.host)
             if self.failure is None and self.teardown_started is None:
-                self.failure = Failure(state.index, 1, "lost: its launcher process died without reporting")
+                self.failure = Failure(state.index, 1, f"lost: {_loss(state)}")
                 self._teardown()
             self._release_when_all_done()
 
@@ -425,7 +446,9 @@ class Supervisor:
         on_host = [s for s in self.instances if s.host == state.host]
         if not all(s.lost for s in on_host):
             return None
-        why = self._host_failures().get(state.host, "its processes or the connection to it died")
+        silent = next((s for s in on_host if s.silent), None)
+        why = self._host_failures().get(state.host) or \
+            (_loss(silent) if silent else "its processes or the connection to it died")
         return (f"host {state.host} was lost: instance(s) {_ranges([s.index for s in on_host])} there ended "
                 f"without an exit report ({why})")
 
@@ -452,6 +475,13 @@ class Supervisor:
             lines.append(f"poprun: stopped instance(s) {', '.join(map(str, stopped))}")
         self.sinks[2].write(("\n".join(lines) + "\n").encode())
         self.sinks[2].flush()
+
+
+def _loss(state: InstanceState) -> str:
+    """Why an instance went without an exit report, as far as poprun can tell."""
+    if state.silent:
+        return f"no word from it for {protocol.SILENCE_LIMIT:.0f} s: its host or the network to it is down"
+    return "its launcher process died without reporting"
 
 
 def _ranges(indices: list[int]) -> str:

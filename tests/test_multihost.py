@@ -50,11 +50,12 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(autouse=True)
 def nothing_left(cluster: Cluster) -> Iterator[None]:
-    """After each test: no process on any host (sshd aside); killed hosts come back."""
+    """After each test: no process on any host (its listening sshd aside); hosts come back."""
     yield
+    for host in cluster.hosts:  # a host cut off cannot be cleaned until it is back on the network
+        cluster.set_link(host, up=True)
     left = cluster.leftovers(within=10)
     for host in cluster.hosts:
-        cluster.set_link(host, up=True)
         cluster.restore(host)
     assert left == {}, f"processes left on the hosts: {left}"
 
@@ -262,6 +263,31 @@ def test_host_that_dies_mid_job(cluster: Cluster, mpi: str) -> None:
     assert re.search(r"^poprun: host node1 was lost: instance\(s\) 2-3 there ended without an exit report \(.+\)$",
                      stderr, re.MULTILINE), stderr
     assert wait_no_processes(marker) == []
+
+
+def test_host_cut_off_mid_job(cluster: Cluster) -> None:
+    """No FIN, no RST: the host's link goes down. poprun hears nothing from its instances and gives
+    up on them; their shims, whose heartbeats go unacknowledged, stop their programs by themselves."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    node1 = cluster.host("node1")
+    proc = _start("--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker, env=job_env("mpich"))
+    try:
+        _wait_started(proc, 4)
+        start = time.monotonic()
+        cluster.set_link(node1, up=False)
+        _, stderr = proc.communicate(timeout=FAILURE_BOUND + 30)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and took < FAILURE_BOUND, stderr
+    assert "poprun: host node1 was lost: instance(s) 2-3 there ended without an exit report (no word from it " \
+           "for 20 s: its host or the network to it is down)" in stderr
+    assert wait_no_processes(marker) == []  # nothing here, nor on node0
+    deadline = time.monotonic() + 15
+    while any(marker in line for line in cluster.processes(node1)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # Still cut off: MPICH's proxy waits for its network, but our shims and the programs are gone.
+    assert [line for line in cluster.processes(node1) if marker in line] == []
 
 
 @pytest.mark.parametrize("mpi,sig,status", [("mpich", signal.SIGINT, 130), ("mpich", signal.SIGTERM, 143),
