@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from poprun_py.mpi import Command, CommandSpec, MpiLauncher
     from poprun_py.plan import JobPlan
 
+
 class ProgramError(Exception):
     """The program cannot be started here; ``status`` is the shell's (127 not found, 126 not executable)."""
 
@@ -131,7 +132,6 @@ def _callback_address(hosts: list[str], remote: list[str], subnet: str | None, r
 
     if not resolve and remote and not subnet:
         return "<poprun-address>"
-
     address = callback_address(remote, subnet)
     if address:
         log.info("remote hosts call back on %s", address)

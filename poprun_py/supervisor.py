@@ -100,6 +100,7 @@ class Supervisor:
         self.interrupted: int | None = None
         self.teardown_started: float | None = None
         self.next_silence_check = 0.0
+        self.called_in = 0  # instances whose HELLO has arrived
         self.mpiexec: Process | None = None
         self.mpiexec_output: list[bytes] = []
         #: mpiexec's output until every instance has called in, held back: if a host cannot be
@@ -235,7 +236,8 @@ class Supervisor:
         state = self.instances[index]
         state.connection, state.reader, state.pid = conn, reader, pid
         state.last_heard = time.monotonic()
-        if all(s.pid is not None for s in self.instances):
+        self.called_in += 1
+        if self.called_in == len(self.instances):
             self._show_held()
         if state.host == LOCAL_HOST:
             state.host = host  # no host list: name the machine; otherwise keep the user's name for it
@@ -433,7 +435,7 @@ class Supervisor:
 
     def _unstarted_hosts(self) -> dict[str, str]:
         """Hosts the launcher's output blames whose instances never called in: what went wrong there."""
-        if all(state.pid is not None for state in self.instances):
+        if self.called_in == len(self.instances):
             return {}
         never = {state.host for state in self.instances if state.pid is None}
         return {host: why for host, why in self._host_failures().items() if host in never}
