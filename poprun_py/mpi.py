@@ -3,7 +3,7 @@
 Every instance is its own MPMD app context (``A : B : ...``) because each gets different
 ``POPDIST_*`` values, as PopRun does with Open MPI's ``mpirun``. Hosts are one list for the
 whole job (``-hosts h0:k,h1:k`` / ``--host h0:k,...``), filled in order; past
-``MAX_COMMAND_BYTES`` the app contexts go to a config file instead of the command line.
+``MAX_COMMAND_BYTES`` the host list and the app contexts go to files instead of the command line.
 """
 
 from __future__ import annotations
@@ -126,9 +126,10 @@ class CommandSpec:
         self.host_subnet = host_subnet
 
 
-#: Above this many bytes of arguments, the per-instance app contexts go to a file (Hydra's
-#: ``-configfile``, Open MPI's ``--app``): Linux refuses one argument over 128 KiB and a whole
-#: command line near 2 MiB, and a dry run of such a line is unreadable.
+#: Above this many bytes of arguments, the host list and the app contexts go to files (Hydra's
+#: ``-f`` and ``-configfile``, Open MPI's ``--hostfile`` and ``--app``): Linux refuses one
+#: argument over 128 KiB and a whole command line near 2 MiB, and a dry run of such a line is
+#: unreadable.
 MAX_COMMAND_BYTES = 64 * 1024
 #: Linux's limit on one argument (MAX_ARG_STRLEN), less room for the variable's name.
 MAX_ARGUMENT_BYTES = 128 * 1024 - 64

@@ -101,11 +101,17 @@ def address_in_subnet(cidr: str, addresses: dict[str, str] | None = None) -> tup
 
 
 def remote_hosts(hosts: list[str], resolve: bool = True) -> list[str]:
-    """The hosts that are not this machine, in order; by name only when not ``resolve``."""
-    if not resolve:
-        return [h for h in hosts if not is_local_name(h)]
-    addresses = local_addresses()
-    return [h for h in hosts if not is_local(h, addresses)]
+    """The hosts that are not this machine, in order.
+
+    Names are resolved (when ``resolve``) only until the first remote host, whose route gives the
+    callback address; later hosts are judged by name, so a list of thousands of hosts costs one
+    look-up, not thousands, before mpiexec starts."""
+    addresses = local_addresses() if resolve else {}
+    remote: list[str] = []
+    for host in hosts:
+        if not (is_local(host, addresses) if resolve and not remote else is_local_name(host)):
+            remote.append(host)
+    return remote
 
 
 def callback_address(remote: list[str], subnet: str | None) -> str | None:

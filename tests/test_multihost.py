@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -208,7 +209,7 @@ def test_a_command_too_long_for_one_line_runs_from_files(cluster: Cluster, mpi: 
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["[0] 40000 True", "[1] 40000 True"]
     assert "the command line would be too long: hosts and app contexts are in" in result.stderr
-    assert not list(Path("/tmp").glob("poprun-*.mpiexec"))  # removed again
+    assert not list(Path(tempfile.gettempdir()).glob("poprun-*.mpiexec"))  # removed again
 
 
 # ------------------------------------------------------------------ hosts that fail

@@ -35,6 +35,9 @@ def test_local_names_are_known_without_a_resolver() -> None:
         assert is_local_name(name), name
     assert not is_local_name("node7")
     assert remote_hosts(["localhost", "node7", "node8"], resolve=False) == ["node7", "node8"]
+    # Resolved: a name that is this machine's address counts as local; after the first remote host,
+    # names are judged without a look-up (malformed names: the C library asks no DNS server).
+    assert remote_hosts(["127.0.0.2", "ghost!a", "127.0.0.3", "ghost!b"]) == ["ghost!a", "ghost!b"]
     assert callback_address([], None) is None  # one host: loopback
 
 
