@@ -143,7 +143,8 @@ def test_dry_run_openmpi_command(openmpi: str) -> None:
     assert "-x POPDIST_NUM_TOTAL_REPLICAS=4 " in " ".join(contexts[0]) and "-x PATH " in " ".join(contexts[0])
     for i, ctx in enumerate(contexts):
         joined = " ".join(ctx)
-        assert f"-np 1 -x POPDIST_INSTANCE_INDEX={i} " in joined and f"-x POPDIST_REPLICA_INDEX_OFFSET={2 * i} " in joined
+        assert f"-np 1 -x POPDIST_INSTANCE_INDEX={i} " in joined
+        assert f"-x POPDIST_REPLICA_INDEX_OFFSET={2 * i} " in joined
         assert "--host" not in ctx[ctx.index("-np"):]
         # Local args come right before the instance's program (the shim, then the user's program).
         assert joined.endswith(f"-x NCCL_DEBUG {PYTHON} -S {ROOT / 'poprun_py' / 'instance.py'} {i} python train.py")
