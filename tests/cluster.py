@@ -268,8 +268,20 @@ class Cluster:
             time.sleep(0.05)
 
     def kill_host(self, host: Host) -> None:
-        """The host dies: every one of its processes, sshd included, is SIGKILLed."""
-        for pid in self.pids(host):
+        """The host dies: every one of its processes, sshd included, is SIGKILLed at once.
+
+        A real host dies at one instant; killing its processes one by one would let a survivor
+        see a sibling's death and answer (a shim reporting its program's exit), so every process
+        is first frozen with SIGSTOP (again until no new one appears), then killed."""
+        frozen: set[int] = set()
+        while fresh := set(self.pids(host)) - frozen:
+            for pid in fresh:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    pass
+            frozen |= fresh
+        for pid in frozen:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
