@@ -4,10 +4,9 @@ busy-waits from its first child's exit to its last; poprun's shims exit together
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
-
-import statistics
 
 from bench.timing import cpu_seconds, time_commands
 

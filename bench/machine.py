@@ -15,7 +15,7 @@ def machine_info() -> dict[str, object]:
     import numpy
 
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cores": os.cpu_count(),
         "cpu": _cpu_model(),
         "python": platform.python_version(),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
-ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+ONE_THREAD = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
 TARGET = 1.7
 GLOBAL_BATCH = 2048
 SMALL_BATCH = 1024

@@ -8,7 +8,7 @@ import select
 import statistics
 import subprocess
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def time_commands(commands: dict[str, Sequence[str]], rounds: int, timeout: float = 120) -> dict[str, dict[str, float]]:

@@ -27,16 +27,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
-
-import popdist_py as popdist
-from popdist_py.engine import Runtime
-
 from mnist import checkpoint, datasets
 from mnist.datasets import NUM_CLASSES, Dataset, Replicas
 from mnist.idx import IdxError
 from mnist.model import Params, init_params
 from mnist.trainer import Network
+from tqdm import tqdm
+
+import popdist_py as popdist
+from popdist_py.engine import Runtime
 
 log = logging.getLogger("mnist_rts")
 

@@ -3,6 +3,7 @@
 Importing is cheap: MPI is initialised only by ``init()`` or the first call that needs it.
 """
 
+from popdist_py import failsafe as _failsafe  # noqa: F401  (registers its exit handler early)
 from popdist_py.api import (
     checkNumIpusPerReplica,
     getDeviceId,
@@ -17,7 +18,6 @@ from popdist_py.api import (
 )
 from popdist_py.env import PopdistEnvError
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
-from popdist_py import failsafe as _failsafe  # noqa: F401  (registers its exit handler early)
 
 #: Names loaded on first use, so that importing popdist_py imports neither mpi4py nor numpy.
 _LAZY = {
@@ -55,14 +55,10 @@ __all__ = [
     "allreduce",
     "barrier",
     "broadcast",
+    "checkNumIpusPerReplica",
     "execute_on_instances",
     "finalize",
     "finalizeBackend",
-    "init",
-    "initializeBackend",
-    "isBackendInitialized",
-    "synchronize",
-    "checkNumIpusPerReplica",
     "getDeviceId",
     "getInstanceIndex",
     "getLocalInstanceIndex",
@@ -71,5 +67,9 @@ __all__ = [
     "getNumLocalReplicas",
     "getNumTotalReplicas",
     "getReplicaIndexOffset",
+    "init",
+    "initializeBackend",
+    "isBackendInitialized",
     "isPopdistEnvSet",
+    "synchronize",
 ]

@@ -59,7 +59,7 @@ def is_initialized() -> bool:
     return MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized()
 
 
-def world() -> "_MPI.Intracomm":
+def world() -> _MPI.Intracomm:
     """The communicator of all instances (``COMM_WORLD``); initialises MPI on the first call.
 
     Safe to call many times and from any thread. Not collective: nothing waits for the other

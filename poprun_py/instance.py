@@ -8,7 +8,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from poprun_py.shim import main  # noqa: E402
+from poprun_py.shim import main
 
 # os._exit: the shim writes through raw descriptors only, so the interpreter's teardown
 # (~2 ms) has nothing to flush.

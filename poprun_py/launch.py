@@ -37,8 +37,14 @@ def launch(options: dict) -> int:
         if options.get(flag[2:].replace("-", "_")) is not None:
             log.warning("%s has no effect in poprun-py (there is no V-IPU here); ignored", flag)
 
-    from poprun_py.mpi import CommandSpec, build_command, detect_launcher, find_mpiexec, \
-        parse_instance_local_args, split_args
+    from poprun_py.mpi import (
+        CommandSpec,
+        build_command,
+        detect_launcher,
+        find_mpiexec,
+        parse_instance_local_args,
+        split_args,
+    )
     from poprun_py.plan import JobPlan
 
     hosts = _resolve_hosts(options)

@@ -16,7 +16,8 @@ from poprun_py.paths import which
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
-    from typing import Callable, Literal
+    from collections.abc import Callable
+    from typing import Literal
 
     from poprun_py.plan import JobPlan
 
@@ -31,7 +32,7 @@ FORWARDED_PREFIXES = ("POPDIST_", "POPRUN_", "MPI4PY_")
 class MpiLauncher:
     """An mpiexec and the MPI it belongs to."""
 
-    __slots__ = ("path", "flavour", "version")
+    __slots__ = ("flavour", "path", "version")
 
     def __init__(self, path: str, flavour: Flavour, version: str) -> None:
         self.path = path

@@ -20,7 +20,7 @@ COUNT = "count"  # repeatable flag, counted
 class Option:
     """One command-line option: its flags, where its value goes, its kind, default and help."""
 
-    __slots__ = ("flags", "dest", "kind", "default", "metavar", "help", "show_default", "fast")
+    __slots__ = ("default", "dest", "fast", "flags", "help", "kind", "metavar", "show_default")
 
     def __init__(self, flags: tuple[str, ...], kind: str, help: str, default: object = None,
                  metavar: str | None = None, show_default: bool = False, fast: bool = True) -> None:

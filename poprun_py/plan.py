@@ -34,7 +34,7 @@ class InstancePlan:
     that every launch would pay before mpiexec starts.
     """
 
-    __slots__ = ("index", "host", "local_index", "replica_offset", "num_local_replicas")
+    __slots__ = ("host", "index", "local_index", "num_local_replicas", "replica_offset")
 
     def __init__(self, index: int, host: str, local_index: int, replica_offset: int,
                  num_local_replicas: int) -> None:

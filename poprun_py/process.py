@@ -6,10 +6,9 @@ beyond ``os``, where ``subprocess`` would add ~5 ms to every launch before mpiex
 
 from __future__ import annotations
 
+import _signal
 import os
 import select
-
-import _signal
 
 
 class Process:

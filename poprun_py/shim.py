@@ -16,11 +16,10 @@ interpreter (``_socket``, ``select``, ``_signal``), not their pure-Python wrappe
 
 from __future__ import annotations
 
+import _signal
 import errno
 import os
 import sys
-
-import _signal
 
 from poprun_py.paths import which
 

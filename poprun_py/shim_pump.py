@@ -6,11 +6,10 @@ Built on the interpreter's own C modules (``_socket``, ``select``, ``_signal``, 
 
 from __future__ import annotations
 
-import os
-import time
-
 import _signal
 import _socket
+import os
+import time
 
 from poprun_py import protocol
 from poprun_py.watch import Watch

@@ -8,12 +8,11 @@ then anything left in mpiexec's session is killed, so no process outlives ``popr
 
 from __future__ import annotations
 
+import _signal
+import _socket
 import os
 import sys
 import time
-
-import _signal
-import _socket
 
 from poprun_py import control, log, protocol
 from poprun_py.output import InstanceOutput
@@ -23,7 +22,8 @@ from poprun_py.watch import Watch
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
-    from typing import BinaryIO, Callable
+    from collections.abc import Callable
+    from typing import BinaryIO
 
 #: How long after a teardown starts before mpiexec's process group is signalled, then killed.
 TERM_MPIEXEC_AFTER = protocol.DEFAULT_GRACE + 0.5

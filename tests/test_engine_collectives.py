@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, ops
-from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
-from tests.engine_helpers import valid_groupings
+from tests.engine_helpers import (
+    executor,  # noqa: F401  (every test under both executors)
+    valid_groupings,
+)
 
 
 def tree(values: list[np.ndarray], fn=np.add):  # type: ignore[no-untyped-def]

@@ -19,7 +19,6 @@ import pytest
 from popdist_py.engine import Runtime, StepAborted, context, ops
 from popdist_py.engine.executor import ENV, cores_per_instance
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
-
 from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 
 

@@ -214,9 +214,8 @@ def test_mismatched_shapes_name_the_replicas() -> None:
     ],
 )
 def test_mismatched_op_dtype_kind(vary, text: str) -> None:  # type: ignore[no-untyped-def]
-    with Runtime(replication=2, timeout=60) as rt:
-        with pytest.raises(CollectiveMismatchError, match=text):
-            rt.run(lambda ctx: vary(ctx.local_index, np.zeros(2, np.float32)))
+    with Runtime(replication=2, timeout=60) as rt, pytest.raises(CollectiveMismatchError, match=text):
+        rt.run(lambda ctx: vary(ctx.local_index, np.zeros(2, np.float32)))
 
 
 def test_mismatched_groups() -> None:
@@ -247,7 +246,7 @@ def test_replica_that_never_arrives_is_reported_after_the_timeout(executor: str)
         def step(ctx):  # type: ignore[no-untyped-def]
             if ctx.local_index == 3:
                 gone.wait(20)  # stuck elsewhere until the others have given up
-                return None
+                return
             try:
                 ops.replicated_all_reduce(np.zeros(1))
             finally:

@@ -15,8 +15,8 @@ from tests.helpers import PYTHON, ROOT
 
 sys.path.insert(0, str(ROOT / "examples"))
 
-from mnist import datasets, idx  # noqa: E402
-from mnist.idx import IdxError  # noqa: E402
+from mnist import datasets, idx
+from mnist.idx import IdxError
 
 SCRIPT = ROOT / "examples" / "mnist_rts.py"
 
@@ -53,7 +53,7 @@ def test_mnist_files_read_back(tmp_path: Path, gz: bool) -> None:
     train_images, train_labels, test_images, test_labels = fake_mnist(tmp_path, gz=gz)
     data = datasets.load_mnist(tmp_path)
     assert data.train_x.shape == (40, 100) and data.test_x.shape == (12, 100)
-    assert data.train_x.dtype == np.float32 and 0.0 <= data.train_x.min() and data.train_x.max() == 1.0
+    assert data.train_x.dtype == np.float32 and data.train_x.min() >= 0.0 and data.train_x.max() == 1.0
     np.testing.assert_array_equal(data.train_x, train_images.reshape(40, -1) / np.float32(255))
     np.testing.assert_array_equal(data.train_y, train_labels)
     np.testing.assert_array_equal(data.test_y, test_labels)

@@ -15,10 +15,11 @@ from tests.helpers import PYTHON, ROOT, poprun
 
 sys.path.insert(0, str(ROOT / "examples"))
 
-import mnist_rts  # noqa: E402
-from mnist import datasets  # noqa: E402
-from mnist.datasets import Replicas  # noqa: E402
-from popdist_py.engine import Runtime  # noqa: E402
+import mnist_rts
+from mnist import datasets
+from mnist.datasets import Replicas
+
+from popdist_py.engine import Runtime
 
 SCRIPT = str(ROOT / "examples" / "mnist_rts.py")
 FINAL = re.compile(r"^(?:\[(\d+)\] )?final: test_accuracy=(\d\.\d{4}) weights_sha256=([0-9a-f]{64})$")

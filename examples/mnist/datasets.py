@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import idx
 from popdist_py.data import instance_batch_slice, shard_indices, split_for_replicas
+
+from . import idx
 
 log = logging.getLogger(__name__)
 

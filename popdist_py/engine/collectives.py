@@ -104,8 +104,22 @@ class Link(Protocol):
 class GroupPlan:
     """One group that has members on this instance, with its compiled reductions."""
 
-    __slots__ = ("index", "size", "k0", "k1", "local", "owners", "ranges", "pieces", "regions", "cross",
-                 "program", "piece_programs", "region_program", "remote_inputs")
+    __slots__ = (
+        "cross",
+        "index",
+        "k0",
+        "k1",
+        "local",
+        "owners",
+        "piece_programs",
+        "pieces",
+        "program",
+        "ranges",
+        "region_program",
+        "regions",
+        "remote_inputs",
+        "size",
+    )
 
     def __init__(self, layout: Layout, grouping: ReplicaGrouping, group: int) -> None:
         me = layout.instance
@@ -169,7 +183,7 @@ class Plan:
         for gp in self.groups:
             if self.kind == ALL_REDUCE:
                 if self.eager:
-                    gp.regions = {j: (0, n) for j in gp.owners}
+                    gp.regions = dict.fromkeys(gp.owners, (0, n))
                 else:
                     c = len(gp.owners)
                     gp.regions = {j: (i * n // c, (i + 1) * n // c) for i, j in enumerate(gp.owners)}

@@ -23,7 +23,7 @@ _current: ContextVar[StepContext | None] = ContextVar("popdist_step_context", de
 class StepContext:
     """What a step sees of its replica: indices, and its own value of every variable."""
 
-    __slots__ = ("runtime", "local_index", "replica_index", "ncoll")
+    __slots__ = ("local_index", "ncoll", "replica_index", "runtime")
 
     def __init__(self, runtime: Runtime, local_index: int) -> None:
         self.runtime = runtime

@@ -146,7 +146,7 @@ class Program:
     internal node and no Python-level tree walking, which matters for small collectives.
     """
 
-    __slots__ = ("ops", "result", "ntemp", "ninputs", "pair")
+    __slots__ = ("ninputs", "ntemp", "ops", "pair", "result")
 
     def __init__(self, node: Node, inputs: Sequence[Node]) -> None:
         index = {n: i for i, n in enumerate(inputs)}

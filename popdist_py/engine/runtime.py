@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from popdist_py import checks
-from popdist_py.engine import context
+from popdist_py.engine import checkpoint, context
 from popdist_py.engine.collectives import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
 from popdist_py.engine.context import StepContext
 from popdist_py.engine.cooperative import CooperativePool
@@ -35,12 +35,11 @@ from popdist_py.engine.executor import THREADS, choose
 from popdist_py.engine.grouping import CommGroup, ReplicaGrouping
 from popdist_py.engine.pool import ReplicaPool
 from popdist_py.engine.reduce import OPS
+from popdist_py.engine.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
 from popdist_py.engine.rendezvous import END, Rendezvous, StepAborted, ThreadWaits
+from popdist_py.engine.sharding import ShardMeta, sharding_domain
 from popdist_py.engine.topology import Layout, resolve
 from popdist_py.engine.transport import HDR_BYTES, HeaderChannel, PeerAborted, Transport
-from popdist_py.engine import checkpoint
-from popdist_py.engine.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
-from popdist_py.engine.sharding import ShardMeta, sharding_domain
 from popdist_py.engine.variables import (
     Shard,
     Variable,
@@ -67,7 +66,7 @@ class _Link:
     One per runtime, re-pointed at each call: only one combiner runs at a time.
     """
 
-    __slots__ = ("transport", "sig", "index")
+    __slots__ = ("index", "sig", "transport")
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
@@ -96,7 +95,7 @@ class _Entry:
     identity at the rendezvous (equal signatures from different entries still match).
     """
 
-    __slots__ = ("sig", "plan", "hash")
+    __slots__ = ("hash", "plan", "sig")
 
     def __init__(self, sig: Signature) -> None:
         self.sig = sig

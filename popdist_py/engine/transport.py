@@ -71,7 +71,7 @@ class HeaderChannel:
     and truncated (an MPI error) when longer; either way its header names the mismatch.
     """
 
-    __slots__ = ("requests", "sendbufs", "sent_header", "recv_headers")
+    __slots__ = ("recv_headers", "requests", "sendbufs", "sent_header")
 
     def __init__(self, comm: Any, peers: Sequence[int], sendbufs: Sequence[np.ndarray],
                  recvbufs: Sequence[np.ndarray]) -> None:

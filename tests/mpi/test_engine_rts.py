@@ -209,23 +209,22 @@ def test_checkpoints_move_between_splits(saver: int, loader: int) -> None:
 
 @pytest.mark.mpi(min_size=2)
 def test_bad_checkpoints_and_failed_saves_raise_on_every_instance() -> None:
-    with shared_dir() as d:
-        with instances(2) as comm:
-            if comm is None:
-                return
-            with Runtime(replication=4, comm=comm, timeout=30) as rt:
-                w, _ = rt.replica_sharded_variable(np.arange(10.0), name="w")
-                rt.save(d / "good.npz")
-                if rt.instance_index == 0:
-                    (d / "bad.npz").write_bytes((d / "good.npz").read_bytes()[:100])
-                with pytest.raises(CheckpointError, match="bad.npz is not a readable checkpoint"):
-                    rt.load(d / "bad.npz")  # only instance 0 reads; both raise, neither hangs
-                with pytest.raises(CheckpointError, match="no checkpoint at"):
-                    rt.load(d / "missing.npz")
-                with pytest.raises(OSError, match="could not create a temporary file"):
-                    rt.save(d / "no-such-dir" / "x.npz")
-                # still in step: a good load works afterwards
-                rt.write_variable_data(w, np.zeros(10))
-                rt.load(d / "good.npz")
-                assert rt.get_tensor_data(w).tolist() == list(range(10))
-                assert sorted(os.listdir(d)) == ["bad.npz", "good.npz"]
+    with shared_dir() as d, instances(2) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=4, comm=comm, timeout=30) as rt:
+            w, _ = rt.replica_sharded_variable(np.arange(10.0), name="w")
+            rt.save(d / "good.npz")
+            if rt.instance_index == 0:
+                (d / "bad.npz").write_bytes((d / "good.npz").read_bytes()[:100])
+            with pytest.raises(CheckpointError, match="bad.npz is not a readable checkpoint"):
+                rt.load(d / "bad.npz")  # only instance 0 reads; both raise, neither hangs
+            with pytest.raises(CheckpointError, match="no checkpoint at"):
+                rt.load(d / "missing.npz")
+            with pytest.raises(OSError, match="could not create a temporary file"):
+                rt.save(d / "no-such-dir" / "x.npz")
+            # still in step: a good load works afterwards
+            rt.write_variable_data(w, np.zeros(10))
+            rt.load(d / "good.npz")
+            assert rt.get_tensor_data(w).tolist() == list(range(10))
+            assert sorted(os.listdir(d)) == ["bad.npz", "good.npz"]

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from popdist_py.engine import Runtime, ops  # noqa: E402
+from popdist_py.engine import Runtime, ops
 
 FEATURES, OUTPUTS, BATCH = 64, 160, 8
 
