@@ -10,17 +10,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
-LOCAL_REPLICAS = "POPDIST_NUM_LOCAL_REPLICAS"
-IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
-REPLICA_OFFSET = "POPDIST_REPLICA_INDEX_OFFSET"
-UNIFORM = "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"
-LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
-NUM_INSTANCES = "POPDIST_NUM_INSTANCES"
-INSTANCE_INDEX = "POPDIST_INSTANCE_INDEX"
-
-#: Presence of these marks a PopDist environment (PopRun sets exactly these).
-REQUIRED = (TOTAL_REPLICAS, LOCAL_REPLICAS, REPLICA_OFFSET)
+# The names are the launcher's contract, defined once in poprun_py.environment (an import-free
+# module: importing it loads nothing of the launcher).
+from poprun_py.environment import (
+    INSTANCE_INDEX,
+    LOCAL_INSTANCE_INDEX,
+    NUM_INSTANCES,
+    NUM_IPUS_PER_REPLICA,
+    NUM_LOCAL_REPLICAS,
+    NUM_TOTAL_REPLICAS,
+    REPLICA_INDEX_OFFSET,
+    REQUIRED,
+    UNIFORM_REPLICAS,
+)
 
 
 class PopdistEnvError(ValueError):
@@ -77,35 +79,35 @@ def read_topology(env: dict[str, str] | os._Environ[str] | None = None) -> Topol
     if missing:
         present = ", ".join(f"{n}={env.get(n)!r}" for n in REQUIRED if env.get(n))
         raise PopdistEnvError(f"incomplete PopDist environment: {', '.join(missing)} missing while {present} is set")
-    total = _int(env, TOTAL_REPLICAS, 1, 1)
-    local = _int(env, LOCAL_REPLICAS, 1, 1)
-    offset = _int(env, REPLICA_OFFSET, 0, 0)
+    total = _int(env, NUM_TOTAL_REPLICAS, 1, 1)
+    local = _int(env, NUM_LOCAL_REPLICAS, 1, 1)
+    offset = _int(env, REPLICA_INDEX_OFFSET, 0, 0)
     topo = Topology(
         num_total_replicas=total,
         num_local_replicas=local,
-        ipus_per_replica=_int(env, IPUS_PER_REPLICA, 1, 1),
+        ipus_per_replica=_int(env, NUM_IPUS_PER_REPLICA, 1, 1),
         replica_index_offset=offset,
         local_instance_index=_int(env, LOCAL_INSTANCE_INDEX, 0, 0),
         is_set=True,
     )
     if local > total:
-        raise PopdistEnvError(f"{LOCAL_REPLICAS}={local} exceeds {TOTAL_REPLICAS}={total}")
+        raise PopdistEnvError(f"{NUM_LOCAL_REPLICAS}={local} exceeds {NUM_TOTAL_REPLICAS}={total}")
     if total % local:
-        raise PopdistEnvError(f"{TOTAL_REPLICAS}={total} is not a multiple of {LOCAL_REPLICAS}={local}")
+        raise PopdistEnvError(f"{NUM_TOTAL_REPLICAS}={total} is not a multiple of {NUM_LOCAL_REPLICAS}={local}")
     if offset % local:
-        raise PopdistEnvError(f"{REPLICA_OFFSET}={offset} is not a multiple of {LOCAL_REPLICAS}={local}")
+        raise PopdistEnvError(f"{REPLICA_INDEX_OFFSET}={offset} is not a multiple of {NUM_LOCAL_REPLICAS}={local}")
     if offset + local > total:
         raise PopdistEnvError(
-            f"{REPLICA_OFFSET}={offset} + {LOCAL_REPLICAS}={local} exceeds {TOTAL_REPLICAS}={total}"
+            f"{REPLICA_INDEX_OFFSET}={offset} + {NUM_LOCAL_REPLICAS}={local} exceeds {NUM_TOTAL_REPLICAS}={total}"
         )
-    uniform = env.get(UNIFORM)
+    uniform = env.get(UNIFORM_REPLICAS)
     if uniform not in (None, "", "0", "1"):
-        raise PopdistEnvError(f"{UNIFORM}={uniform!r} must be 0 or 1")
+        raise PopdistEnvError(f"{UNIFORM_REPLICAS}={uniform!r} must be 0 or 1")
     for name, derived in ((NUM_INSTANCES, topo.num_instances), (INSTANCE_INDEX, topo.instance_index)):
         given = _int(env, name, derived, 0)
         if given != derived:
             raise PopdistEnvError(
                 f"{name}={given} contradicts the replica counts, which give {derived} "
-                f"({TOTAL_REPLICAS}={total}, {LOCAL_REPLICAS}={local}, {REPLICA_OFFSET}={offset})"
+                f"({NUM_TOTAL_REPLICAS}={total}, {NUM_LOCAL_REPLICAS}={local}, {REPLICA_INDEX_OFFSET}={offset})"
             )
     return topo

@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
-from poprun_py import log
+from poprun_py import environment, log
 from poprun_py.errors import PlanError
 from poprun_py.options import VIPU_FLAGS
 
 #: Inside a Slurm allocation, its nodes are the hosts unless -H/--host-file says otherwise.
-SLURM_NODELIST = "SLURM_JOB_NODELIST"
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
@@ -57,11 +56,9 @@ def launch(options: dict) -> int:
     # A dry run asks no resolver: the address remote hosts call back on is shown as a placeholder.
     remote = _remote_hosts(hosts, resolve=not options["dry_run"])
     callback = _callback_address(hosts, remote, options["host_subnet"], resolve=not options["dry_run"])
-    job_env = {**plan.job_env(), "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
+    job_env = {**plan.job_env(), environment.UNBUFFERED: os.environ.get(environment.UNBUFFERED, "1")}
     if options["host_subnet"] and hosts:
-        from poprun_py.protocol import ENV_HOST_SUBNET
-
-        job_env[ENV_HOST_SUBNET] = options["host_subnet"]
+        job_env[environment.HOST_SUBNET] = options["host_subnet"]
     spec = CommandSpec(
         job_env=job_env,
         instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],
@@ -114,9 +111,7 @@ def launch(options: dict) -> int:
 
 
 def _with_control(spec: CommandSpec, control_address: str) -> CommandSpec:
-    from poprun_py.protocol import ENV_CONTROL
-
-    spec.job_env[ENV_CONTROL] = control_address
+    spec.job_env[environment.CONTROL] = control_address
     return spec
 
 
@@ -174,14 +169,14 @@ def _resolve_hosts(options: dict) -> list[str]:
     if options["host"] is not None and options["host_file"] is not None:
         raise PlanError("--host and --host-file exclude each other; give only one of them")
     if options["host"] is None and options["host_file"] is None:
-        nodes = os.environ.get(SLURM_NODELIST)
+        nodes = os.environ.get(environment.SLURM_NODELIST)
         if not nodes:
             return []
         from poprun_py.hosts import expand_hosts
 
         hosts = expand_hosts(nodes)
         log.info("no -H/--host-file: using the Slurm allocation's %d node(s) from %s=%s as hosts",
-                 len(hosts), SLURM_NODELIST, nodes)
+                 len(hosts), environment.SLURM_NODELIST, nodes)
         return hosts
     from poprun_py.hosts import expand_hosts, read_host_file
 

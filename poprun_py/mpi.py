@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from poprun_py import environment
 from poprun_py.errors import PlanError
 from poprun_py.paths import which
 
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 #: Open MPI does not forward the environment by default; PopRun forwards these by name.
 OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
 #: ... and every variable with one of these prefixes.
-FORWARDED_PREFIXES = ("POPDIST_", "POPRUN_", "MPI4PY_")
 
 
 class MpiLauncher:
@@ -195,18 +195,18 @@ class HostList:
 def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
     """The command for ``plan``; a job too large for one command line gets config files, whose
     lines mpiexec splits at white space with no quoting: there the program and its arguments
-    travel hex-encoded in one variable (``ENV_PROGRAM``) that the shim decodes."""
+    travel hex-encoded in one variable (``environment.PROGRAM``) that the shim decodes."""
     build = _mpich_command if launcher.flavour == "mpich" else _openmpi_command
     command = build(launcher, plan, spec, spec.job_env, lambda i: [*spec.shim, str(i), *spec.program])
     if not command.uses_files:
         return command
-    from poprun_py.protocol import ENV_PROGRAM, encode_argv
+    from poprun_py.protocol import encode_argv
 
     encoded = encode_argv(spec.program)
     if len(encoded) > MAX_ARGUMENT_BYTES:
         raise PlanError(f"the program and its arguments ({len(encoded) // 2} bytes) are too long to hand to "
                         f"{plan.num_instances} instances; at most {MAX_ARGUMENT_BYTES // 2} bytes fit")
-    job_env = {**spec.job_env, ENV_PROGRAM: encoded}
+    job_env = {**spec.job_env, environment.PROGRAM: encoded}
     command = build(launcher, plan, spec, job_env, lambda i: [*spec.shim, str(i)])
     command.uses_files = True
     for block in command.blocks:
@@ -230,8 +230,8 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_
     tail, env = [], {}
     if spec.callback_address:
         tail += ["-localhost", spec.callback_address]  # where the remote proxies call back
-        if "HYDRA_LAUNCHER_EXTRA_ARGS" not in os.environ:
-            env["HYDRA_LAUNCHER_EXTRA_ARGS"] = SSH_ARGS
+        if environment.HYDRA_SSH_ARGS not in os.environ:
+            env[environment.HYDRA_SSH_ARGS] = SSH_ARGS
     if spec.numa_aware:
         tail += ["-bind-to", "numa"]
     for name, value in job_env.items():
@@ -269,8 +269,8 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, jo
         tail += ["--mca", "btl_tcp_if_include", spec.host_subnet, "--prtemca", "oob_tcp_if_include",
                  spec.host_subnet]
     env = {}
-    if spec.callback_address and "PRTE_MCA_plm_ssh_args" not in os.environ:
-        env["PRTE_MCA_plm_ssh_args"] = SSH_ARGS
+    if spec.callback_address and environment.PRTE_SSH_ARGS not in os.environ:
+        env[environment.PRTE_SSH_ARGS] = SSH_ARGS
     # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
     for name, value in job_env.items():
         tail += ["-x", f"{name}={value}"]
@@ -291,7 +291,7 @@ def forwarded_names(already: dict[str, str]) -> list[str]:
     POPDIST_*, POPRUN_* and MPI4PY_* variable (mpi4py must load the same MPI on every host)."""
     names = [name for name in OPENMPI_FORWARDED if name in os.environ]
     names += sorted(name for name in os.environ
-                    if name.startswith(FORWARDED_PREFIXES) and name not in already and name not in names)
+                    if name.startswith(environment.FORWARDED_PREFIXES) and name not in already and name not in names)
     return names
 
 

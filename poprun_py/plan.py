@@ -6,6 +6,7 @@ instances share a host, as PopRun lays them out.
 
 from __future__ import annotations
 
+from poprun_py import environment as names
 from poprun_py.errors import PlanError
 
 LOCAL_HOST = "localhost"
@@ -112,35 +113,35 @@ class JobPlan:
     def job_env(self) -> dict[str, str]:
         """Variables that are the same for every instance."""
         env = {
-            "POPDIST_NUM_TOTAL_REPLICAS": str(self.num_replicas),
-            "POPDIST_NUM_LOCAL_REPLICAS": str(self.num_local_replicas),
-            "POPDIST_NUM_IPUS_PER_REPLICA": str(self.ipus_per_replica),
-            "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE": "1",
-            "POPDIST_NUM_INSTANCES": str(self.num_instances),
-            "WORLD_SIZE": str(self.num_instances),
-            "LOCAL_WORLD_SIZE": str(self.instances_per_host),
+            names.NUM_TOTAL_REPLICAS: str(self.num_replicas),
+            names.NUM_LOCAL_REPLICAS: str(self.num_local_replicas),
+            names.NUM_IPUS_PER_REPLICA: str(self.ipus_per_replica),
+            names.UNIFORM_REPLICAS: "1",
+            names.NUM_INSTANCES: str(self.num_instances),
+            names.WORLD_SIZE: str(self.num_instances),
+            names.LOCAL_WORLD_SIZE: str(self.instances_per_host),
         }
         if self.executable_cache_path:
-            env["POPDIST_EXECUTABLE_CACHE_PATH"] = self.executable_cache_path
+            env[names.EXECUTABLE_CACHE_PATH] = self.executable_cache_path
         return env
 
     def instance_env(self, index: int) -> dict[str, str]:
         """Variables that differ between instances."""
         inst = self.instance(index)
         return {
-            "POPDIST_INSTANCE_INDEX": str(inst.index),
-            "POPDIST_LOCAL_INSTANCE_INDEX": str(inst.local_index),
-            "POPDIST_REPLICA_INDEX_OFFSET": str(inst.replica_offset),
-            "RANK": str(inst.index),
-            "LOCAL_RANK": str(inst.local_index),
+            names.INSTANCE_INDEX: str(inst.index),
+            names.LOCAL_INSTANCE_INDEX: str(inst.local_index),
+            names.REPLICA_INDEX_OFFSET: str(inst.replica_offset),
+            names.RANK: str(inst.index),
+            names.LOCAL_RANK: str(inst.local_index),
         }
 
     def describe(self) -> str:
         """One line per instance (the ends of a long plan): what ``--dry-run`` prints."""
         lines = [
-            f"job: {self.num_instances} instance(s) x {self.num_local_replicas} local replica(s) = "
-            f"{self.num_replicas} replica(s), {self.ipus_per_replica} IPU(s) per replica, "
-            f"{len(self.host_names)} host(s)"
+            (f"job: {self.num_instances} instance(s) x {self.num_local_replicas} local replica(s) = "
+             f"{self.num_replicas} replica(s), {self.ipus_per_replica} IPU(s) per replica, "
+             f"{len(self.host_names)} host(s)")
         ]
         lines += elide([(f"  instance {inst.index} on {inst.host} (local index {inst.local_index}): "
                          f"replicas {span(inst.replicas)}") for inst in self.instances])

@@ -35,10 +35,7 @@ HEARTBEAT_SECONDS = 5.0
 SILENCE_LIMIT = 20.0
 HEARTBEAT_FRAME = HEADER.pack(HEARTBEAT, 0, 0)
 
-ENV_CONTROL = "POPRUN_CONTROL"  # host:port of poprun's listener
-ENV_GRACE = "POPRUN_KILL_GRACE"  # seconds between SIGTERM and SIGKILL
-ENV_HOST_SUBNET = "POPRUN_HOST_SUBNET"  # --host-subnet: each shim keeps MPI on its interface in it
-ENV_PROGRAM = "POPRUN_PROGRAM"  # large jobs: the program and its arguments (see encode_argv)
+#: Seconds between SIGTERM and SIGKILL when a shim stops its program (``environment.KILL_GRACE``).
 DEFAULT_GRACE = 3.0
 
 

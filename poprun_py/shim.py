@@ -21,6 +21,7 @@ import errno
 import os
 import sys
 
+from poprun_py import environment
 from poprun_py.paths import which
 
 
@@ -68,28 +69,26 @@ def pin_network(subnet: str) -> None:
     except PlanError as exc:
         os.write(2, f"poprun: warning: on host {os.uname().nodename}: {exc}\n".encode())
         return
-    os.environ.setdefault("UCX_NET_DEVICES", interface)
-    os.environ.setdefault("FI_TCP_IFACE", interface)
+    os.environ.setdefault(environment.UCX_NET_DEVICES, interface)
+    os.environ.setdefault(environment.FI_TCP_IFACE, interface)
 
 
 def main() -> int:
     index, argv = int(sys.argv[1]), sys.argv[2:]
-    from poprun_py.protocol import ENV_HOST_SUBNET, ENV_PROGRAM
-
     if not argv:  # a large job: the program came in the environment (see mpi.build_command)
         from poprun_py.protocol import decode_argv
 
-        argv = decode_argv(os.environ.pop(ENV_PROGRAM))
+        argv = decode_argv(os.environ.pop(environment.PROGRAM))
 
-    if ENV_HOST_SUBNET in os.environ:
-        pin_network(os.environ[ENV_HOST_SUBNET])
+    if environment.HOST_SUBNET in os.environ:
+        pin_network(os.environ[environment.HOST_SUBNET])
     spawned = spawn(argv)  # first: the program starts while we import and connect
 
     from poprun_py.control import connect
-    from poprun_py.protocol import ENV_CONTROL, SILENCE_LIMIT
+    from poprun_py.protocol import SILENCE_LIMIT
     from poprun_py.shim_pump import Pump
 
-    address = os.environ[ENV_CONTROL]
+    address = os.environ[environment.CONTROL]
     try:
         control = connect(address, give_up_after=SILENCE_LIMIT)
     except OSError as exc:

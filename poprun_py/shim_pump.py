@@ -11,7 +11,7 @@ import _socket
 import os
 import time
 
-from poprun_py import protocol
+from poprun_py import environment, protocol
 from poprun_py.watch import Watch
 
 READ_SIZE = 65536
@@ -32,7 +32,7 @@ class Pump:
     def __init__(self, index: int, control: _socket.socket | None) -> None:
         self.index = index
         self.control = control
-        self.grace = float(os.environ.get(protocol.ENV_GRACE, protocol.DEFAULT_GRACE))
+        self.grace = float(os.environ.get(environment.KILL_GRACE, protocol.DEFAULT_GRACE))
         self.pid: int | None = None
         self.kill_at: float | None = None
         self.last_sent = time.monotonic()

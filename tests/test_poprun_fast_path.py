@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from poprun_py import command, fast_args, protocol
+from poprun_py import command, environment, fast_args, protocol
 from poprun_py.options import OPTIONS
 from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, run, wait_no_processes
 
@@ -114,7 +114,7 @@ def run_shim(*argv: str, python_flags: tuple[str, ...] = ()) -> tuple[subprocess
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
         result = run([PYTHON, *python_flags, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", *argv],
-                     env={protocol.ENV_CONTROL: f"127.0.0.1:{port}"})
+                     env={environment.CONTROL: f"127.0.0.1:{port}"})
         thread.join(timeout=SUBPROCESS_TIMEOUT)
     return result, frames
 
@@ -175,6 +175,6 @@ def test_missing_program_on_a_host_is_reported_by_the_shim() -> None:
 
 def test_shim_that_cannot_reach_poprun_passes_output_through() -> None:
     result = run([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", PYTHON, "-c", "print('plain')"],
-                 env={protocol.ENV_CONTROL: "127.0.0.1:1"})
+                 env={environment.CONTROL: "127.0.0.1:1"})
     assert result.returncode == 0
     assert result.stdout == "plain\n" and "cannot reach poprun" in result.stderr

@@ -1,0 +1,105 @@
+"""Every environment variable poprun-py sets or reads, each name defined here and nowhere else.
+
+This is the contract between the launcher and the library: ``poprun`` writes the ``POPDIST_*``
+values of the job plan (``plan.JobPlan.job_env`` / ``instance_env``), ``popdist_py.env`` reads
+them back. Both packages import the names from this module, so a name cannot drift between
+writer and reader. The README's table of variables lists exactly :data:`VARIABLES` (a test
+checks it).
+
+Import-free on purpose: the per-instance shim imports it with ``python -S``, and popdist_py
+imports it without pulling in any of the launcher.
+"""
+
+from __future__ import annotations
+
+
+class Variable:
+    """One variable: its name, who sets it, who reads it, and what it means."""
+
+    __slots__ = ("meaning", "name", "read_by", "set_by")
+
+    def __init__(self, name: str, set_by: str, read_by: str, meaning: str) -> None:
+        self.name = name
+        self.set_by = set_by
+        self.read_by = read_by
+        self.meaning = meaning
+
+    def __repr__(self) -> str:
+        return f"Variable({self.name!r})"
+
+
+#: Every variable, in the order of the README's table.
+VARIABLES: list[Variable] = []
+
+
+def _define(name: str, set_by: str, read_by: str, meaning: str) -> str:
+    VARIABLES.append(Variable(name, set_by, read_by, meaning))
+    return name
+
+
+# ------------------------------------------------ the PopDist contract: poprun -> every instance
+NUM_TOTAL_REPLICAS = _define("POPDIST_NUM_TOTAL_REPLICAS", "poprun", "popdist_py",
+                             "R, all replicas of the job")
+NUM_LOCAL_REPLICAS = _define("POPDIST_NUM_LOCAL_REPLICAS", "poprun", "popdist_py",
+                             "L = R / I, the replicas this instance drives")
+REPLICA_INDEX_OFFSET = _define("POPDIST_REPLICA_INDEX_OFFSET", "poprun", "popdist_py",
+                               "the first global replica of this instance (i x L)")
+NUM_IPUS_PER_REPLICA = _define("POPDIST_NUM_IPUS_PER_REPLICA", "poprun", "popdist_py",
+                               "devices per replica (--ipus-per-replica)")
+UNIFORM_REPLICAS = _define("POPDIST_UNIFORM_REPLICAS_PER_INSTANCE", "poprun", "popdist_py",
+                           "1: every instance drives the same number of replicas")
+NUM_INSTANCES = _define("POPDIST_NUM_INSTANCES", "poprun", "popdist_py", "I, the instances of the job")
+INSTANCE_INDEX = _define("POPDIST_INSTANCE_INDEX", "poprun", "popdist_py", "i, this instance")
+LOCAL_INSTANCE_INDEX = _define("POPDIST_LOCAL_INSTANCE_INDEX", "poprun", "popdist_py",
+                               "this instance's index among those on its host")
+EXECUTABLE_CACHE_PATH = _define("POPDIST_EXECUTABLE_CACHE_PATH", "poprun", "the program",
+                                "--executable-cache-path, when given")
+
+#: Their presence marks a PopDist environment (poprun always sets them).
+REQUIRED = (NUM_TOTAL_REPLICAS, NUM_LOCAL_REPLICAS, REPLICA_INDEX_OFFSET)
+
+# ---------------------------------------------------------- torch-style aliases (rank = instance)
+RANK = _define("RANK", "poprun", "the program", "the instance index, as torchrun names it")
+WORLD_SIZE = _define("WORLD_SIZE", "poprun", "the program", "the number of instances")
+LOCAL_RANK = _define("LOCAL_RANK", "poprun", "the program", "the instance's index on its host")
+LOCAL_WORLD_SIZE = _define("LOCAL_WORLD_SIZE", "poprun", "popdist_py.engine",
+                           "instances on this host: the engine divides the CPU affinity by it")
+
+# ------------------------------------------------------------ knobs a user sets for popdist_py
+COLLECTIVE_TIMEOUT = _define("POPDIST_COLLECTIVE_TIMEOUT", "the user", "popdist_py",
+                             "seconds to wait for a peer in a collective before naming it (600; inf)")
+ENGINE_EXECUTOR = _define("POPDIST_ENGINE_EXECUTOR", "the user", "popdist_py.engine",
+                          "how L replicas run: auto (default), threads or cooperative")
+REMOTE_DIR = _define("POPDIST_REMOTE_DIR", "the user", "popdist_py.engine",
+                     "directory for file-backed remote buffers (default: a private temp dir)")
+
+# ----------------------------------------------------- poprun and its per-instance shim
+CONTROL = _define("POPRUN_CONTROL", "poprun", "the shim", "address:port where the shim reports to poprun")
+KILL_GRACE = _define("POPRUN_KILL_GRACE", "the user", "the shim",
+                     "seconds between SIGTERM and SIGKILL when an instance is stopped (3)")
+HOST_SUBNET = _define("POPRUN_HOST_SUBNET", "poprun", "the shim",
+                      "--host-subnet: each host's shim keeps MPI on its interface in it")
+PROGRAM = _define("POPRUN_PROGRAM", "poprun", "the shim",
+                  "large jobs: the program and its arguments, hex-encoded (see protocol.encode_argv)")
+UNBUFFERED = _define("PYTHONUNBUFFERED", "poprun, unless set", "Python",
+                     "1: a Python program's output reaches poprun line by line")
+
+# ------------------------------------------------------------------- the MPI and ssh layer
+SLURM_NODELIST = _define("SLURM_JOB_NODELIST", "Slurm", "poprun", "the hosts, when no -H/--host is given")
+HYDRA_SSH_ARGS = _define("HYDRA_LAUNCHER_EXTRA_ARGS", "poprun, unless set", "MPICH's mpiexec",
+                         "ssh options for remote hosts (batch mode, connect timeout, keep-alives)")
+PRTE_SSH_ARGS = _define("PRTE_MCA_plm_ssh_args", "poprun, unless set", "Open MPI's mpirun",
+                        "the same ssh options for Open MPI")
+UCX_NET_DEVICES = _define("UCX_NET_DEVICES", "the shim (--host-subnet), unless set", "MPICH (UCX)",
+                          "the interface MPI traffic uses on this host")
+FI_TCP_IFACE = _define("FI_TCP_IFACE", "the shim (--host-subnet), unless set", "MPICH (libfabric)",
+                       "the same, for libfabric's TCP provider")
+#: Set by every MPI launcher for its ranks: popdist_py reads them to tell "started by mpiexec"
+#: from "started alone" (a program given POPDIST_* for several instances but run without mpiexec).
+MPI_RANK_VARIABLES = tuple(
+    _define(name, "mpiexec", "popdist_py", "present in a process mpiexec started")
+    for name in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+)
+
+#: Prefixes of the variables Open MPI is told to forward to every host (MPICH forwards all).
+FORWARDED_PREFIXES = ("POPDIST_", "POPRUN_", "MPI4PY_")
