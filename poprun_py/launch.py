@@ -78,9 +78,9 @@ def launch(options: dict) -> int:
     spec.shim = [sys.executable, "-S", os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")]
 
     if options["print_topology"] or options["dry_run"]:
-        from poprun_py.topology import render_topology
+        from poprun_py.plan_table import render_plan_table
 
-        print(render_topology(plan))
+        print(render_plan_table(plan))
     if options["dry_run"]:
         _print_dry_run(plan, launcher, build_command(launcher, plan, _with_control(spec, "<poprun-address>:<port>")))
         return 0

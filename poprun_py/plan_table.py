@@ -8,7 +8,7 @@ from poprun_py.plan import JobPlan, elide, span
 MAX_COLUMNS = 32
 
 
-def render_topology(plan: JobPlan) -> str:
+def render_plan_table(plan: JobPlan) -> str:
     """PopRun's ``poprun topology`` box, or for a large job a line per host (the ends of the list)."""
     if plan.num_replicas > MAX_COLUMNS:
         return _summary(plan)
