@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
-.PHONY: install hosts-tools test test-unit test-mpi demo bench bench-quick clean
+.PHONY: install hosts-tools lint test test-fast demo bench bench-quick clean
 
 install: $(STAMP) hosts-tools
 
@@ -32,11 +32,20 @@ $(STAMP): pyproject.toml
 	$(MPIEXEC) -n 2 $(PY) -c "from mpi4py import MPI; assert MPI.COMM_WORLD.size == 2, 'mpiexec and mpi4py do not match'"
 	touch $(STAMP)
 
-test: install
+# Static checks first: they take seconds and name the line.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: lint
 	$(PYTEST) tests
 	$(MPIEXEC) -n 2 $(PYTEST) --with-mpi tests/mpi
 	$(MPIEXEC) -n 3 $(PYTEST) --with-mpi tests/mpi
 	$(MPIEXEC) -n 4 $(PYTEST) --with-mpi tests/mpi
+
+# The subset to iterate on: no subprocesses, no poprun, no MPI ranks (about 20 s).
+test-fast: install
+	$(PYTEST) -m "not slow" tests
 
 demo: install
 	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/mnist_rts.py --rts
@@ -51,5 +60,5 @@ bench-quick: install
 	$(PY) -m bench.run --quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache bench/results.json bench/results.png
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache bench/results.json bench/results.png
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

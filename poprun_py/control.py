@@ -29,7 +29,8 @@ def listen(address: str, backlog: int) -> tuple[_socket.socket, str]:
 def accept(server: _socket.socket) -> _socket.socket | None:
     """The next pending connection, non-blocking, or None when there is none."""
     try:
-        fd, _ = server._accept()
+        # The C socket's accept: the socket module's wrapper (and its imports) stays off the launch path.
+        fd, _ = server._accept()  # type: ignore[attr-defined]
     except BlockingIOError:
         return None
     connection = _socket.socket(server.family, server.type, server.proto, fileno=fd)

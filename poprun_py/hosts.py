@@ -14,7 +14,9 @@ _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 def _split_top_level(spec: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in spec:
         if ch == "[":
             depth += 1

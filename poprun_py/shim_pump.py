@@ -111,11 +111,13 @@ class Pump:
         watch.add(stderr_fd, STDERR)
         if self.control is not None:
             watch.add(self.control, CONTROL)
+        exit_fd: int | None
         try:  # wake the moment the program exits instead of polling (Linux >= 5.3)
-            exit_fd: int | None = os.pidfd_open(self.pid)
-            watch.add(exit_fd, EXITED)
+            exit_fd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
             exit_fd = None
+        if exit_fd is not None:
+            watch.add(exit_fd, EXITED)
         open_streams = 2
         drain_until: float | None = None
         returncode: int | None = None
