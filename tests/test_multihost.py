@@ -22,7 +22,19 @@ import pytest
 
 from tests.cluster import NETWORK_ENV, Cluster, unavailable_reason
 from tests.conftest import LOUD
-from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run, tagged_json, wait_no_processes
+from tests.helpers import (
+    BIN,
+    MPICH_MPIEXEC,
+    OPENMPI_LIBMPI,
+    OPENMPI_MPIEXEC,
+    POPRUN,
+    PYTHON,
+    ROOT,
+    poprun,
+    run,
+    tagged_json,
+    wait_no_processes,
+)
 
 pytestmark = pytest.mark.multihost
 
@@ -31,9 +43,7 @@ WHERE = str(SCRIPTS / "where_and_what.py")
 BEHAVE = str(SCRIPTS / "behave.py")
 ENGINE_TRAIN = str(SCRIPTS / "engine_train.py")
 MNIST = str(ROOT / "examples" / "mnist_rts.py")
-MPIEXEC = {"mpich": ROOT / ".venv" / "bin" / "mpiexec", "openmpi": ROOT / ".venv" / "openmpi" / "bin" / "mpiexec"}
-#: mpi4py must load the library of the MPI that launched it; poprun forwards MPI4PY_* to every host.
-OPENMPI_LIBMPI = ROOT / ".venv" / "openmpi" / "lib" / "libmpi.so.40"
+MPIEXEC = {"mpich": MPICH_MPIEXEC, "openmpi": OPENMPI_MPIEXEC}
 #: A host failure must end the job within this bound (ssh's ConnectTimeout is 10 s).
 FAILURE_BOUND = 30.0
 
@@ -86,7 +96,7 @@ def test_instances_land_where_the_plan_says_with_their_environment(cluster: Clus
     hosts = cluster.names[:num_hosts]
     instances = num_hosts * per_host
     extra = {"POPDIST_COLLECTIVE_TIMEOUT": "77", "PYTHONPATH": str(ROOT / "tests"),
-             "LD_LIBRARY_PATH": "/opt/poprun-test/lib", "VIRTUAL_ENV": str(ROOT / ".venv")}
+             "LD_LIBRARY_PATH": "/opt/poprun-test/lib", "VIRTUAL_ENV": str(BIN.parent)}
     result = poprun(*mpi_args(mpi), "--num-instances", str(instances), "--num-replicas", str(2 * instances),
                     "-H", ",".join(hosts), PYTHON, WHERE, env=job_env(mpi, **extra))
     assert result.returncode == 0, result.stderr

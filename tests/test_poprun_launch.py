@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.helpers import POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
+from tests.helpers import BIN, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
 
 SCRIPTS = ROOT / "tests" / "scripts"
 BEHAVE = str(SCRIPTS / "behave.py")
@@ -160,7 +160,7 @@ def test_print_topology_then_runs() -> None:
 
 
 def test_python_dash_m_entry_point_and_console_script_agree() -> None:
-    console = subprocess.run([str(ROOT / ".venv" / "bin" / "poprun"), "--version"],
+    console = subprocess.run([str(BIN / "poprun"), "--version"],
                              capture_output=True, text=True, timeout=30)
     module = poprun("--version")
     assert console.returncode == module.returncode == 0
@@ -178,7 +178,7 @@ def test_mpiexec_failing_before_instances_start_is_reported() -> None:
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_unknown_host_is_one_line_naming_it(mpi: str) -> None:
     # The C library refuses a name with '!' without asking a DNS server: no traffic leaves here.
-    args = ["--mpi", str(ROOT / ".venv" / "openmpi" / "bin" / "mpiexec")] if mpi == "openmpi" else []
+    args = ["--mpi", str(OPENMPI_MPIEXEC)] if mpi == "openmpi" else []
     result = poprun(*args, "--num-instances", "2", "-H", "ghost!host", "/bin/true")
     assert result.returncode == 255
     assert result.stderr == ("poprun: error: instance(s) 0-1 could not be started: host ghost!host: "
