@@ -1,9 +1,8 @@
-"""The ``poprun`` command: read the command line, launch, exit with the job's status.
+"""The ``poprun`` command: read the command line (the click command in ``command``), launch,
+exit with the job's status.
 
-A plain command line is read by ``fast_args`` without importing click; anything else (help,
-version, short options, config files, usage errors) goes to the click command in ``command``.
-Either way the same options dictionary reaches ``launch``. Errors are one line and never a
-traceback: usage errors exit 2, a missing program 127, a non-executable one 126.
+Errors are one line and never a traceback: usage errors exit 2, a missing program 127, a
+non-executable one 126.
 """
 
 from __future__ import annotations
@@ -11,21 +10,15 @@ from __future__ import annotations
 import os
 import sys
 
+from poprun_py import command
 from poprun_py.errors import PlanError
 
 
 def run(argv: list[str]) -> int:
     """``poprun ARGV``'s exit status."""
-    from poprun_py import fast_args
-
-    options = fast_args.parse(argv)
-    if options is None:
-        from poprun_py import command
-
-        parsed = command.parse(argv)
-        if isinstance(parsed, int):
-            return parsed
-        options = parsed
+    options = command.parse(argv)
+    if isinstance(options, int):
+        return options
     from poprun_py.launch import ProgramError, launch
 
     try:

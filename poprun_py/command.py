@@ -1,7 +1,7 @@
-"""The click command: help, version, short options, config files, and every usage error.
+"""The ``poprun`` command line: a click command, its options, and every usage error as one line.
 
-Built from ``options.OPTIONS``. Plain launches are read by ``fast_args`` instead; whatever it
-declines comes here, so click has the last word on what a command line means.
+``parse`` turns argv into the options dictionary ``launch`` runs, or the exit status of a
+command line that launches nothing (help, version, a usage error).
 """
 
 from __future__ import annotations
@@ -10,44 +10,42 @@ from typing import Any
 
 import click
 
-from poprun_py import __version__
-from poprun_py.options import COUNT, FLAG, INDEX, OPTIONS, POSITIVE, TEXTS, YES_NO, Option, yes_no
+from poprun_py import __version__, log
+
+#: PopRun's V-IPU options: accepted so PopRun scripts run, each one used is warned about and ignored.
+VIPU_FLAGS = (
+    "--vipu-server-host", "--vipu-server-port", "--vipu-server-timeout", "--vipu-partition",
+    "--vipu-partition-attempts", "--update-partition", "--reset-partition", "--remove-partition",
+    "--vipu-cluster", "--vipu-allocation", "--num-ilds",
+)
 
 
-class YesNo(click.ParamType):
+class YesNo(click.types.BoolParamType):
+    """PopRun's ``yes``/``no`` values (click's boolean words: also true/false, on/off, 1/0)."""
+
     name = "yes|no"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> bool:
-        try:
-            return yes_no(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+        state = self.str_to_bool(value) if isinstance(value, (bool, str)) and value != "" else None
+        if state is None:
+            self.fail(f"{value!r} is not yes or no", param, ctx)
+        return state
 
 
-CLICK_TYPES: dict[str, click.ParamType] = {
-    POSITIVE: click.IntRange(min=1), INDEX: click.IntRange(min=0), YES_NO: YesNo(),
-}
-
-
-def _click_option(option: Option) -> Any:
-    settings: dict[str, Any] = {"help": option.help}
-    if option.kind == FLAG:
-        settings.update(is_flag=True, default=False)
-    elif option.kind == COUNT:
-        settings.update(count=True)
-    else:
-        settings.update(default=option.default, multiple=option.kind == TEXTS, show_default=option.show_default)
-        if option.kind in CLICK_TYPES:
-            settings["type"] = CLICK_TYPES[option.kind]
-        if option.metavar:
-            settings["metavar"] = option.metavar
-    return click.option(*option.flags, option.dest, **settings)
-
-
-def _with_options(func: Any) -> Any:
-    for option in reversed(OPTIONS):
-        func = _click_option(option)(func)
+def vipu_options(func: Any) -> Any:
+    """Declare the V-IPU compatibility options (they take any value)."""
+    for flag in reversed(VIPU_FLAGS):
+        func = click.option(flag, metavar="VALUE",
+                            help="Accepted for PopRun compatibility; has no effect (warned).")(func)
     return func
+
+
+def import_config(ctx: click.Context, param: click.Parameter, path: str | None) -> None:
+    """Eager: the file's options become click's defaults before any other option is read."""
+    if path is not None:
+        from poprun_py import config  # json and pathlib, only when a file is given
+
+        config.load(ctx, path)
 
 
 @click.command(
@@ -58,22 +56,57 @@ def _with_options(func: Any) -> Any:
            "Exit status: 0 when every instance succeeds, else the first failing instance's status "
            "(128+N for signal N).",
 )
-@_with_options
+@click.option("--num-instances", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Processes to start.")
+@click.option("--num-replicas", type=click.IntRange(min=1), show_default="one per instance", metavar="N",
+              help="Total replicas, divided evenly among the instances.")
+@click.option("--ipus-per-replica", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Devices per replica (given to instances as POPDIST_NUM_IPUS_PER_REPLICA).")
+@click.option("-H", "--host", metavar="LIST",
+              help="Hosts to run on: 'a,b' or ranges 'node[0-2,4]'. Instances are spread evenly. "
+                   "Default: the Slurm allocation's nodes (SLURM_JOB_NODELIST), else this machine.")
+@click.option("--host-file", type=click.Path(exists=True, dir_okay=False, readable=True), metavar="FILE",
+              help="File with one host per line (not with --host).")
+@click.option("--host-subnet", metavar="CIDR",
+              help="Network for traffic between hosts: poprun's control channel, MPI's daemons and MPI itself "
+                   "use the interface whose address is in it. Default: the route towards the first remote host.")
+@click.option("--mpi-global-args", metavar="ARGS", help="Extra arguments put once on the mpiexec line.")
+@click.option("--mpi-local-args", metavar="ARGS", help="Extra arguments for every instance's app context.")
+@click.option("--instance-mpi-local-args", multiple=True, metavar="I:ARGS",
+              help="Extra app-context arguments for instance I only (repeatable).")
+@click.option("--only-output-from-instance", type=click.IntRange(min=0), metavar="I",
+              help="Show only instance I's output (failures of others are still summarised).")
+@click.option("--print-topology", type=YesNo(), default=False, show_default="no",
+              help="Print hosts -> instances -> replicas.")
+@click.option("--numa-aware", type=YesNo(), default=False, show_default="no", help="Bind instances to NUMA nodes.")
+@click.option("--offline-mode", type=YesNo(), default=False, show_default="no",
+              help="Run without devices. Every run is offline here; accepted for compatibility.")
+@click.option("--executable-cache-path", metavar="DIR",
+              help="Shared cache directory, given to instances as POPDIST_EXECUTABLE_CACHE_PATH.")
+@click.option("--import-config", type=click.Path(exists=True, dir_okay=False, readable=True), metavar="FILE",
+              is_eager=True, expose_value=False, callback=import_config,
+              help="Take options from a JSON file (keys: long option names); the command line wins.")
+@click.option("--export-config", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write the effective options as JSON.")
+@click.option("--overwrite-config", is_flag=True, help="Allow --export-config to replace a file.")
+@click.option("--mpi", metavar="PATH",
+              help="The mpiexec to use (MPICH or Open MPI). Default: next to this Python, then PATH.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the exact mpiexec command; start nothing.")
+@click.option("-v", "--verbose", count=True, help="-v: progress; -vv: debug.")
+@vipu_options
 @click.version_option(__version__, "--version", prog_name="poprun (poprun-py)")
 @click.argument("program", required=False, metavar="PROGRAM")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.pass_context
 def poprun(ctx: click.Context, **options: Any) -> dict[str, Any]:
     """Launch PROGRAM as --num-instances processes on MPI, each driving its share of --num-replicas."""
-    if options["import_config"]:
-        from poprun_py.config import import_config
-
-        import_config(ctx, options["import_config"])
-        options.update(ctx.params)
     if options["export_config"]:
-        from poprun_py.config import export_config
+        from poprun_py.config import export
 
-        export_config(ctx, options["export_config"], options["overwrite_config"])
+        export(ctx, options["export_config"], options["overwrite_config"])
+    for flag in VIPU_FLAGS:
+        if options.pop(flag[2:].replace("-", "_")) is not None:
+            log.warning("%s has no effect in poprun-py (there is no V-IPU here); ignored", flag)
     return options
 
 
@@ -82,11 +115,13 @@ def parse(argv: list[str]) -> dict[str, Any] | int:
     version, or a usage error, already printed as one line)."""
     try:
         result = poprun.main(args=argv, prog_name="poprun", standalone_mode=False)
-    except click.UsageError as exc:
-        click.echo(f"poprun: error: {exc.format_message()}", err=True)
-        return 2
     except click.ClickException as exc:
-        click.echo(f"poprun: error: {exc.format_message()}", err=True)
+        message = exc.format_message()
+        if isinstance(exc, click.BadParameter):
+            from poprun_py.config import blame
+
+            message = blame(exc) or message
+        click.echo(f"poprun: error: {message}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:
         return 130

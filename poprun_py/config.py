@@ -1,6 +1,10 @@
-"""``--export-config`` / ``--import-config``: the effective options as a JSON object.
+"""``--import-config`` / ``--export-config``: the options as a JSON object, keyed by long option name
+(``{"num-instances": 2}``).
 
-Keys are the long option names (``"num-instances": 2``); command-line values win over the file.
+An imported file becomes click's ``default_map``: click takes every option the command line does
+not give from it and converts it with the option's own type, so the command line wins and a bad
+value fails as it would on the command line (``blame`` then names the file instead of the flag).
+``null`` means the option's default, as ``--export-config`` writes options that were not set.
 """
 
 from __future__ import annotations
@@ -13,80 +17,70 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-#: Options that describe the config handling itself, never stored in a config file.
+#: Options about config handling or about this one run, never stored in a config file.
 META_OPTIONS = {"import_config", "export_config", "overwrite_config", "dry_run"}
+#: ``ctx.meta`` key of the imported file's path.
+IMPORTED = "poprun.import_config"
 
 
-def config_params(command: click.Command) -> dict[str, click.Option]:
-    """The storable options by their JSON key (the long name without dashes prefix)."""
-    params = {}
-    for param in command.params:
-        if isinstance(param, click.Option) and param.name not in META_OPTIONS and not param.hidden \
-                and not param.is_eager and param.name is not None:
-            params[param.name.replace("_", "-")] = param
-    return params
+def storable(command: click.Command) -> dict[str, click.Option]:
+    """The options a config file may hold, by JSON key (the long name without its dashes prefix)."""
+    return {param.name.replace("_", "-"): param for param in command.params
+            if isinstance(param, click.Option) and param.name and param.name not in META_OPTIONS
+            and not param.is_eager}
 
 
-def _check_type(key: str, param: click.Option, value: Any, path: str) -> None:
-    def fail(expected: str) -> None:
-        raise click.UsageError(f"config file {path!r}: {key!r} must be {expected}, got {json.dumps(value)}")
-
-    if param.multiple:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            fail("a list of strings")
-    elif param.count:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            fail("a non-negative integer")
-    elif param.is_flag:
-        if not isinstance(value, bool):
-            fail("true or false")
-    elif isinstance(param.type, click.types.IntParamType):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            fail("an integer")
-    elif getattr(param.type, "name", "") == "yes|no":
-        if not isinstance(value, (bool, str)):
-            fail('"yes" or "no"')
-    elif value is not None and not isinstance(value, str):
-        fail("a string")
-
-
-def import_config(ctx: click.Context, path: str) -> None:
-    """Fill every option the command line did not set from the file at ``path``."""
+def read(path: str, params: dict[str, click.Option]) -> dict[str, Any]:
+    """The file at ``path`` as a ``default_map`` (parameter names to values); BadParameter if it
+    is not a JSON object of known options, each with a list exactly when the option is repeatable."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise click.UsageError(f"--import-config {path!r} cannot be read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise click.UsageError(f"--import-config {path!r} is not valid JSON: {exc}") from None
+        raise click.BadParameter(f"{path!r} cannot be read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path!r} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise click.UsageError(f"--import-config {path!r} must hold a JSON object of option names to values")
-    params = config_params(ctx.command)
+        raise click.BadParameter(f"{path!r} must hold a JSON object of option names to values")
     unknown = sorted(set(data) - set(params))
     if unknown:
-        raise click.UsageError(
-            f"config file {path!r} has unknown option(s) {', '.join(map(repr, unknown))}; "
-            f"known options are: {', '.join(sorted(params))}"
-        )
+        raise click.BadParameter(f"{path!r} has unknown option(s) {', '.join(map(repr, unknown))}; "
+                                 f"known options are: {', '.join(sorted(params))}")
+    defaults = {}
     for key, value in data.items():
+        if value is None:
+            continue  # the option's own default
         param = params[key]
-        _check_type(key, param, value, path)
+        if isinstance(value, list) != param.multiple or isinstance(value, dict):
+            shape = "a list (the option is repeatable)" if param.multiple else "a single value, not a list or object"
+            raise click.BadParameter(f"{path!r}: {key!r} must be {shape}, got {json.dumps(value)}")
         assert param.name is not None
-        if ctx.get_parameter_source(param.name) not in (ParameterSource.DEFAULT, None):
-            continue  # the command line wins
-        if isinstance(value, bool) and getattr(param.type, "name", "") == "yes|no":
-            value = "yes" if value else "no"
-        try:
-            ctx.params[param.name] = param.type_cast_value(ctx, value)
-        except click.BadParameter as exc:
-            raise click.UsageError(f"config file {path!r}: {key!r}: {exc.message}") from None
+        defaults[param.name] = value
+    return defaults
 
 
-def export_config(ctx: click.Context, path: str, overwrite: bool) -> None:
+def load(ctx: click.Context, path: str) -> None:
+    """Make the file at ``path`` the defaults of ``ctx``'s options."""
+    ctx.default_map = {**(ctx.default_map or {}), **read(path, storable(ctx.command))}
+    ctx.meta[IMPORTED] = path
+
+
+def blame(exc: click.BadParameter) -> str | None:
+    """One line for a bad value that came from the imported file (None if it did not)."""
+    ctx, param = exc.ctx, exc.param
+    if ctx is None or param is None or param.name is None or IMPORTED not in ctx.meta:
+        return None
+    if ctx.get_parameter_source(param.name) is not ParameterSource.DEFAULT_MAP:
+        return None
+    return f"config file {ctx.meta[IMPORTED]!r}: {param.name.replace('_', '-')!r}: {exc.message}"
+
+
+def export(ctx: click.Context, path: str, overwrite: bool) -> None:
+    """Write every storable option's effective value to ``path``."""
     if os.path.exists(path) and not overwrite:
         raise click.UsageError(f"--export-config {path!r} already exists; add --overwrite-config to replace it")
     data = {}
-    for key, param in config_params(ctx.command).items():
-        value = ctx.params.get(param.name)  # type: ignore[arg-type]
+    for key, param in storable(ctx.command).items():
+        value = ctx.params.get(param.name)
         data[key] = list(value) if isinstance(value, tuple) else value
     try:
         Path(path).write_text(json.dumps(data, indent=2) + "\n")

@@ -11,7 +11,6 @@ import sys
 
 from poprun_py import environment, log
 from poprun_py.errors import PlanError
-from poprun_py.options import VIPU_FLAGS
 
 #: Inside a Slurm allocation, its nodes are the hosts unless -H/--host-file says otherwise.
 
@@ -32,9 +31,6 @@ class ProgramError(Exception):
 def launch(options: dict) -> int:
     """Run the job ``options`` describe (as click would parse them); its exit status."""
     log.configure(options["verbose"])
-    for flag in VIPU_FLAGS:
-        if options.get(flag[2:].replace("-", "_")) is not None:
-            log.warning("%s has no effect in poprun-py (there is no V-IPU here); ignored", flag)
 
     from poprun_py.mpi import (
         CommandSpec,
