@@ -10,7 +10,8 @@ import sys
 
 
 def machine_info() -> dict[str, object]:
-    mpi = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"],
+    library = "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
+    mpi = subprocess.run([sys.executable, "-c", library],
                          capture_output=True, text=True, timeout=60).stdout.strip().replace("\0", "")
     import numpy
 

@@ -152,7 +152,7 @@ class Cluster:
         os.chmod(self.workdir, 0o700)
 
     def _network(self) -> None:
-        for bridge, address, subnet in zip(self.bridges, self.bridge_addresses, self.subnets):
+        for bridge, address, subnet in zip(self.bridges, self.bridge_addresses, self.subnets, strict=True):
             _run(["ip", "link", "add", bridge, "type", "bridge"])
             _run(["ip", "addr", "add", f"{address}/{subnet.prefixlen}", "dev", bridge])
             _run(["ip", "link", "set", bridge, "up"])
@@ -160,7 +160,7 @@ class Cluster:
             _run(["ip", "netns", "add", host.namespace])
             inside = ["ip", "netns", "exec", host.namespace]
             _run([*inside, "ip", "link", "set", "lo", "up"])
-            for n, (bridge, subnet) in enumerate(zip(self.bridges, self.subnets)):
+            for n, (bridge, subnet) in enumerate(zip(self.bridges, self.subnets, strict=True)):
                 veth, interface = host.veths[n], f"eth{n}"
                 _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", interface, "netns", host.namespace])
                 _run(["ip", "link", "set", veth, "master", bridge, "up"])

@@ -291,8 +291,8 @@ def test_host_cut_off_mid_job(cluster: Cluster) -> None:
     finally:
         proc.kill()
     assert proc.returncode == 1 and took < FAILURE_BOUND, stderr
-    assert "poprun: host node1 was lost: instance(s) 2-3 there ended without an exit report (no word from it " \
-           "for 20 s: its host or the network to it is down)" in stderr
+    assert ("poprun: host node1 was lost: instance(s) 2-3 there ended without an exit report (no word from it "
+            "for 20 s: its host or the network to it is down)") in stderr
     assert wait_no_processes(marker) == []  # nothing here, nor on node0
     deadline = time.monotonic() + 15
     while any(marker in line for line in cluster.processes(node1)) and time.monotonic() < deadline:

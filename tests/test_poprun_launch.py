@@ -67,7 +67,7 @@ def test_long_lines_never_interleave_and_filtering_keeps_one_instance() -> None:
     lines = result.stdout.splitlines()
     per_instance = {0: 0, 1: 0, 2: 0}
     for line in lines:
-        match = re.fullmatch(r"\[(\d)\] (?:\d+:([a-h])\2{%d}|no newline at the end)" % (width - 1), line)
+        match = re.fullmatch(rf"\[(\d)\] (?:\d+:([a-h])\2{{{width - 1}}}|no newline at the end)", line)
         assert match, f"corrupted line (first 80 chars): {line[:80]!r}"
         index = int(match.group(1))
         if match.group(2):
@@ -84,7 +84,8 @@ def test_long_lines_never_interleave_and_filtering_keeps_one_instance() -> None:
 
 def test_stderr_is_tagged_on_stderr() -> None:
     result = poprun("--num-instances", "2", PYTHON, "-c",
-                    "import os,sys; print('out', os.environ['RANK']); print('err', os.environ['RANK'], file=sys.stderr)")
+                    "import os, sys; print('out', os.environ['RANK']); "
+                    "print('err', os.environ['RANK'], file=sys.stderr)")
     assert result.returncode == 0
     assert sorted(result.stdout.splitlines()) == ["[0] out 0", "[1] out 1"]
     assert sorted(result.stderr.splitlines()) == ["[0] err 0", "[1] err 1"]

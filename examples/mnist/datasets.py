@@ -48,7 +48,8 @@ class Dataset:
         return int(self.train_x.shape[1])
 
     def describe(self) -> str:
-        return f"{self.name}: {len(self.train_x)} training and {len(self.test_x)} test images of {self.input_size} pixels"
+        return (f"{self.name}: {len(self.train_x)} training and {len(self.test_x)} test images "
+                f"of {self.input_size} pixels")
 
 
 def load_mnist(data_dir: Path | str) -> Dataset:

@@ -114,7 +114,8 @@ def read_labels(path: Path | str, num_classes: int = 10) -> np.ndarray:
         raise IdxError(path, "the file holds no labels")
     if labels.max() >= num_classes:
         bad = int(np.argmax(labels >= num_classes))
-        raise IdxError(path, f"label {int(labels[bad])} at index {bad} is out of range: labels must be 0..{num_classes - 1}")
+        raise IdxError(path, f"label {int(labels[bad])} at index {bad} is out of range: "
+                             f"labels must be 0..{num_classes - 1}")
     return labels
 
 
