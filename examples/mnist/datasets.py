@@ -1,6 +1,6 @@
 """The data: MNIST from IDX files or scikit-learn's bundled digits, fed to replicas as PopDist does.
 
-Feeding follows the seed: a global batch is ``batch_size x R`` samples, split over replicas in
+Feeding follows PopXL's MNIST example: a global batch is ``batch_size x R`` samples, split over replicas in
 global replica order. Every instance computes the same epoch order, cuts the same global batch,
 takes its contiguous block (``instance_batch_slice``) and splits it ``[L, B, ...]``
 (``split_for_replicas``). Replica g therefore trains on samples ``[g*B, (g+1)*B)`` of every global

@@ -1,4 +1,4 @@
-"""The seed's network in numpy: ``softmax(relu(x @ W0 + b0) @ W1 + b1)``, cross-entropy loss.
+"""The network of PopXL's MNIST example, in numpy: ``softmax(relu(x @ W0 + b0) @ W1 + b1)``, cross-entropy loss.
 
 Everything stays float32, so a replica's arithmetic depends only on its own micro-batch and
 weights: the same replica computes the same bits whether it runs as a thread or a process.

@@ -1,6 +1,6 @@
 """The network on the engine: its weights as replicated variables and its two replicated steps.
 
-With ``rts`` (and more than one replica) the weights are created the two ways of the seed:
+With ``rts`` (and more than one replica) the weights are created the two ways of PopXL's MNIST RTS example:
 
 - W0 with ``rt.replica_sharded_variable``: each replica holds 1/R of it; a step gathers the full
   weight with ``ops.replicated_all_gather(shard)`` and updates only its own shard.
@@ -10,7 +10,7 @@ With ``rts`` (and more than one replica) the weights are created the two ways of
 
 The gradient is reduced the same way in both paths, ``replicated_all_reduce(g, op="mean")`` over
 all replicas in global replica order, and a sharded weight takes its part with
-``ops.replica_sharded_slice`` (as the seed does). The update is elementwise, so a shard's update
+``ops.replica_sharded_slice`` (as PopXL's example does). The update is elementwise, so a shard's update
 is bitwise the corresponding part of the unsharded update: RTS on or off gives the same weights.
 """
 
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class Trainable(NamedTuple):
-    """One weight, as the seed's ``Trainable``: ``var`` is what the host reads back; ``shards`` the
+    """One weight, as the ``Trainable`` of PopXL's example: ``var`` is what the host reads back; ``shards`` the
     RTS shard handle (``replica_sharded_variable``) and ``remote_buffer`` the buffer holding the
     shards (``remote_replica_sharded_variable``); both None for a plain variable."""
 
@@ -49,7 +49,7 @@ class Network:
     def __init__(self, rt: Runtime, params: Params, *, rts: bool, lr: float) -> None:
         self.rt = rt
         self.lr = np.float32(lr)
-        self.rts = rts and rt.replication_factor > 1  # as the seed: RTS needs replicas to shard over
+        self.rts = rts and rt.replication_factor > 1  # as in PopXL's example: RTS needs replicas to shard over
         if rts and not self.rts:
             log.info("--rts has no effect with a single replica: the weights are plain variables")
         self.trainables = {name: self._create(name, np.asarray(value, np.float32))
