@@ -53,7 +53,7 @@ class Network:
         if rts and not self.rts:
             log.info("--rts has no effect with a single replica: the weights are plain variables")
         self.trainables = {name: self._create(name, np.asarray(value, np.float32))
-                           for name, value in zip(PARAMS, params)}
+                           for name, value in zip(PARAMS, params, strict=True)}
 
     def _create(self, name: str, data: np.ndarray) -> Trainable:
         rt = self.rt
@@ -96,7 +96,7 @@ class Network:
         """One SGD step on this replica's micro-batch; returns the loss averaged over all replicas."""
         params, shards = self._weights(ctx)
         loss, grads = loss_and_grads(params, x, y)
-        for t, grad, shard in zip(self.trainables.values(), grads, shards):
+        for t, grad, shard in zip(self.trainables.values(), grads, shards, strict=True):
             self._update(ctx, t, grad, shard)
         return ops.replicated_all_reduce(np.array([loss], np.float32), op="mean")
 
