@@ -58,8 +58,8 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 )
 @click.option("--num-instances", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Processes to start.")
-@click.option("--num-replicas", type=click.IntRange(min=1), show_default="one per instance", metavar="N",
-              help="Total replicas, divided evenly among the instances.")
+@click.option("--num-replicas", type=click.IntRange(min=1), metavar="N",
+              help="Total replicas, divided evenly among the instances (default: one per instance).")
 @click.option("--ipus-per-replica", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Devices per replica (given to instances as POPDIST_NUM_IPUS_PER_REPLICA).")
 @click.option("-H", "--host", metavar="LIST",
@@ -76,10 +76,10 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               help="Extra app-context arguments for instance I only (repeatable).")
 @click.option("--only-output-from-instance", type=click.IntRange(min=0), metavar="I",
               help="Show only instance I's output (failures of others are still summarised).")
-@click.option("--print-topology", type=YesNo(), default=False, show_default="no",
+@click.option("--print-topology", type=YesNo(), default="no", show_default=True,
               help="Print hosts -> instances -> replicas.")
-@click.option("--numa-aware", type=YesNo(), default=False, show_default="no", help="Bind instances to NUMA nodes.")
-@click.option("--offline-mode", type=YesNo(), default=False, show_default="no",
+@click.option("--numa-aware", type=YesNo(), default="no", show_default=True, help="Bind instances to NUMA nodes.")
+@click.option("--offline-mode", type=YesNo(), default="no", show_default=True,
               help="Run without devices. Every run is offline here; accepted for compatibility.")
 @click.option("--executable-cache-path", metavar="DIR",
               help="Shared cache directory, given to instances as POPDIST_EXECUTABLE_CACHE_PATH.")

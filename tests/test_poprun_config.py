@@ -1,0 +1,110 @@
+"""Config files: --export-config writes the effective options, --import-config makes a file the
+defaults, so whatever the command line gives wins; a bad file is one clear line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import poprun
+
+
+def _effective(tmp_path: Path, *argv: str) -> dict:
+    """The options poprun runs with for ``argv`` (as --export-config writes them)."""
+    out = tmp_path / "effective.json"
+    result = poprun("--dry-run", "--export-config", str(out), "--overwrite-config", *argv, "/bin/true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return json.loads(out.read_text())
+
+
+def test_config_round_trip(tmp_path: Path) -> None:
+    config = tmp_path / "job.json"
+    first = poprun("--dry-run", "--num-instances", "2", "--num-replicas", "6", "--print-topology", "yes",
+                   "--mpi-local-args", "-env A 1", "--instance-mpi-local-args", "1:-env B 2",
+                   "--export-config", str(config), "/bin/true")
+    assert first.returncode == 0, first.stderr
+    data = json.loads(config.read_text())
+    assert data["num-instances"] == 2 and data["num-replicas"] == 6 and data["print-topology"] is True
+    assert data["instance-mpi-local-args"] == ["1:-env B 2"] and data["host"] is None
+    assert not {"dry-run", "export-config", "import-config", "overwrite-config"} & set(data)
+    again = poprun("--dry-run", "--import-config", str(config), "/bin/true")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+    # Refuses to overwrite unless asked.
+    refused = poprun("--dry-run", "--export-config", str(config), "/bin/true")
+    assert refused.returncode == 2 and "already exists; add --overwrite-config" in refused.stderr
+    replaced = poprun("--dry-run", "--export-config", str(config), "--overwrite-config", "/bin/true")
+    assert replaced.returncode == 0 and json.loads(config.read_text())["num-instances"] == 1
+
+
+FILE = {"num-instances": 4, "num-replicas": 8, "print-topology": "yes", "verbose": 1, "mpi-local-args": "-env A 1",
+        "instance-mpi-local-args": ["0:-env B 2", "1:-env C 3"], "executable-cache-path": "/cache"}
+
+
+@pytest.mark.parametrize("argv,expected", [
+    # Nothing given: every value comes from the file, converted by the option's own type.
+    ([], {**FILE, "print-topology": True}),
+    # Each value given on the command line wins over the file's; the rest still come from the file.
+    (["--num-instances", "2", "--num-replicas=2"], {**FILE, "num-instances": 2, "num-replicas": 2,
+                                                     "print-topology": True}),
+    (["--print-topology", "no", "-vv"], {**FILE, "print-topology": False, "verbose": 2}),
+    # A repeatable option given on the command line replaces the file's list (it is not appended to).
+    (["--instance-mpi-local-args", "1:-env D 4"], {**FILE, "print-topology": True,
+                                                   "instance-mpi-local-args": ["1:-env D 4"]}),
+], ids=["file only", "integers", "yes-no and count", "repeatable"])
+def test_command_line_wins_over_the_imported_file(tmp_path: Path, argv: list[str], expected: dict) -> None:
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(FILE))
+    # Where --import-config stands does not matter: it is read before every other option.
+    first = _effective(tmp_path, "--import-config", str(config), *argv)
+    last = _effective(tmp_path, *argv, "--import-config", str(config))
+    assert first == last
+    assert {key: first[key] for key in expected} == expected
+
+
+def test_null_in_a_file_means_the_default(tmp_path: Path) -> None:
+    config = tmp_path / "job.json"
+    config.write_text('{"num-instances": null, "num-replicas": null, "verbose": null, "numa-aware": null, '
+                      '"instance-mpi-local-args": null}')
+    assert _effective(tmp_path, "--import-config", str(config)) == _effective(tmp_path)
+
+
+def test_vipu_options_from_a_file_are_warned_about(tmp_path: Path) -> None:
+    config = tmp_path / "job.json"
+    config.write_text('{"vipu-partition": "p1"}')
+    result = poprun("--import-config", str(config), "/bin/echo", "ran")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[0] ran\n" and "--vipu-partition has no effect" in result.stderr
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"num-instance": 2}', ("Invalid value for '--import-config': '{path}' has unknown option(s) 'num-instance'; "
+                             "known options are: executable-cache-path, host, ")),
+    ('{"dry-run": true}', "has unknown option(s) 'dry-run'"),
+    ('{"num-instances": "two"}', "config file '{path}': 'num-instances': 'two' is not a valid integer"),
+    ('{"num-instances": 0}', "config file '{path}': 'num-instances': 0 is not in the range x>=1."),
+    ('{"print-topology": 3}', "config file '{path}': 'print-topology': 3 is not yes or no"),
+    ('{"instance-mpi-local-args": "1:-x A"}',
+     "'{path}': 'instance-mpi-local-args' must be a list (the option is repeatable), got \"1:-x A\""),
+    ('{"host": ["a", "b"]}', "'{path}': 'host' must be a single value, not a list or object, got [\"a\", \"b\"]"),
+    ('[1, 2]', "Invalid value for '--import-config': '{path}' must hold a JSON object of option names to values"),
+    ('{"num-instances": 2,', "Invalid value for '--import-config': '{path}' is not valid JSON: "),
+])
+def test_bad_config_files(tmp_path: Path, content: str, message: str) -> None:
+    config = tmp_path / "bad.json"
+    config.write_text(content)
+    result = poprun("--import-config", str(config), "/bin/true")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("poprun: error: "), result.stderr
+    assert message.replace("{path}", str(config)) in lines[0]
+
+
+def test_a_bad_value_on_the_command_line_is_blamed_on_the_command_line(tmp_path: Path) -> None:
+    config = tmp_path / "job.json"
+    config.write_text('{"num-instances": 2}')
+    result = poprun("--import-config", str(config), "--num-instances", "0", "/bin/true")
+    assert result.returncode == 2
+    assert result.stderr == "poprun: error: Invalid value for '--num-instances': 0 is not in the range x>=1.\n"
