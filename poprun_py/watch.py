@@ -41,9 +41,6 @@ class Watch:
     def relabel(self, source: int | HasFileno, label: Any) -> None:
         self._labels[_fd(source)] = label
 
-    def label(self, source: int | HasFileno) -> Any:
-        return self._labels[_fd(source)]
-
     def labels(self) -> list[Any]:
         return list(self._labels.values())
 
