@@ -11,12 +11,12 @@
         rt.get_tensor_data(w)                  # the full global value, on every instance
 
 Modules: ``runtime`` (Runtime, runs), ``grouping`` (ReplicaGrouping, CommGroup), ``variables``,
-``ops`` (collectives and remote loads/stores inside a step), ``collectives`` (per-signature
+``ops`` (collectives and remote loads/stores inside a step), ``exchange`` (per-signature
 plans), ``reduce`` (the canonical reduction order), ``sharding`` (replicated tensor sharding:
 the balanced shard layout, domains, shard arrays), ``remote`` (remote buffers in memory or in
 memory-mapped files), ``checkpoint`` (save/load under any split), ``rendezvous`` (local meeting
 of the replicas), ``transport`` (MPI between instances), ``executor`` (which executor runs the
-replicas), ``pool`` (replica threads), ``cooperative`` (replica greenlets), ``topology``,
+replicas), ``pool`` (replica threads), ``cooperative`` (replica greenlets), ``replicas`` (where the replicas run),
 ``context``.
 
 Executors (``Runtime(executor=...)``, ``$POPDIST_ENGINE_EXECUTOR``; ``rt.executor`` tells):

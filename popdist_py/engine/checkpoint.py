@@ -34,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from popdist_py.engine.grouping import ReplicaGrouping
-from popdist_py.engine.topology import Layout
+from popdist_py.engine.replicas import ReplicaPlacement
 from popdist_py.engine.variables import Variable, collect, host_value, per_group_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,7 +186,7 @@ def _fsync_dir(directory: Path) -> None:
 
 def save(
     variables: Iterable[Variable],
-    layout: Layout,
+    placement: ReplicaPlacement,
     transport: Transport | None,
     path: str | os.PathLike[str],
     metadata: dict[str, Any] | None = None,
@@ -201,21 +201,21 @@ def save(
         raise TypeError(f"{what}: metadata must be JSON-serialisable (str keys, numbers, strings, lists, "
                         f"dicts): {exc}") from None
     _agree(transport, what, vs)
-    writer = _Writer(path) if layout.instance == 0 else None
+    writer = _Writer(path) if placement.instance == 0 else None
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
-        "replication_factor": layout.replication_factor,
-        "num_instances": layout.num_instances,
+        "replication_factor": placement.replication_factor,
+        "num_instances": placement.num_instances,
         "metadata": metadata or {},
         "variables": [],
     }
     for i, v in enumerate(vs):
         key = f"v{i}"
         if _per_replica(v):  # diverged replicas are kept: one value per replica
-            arr = _all_replicas(v, layout, transport)
+            arr = _all_replicas(v, placement, transport)
         else:
-            arr = host_value(v, layout, transport, root=0)
+            arr = host_value(v, placement, transport, root=0)
         if writer is not None:
             assert arr is not None
             manifest["variables"].append(_entry(v, key))
@@ -230,11 +230,11 @@ def save(
         raise OSError(error)
 
 
-def _all_replicas(v: Variable, layout: Layout, transport: Transport | None) -> np.ndarray | None:
-    R = layout.replication_factor
+def _all_replicas(v: Variable, placement: ReplicaPlacement, transport: Transport | None) -> np.ndarray | None:
+    R = placement.replication_factor
     if transport is not None:
         transport.agree(f"save {v.name!r}", (v.name, v.shape), ("variable", "shape"))
-    return collect(layout, transport, range(R), v.local_value, v.shape, v.dtype, f"save {v.name!r}", root=0)
+    return collect(placement, transport, range(R), v.local_value, v.shape, v.dtype, f"save {v.name!r}", root=0)
 
 
 # -- load ----------------------------------------------------------------------------------------
@@ -406,7 +406,7 @@ def _bcast_array(transport: Transport, arr: np.ndarray, what: str) -> None:
 
 def load(
     variables: Iterable[Variable],
-    layout: Layout,
+    placement: ReplicaPlacement,
     transport: Transport | None,
     path: str | os.PathLike[str],
     strict: bool = True,
@@ -416,11 +416,11 @@ def load(
     path = Path(os.fspath(path))
     what = f"load({str(path)!r})"
     _agree(transport, what, vs)
-    R = layout.replication_factor
+    R = placement.replication_factor
     zf: zipfile.ZipFile | None = None
     error: str | None = None
     text = ""
-    if layout.instance == 0:
+    if placement.instance == 0:
         try:
             zf, manifest = _open_checked(path)
             text = json.dumps(manifest)
@@ -456,7 +456,7 @@ def load(
                 host, grouped = staged.pop(v.name)
                 if grouped is None:  # same replicas, same grouping: replica by replica
                     for r in range(v.num_local_replicas):
-                        v.set_local_value(r, host[layout.offset + r])
+                        v.set_local_value(r, host[placement.offset + r])
                     continue
                 host = grouped
             else:

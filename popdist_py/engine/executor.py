@@ -54,7 +54,7 @@ def cores_per_instance() -> int:
     return available_cores() // instances_on_host()
 
 
-def choose(requested: str | None, local_replicas: int) -> str:
+def choose(requested: str | None, num_local_replicas: int) -> str:
     """The executor to use: ``requested`` (an argument) wins over ``$POPDIST_ENGINE_EXECUTOR``,
     which wins over ``auto``; ``auto`` is resolved by the rule in this module's docstring."""
     if requested is not None:
@@ -69,6 +69,6 @@ def choose(requested: str | None, local_replicas: int) -> str:
     if name != AUTO:
         return name
     cores = cores_per_instance()
-    chosen = THREADS if local_replicas > 1 and cores >= 2 else COOPERATIVE
-    log.debug("executor auto -> %s (L=%d, %d core(s) for this instance)", chosen, local_replicas, cores)
+    chosen = THREADS if num_local_replicas > 1 and cores >= 2 else COOPERATIVE
+    log.debug("executor auto -> %s (L=%d, %d core(s) for this instance)", chosen, num_local_replicas, cores)
     return chosen

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from popdist_py.engine import context
-from popdist_py.engine.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from popdist_py.engine.exchange import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from popdist_py.engine.grouping import CommGroup, ReplicaGrouping
 from popdist_py.engine.sharding import ShardArray, ShardMeta, meta_of
 from popdist_py.engine.variables import Shard, Variable

@@ -28,7 +28,7 @@ import numpy as np
 
 from popdist_py import checks
 from popdist_py.engine import checkpoint, context
-from popdist_py.engine.collectives import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
+from popdist_py.engine.exchange import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
 from popdist_py.engine.context import StepContext
 from popdist_py.engine.cooperative import CooperativePool
 from popdist_py.engine.executor import THREADS, choose
@@ -38,7 +38,7 @@ from popdist_py.engine.reduce import OPS
 from popdist_py.engine.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
 from popdist_py.engine.rendezvous import END, Rendezvous, StepAborted, ThreadWaits
 from popdist_py.engine.sharding import ShardMeta, sharding_domain
-from popdist_py.engine.topology import Layout, resolve
+from popdist_py.engine.replicas import ReplicaPlacement, resolve
 from popdist_py.engine.transport import HDR_BYTES, HeaderChannel, PeerAborted, Transport
 from popdist_py.engine.variables import (
     Shard,
@@ -142,17 +142,17 @@ class Runtime:
     ) -> None:
         R, L, index, comm = resolve(replication, comm)
         self._executor = choose(executor, L)
-        self._layout = Layout(R, L, index)
+        self._placement = ReplicaPlacement(R, L, index)
         self._timeout_arg = timeout
         self._timeout = checks.collective_timeout(timeout)
         self._transport: Transport | None = None
-        if self._layout.num_instances > 1:
-            self._transport = Transport(comm, self._layout.describe_instance, self._timeout)
+        if self._placement.num_instances > 1:
+            self._transport = Transport(comm, self._placement.describe_instance, self._timeout)
         self._all = ReplicaGrouping.create(R)
         self._contexts = [StepContext(self, i) for i in range(L)]
         self._pool: ReplicaPool | CooperativePool
         if self._executor == THREADS:
-            self._pool = ReplicaPool(L, name=f"replica@{self._layout.offset}")
+            self._pool = ReplicaPool(L, name=f"replica@{self._placement.offset}")
             waits: ThreadWaits | CooperativePool = ThreadWaits(L)
         else:
             self._pool = waits = CooperativePool(L)
@@ -176,21 +176,21 @@ class Runtime:
     @property
     def replication_factor(self) -> int:
         """R: replicas over all instances."""
-        return self._layout.replication_factor
+        return self._placement.replication_factor
 
     @property
     def instance_replication_factor(self) -> int:
         """L: replicas run by this process."""
-        return self._layout.local_replicas
+        return self._placement.num_local_replicas
 
     @property
     def replica_index_offset(self) -> int:
         """Global index of this process's first replica."""
-        return self._layout.offset
+        return self._placement.offset
 
     @property
     def num_instances(self) -> int:
-        return self._layout.num_instances
+        return self._placement.num_instances
 
     @property
     def executor(self) -> str:
@@ -199,12 +199,12 @@ class Runtime:
 
     @property
     def instance_index(self) -> int:
-        return self._layout.instance
+        return self._placement.instance
 
     @property
     def local_replicas(self) -> range:
         """Global indices of this process's replicas."""
-        return range(self._layout.offset, self._layout.offset + self._layout.local_replicas)
+        return range(self._placement.offset, self._placement.offset + self._placement.num_local_replicas)
 
     def replica_grouping(self, stride: int = 1, group_size: int | None = None) -> ReplicaGrouping:
         """A grouping of the R global replicas (PopXL's ``ir.replica_grouping``)."""
@@ -302,10 +302,10 @@ class Runtime:
             i = self._rendezvous._failed_by or 0
         g = self.replica_index_offset + i
         if L > 1 or self.num_instances > 1:
-            exc.add_note(f"raised in {self._layout.describe_replica(g)} (local replica {i}) during Runtime.run")
+            exc.add_note(f"raised in {self._placement.describe_replica(g)} (local replica {i}) during Runtime.run")
         for j, other in originals[1:]:
             exc.add_note(
-                f"also raised in {self._layout.describe_replica(self.replica_index_offset + j)}: "
+                f"also raised in {self._placement.describe_replica(self.replica_index_offset + j)}: "
                 f"{type(other).__name__}: {other}"
             )
         if self._transport is not None and not getattr(exc, "_engine_symmetric", False):
@@ -318,7 +318,7 @@ class Runtime:
 
     def _stack(self, outputs: list[Any]) -> Any:
         first = outputs[0]
-        describe = self._layout.describe_replica
+        describe = self._placement.describe_replica
         off = self.replica_index_offset
 
         def kinds(o: Any) -> str:
@@ -343,7 +343,7 @@ class Runtime:
         if len(shapes) > 1:
             off = self.replica_index_offset
             listing = ", ".join(
-                f"{self._layout.describe_replica(off + i)} {a.shape} {a.dtype}" for i, a in enumerate(arrays)
+                f"{self._placement.describe_replica(off + i)} {a.shape} {a.dtype}" for i, a in enumerate(arrays)
             )
             raise ValueError(f"{what} differs in shape or dtype between replicas: {listing}")
         return np.stack(arrays)
@@ -437,7 +437,7 @@ class Runtime:
                     raise CollectiveMismatchError(self._mismatch(deposits))
         plan = entry.plan
         if plan is None:
-            plan = entry.plan = Plan(self._layout, entry.sig)
+            plan = entry.plan = Plan(self._placement, entry.sig)
         self._seq += 1
         self._step_collectives = first[2]
         link = self._link
@@ -492,7 +492,7 @@ class Runtime:
                 text = f"called {d[0].sig.describe()}"
                 index = d[2]
             by.setdefault(text, []).append(off + i)
-        parts = [f"{self._layout.describe_replicas(rs)} {text}" for text, rs in by.items()]
+        parts = [f"{self._placement.describe_replicas(rs)} {text}" for text, rs in by.items()]
         return f"collective #{index} of the step: the replicas disagree: " + "; ".join(parts)
 
     def _describe_deposit(self, deposit: Any) -> str:
@@ -501,7 +501,7 @@ class Runtime:
         return f"{deposit[0].sig.kind} #{deposit[2]} of the step"
 
     def _describe_local(self, locals_: list[int]) -> str:
-        return self._layout.describe_replicas([self.replica_index_offset + i for i in locals_])
+        return self._placement.describe_replicas([self.replica_index_offset + i for i in locals_])
 
     # -- variables -------------------------------------------------------------------------------------
     @property
@@ -683,7 +683,7 @@ class Runtime:
         With several instances this is collective: every instance calls it and gets the full array.
         """
         self._check_idle("get_tensor_data")
-        return host_value(self._owned(var), self._layout, self._transport)
+        return host_value(self._owned(var), self._placement, self._transport)
 
     def get_replica_data(self, var: Variable | Shard) -> np.ndarray:
         """This instance's replicas' values, raw: shape ``(L, *shape_on_replica)`` (no communication).
@@ -707,7 +707,7 @@ class Runtime:
         See :mod:`popdist_py.engine.checkpoint`.
         """
         self._check_idle("save")
-        checkpoint.save(self._variables, self._layout, self._transport, path, metadata)
+        checkpoint.save(self._variables, self._placement, self._transport, path, metadata)
 
     def load(self, path: str | os.PathLike[str], strict: bool = True) -> dict[str, Any]:
         """Restore the variables from a checkpoint written by :meth:`save` under any replica/instance
@@ -716,7 +716,7 @@ class Runtime:
         does not fit, before changing anything.
         """
         self._check_idle("load")
-        return checkpoint.load(self._variables, self._layout, self._transport, path, strict)
+        return checkpoint.load(self._variables, self._placement, self._transport, path, strict)
 
     def state_nbytes(self) -> dict[str, int]:
         """Bytes of variable state this process holds: ``{"memory": ..., "file": ...}`` (file:

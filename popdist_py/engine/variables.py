@@ -18,7 +18,7 @@ import numpy as np
 
 from popdist_py.engine.grouping import ReplicaGrouping
 from popdist_py.engine.sharding import ShardArray, ShardMeta
-from popdist_py.engine.topology import Layout
+from popdist_py.engine.replicas import ReplicaPlacement
 
 if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine.transport import Transport
@@ -320,7 +320,7 @@ class Shard:
 
 
 def collect(
-    layout: Layout,
+    placement: ReplicaPlacement,
     transport: Transport | None,
     replicas: Sequence[int],
     get: Callable[[int], np.ndarray],
@@ -334,7 +334,7 @@ def collect(
 
     Exact: raw bytes move with one ``Allgatherv`` (or ``Gatherv`` to ``root``, None elsewhere).
     """
-    L, off = layout.local_replicas, layout.offset
+    L, off = placement.num_local_replicas, placement.offset
     item = math.prod(item_shape) * dtype.itemsize
     if transport is None:
         out = np.empty((len(replicas), *item_shape), dtype)
@@ -345,7 +345,7 @@ def collect(
     send = np.empty((len(mine), *item_shape), dtype)
     for k, r in enumerate(mine):
         send[k] = get(r - off)
-    counts = [sum(1 for r in replicas if layout.owner(r) == i) * item for i in range(layout.num_instances)]
+    counts = [sum(1 for r in replicas if placement.owner(r) == i) * item for i in range(placement.num_instances)]
     if root is not None and transport.rank != root:
         transport.gatherv(send.reshape(-1).view(np.uint8), counts, None, root, what)
         return None
@@ -358,7 +358,7 @@ def collect(
     return out
 
 
-def host_value(v: Variable, layout: Layout, transport: Transport | None, root: int | None = None) -> np.ndarray | None:
+def host_value(v: Variable, placement: ReplicaPlacement, transport: Transport | None, root: int | None = None) -> np.ndarray | None:
     """The global host value of ``v`` per its retrieval mode (collective across instances).
 
     ``one_per_group``: each group's first replica, shape ``shape_on_host`` (for a sharded
@@ -371,7 +371,7 @@ def host_value(v: Variable, layout: Layout, transport: Transport | None, root: i
     if transport is not None:
         transport.agree(what, (v.name, v.shape, str(v.dtype), v.retrieval_mode, v.shape_on_replica),
                         ("variable", "shape", "dtype", "retrieval mode", "stored shape"))
-    stored = collect(layout, transport, v.holders(), v.local_value, v.shape_on_replica, v.dtype, what, root)
+    stored = collect(placement, transport, v.holders(), v.local_value, v.shape_on_replica, v.dtype, what, root)
     return None if stored is None else v.assemble(stored)
 
 

@@ -1,4 +1,4 @@
-"""Where this process stands among the global replicas: R, L and this instance's index.
+"""Where the R global replicas run: L per instance, and which instance this process is.
 
 Resolved once, when a Runtime is built, from its arguments and the PopDist environment that
 ``poprun`` sets (:func:`popdist_py.env.read_topology`).
@@ -10,33 +10,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from popdist_py import validate
 from popdist_py.env import read_topology
 
 
 @dataclass(frozen=True)
-class Layout:
-    """How the R global replicas are split: L per instance, this process being instance ``instance``."""
+class ReplicaPlacement:
+    """The R global replicas placed on instances, ``num_local_replicas`` each (replica ``r`` runs on
+    instance ``r // num_local_replicas``); this process is instance ``instance``."""
 
     replication_factor: int
-    local_replicas: int
+    num_local_replicas: int
     instance: int = 0
 
     @property
     def num_instances(self) -> int:
-        return self.replication_factor // self.local_replicas
+        return self.replication_factor // self.num_local_replicas
 
     @property
     def offset(self) -> int:
-        return self.instance * self.local_replicas
+        """Global index of this instance's first replica."""
+        return self.instance * self.num_local_replicas
 
     def owner(self, replica: int) -> int:
-        return replica // self.local_replicas
+        """The instance that runs global replica ``replica``."""
+        return replica // self.num_local_replicas
 
     def describe_instance(self, instance: int) -> str:
-        lo = instance * self.local_replicas
-        hi = lo + self.local_replicas - 1
+        lo = instance * self.num_local_replicas
+        hi = lo + self.num_local_replicas - 1
         return f"instance {instance} (replica {lo})" if lo == hi else f"instance {instance} (replicas {lo}-{hi})"
 
     def describe_replica(self, replica: int) -> str:
@@ -54,15 +56,6 @@ class Layout:
         return text
 
 
-
-def count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name}={value} must be >= 1")
-    return int(value)
-
-
 def resolve(replication: int | None, comm: Any) -> tuple[int, int, int, Any]:
     """(R, L, instance index, communicator or None) from the arguments and the PopDist environment."""
     topo = read_topology()
@@ -77,7 +70,7 @@ def resolve(replication: int | None, comm: Any) -> tuple[int, int, int, Any]:
                     )
                 return topo.num_total_replicas, topo.num_local_replicas, rank, comm
             return size, 1, rank, comm
-        r = count("replication", replication)
+        r = validate.count("replication", replication)
         if r % size:
             raise ValueError(
                 f"replication={r} cannot be split evenly over the communicator's {size} instances "
@@ -90,7 +83,7 @@ def resolve(replication: int | None, comm: Any) -> tuple[int, int, int, Any]:
 
             comm = world()
         return topo.num_total_replicas, topo.num_local_replicas, topo.instance_index, comm
-    r = count("replication", replication)
+    r = validate.count("replication", replication)
     if topo.is_set and topo.num_instances > 1:
         raise ValueError(
             f"Runtime(replication={r}) contradicts the PopDist environment, which runs "
@@ -99,3 +92,6 @@ def resolve(replication: int | None, comm: Any) -> tuple[int, int, int, Any]:
             f"{topo.num_local_replicas}): use Runtime() to take the replication from poprun"
         )
     return r, r, 0, None
+
+
+__all__ = ["ReplicaPlacement", "resolve"]

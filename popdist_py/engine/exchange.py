@@ -35,7 +35,7 @@ import numpy as np
 from popdist_py.engine.grouping import ReplicaGrouping
 from popdist_py.engine.reduce import UFUNCS, Node, Program, decompose
 from popdist_py.engine.sharding import ShardLayout, end_bounds, spread
-from popdist_py.engine.topology import Layout
+from popdist_py.engine.replicas import ReplicaPlacement
 from popdist_py.engine.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
 
 #: Per-replica input size (bytes) up to which data travels inside the header message.
@@ -121,12 +121,12 @@ class GroupPlan:
         "size",
     )
 
-    def __init__(self, layout: Layout, grouping: ReplicaGrouping, group: int) -> None:
-        me = layout.instance
+    def __init__(self, placement: ReplicaPlacement, grouping: ReplicaGrouping, group: int) -> None:
+        me = placement.instance
         members = grouping.members(group)
         ranges: dict[int, list[int]] = {}
         for k, m in enumerate(members):
-            r = ranges.setdefault(layout.owner(m), [k, k])
+            r = ranges.setdefault(placement.owner(m), [k, k])
             r[1] = k + 1
         self.index = group
         self.size = len(members)
@@ -134,7 +134,7 @@ class GroupPlan:
         self.owners = tuple(sorted(self.ranges))
         self.k0, self.k1 = self.ranges[me]
         #: local replica index of each of this instance's members, in member order
-        self.local = tuple(members[k] - layout.offset for k in range(self.k0, self.k1))
+        self.local = tuple(members[k] - placement.offset for k in range(self.k0, self.k1))
         self.cross = len(self.owners) > 1
         self.pieces = {j: tuple(decompose(a, b, self.size)) for j, (a, b) in self.ranges.items()}
         self.regions: dict[int, tuple[int, int]] = {}
@@ -156,8 +156,8 @@ class GroupPlan:
 class Plan:
     """Everything about one collective signature on this instance that does not depend on the data."""
 
-    def __init__(self, layout: Layout, sig: Signature, eager_limit: int = EAGER_LIMIT) -> None:
-        self.layout = layout
+    def __init__(self, placement: ReplicaPlacement, sig: Signature, eager_limit: int = EAGER_LIMIT) -> None:
+        self.placement = placement
         self.sig = sig
         self.kind = sig.kind
         self.dtype = np.dtype(sig.dtype)
@@ -168,9 +168,9 @@ class Plan:
         self.divide_by = sig.group.group_size if sig.op == "mean" else 0
         grouping = sig.group
         G = self.group_size = grouping.group_size
-        me = layout.instance
-        local_groups = sorted({grouping.group_of(layout.offset + r) for r in range(layout.local_replicas)})
-        self.groups = [GroupPlan(layout, grouping, g) for g in local_groups]
+        me = placement.instance
+        local_groups = sorted({grouping.group_of(placement.offset + r) for r in range(placement.num_local_replicas)})
+        self.groups = [GroupPlan(placement, grouping, g) for g in local_groups]
         self.eager = n * isz <= eager_limit
         self.chunk = -(-n // G) if self.kind == REDUCE_SCATTER else 0  # elements of each member's slice
         #: RTS: the balanced layout of the full tensor over the group (reduce-scatter output,
@@ -191,7 +191,7 @@ class Plan:
                 bd = self.bounds
                 gp.regions = {j: (bd[a], bd[b]) for j, (a, b) in gp.ranges.items()}
         self.cross = [gp for gp in self.groups if gp.cross]
-        self.peers = tuple(p for p in range(layout.num_instances) if p != me)
+        self.peers = tuple(p for p in range(placement.num_instances) if p != me)
         # What goes to / comes from each peer, in an order both sides derive identically:
         # groups ascending, then the sender's pieces (or members) ascending.
         self.send_specs: list[list[tuple[int, Any, int, int]]] = []
@@ -262,7 +262,7 @@ class Plan:
         ]
         if self.kind == ALL_GATHER:
             return
-        me = self.layout.instance
+        me = self.placement.instance
         #: (peer, program, local replicas of its inputs, lo, hi, destination or None)
         self.send_jobs: list[tuple[int, Program, list[int], int, int, np.ndarray | None]] = []
         for p, dests, specs in zip(self.peers, self.send_data, self.send_specs):
@@ -301,7 +301,7 @@ class Plan:
                 self.piece_jobs.append((prog, [gp.local[j] for j in pos], dest, []))
         #: (group, its program over my pieces and the peers' pieces, those input arrays)
         self.small_jobs: list[tuple[GroupPlan, Program, list[np.ndarray]]] = []
-        me = self.layout.instance
+        me = self.placement.instance
         for gi, gp in enumerate(self.groups):
             if not gp.cross:
                 continue
@@ -345,7 +345,7 @@ class Plan:
     def _all_reduce_small(self, flat: list[np.ndarray], link: Link | None) -> list[Any]:
         """:meth:`_reduce` for an eager all-reduce, trimmed to the bone (no slicing, no blocking)."""
         ufunc, n, dtype, divisor = self.ufunc, self.n, self.dtype, self.divisor
-        results: list[Any] = [None] * self.layout.local_replicas
+        results: list[Any] = [None] * self.placement.num_local_replicas
         for gp, prog, local in self.local_jobs:
             out = np.empty(n, dtype)
             prog.run([flat[li] for li in local], ufunc, out)
@@ -375,7 +375,7 @@ class Plan:
 
     def _reduce(self, flat: list[np.ndarray], link: Link | None) -> list[Any]:
         ufunc, n, div, dtype = self.ufunc, self.n, self.divide_by, self.dtype
-        results: list[Any] = [None] * self.layout.local_replicas
+        results: list[Any] = [None] * self.placement.num_local_replicas
         for gp, prog, local in self.local_jobs:  # groups with every member here
             out = np.empty(n, dtype) if self.kind == ALL_REDUCE else np.zeros(self.group_size * self.chunk, dtype)
             prog.run_blocked([flat[li] for li in local], ufunc, out[:n], div)
@@ -398,7 +398,7 @@ class Plan:
             recvs = [(p, buf) for p, bufs in zip(self.peers, self.recv_data) for buf in bufs]
             link.transfer(recvs, sends, TAG_DATA)
         # 3. my region of each spanning group, in one pass from my members' data and the peers' partials
-        me = self.layout.instance
+        me = self.placement.instance
         outs: list[tuple[GroupPlan, np.ndarray]] = []
         for gi, gp, lo, hi, remote in self.region_jobs:
             inputs = [flat[li][lo:hi] for li in gp.local]
@@ -464,7 +464,7 @@ class Plan:
                 sends = [(p, stacks[gi][k].reshape(-1))
                          for p, specs in zip(self.peers, self.send_specs) for gi, k, _, _ in specs]
                 link.transfer(recvs, sends, TAG_DATA)
-        results: list[Any] = [None] * self.layout.local_replicas
+        results: list[Any] = [None] * self.placement.num_local_replicas
         for gp, stacked in zip(self.groups, stacks):
             if self.rts is not None:  # shards -> the full tensor without its padding
                 flat = stacked.reshape(-1) if not self.rts.padding else self.rts.join(stacked)
