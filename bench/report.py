@@ -20,12 +20,12 @@ def markdown(results: dict[str, Any]) -> str:
     lines: list[str] = []
     machine = next((s["machine"] for s in results.values() if isinstance(s, dict) and "machine" in s), None)
     if machine:
-        lines += [f"Measured {machine['date']} on {machine['cores']} cores ({machine['cpu']}), "
-                  f"{machine['mpi_library']}, Python {machine['python']}; medians of interleaved runs.", ""]
+        lines += [(f"Measured {machine['date']} on {machine['cores']} cores ({machine['cpu']}), "
+                   f"{machine['mpi_library']}, Python {machine['python']}; medians of interleaved runs."), ""]
     if "allreduce" in results:
         section = results["allreduce"]
-        lines += ["| all-reduce per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | mpi4py 2 ranks (ms) | "
-                  "engine busbw (GB/s) | engine / 4 ranks | engine / 2 ranks |", "|---|---|---|---|---|---|---|"]
+        lines += [("| all-reduce per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | mpi4py 2 ranks (ms) | "
+                   "engine busbw (GB/s) | engine / 4 ranks | engine / 2 ranks |"), "|---|---|---|---|---|---|---|"]
         for row in section["allreduce"]:
             lines.append(f"| {_size(row['bytes_per_replica'])} | {_ms(row['engine_2x2']['seconds'])} | "
                          f"{_ms(row['mpi4py_flat_4']['seconds'])} | {_ms(row['mpi4py_raw_2']['seconds'])} | "
@@ -33,7 +33,8 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{row['ratio_engine_to_raw_2']:.2f} |")
         lines.append("")
         for op in ("allgather", "reduce_scatter"):
-            lines += [f"| {op.replace('_', '-')} per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | engine / 4 ranks |",
+            name = op.replace("_", "-")
+            lines += [f"| {name} per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | engine / 4 ranks |",
                       "|---|---|---|---|"]
             lines += [f"| {_size(r['bytes_per_replica'])} | {_ms(r['engine_2x2']['seconds'])} | "
                       f"{_ms(r['mpi4py_flat_4']['seconds'])} | {r['ratio_engine_to_flat_4']:.2f} |"
@@ -71,14 +72,14 @@ def markdown(results: dict[str, Any]) -> str:
             lines += [f"Multi-host: not measured ({m['skipped']}).", ""]
         else:
             launch, reduce = m["launch"], m["allreduce"]
-            lines += [f"| 2 hosts ({', '.join(m['hosts'])}; network namespaces, UCX_TLS={m['transport']}) | "
-                      "bare mpiexec / raw MPI (ms) | poprun / engine (ms) | ratio |", "|---|---|---|---|",
-                      f"| launch 2 instances, `from mpi4py import MPI` | "
-                      f"{_ms(launch['seconds']['mpiexec']['median'])} | {_ms(launch['seconds']['poprun']['median'])} | "
-                      f"{launch['ratio']:.2f} |",
-                      f"| all-reduce {_size(reduce['bytes_per_replica'])} per replica (engine 2x2, raw 2 ranks) | "
-                      f"{_ms(reduce['mpi4py_raw_2']['seconds'])} | {_ms(reduce['engine_2x2']['seconds'])} | "
-                      f"{reduce['ratio_engine_to_raw_2']:.2f} |", ""]
+            lines += [(f"| 2 hosts ({', '.join(m['hosts'])}; network namespaces, UCX_TLS={m['transport']}) | "
+                       "bare mpiexec / raw MPI (ms) | poprun / engine (ms) | ratio |"), "|---|---|---|---|",
+                      (f"| launch 2 instances, `from mpi4py import MPI` | "
+                       f"{_ms(launch['seconds']['mpiexec']['median'])} | "
+                       f"{_ms(launch['seconds']['poprun']['median'])} | {launch['ratio']:.2f} |"),
+                      (f"| all-reduce {_size(reduce['bytes_per_replica'])} per replica (engine 2x2, raw 2 ranks) | "
+                       f"{_ms(reduce['mpi4py_raw_2']['seconds'])} | {_ms(reduce['engine_2x2']['seconds'])} | "
+                       f"{reduce['ratio_engine_to_raw_2']:.2f} |"), ""]
     targets = [t for s in results.values() if isinstance(s, dict) for t in
                (s.get("targets") or ([s["target"]] if "target" in s else []))]
     if targets:
@@ -91,7 +92,8 @@ def markdown(results: dict[str, Any]) -> str:
 def _relative_rows(values: dict[str, float], fmt: str, suffix: str = "") -> list[str]:
     """A table row per entry: its value, and its ratio to the first entry (the baseline)."""
     base = next(iter(values.values()))
-    return [f"| {name.replace('_', ' ')}{suffix} | {value:{fmt}} | {value / base:.2f} |" for name, value in values.items()]
+    return [f"| {name.replace('_', ' ')}{suffix} | {value:{fmt}} | {value / base:.2f} |"
+            for name, value in values.items()]
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -104,7 +106,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, key in zip(axes[0], panels):
+    for ax, key in zip(axes[0], panels, strict=True):
         section = results[key]
         if key == "allreduce":
             rows = section["allreduce"]

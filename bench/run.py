@@ -15,6 +15,7 @@ from bench.machine import machine_info
 from bench.report import markdown, plot
 
 HERE = Path(__file__).resolve().parent
+log = logging.getLogger("bench")
 SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scaling": "bench.scaling",
             "rts_memory": "bench.rts_memory", "multihost": "bench.multihost"}
 
@@ -32,7 +33,7 @@ def main() -> None:
     machine = machine_info()
     results: dict[str, object] = {}
     for name in wanted:
-        logging.info("measuring %s%s", name, " (quick)" if args.quick else "")
+        log.info("measuring %s%s", name, " (quick)" if args.quick else "")
         section = importlib.import_module(SECTIONS[name]).run(args.quick)
         section["machine"] = machine
         section["quick"] = args.quick
