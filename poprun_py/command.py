@@ -21,7 +21,8 @@ VIPU_FLAGS = (
 
 
 class YesNo(click.types.BoolParamType):
-    """PopRun's ``yes``/``no`` values (click's boolean words: also true/false, on/off, 1/0)."""
+    """PopRun's ``yes``/``no`` values: click's boolean words (also true/false, on/off, 1/0), shown
+    as YES|NO in the help, and an error that says what is valid."""
 
     name = "yes|no"
 
