@@ -12,8 +12,6 @@ import sys
 from poprun_py import environment, log
 from poprun_py.errors import PlanError
 
-#: Inside a Slurm allocation, its nodes are the hosts unless -H/--host-file says otherwise.
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
     from poprun_py.mpi import Command, CommandSpec, MpiLauncher
@@ -162,6 +160,7 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command) -> None
 
 
 def _resolve_hosts(options: dict) -> list[str]:
+    """-H or --host-file; without either, inside a Slurm allocation its nodes; else none (this machine)."""
     if options["host"] is not None and options["host_file"] is not None:
         raise PlanError("--host and --host-file exclude each other; give only one of them")
     if options["host"] is None and options["host_file"] is None:
