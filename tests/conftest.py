@@ -1,8 +1,13 @@
-"""Suite-wide reporting: tests that could not run here say so in one loud line at the end."""
+"""Suite-wide reporting (tests that could not run here say so in one loud line at the end) and
+the engine tests' executor fixture."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+
+from poprun_py.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
 
 #: Skip reasons that start with this are not quiet: the summary repeats them in red.
 LOUD = "MULTI-HOST TESTS NOT RUN"
@@ -16,3 +21,34 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             reasons.add(text[text.index(LOUD):])
     for reason in sorted(reasons):
         terminalreporter.write_line(f"!!! {reason} !!!", red=True, bold=True)
+
+
+# -- the engine's two executors ---------------------------------------------------------------------
+#: Every test of a ``test_engine_*`` module runs under both executors of popdist_py.engine (chosen
+#: through the environment; an explicit ``Runtime(executor=...)`` in a test still wins), unless the
+#: module or test is marked ``one_executor``. Tests read the current one from the ``executor`` fixture.
+ENGINE_EXECUTORS = ("threads", "cooperative")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "one_executor: an engine test that does not depend on the executor (runs once)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if module.startswith("test_engine_") and metafunc.definition.get_closest_marker("one_executor") is None:
+        metafunc.parametrize("executor", ENGINE_EXECUTORS, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def executor(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The engine executor of the current ``test_engine_*`` test (module-scoped: tests are grouped
+    by executor, and hypothesis may use it); None elsewhere."""
+    name = getattr(request, "param", None)
+    if name is None:
+        yield None
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENGINE_EXECUTOR, name)
+        mp.delenv(LOCAL_WORLD_SIZE, raising=False)
+        yield name

@@ -1,4 +1,5 @@
-"""Helpers shared by the engine's in-process and multi-rank tests."""
+"""Helpers shared by the engine's in-process and multi-rank tests (the ``executor`` fixture is in
+tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from popdist_py.engine import ReplicaGrouping
-from popdist_py.engine.executor import ENV
-
-EXECUTORS = ["threads", "cooperative"]
-
-
-@pytest.fixture(scope="module", autouse=True, params=EXECUTORS)
-def executor(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test of a module that imports this fixture, under both executors (via the environment).
-
-    Module-scoped (tests grouped by executor; usable with hypothesis); an explicit
-    ``Runtime(executor=...)`` in a test still wins.
-    """
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ENV, request.param)
-        mp.delenv("LOCAL_WORLD_SIZE", raising=False)
-        yield request.param
 
 
 def valid_groupings(n: int) -> list[ReplicaGrouping]:

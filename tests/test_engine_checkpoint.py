@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CheckpointError, CommGroup, Runtime, ops
-from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 from tests.helpers import PYTHON, ROOT, poprun, run
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "engine_checkpoint.py")

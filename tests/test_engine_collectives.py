@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, ops
-from tests.engine_helpers import (
-    executor,  # noqa: F401  (every test under both executors)
-    valid_groupings,
-)
+from tests.engine_helpers import valid_groupings
 
 
 def tree(values: list[np.ndarray], fn=np.add):  # type: ignore[no-untyped-def]
@@ -199,12 +196,27 @@ def test_comm_groups_and_groups_of_other_sizes() -> None:
 
 def test_bad_ops_are_named() -> None:
     with Runtime(replication=2) as rt:
-        with pytest.raises(ValueError, match="op='sum'.*add, mean, mul, min, max"):
-            rt.run(lambda ctx: ops.replicated_all_reduce(np.zeros(1), op="sum"))
+        with pytest.raises(ValueError, match="op='avg'.*add, mean, mul, min, max.*sum for add, prod for mul"):
+            rt.run(lambda ctx: ops.replicated_all_reduce(np.zeros(1), op="avg"))
         with pytest.raises(TypeError, match="mean.*int64"):
             rt.run(lambda ctx: ops.replicated_all_reduce(np.zeros(1, np.int64), op="mean"))
         with pytest.raises(TypeError, match="dtype object"):
             rt.run(lambda ctx: ops.replicated_all_reduce(np.array([None])))
+
+
+@pytest.mark.parametrize("alias, name", [("sum", "add"), ("prod", "mul")])
+def test_host_collective_op_names_mean_the_same_op(alias: str, name: str) -> None:
+    """``sum``/``prod`` (the host collectives' names) are ``add``/``mul``: same bits, and replicas
+    that spell the op differently are in the same collective."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 7)).astype(np.float32)
+    with Runtime(replication=4) as rt:
+        for op in (ops.replicated_all_reduce, ops.replicated_reduce_scatter):
+            want = rt.run(lambda ctx, xi, op=op: op(xi, op=name), x)
+            got = rt.run(lambda ctx, xi, op=op: op(xi, op=alias), x)
+            assert got.tobytes() == want.tobytes()
+        mixed = rt.run(lambda ctx, xi: ops.replicated_all_reduce(xi, op=alias if ctx.replica_index % 2 else name), x)
+        assert mixed.tobytes() == rt.run(lambda ctx, xi: ops.replicated_all_reduce(xi, op=name), x).tobytes()
 
 
 def test_many_collectives_in_one_step() -> None:

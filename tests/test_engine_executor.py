@@ -1,7 +1,6 @@
 """The two executors of a Runtime's local replicas: the auto rule, the override, cooperative specifics.
 
-``executor`` (below) is imported by the other engine test modules to run all their tests under
-both executors.
+Like every engine test module, under both executors (the ``executor`` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import pytest
 from popdist_py.engine import Runtime, StepAborted, context, ops
 from popdist_py.engine.executor import ENV, cores_per_instance
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
-from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 
 
 @pytest.fixture

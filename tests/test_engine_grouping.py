@@ -9,6 +9,8 @@ import pytest
 from popdist_py.engine import CommGroup, CommGroupType, ReplicaGrouping
 from tests.engine_helpers import valid_groupings
 
+pytestmark = pytest.mark.one_executor  # pure values: no Runtime
+
 
 def brute_groups(n: int, s: int, g: int) -> list[list[int]]:
     """Groups by the definition: blocks of s*g replicas, within a block replicas r, r+s, ... together."""
@@ -70,10 +72,13 @@ def test_default_group_size_and_forced_stride() -> None:
 @pytest.mark.parametrize(
     "n, stride, group_size, words",
     [
-        (8, 0, None, ["stride=0", "1, 2, 4, 8"]),
+        (8, 0, None, ["stride=0 is invalid: it must be an integer >= 1"]),
+        (8, -2, None, ["stride=-2 is invalid: it must be an integer >= 1"]),
         (8, 3, None, ["stride=3", "8"]),
         (8, 16, None, ["stride=16"]),
-        (8, 1, 0, ["group_size=0", "1..8"]),
+        (8, 1, 0, ["group_size=0 is invalid: it must be an integer >= 1"]),
+        (8, 1, -1, ["group_size=-1 is invalid: it must be an integer >= 1"]),
+        (0, 1, None, ["num_replicas=0 is invalid: it must be an integer >= 1"]),
         (8, 1, 9, ["group_size=9"]),
         (8, 1, 3, ["group_size=3", "8 replicas"]),
         (8, 2, 3, ["stride=2", "group_size=3", "[1, 2, 4]"]),
@@ -163,6 +168,35 @@ def test_comm_group_reverse_mapping(n: int) -> None:
             assert cg == CommGroup.consecutive(g)
         else:
             assert cg == CommGroup.orthogonal(g)
+
+
+@pytest.mark.parametrize("make", [CommGroup.consecutive, CommGroup.orthogonal])
+@pytest.mark.parametrize("size", [0, -3])
+def test_comm_group_sizes_must_be_positive(make, size: int) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=rf"^replica_group_size={size} is invalid: it must be an integer >= 1$"):
+        make(size)
+
+
+@pytest.mark.parametrize("size", [2.0, True, "2", None])
+def test_comm_group_sizes_must_be_integers(size: object) -> None:
+    with pytest.raises(TypeError, match=r"^replica_group_size must be an integer, got "):
+        CommGroup.consecutive(size)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^replica_group_size must be an integer, got "):
+        CommGroup.orthogonal(size)  # type: ignore[arg-type]
+
+
+def test_indices_are_checked() -> None:
+    rg = ReplicaGrouping.create(8, 2, 2)
+    with pytest.raises(ValueError, match=r"^replica=8 is outside the valid range \[0, 7\] for num_replicas=8$"):
+        rg.group_of(8)
+    with pytest.raises(ValueError, match=r"^replica=-1 is outside the valid range"):
+        rg.index_in_group(-1)
+    with pytest.raises(ValueError, match=r"^group=4 is outside the valid range \[0, 3\] for num_groups=4$"):
+        rg.first(4)
+    with pytest.raises(ValueError, match=r"^member index=2 is outside the valid range \[0, 1\] for group_size=2$"):
+        rg.member(0, 2)
+    with pytest.raises(TypeError, match="replica must be an integer"):
+        rg.group_of(1.0)  # type: ignore[arg-type]
 
 
 def test_comm_group_invalid_size() -> None:

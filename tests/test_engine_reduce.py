@@ -1,4 +1,4 @@
-"""The canonical reduction tree: shape, decomposition into pieces, evaluation from any split."""
+"""The canonical reduction tree: shape, decomposition into pieces, programs over any split, op names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from popdist_py.engine.reduce import decompose, evaluate, reduce_sequence, split
+from popdist_py.engine.reduce import OPS, Node, Program, decompose, reduce_sequence, reduction_op, split
+
+pytestmark = pytest.mark.one_executor  # no Runtime here
+
+
+def run(node: Node, known: dict[Node, np.ndarray], ufunc: np.ufunc, out: np.ndarray | None = None) -> np.ndarray:
+    """The value of ``node`` from ``known`` (nodes covering it), as the engine computes it: a Program."""
+    nodes = sorted(known)
+    target = np.empty_like(known[nodes[0]]) if out is None else out
+    return Program(node, nodes).run([known[k] for k in nodes], ufunc, target)
 
 
 def tree(values: list[np.ndarray], lo: int = 0, hi: int | None = None) -> np.ndarray:
@@ -39,7 +48,7 @@ def test_six_members_shape() -> None:
         def __call__(self, a, b, out):  # type: ignore[no-untyped-def]
             return add(a, b, out)
 
-    evaluate((0, 6), {(k, k + 1): v[k] for k in range(6)}, U())  # type: ignore[arg-type]
+    run((0, 6), {(k, k + 1): v[k] for k in range(6)}, U())  # type: ignore[arg-type]
     assert calls == [(0, 1), (2, 3), (1, 5), (4, 5), (6, 9)]
 
 
@@ -83,8 +92,8 @@ def test_any_split_gives_the_same_bits(size: int, seed: int, data: st.DataObject
     for a, b in zip(bounds, bounds[1:]):
         leaves = {(k, k + 1): values[k] for k in range(a, b)}
         for node in decompose(a, b, size):
-            known[node] = evaluate(node, leaves, np.add)
-    got = evaluate((0, size), known, np.add, out=np.empty(33, np.float32))
+            known[node] = run(node, leaves, np.add)
+    got = run((0, size), known, np.add, out=np.empty(33, np.float32))
     assert got.tobytes() == expect.tobytes()
 
 
@@ -106,8 +115,32 @@ def test_ops_and_mean() -> None:
     assert reduce_sequence(v, "mean").tolist() == [3.0, 5.0 / 3.0]
 
 
-def test_evaluate_does_not_write_known_arrays() -> None:
+def test_programs_do_not_write_their_inputs() -> None:
     v = [np.arange(4.0) + k for k in range(5)]
     before = [a.copy() for a in v]
-    evaluate((0, 5), {(k, k + 1): v[k] for k in range(5)}, np.add)
-    assert all(np.array_equal(a, b) for a, b in zip(v, before))
+    run((0, 5), {(k, k + 1): v[k] for k in range(5)}, np.add)
+    assert all(np.array_equal(a, b) for a, b in zip(v, before, strict=True))
+
+
+def test_blocked_runs_give_the_same_bits() -> None:
+    rng = np.random.default_rng(3)
+    values = wild(rng, 5, 1000)
+    prog = Program((0, 5), [(k, k + 1) for k in range(5)])
+    whole = prog.run(values, np.add, np.empty(1000, np.float32))
+    blocked = prog.run_blocked(values, np.add, np.empty(1000, np.float32), divide_by=5, block=64)
+    assert blocked.tobytes() == (whole / np.float32(5)).tobytes()
+
+
+@pytest.mark.parametrize("alias, name", [("sum", "add"), ("prod", "mul")])
+def test_host_collective_op_names_are_accepted(alias: str, name: str) -> None:
+    assert reduction_op(alias) == name and reduction_op(name) == name
+    v = [np.array([1.0, 4.0]), np.array([3.0, 2.0]), np.array([5.0, -1.0])]
+    assert reduce_sequence(v, alias).tolist() == reduce_sequence(v, name).tolist()
+
+
+@pytest.mark.parametrize("bad", ["avg", "SUM", "", None, 1])
+def test_unknown_ops_name_the_valid_ones(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"collective: op=.* is not supported; use one of add, mean, mul, min, max "
+                                         r"\(or sum for add, prod for mul\)"):
+        reduction_op(bad, "collective")
+    assert set(OPS) == {"add", "mean", "mul", "min", "max"}

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import RemoteBuffer, Runtime, ShardArray, ops
-from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 
 
 def test_seed_listing_13_2_one_group_per_replica() -> None:
@@ -99,7 +98,7 @@ def test_file_backed_buffers_are_memory_mapped_and_removed(tmp_path: Path) -> No
     with Runtime(replication=2, remote_dir=tmp_path / "spill") as rt:
         buf = rt.remote_buffer((1000,), np.float32, entries=3, location="file")
         assert buf.location == "file" and buf.path is not None and buf.path.parent == tmp_path / "spill"
-        assert isinstance(buf._data, np.memmap) and buf.path.stat().st_size == 2 * 3 * 1000 * 4
+        assert buf.is_memory_mapped and buf.path.stat().st_size == 2 * 3 * 1000 * 4
         other = rt.remote_buffer((4,), np.int64, location="file", path=tmp_path / "elsewhere")
         assert other.path is not None and other.path.parent == tmp_path / "elsewhere"
         v = rt.remote_variable(np.arange(1000, dtype=np.float32), buf, 2)
@@ -158,10 +157,13 @@ def test_errors_name_the_values() -> None:
     with Runtime(replication=2) as rt, Runtime(replication=2) as other:
         buf = rt.remote_buffer((3,), np.float32, entries=2)
         rt.remote_variable(np.zeros(3, np.float32), buf, 0, name="x")
-        with pytest.raises(ValueError, match=r"index 2 is out of range for remote buffer 'remote_buffer_0' with "
-                                             r"entries=2 \(valid indices 0..1\)"):
+        with pytest.raises(ValueError, match=r"remote_load\('remote_buffer_0', 2\) in replica 0: offset=2 is outside "
+                                             r"the valid range \[0, 1\] for remote buffer 'remote_buffer_0' with "
+                                             r"entries=2"):
             rt.run(lambda ctx: ops.remote_load(buf, 2))
-        with pytest.raises(ValueError, match="index -1 is out of range"):
+        with pytest.raises(TypeError, match="offset must be an integer, got 1.0"):
+            rt.run(lambda ctx: ops.remote_load(buf, 1.0))
+        with pytest.raises(ValueError, match=r"offset=-1 is outside the valid range \[0, 1\]"):
             rt.run(lambda ctx: ops.remote_store(buf, -1, np.zeros(3, np.float32)))
         with pytest.raises(ValueError, match=r"value has shape \(4,\) but remote buffer 'remote_buffer_0' has slots "
                                              r"of shape \(3,\)"):
@@ -177,7 +179,7 @@ def test_errors_name_the_values() -> None:
             rt.remote_variable(np.zeros(3, np.float32), buf, 0)
         with pytest.raises(ValueError, match=r"per-replica value has shape \(4,\) but remote buffer 'remote_buffer_0'"):
             rt.remote_variable(np.zeros(4, np.float32), buf, 1)
-        with pytest.raises(ValueError, match="offset: index 5 is out of range"):
+        with pytest.raises(ValueError, match=r"remote_variable 'remote_\d+': offset=5 is outside the valid range"):
             rt.remote_variable(np.zeros(3, np.float32), buf, 5)
         with pytest.raises(TypeError, match="cannot convert data of dtype complex128 to float32"):
             rt.remote_variable(np.zeros(3, complex), buf, 1)
@@ -192,9 +194,11 @@ def test_errors_name_the_values() -> None:
             rt.remote_buffer((3,), np.float32, location="disk")
         with pytest.raises(ValueError, match="only used with location='file'"):
             rt.remote_buffer((3,), np.float32, path="/tmp")
-        with pytest.raises(ValueError, match="entries=0 must be an int >= 1"):
+        with pytest.raises(ValueError, match="entries=0 is invalid: it must be an integer >= 1"):
             rt.remote_buffer((3,), np.float32, entries=0)
-        with pytest.raises(ValueError, match="non-negative ints"):
+        with pytest.raises(TypeError, match="entries must be an integer"):
+            rt.remote_buffer((3,), np.float32, entries=2.0)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"shape\[1\]=-1 is invalid: it must be an integer >= 0"):
             rt.remote_buffer((3, -1), np.float32)
         with pytest.raises(RuntimeError, match="inside a step"):
             rt.run(lambda ctx: rt.remote_buffer((3,), np.float32))

@@ -15,10 +15,7 @@ from hypothesis import strategies as st
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, Shard, ShardArray, ShardLayout, ops
 from popdist_py.engine.sharding import spread
-from tests.engine_helpers import (
-    executor,  # noqa: F401  (every test under both executors)
-    valid_groupings,
-)
+from tests.engine_helpers import valid_groupings
 
 
 def wild(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

@@ -10,7 +10,6 @@ import pytest
 
 from popdist_py.engine import Runtime, StepAborted, ops
 from popdist_py.errors import CollectiveMismatchError, CollectiveTimeoutError
-from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 
 POPDIST = (
     "POPDIST_NUM_TOTAL_REPLICAS",

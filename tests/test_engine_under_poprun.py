@@ -7,7 +7,6 @@ import re
 import pytest
 
 from popdist_py.engine.executor import ENV, available_cores
-from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 from tests.helpers import PYTHON, ROOT, poprun, run
 
 TRAIN = str(ROOT / "tests" / "scripts" / "engine_train.py")

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, Runtime, Variable
-from tests.engine_helpers import executor  # noqa: F401  (every test under both executors)
 
 
 def test_default_variable_is_copied_to_every_replica() -> None:

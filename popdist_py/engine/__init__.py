@@ -10,14 +10,16 @@
         rt.run(step, batch)                    # batch has a leading axis of L
         rt.get_tensor_data(w)                  # the full global value, on every instance
 
-Modules: ``runtime`` (Runtime, runs), ``grouping`` (ReplicaGrouping, CommGroup), ``variables``,
-``ops`` (collectives and remote loads/stores inside a step), ``exchange`` (per-signature
-plans), ``reduce`` (the canonical reduction order), ``sharding`` (replicated tensor sharding:
-the balanced shard layout, domains, shard arrays), ``remote`` (remote buffers in memory or in
-memory-mapped files), ``checkpoint`` (save/load under any split), ``rendezvous`` (local meeting
-of the replicas), ``transport`` (MPI between instances), ``executor`` (which executor runs the
-replicas), ``pool`` (replica threads), ``cooperative`` (replica greenlets), ``replicas`` (where the replicas run),
-``context``.
+Modules: ``runtime`` (Runtime: variables, checkpoints, runs), ``dispatch`` (a replica's
+collective call: validation, the local meeting, the plan), ``exchange`` (the plan of one
+collective signature: who sends what to whom), ``grouping`` (ReplicaGrouping, CommGroup),
+``variables``, ``ops`` (collectives and remote loads/stores inside a step), ``reduce`` (the
+canonical reduction order), ``sharding`` (replicated tensor sharding: the balanced shard layout,
+domains, shard arrays), ``remote`` (remote buffers in memory or in memory-mapped files),
+``checkpoint`` (save/load under any split), ``rendezvous`` (local meeting of the replicas),
+``transport`` (MPI between instances), ``executor`` (which executor runs the replicas), ``pool``
+(replica threads), ``cooperative`` (replica greenlets), ``replicas`` (which instance runs which
+replica), ``context`` (the replica a step runs as), ``errors`` (the engine's exceptions).
 
 Executors (``Runtime(executor=...)``, ``$POPDIST_ENGINE_EXECUTOR``; ``rt.executor`` tells):
 ``threads`` run the L replicas in parallel, which pays when the process has spare cores (numpy
@@ -35,7 +37,7 @@ Replicated tensor sharding and remote buffers (PopXL's API):
     w1v = rt.remote_replica_sharded_variable(w1, buf, 0)
     def step(ctx, x):
         W0 = ops.replicated_all_gather(shard)              # the full tensor, original shape
-        s1 = ops.remote_load(buf, 0); W1 = ops.replicated_all_gather(s1)
+        s1 = ops.remote_load(buf, 0); W1 = ops.replicated_all_gather(s1)   # (buffer, offset)
         ...
         ctx[shard] -= lr * ops.replicated_reduce_scatter(
             g0, op="mean", configure_output_for_replicated_tensor_sharding=True)
@@ -47,24 +49,38 @@ arrays (shared between local replicas where possible; copy to modify); float red
 a fixed tree over group members, so results are bitwise identical for any split of the replicas
 into instances; a failing replica, a mismatched collective or a missing participant raises an
 error on every participant instead of hanging.
+
+Errors (:mod:`.errors`, all exported here): CollectiveError and its kinds
+CollectiveMismatchError, CollectiveTimeoutError, InstancesDisagreeError, StepAborted and
+PeerAborted; CheckpointError (a ValueError) from ``load``.
 """
 
 from popdist_py.engine import ops
-from popdist_py.engine.checkpoint import CheckpointError
 from popdist_py.engine.context import StepContext
+from popdist_py.engine.errors import (
+    CheckpointError,
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    InstancesDisagreeError,
+    PeerAborted,
+    StepAborted,
+)
 from popdist_py.engine.grouping import CommGroup, CommGroupType, ReplicaGrouping
 from popdist_py.engine.remote import RemoteBuffer
-from popdist_py.engine.rendezvous import StepAborted
 from popdist_py.engine.runtime import Runtime
 from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
-from popdist_py.engine.transport import PeerAborted
 from popdist_py.engine.variables import RETRIEVAL_MODES, Shard, Variable
 
 __all__ = [
     "RETRIEVAL_MODES",
     "CheckpointError",
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
     "CommGroup",
     "CommGroupType",
+    "InstancesDisagreeError",
     "PeerAborted",
     "RemoteBuffer",
     "ReplicaGrouping",

@@ -33,6 +33,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from popdist_py.engine.errors import CheckpointError
 from popdist_py.engine.grouping import ReplicaGrouping
 from popdist_py.engine.replicas import ReplicaPlacement
 from popdist_py.engine.variables import Variable, collect, host_value, per_group_values
@@ -47,10 +48,6 @@ VERSION = 1
 MANIFEST = "__manifest__"
 #: Broadcast large tensors in pieces of this many bytes (MPI counts are C ints).
 _BCAST_CHUNK = 1 << 30
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit the runtime; the message names the values."""
 
 
 def _per_replica(v: Variable) -> bool:
@@ -212,10 +209,8 @@ def save(
     }
     for i, v in enumerate(vs):
         key = f"v{i}"
-        if _per_replica(v):  # diverged replicas are kept: one value per replica
-            arr = _all_replicas(v, placement, transport)
-        else:
-            arr = host_value(v, placement, transport, root=0)
+        # diverged replicas are kept: one value per replica
+        arr = _all_replicas(v, placement, transport) if _per_replica(v) else host_value(v, placement, transport, root=0)
         if writer is not None:
             assert arr is not None
             manifest["variables"].append(_entry(v, key))

@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
 from contextvars import copy_context
 from functools import partial
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
-from popdist_py.errors import CollectiveError
+from popdist_py.engine.errors import CollectiveError
+from popdist_py.engine.executor import Stall, Task
 
 log = logging.getLogger(__name__)
 
 
 class CooperativePool:
-    """Runs ``task(i)`` for every replica ``i`` as a greenlet; also the rendezvous's :class:`Waits`.
+    """The cooperative executor (:class:`.executor.ReplicaExecutor`): runs ``task(i)`` for every
+    replica ``i`` as a greenlet; also the rendezvous's :class:`.rendezvous.Waits`.
 
     Greenlets are created for each run (they cost about a microsecond and are tied to the
     thread that runs them, so a runtime may be driven from different threads in turn) and
@@ -58,14 +59,16 @@ class CooperativePool:
         if ready:  # straight to the next runnable replica: one switch instead of two
             self._greenlets[ready.popleft()].switch()
         else:
-            self._main.switch()  # type: ignore[union-attr]
+            main = self._main
+            assert main is not None, "a replica waits outside CooperativePool.run"
+            main.switch()
         return True
 
     def wake(self, index: int) -> None:
         self._ready.append(index)
 
     # -- running -------------------------------------------------------------------------------------------
-    def run(self, task: Callable[[int], None], stall: Callable[[], bool] | None = None) -> None:
+    def run(self, task: Task, stall: Stall) -> None:
         """Run ``task(i)`` for every replica, round-robin; return when all have returned.
 
         ``task`` must not raise (it records failures itself). When no replica is runnable but
@@ -93,7 +96,7 @@ class CooperativePool:
                 alive = [i for i, g in enumerate(gs) if not g.dead]
                 if not alive:
                     return
-                if stall is not None and stall():
+                if stall():
                     log.debug("cooperative replicas %s: no replica could run; waiters failed", alive)
                     continue
                 for i in alive:

@@ -1,8 +1,9 @@
-"""Plans and execution of the replicated collectives on one instance.
+"""The exchange of one replicated collective on one instance: its plan, and running it.
 
 A :class:`Plan` is built once per collective signature (kind, op, dtype, shape, grouping) and
 cached: which local replicas belong to which group, which groups span instances, what this
-instance sends to and receives from each other instance, and the reductions compiled to flat
+instance sends to and receives from each other instance (:class:`SendSpec`, :class:`RecvSpec`,
+in an order both sides derive identically), and the reductions compiled to flat
 programs (:class:`.reduce.Program`) over the canonical tree. Running a plan takes the arrays the
 local replicas deposited at the rendezvous and returns one result per local replica.
 
@@ -34,8 +35,8 @@ import numpy as np
 
 from popdist_py.engine.grouping import ReplicaGrouping
 from popdist_py.engine.reduce import UFUNCS, Node, Program, decompose
-from popdist_py.engine.sharding import ShardLayout, end_bounds, spread
 from popdist_py.engine.replicas import ReplicaPlacement
+from popdist_py.engine.sharding import ShardLayout, end_bounds, spread
 from popdist_py.engine.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
 
 #: Per-replica input size (bytes) up to which data travels inside the header message.
@@ -50,7 +51,6 @@ _setflags = np.ndarray.setflags
 ALL_REDUCE = "replicated_all_reduce"
 REDUCE_SCATTER = "replicated_reduce_scatter"
 ALL_GATHER = "replicated_all_gather"
-KINDS = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
 
 
 class Signature(NamedTuple):
@@ -106,7 +106,6 @@ class GroupPlan:
 
     __slots__ = (
         "cross",
-        "index",
         "k0",
         "k1",
         "local",
@@ -128,7 +127,6 @@ class GroupPlan:
         for k, m in enumerate(members):
             r = ranges.setdefault(placement.owner(m), [k, k])
             r[1] = k + 1
-        self.index = group
         self.size = len(members)
         self.ranges = {j: (a, b) for j, (a, b) in ranges.items()}
         self.owners = tuple(sorted(self.ranges))
@@ -151,6 +149,80 @@ class GroupPlan:
         for node in self.pieces[me]:
             inside = [j for j, (k, _) in enumerate(leaves) if node[0] <= k < node[1]]
             self.piece_programs[node] = (Program(node, [leaves[j] for j in inside]), inside)
+
+
+class SendSpec(NamedTuple):
+    """One piece of data this instance sends a peer in a collective."""
+
+    #: index of the group in :attr:`Plan.groups`
+    group: int
+    #: the tree node whose partial is sent (a reduction), or the leaf ``(k, k + 1)``: member
+    #: ``k``'s whole input (an all-gather)
+    node: Node
+    #: the elements ``lo:hi`` of the flattened array that are sent
+    lo: int
+    hi: int
+
+
+class RecvSpec(NamedTuple):
+    """One piece of data this instance receives from a peer in a collective."""
+
+    #: index of the group in :attr:`Plan.groups`
+    group: int
+    #: the peer's tree node (its partial over that node, or member ``node[0]``'s input)
+    node: Node
+    #: elements received
+    elements: int
+
+
+class LocalJob(NamedTuple):
+    """A group with every member on this instance, reduced in-process."""
+
+    group: GroupPlan
+    program: Program
+    #: local replicas of its members, in member order
+    inputs: tuple[int, ...]
+
+
+class SendJob(NamedTuple):
+    """A partial of my members for a peer's region of a spanning group."""
+
+    peer: int
+    program: Program
+    #: local replicas whose data the program reduces
+    inputs: list[int]
+    lo: int
+    hi: int
+    #: where the partial goes; None (bulk, a single member): that member's data is sent as it is
+    dest: np.ndarray | None
+
+
+class RegionJob(NamedTuple):
+    """My region ``lo:hi`` of a spanning group, from my members and the peers' partials."""
+
+    group: GroupPlan
+    program: Program
+    lo: int
+    hi: int
+    #: the peers' partials for my region (receive buffers)
+    remote: list[np.ndarray]
+
+
+class PieceJob(NamedTuple):
+    """Eager all-reduce: one of my pieces computed once into a message, then copied into the others."""
+
+    program: Program
+    inputs: list[int]
+    dest: np.ndarray
+    copies: list[np.ndarray]
+
+
+class SmallJob(NamedTuple):
+    """Eager all-reduce: a spanning group's result from my pieces and the peers' pieces."""
+
+    group: GroupPlan
+    program: Program
+    arrays: list[np.ndarray]
 
 
 class Plan:
@@ -194,23 +266,23 @@ class Plan:
         self.peers = tuple(p for p in range(placement.num_instances) if p != me)
         # What goes to / comes from each peer, in an order both sides derive identically:
         # groups ascending, then the sender's pieces (or members) ascending.
-        self.send_specs: list[list[tuple[int, Any, int, int]]] = []
-        self.recv_specs: list[list[tuple[int, Any, int]]] = []
+        self.send_specs: list[list[SendSpec]] = []
+        self.recv_specs: list[list[RecvSpec]] = []
         for p in self.peers:
-            sends: list[tuple[int, Any, int, int]] = []
-            recvs: list[tuple[int, Any, int]] = []
+            sends: list[SendSpec] = []
+            recvs: list[RecvSpec] = []
             for gi, gp in enumerate(self.groups):
                 if p not in gp.ranges:
                     continue
                 if self.kind == ALL_GATHER:
-                    sends += [(gi, k, 0, n) for k in range(gp.k0, gp.k1)]
+                    sends += [SendSpec(gi, (k, k + 1), 0, n) for k in range(gp.k0, gp.k1)]
                     a, b = gp.ranges[p]
-                    recvs += [(gi, k, n) for k in range(a, b)]
+                    recvs += [RecvSpec(gi, (k, k + 1), n) for k in range(a, b)]
                 else:
                     lo, hi = gp.regions[p]
-                    sends += [(gi, node, lo, hi) for node in gp.pieces[me]]
+                    sends += [SendSpec(gi, node, lo, hi) for node in gp.pieces[me]]
                     mlo, mhi = gp.regions[me]
-                    recvs += [(gi, node, mhi - mlo) for node in gp.pieces[p]]
+                    recvs += [RecvSpec(gi, node, mhi - mlo) for node in gp.pieces[p]]
             self.send_specs.append(sends)
             self.recv_specs.append(recvs)
         if self.kind != ALL_GATHER:
@@ -218,33 +290,39 @@ class Plan:
                 if not gp.cross:
                     continue
                 inputs = [(k, k + 1) for k in range(gp.k0, gp.k1)]
-                for pi, specs in enumerate(self.recv_specs):
-                    for si, (sgi, node, _) in enumerate(specs):
-                        if sgi == gi:
-                            inputs.append(node)
+                for pi, rspecs in enumerate(self.recv_specs):
+                    for si, rspec in enumerate(rspecs):
+                        if rspec.group == gi:
+                            inputs.append(rspec.node)
                             gp.remote_inputs.append((pi, si))
                 gp.region_program = Program((0, G), inputs)
+        #: eager: typed views of the payloads in the messages, one per spec (the buffers never move)
+        self.send_views: list[list[np.ndarray]] = []
+        self.recv_data: list[list[np.ndarray]]
         if self.eager:
-            send_counts = [[s[3] - s[2] for s in specs] for specs in self.send_specs]
-            recv_counts = [[r[2] for r in specs] for specs in self.recv_specs]
+            send_counts = [[s.hi - s.lo for s in specs] for specs in self.send_specs]
+            recv_counts = [[r.elements for r in specs] for specs in self.recv_specs]
             self.sendbufs = [np.zeros(HDR_BYTES + isz * sum(c), np.uint8) for c in send_counts]
             self.recvbufs = [np.zeros(HDR_BYTES + isz * sum(c), np.uint8) for c in recv_counts]
-            # typed views of the payloads, one per spec (the buffers never move)
-            self.send_data = [self._views(b, c) for b, c in zip(self.sendbufs, send_counts)]
-            self.recv_data = [self._views(b, c) for b, c in zip(self.recvbufs, recv_counts)]
+            self.send_views = [self._views(b, c) for b, c in zip(self.sendbufs, send_counts, strict=True)]
+            self.recv_data = [self._views(b, c) for b, c in zip(self.recvbufs, recv_counts, strict=True)]
+            #: where each send spec's data goes before it is sent
+            self.send_data: Sequence[Sequence[np.ndarray | None]] = self.send_views
         else:
             self.sendbufs = [np.zeros(HDR_BYTES, np.uint8) for _ in self.peers]
             self.recvbufs = [np.zeros(HDR_BYTES, np.uint8) for _ in self.peers]
             # bulk: partials of non-leaf pieces are computed into send buffers; peers' partials land in recv buffers
             self.send_data = [
-                [None if self.kind == ALL_GATHER or node[1] - node[0] == 1 else np.empty(hi - lo, self.dtype)
-                 for _, node, lo, hi in specs]
+                [None if self.kind == ALL_GATHER or s.node[1] - s.node[0] == 1 else np.empty(s.hi - s.lo, self.dtype)
+                 for s in specs]
                 for specs in self.send_specs
             ]
             self.recv_data = [
-                [np.empty(0 if self.kind == ALL_GATHER else count, self.dtype) for *_, count in specs]
+                [np.empty(0 if self.kind == ALL_GATHER else r.elements, self.dtype) for r in specs]
                 for specs in self.recv_specs
             ]
+        #: the outgoing messages' headers, as buffers for ``struct.pack_into``
+        self._headers = [b.data[:HDR_BYTES] for b in self.sendbufs]
         #: the header messages as persistent requests, built by the first call that has a link
         self.channel: Any = None
         self._compile_jobs()
@@ -257,26 +335,22 @@ class Plan:
 
     def _compile_jobs(self) -> None:
         """Flatten the per-call work of reductions into lists, so a call does no lookups."""
-        self.local_jobs: list[tuple[GroupPlan, Program, tuple[int, ...]]] = [
-            (gp, gp.program, gp.local) for gp in self.groups if gp.program is not None
-        ]
+        self.local_jobs = [LocalJob(gp, gp.program, gp.local) for gp in self.groups if gp.program is not None]
+        self.send_jobs: list[SendJob] = []
+        self.region_jobs: list[RegionJob] = []
         if self.kind == ALL_GATHER:
             return
         me = self.placement.instance
-        #: (peer, program, local replicas of its inputs, lo, hi, destination or None)
-        self.send_jobs: list[tuple[int, Program, list[int], int, int, np.ndarray | None]] = []
-        for p, dests, specs in zip(self.peers, self.send_data, self.send_specs):
-            for dest, (gi, node, lo, hi) in zip(dests, specs):
-                gp = self.groups[gi]
-                prog, pos = gp.piece_programs[node]
-                self.send_jobs.append((p, prog, [gp.local[j] for j in pos], lo, hi, dest))
-        #: (group index, group, lo, hi, peers' partials for my region)
-        self.region_jobs: list[tuple[int, GroupPlan, int, int, list[np.ndarray]]] = []
-        for gi, gp in enumerate(self.groups):
+        for p, dests, specs in zip(self.peers, self.send_data, self.send_specs, strict=True):
+            for dest, spec in zip(dests, specs, strict=True):
+                gp = self.groups[spec.group]
+                prog, pos = gp.piece_programs[spec.node]
+                self.send_jobs.append(SendJob(p, prog, [gp.local[j] for j in pos], spec.lo, spec.hi, dest))
+        for gp in self.groups:
             if gp.region_program is not None:
                 lo, hi = gp.regions[me]
                 remote = [self.recv_data[pi][si] for pi, si in gp.remote_inputs]
-                self.region_jobs.append((gi, gp, lo, hi, remote))
+                self.region_jobs.append(RegionJob(gp, gp.region_program, lo, hi, remote))
 
     def _compile_small(self) -> None:
         """Jobs of the eager all-reduce (the latency-bound case), with every buffer bound in advance.
@@ -286,21 +360,20 @@ class Plan:
         the region program starts from those pieces instead of recomputing them from my
         members: the same tree nodes from the same values, so the same bits.
         """
-        #: (program, local replicas of its inputs, destination, further destinations)
-        self.piece_jobs: list[tuple[Program, list[int], np.ndarray, list[np.ndarray]]] = []
+        self.piece_jobs: list[PieceJob] = []
         first: dict[tuple[int, Node], np.ndarray] = {}
-        for dests, specs in zip(self.send_data, self.send_specs):
-            for dest, (gi, node, _, _) in zip(dests, specs):
-                have = first.get((gi, node))
+        for dests, specs in zip(self.send_views, self.send_specs, strict=True):
+            for dest, spec in zip(dests, specs, strict=True):
+                key = (spec.group, spec.node)
+                have = first.get(key)
                 if have is not None:
-                    next(j for j in self.piece_jobs if j[2] is have)[3].append(dest)
+                    next(j for j in self.piece_jobs if j.dest is have).copies.append(dest)
                     continue
-                first[(gi, node)] = dest
-                gp = self.groups[gi]
-                prog, pos = gp.piece_programs[node]
-                self.piece_jobs.append((prog, [gp.local[j] for j in pos], dest, []))
-        #: (group, its program over my pieces and the peers' pieces, those input arrays)
-        self.small_jobs: list[tuple[GroupPlan, Program, list[np.ndarray]]] = []
+                first[key] = dest
+                gp = self.groups[spec.group]
+                prog, pos = gp.piece_programs[spec.node]
+                self.piece_jobs.append(PieceJob(prog, [gp.local[j] for j in pos], dest, []))
+        self.small_jobs: list[SmallJob] = []
         me = self.placement.instance
         for gi, gp in enumerate(self.groups):
             if not gp.cross:
@@ -308,9 +381,9 @@ class Plan:
             nodes = list(gp.pieces[me])
             arrays = [first[(gi, node)] for node in nodes]
             for pi, si in gp.remote_inputs:
-                nodes.append(self.recv_specs[pi][si][1])
+                nodes.append(self.recv_specs[pi][si].node)
                 arrays.append(self.recv_data[pi][si])
-            self.small_jobs.append((gp, Program((0, self.group_size), nodes), arrays))
+            self.small_jobs.append(SmallJob(gp, Program((0, self.group_size), nodes), arrays))
 
     # -- helpers -----------------------------------------------------------------------------------
     def _views(self, buf: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
@@ -329,8 +402,8 @@ class Plan:
 
     def set_header(self, seq: int, index: int, sig_hash: int) -> None:
         """Write ``[seq, index, hash, OK]`` into every outgoing message (what the peers' must match)."""
-        for buf in self.sendbufs:  # struct: cheaper than numpy item assignments for four words
-            _HEADER.pack_into(buf, 0, seq, index, sig_hash, STATUS_OK)
+        for header in self._headers:  # struct: cheaper than numpy item assignments for four words
+            _HEADER.pack_into(header, 0, seq, index, sig_hash, STATUS_OK)
 
     # -- execution ---------------------------------------------------------------------------------
     def run(self, xs: Sequence[np.ndarray], link: Link | None) -> list[Any]:
@@ -339,32 +412,32 @@ class Plan:
         if self.small:
             return self._all_reduce_small(flat, link)
         if self.kind == ALL_GATHER:
-            return self._gather(xs, flat, link)
+            return self._gather(xs, link)
         return self._reduce(flat, link)
 
-    def _all_reduce_small(self, flat: list[np.ndarray], link: Link | None) -> list[Any]:
+    def _all_reduce_small(self, flat: Sequence[np.ndarray], link: Link | None) -> list[Any]:
         """:meth:`_reduce` for an eager all-reduce, trimmed to the bone (no slicing, no blocking)."""
         ufunc, n, dtype, divisor = self.ufunc, self.n, self.dtype, self.divisor
         results: list[Any] = [None] * self.placement.num_local_replicas
-        for gp, prog, local in self.local_jobs:
+        for _, prog, members in self.local_jobs:
             out = np.empty(n, dtype)
-            prog.run([flat[li] for li in local], ufunc, out)
+            prog.run([flat[li] for li in members], ufunc, out)
             if divisor is not None:
                 np.divide(out, divisor, out=out)
             full = out if self.flat_shape else out.reshape(self.shape)
             _setflags(full, write=False)
-            for li in local:
+            for li in members:
                 results[li] = full
         if link is None:
             return results
-        for prog, local, dest, copies in self.piece_jobs:
-            prog.run([flat[li] for li in local], ufunc, dest)
+        for prog, inputs, dest, copies in self.piece_jobs:
+            prog.run([flat[li] for li in inputs], ufunc, dest)
             for other in copies:
                 np.copyto(other, dest)
         self._exchange(link)
-        for gp, prog, inputs in self.small_jobs:
+        for gp, prog, arrays in self.small_jobs:
             out = np.empty(n, dtype)
-            prog.run(inputs, ufunc, out)
+            prog.run(arrays, ufunc, out)
             if divisor is not None:
                 np.divide(out, divisor, out=out)
             full = out if self.flat_shape else out.reshape(self.shape)
@@ -373,43 +446,44 @@ class Plan:
                 results[li] = full
         return results
 
-    def _reduce(self, flat: list[np.ndarray], link: Link | None) -> list[Any]:
+    def _reduce(self, flat: Sequence[np.ndarray], link: Link | None) -> list[Any]:
         ufunc, n, div, dtype = self.ufunc, self.n, self.divide_by, self.dtype
         results: list[Any] = [None] * self.placement.num_local_replicas
-        for gp, prog, local in self.local_jobs:  # groups with every member here
+        for gp, prog, members in self.local_jobs:  # groups with every member here
             out = np.empty(n, dtype) if self.kind == ALL_REDUCE else np.zeros(self.group_size * self.chunk, dtype)
-            prog.run_blocked([flat[li] for li in local], ufunc, out[:n], div)
+            prog.run_blocked([flat[li] for li in members], ufunc, out[:n], div)
             self._assign(results, gp, out, 0)
         if link is None:
             return results
         # 1. my partials for each peer's region, 2. exchange them
         if self.eager:
-            for _, prog, local, lo, hi, dest in self.send_jobs:
-                prog.run_blocked([flat[li][lo:hi] for li in local], ufunc, dest)  # type: ignore[arg-type]
+            for _, prog, inputs, lo, hi, dest in self.send_jobs:
+                assert dest is not None  # eager: every partial goes into its message
+                prog.run_blocked([flat[li][lo:hi] for li in inputs], ufunc, dest)
             self._exchange(link)
         else:
             self._exchange(link)
             sends = []
-            for p, prog, local, lo, hi, dest in self.send_jobs:
+            for p, prog, inputs, lo, hi, dest in self.send_jobs:
                 if dest is None:  # a single member: send its data as it is
-                    sends.append((p, flat[local[0]][lo:hi]))
+                    sends.append((p, flat[inputs[0]][lo:hi]))
                 else:
-                    sends.append((p, prog.run_blocked([flat[li][lo:hi] for li in local], ufunc, dest)))
-            recvs = [(p, buf) for p, bufs in zip(self.peers, self.recv_data) for buf in bufs]
+                    sends.append((p, prog.run_blocked([flat[li][lo:hi] for li in inputs], ufunc, dest)))
+            recvs = [(p, buf) for p, bufs in zip(self.peers, self.recv_data, strict=True) for buf in bufs]
             link.transfer(recvs, sends, TAG_DATA)
         # 3. my region of each spanning group, in one pass from my members' data and the peers' partials
         me = self.placement.instance
         outs: list[tuple[GroupPlan, np.ndarray]] = []
-        for gi, gp, lo, hi, remote in self.region_jobs:
-            inputs = [flat[li][lo:hi] for li in gp.local]
-            inputs += remote
+        for gp, prog, lo, hi, remote in self.region_jobs:
+            region_inputs = [flat[li][lo:hi] for li in gp.local]
+            region_inputs += remote
             if self.kind == ALL_REDUCE:
                 out = np.empty(n, dtype)
                 target = out[lo:hi]
             else:
                 out = np.zeros((gp.k1 - gp.k0) * self.chunk, dtype)
                 target = out[: hi - lo]
-            gp.region_program.run_blocked(inputs, ufunc, target, div)  # type: ignore[union-attr]
+            prog.run_blocked(region_inputs, ufunc, target, div)
             outs.append((gp, out))
         # 4. all-reduce in bulk: every instance has completed one region; exchange them
         if self.kind == ALL_REDUCE and not self.eager and outs:
@@ -436,39 +510,40 @@ class Plan:
             cs = self.chunk
             if self.rts is not None:  # reduced elements are packed: lay them out as padded shards
                 spread(out, self.bounds, gp.k0, gp.k1, cs)
-            for k, li in zip(range(gp.k0, gp.k1), gp.local):
+            for k, li in zip(range(gp.k0, gp.k1), gp.local, strict=True):
                 i = k - first_member
                 results[li] = out[i * cs : (i + 1) * cs]
 
-    def _gather(self, xs: Sequence[np.ndarray], flat: list[np.ndarray], link: Link | None) -> list[Any]:
+    def _gather(self, xs: Sequence[np.ndarray], link: Link | None) -> list[Any]:
         G, shape = self.group_size, self.shape
         stacks = []
         for gp in self.groups:
             stacked = np.empty((G, *shape), self.dtype)
-            for k, li in zip(range(gp.k0, gp.k1), gp.local):
+            for k, li in zip(range(gp.k0, gp.k1), gp.local, strict=True):
                 stacked[k] = xs[li]
             stacks.append(stacked)
         if link is not None:
+            # the specs of an all-gather carry members as leaves: node[0] is the member
             if self.eager:
-                for views, specs in zip(self.send_data, self.send_specs):
-                    for view, (gi, k, _, _) in zip(views, specs):
-                        view[:] = stacks[gi][k].reshape(-1)
+                for views, sspecs in zip(self.send_views, self.send_specs, strict=True):
+                    for view, s in zip(views, sspecs, strict=True):
+                        view[:] = stacks[s.group][s.node[0]].reshape(-1)
                 self._exchange(link)
-                for views, specs in zip(self.recv_data, self.recv_specs):
-                    for view, (gi, k, _) in zip(views, specs):
-                        stacks[gi][k].reshape(-1)[:] = view
+                for views, rspecs in zip(self.recv_data, self.recv_specs, strict=True):
+                    for view, r in zip(views, rspecs, strict=True):
+                        stacks[r.group][r.node[0]].reshape(-1)[:] = view
             else:
                 self._exchange(link)
-                recvs = [(p, stacks[gi][k].reshape(-1))
-                         for p, specs in zip(self.peers, self.recv_specs) for gi, k, _ in specs]
-                sends = [(p, stacks[gi][k].reshape(-1))
-                         for p, specs in zip(self.peers, self.send_specs) for gi, k, _, _ in specs]
+                recvs = [(p, stacks[r.group][r.node[0]].reshape(-1))
+                         for p, rspecs in zip(self.peers, self.recv_specs, strict=True) for r in rspecs]
+                sends = [(p, stacks[s.group][s.node[0]].reshape(-1))
+                         for p, sspecs in zip(self.peers, self.send_specs, strict=True) for s in sspecs]
                 link.transfer(recvs, sends, TAG_DATA)
         results: list[Any] = [None] * self.placement.num_local_replicas
-        for gp, stacked in zip(self.groups, stacks):
+        for gp, stacked in zip(self.groups, stacks, strict=True):
             if self.rts is not None:  # shards -> the full tensor without its padding
-                flat = stacked.reshape(-1) if not self.rts.padding else self.rts.join(stacked)
-                full = flat.reshape(self.sig.meta_shape)
+                joined = stacked.reshape(-1) if not self.rts.padding else self.rts.join(stacked)
+                full = joined.reshape(self.sig.meta_shape)
             else:
                 full = concat_members(stacked, self.sig.axis)
             full.flags.writeable = False  # shared by the group's local members

@@ -9,14 +9,41 @@ replicas never compute in parallel. ``auto`` picks threads when L > 1 and this i
 least 2 cores to itself (the CPUs it may run on, divided by the instances on its host:
 ``LOCAL_WORLD_SIZE`` from poprun, default 1), else cooperative. With L == 1 neither is used:
 the step runs directly on the calling thread.
+
+Both executors have the interface :class:`ReplicaExecutor`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from typing import Protocol
 
 log = logging.getLogger(__name__)
+
+#: One replica's share of a run: ``task(local index)``. It records its own failures and never raises.
+Task = Callable[[int], None]
+#: The rendezvous's :meth:`~.rendezvous.Rendezvous.stall`: fails the replicas waiting in a
+#: collective that can no longer complete; True when it woke any.
+Stall = Callable[[], bool]
+
+
+class ReplicaExecutor(Protocol):
+    """Runs a runtime's L local replicas: :class:`.pool.ReplicaPool` (threads) or
+    :class:`.cooperative.CooperativePool` (greenlets)."""
+
+    size: int
+
+    def run(self, task: Task, stall: Stall) -> None:
+        """Run ``task(i)`` for every local replica ``i``; return when all have returned.
+
+        ``stall`` is called when no replica can run while some wait at the rendezvous (only an
+        executor that can know it calls it: threads wait with deadlines instead).
+        """
+
+    def shutdown(self) -> None:
+        """Release the executor's resources (idempotent)."""
 
 ENV = "POPDIST_ENGINE_EXECUTOR"
 THREADS = "threads"

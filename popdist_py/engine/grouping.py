@@ -12,11 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from functools import cached_property
 
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    return value
+from popdist_py import validate
 
 
 @dataclass(frozen=True)
@@ -36,19 +32,17 @@ class ReplicaGrouping:
         """Validate as PopXL does: 0 < stride <= N, N % stride == 0, 0 < group_size <= N,
         N % (stride * group_size) == 0; group_size defaults to N // stride; stride is forced to 1
         when group_size == 1 (every replica alone, whatever the stride)."""
-        n = _positive_int("num_replicas", num_replicas)
-        if n < 1:
-            raise ValueError(f"num_replicas={n} must be >= 1")
-        stride = _positive_int("stride", stride)
-        if not 0 < stride <= n or n % stride:
+        n = validate.count("num_replicas", num_replicas)
+        stride = validate.count("stride", stride)
+        if stride > n or n % stride:
             raise ValueError(
                 f"stride={stride} is invalid for {n} replicas: it must be a divisor of the replication "
                 f"factor, one of {_divisors(n)}"
             )
         if group_size is None:
             group_size = n // stride
-        group_size = _positive_int("group_size", group_size)
-        if not 0 < group_size <= n:
+        group_size = validate.count("group_size", group_size)
+        if group_size > n:
             raise ValueError(f"group_size={group_size} is invalid for {n} replicas: it must be in 1..{n}")
         if n % (stride * group_size):
             valid = [g for g in _divisors(n) if n % (stride * g) == 0]
@@ -123,8 +117,7 @@ class ReplicaGrouping:
         return (group // s) * s * g + group % s
 
     def member(self, group: int, k: int) -> int:
-        if not 0 <= k < self.group_size:
-            raise ValueError(f"member index {k} out of range for group_size={self.group_size}")
+        validate.index("member index", k, "group_size", self.group_size)
         return self.first(group) + k * self.stride
 
     def members(self, group: int) -> tuple[int, ...]:
@@ -151,12 +144,10 @@ class ReplicaGrouping:
         return CommGroup.from_replica_grouping(self)
 
     def _check_replica(self, replica: int) -> None:
-        if not 0 <= replica < self.num_replicas:
-            raise ValueError(f"replica {replica} out of range for {self.num_replicas} replicas")
+        validate.index("replica", replica, "num_replicas", self.num_replicas)
 
     def _check_group(self, group: int) -> None:
-        if not 0 <= group < self.num_groups:
-            raise ValueError(f"group {group} out of range: {self} has {self.num_groups} groups")
+        validate.index("group", group, "num_groups", self.num_groups)
 
     def __repr__(self) -> str:
         return f"ReplicaGrouping(num_replicas={self.num_replicas}, stride={self.stride}, group_size={self.group_size})"
@@ -195,11 +186,11 @@ class CommGroup:
 
     @classmethod
     def consecutive(cls, size: int) -> CommGroup:
-        return cls(CommGroupType.Consecutive, _positive_int("replica_group_size", size))
+        return cls(CommGroupType.Consecutive, validate.count("replica_group_size", size))
 
     @classmethod
     def orthogonal(cls, size: int) -> CommGroup:
-        return cls(CommGroupType.Orthogonal, _positive_int("replica_group_size", size))
+        return cls(CommGroupType.Orthogonal, validate.count("replica_group_size", size))
 
     @classmethod
     def none(cls) -> CommGroup:
@@ -245,3 +236,27 @@ class CommGroup:
         if self.type in (CommGroupType.All, CommGroupType.Ungrouped):
             return f"CommGroup({self.type.name})"
         return f"CommGroup({self.type.name}, {self.replica_group_size})"
+
+
+#: What a collective or a variable takes as its group: a grouping, a CommGroup, or None (all replicas).
+Group = ReplicaGrouping | CommGroup | None
+
+
+def replica_grouping_of(group: Group, num_replicas: int) -> ReplicaGrouping:
+    """``group`` as a grouping of ``num_replicas`` replicas (None: one group of all of them).
+
+    ValueError when a ReplicaGrouping is for another number of replicas or a CommGroup does not
+    fit it, TypeError for anything else.
+    """
+    if group is None:
+        return ReplicaGrouping.create(num_replicas)
+    if isinstance(group, ReplicaGrouping):
+        if group.num_replicas != num_replicas:
+            raise ValueError(
+                f"group {group} is for {group.num_replicas} replicas but this runtime has "
+                f"replication_factor={num_replicas}"
+            )
+        return group
+    if isinstance(group, CommGroup):
+        return group.to_replica_grouping(num_replicas)
+    raise TypeError(f"group must be a ReplicaGrouping, a CommGroup or None, got {group!r}")

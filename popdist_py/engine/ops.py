@@ -31,25 +31,25 @@ from typing import Any
 
 import numpy as np
 
+from popdist_py import validate
 from popdist_py.engine import context
 from popdist_py.engine.exchange import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from popdist_py.engine.grouping import CommGroup, ReplicaGrouping
+from popdist_py.engine.grouping import Group
 from popdist_py.engine.sharding import ShardArray, ShardMeta, meta_of
 from popdist_py.engine.variables import Shard, Variable
-
-Group = ReplicaGrouping | CommGroup | None
 
 _peek = context.peek_fast
 
 
 def replicated_all_reduce(x: Any, op: str = "add", group: Group = None) -> np.ndarray:
-    """Reduce ``x`` over the replica's group: op is add, mean, mul, min or max.
+    """Reduce ``x`` over the replica's group: op is add, mean, mul, min or max (PopXL's
+    CollectiveOperator names; ``sum`` and ``prod``, the host collectives' names, mean add and mul).
 
     mean is the sum divided by the group size (floating-point inputs only). Returns a read-only
     array of ``x``'s shape and dtype, equal (bitwise) on every member of the group.
     """
     ctx = _peek() or context.current()  # the hottest call of a step: skip a function layer
-    return ctx.runtime.collective(ctx, ALL_REDUCE, x, op, group)
+    return ctx.collectives.collective(ctx, ALL_REDUCE, x, op, group)
 
 
 def replicated_all_gather(x: Any, axis: int = 0, group: Group = None) -> np.ndarray:
@@ -66,22 +66,22 @@ def replicated_all_gather(x: Any, axis: int = 0, group: Group = None) -> np.ndar
     ctx = context.current()
     rt = ctx.runtime
     if isinstance(x, (Shard, Variable)):
-        v = rt._owned(x)
+        v = rt.owned_variable(x)
         if v.sharding is None:
             raise ValueError(f"replicated_all_gather: variable {v.name!r} is not replica-sharded; "
                              "read it with ctx[var]")
         x = v.step_value(ctx.local_index)
     meta = meta_of(x)
     if meta is None:
-        return rt.collective(ctx, ALL_GATHER, x, "", group, axis)
-    if group is not None and rt._grouping(group) != meta.domain:
+        return ctx.collectives.collective(ctx, ALL_GATHER, x, "", group, axis)
+    if group is not None and rt.resolve_group(group) != meta.domain:
         raise ValueError(
             f"replicated_all_gather: group {group!r} is not the sharding domain of this {meta.describe()}; "
             "pass group=None (or that domain) to gather it"
         )
     if axis != 0:
         raise ValueError(f"replicated_all_gather: axis={axis!r}: a shard is flat and is gathered along axis 0")
-    return rt.collective(ctx, ALL_GATHER, x, "", meta.domain, 0, meta_shape=meta.meta_shape)
+    return ctx.collectives.collective(ctx, ALL_GATHER, x, "", meta.domain, 0, meta_shape=meta.meta_shape)
 
 
 def replicated_reduce_scatter(
@@ -90,7 +90,8 @@ def replicated_reduce_scatter(
     group: Group = None,
     configure_output_for_replicated_tensor_sharding: bool = False,
 ) -> np.ndarray:
-    """Reduce the flattened ``x`` over the group and keep this member's part.
+    """Reduce the flattened ``x`` over the group and keep this member's part (ops as for
+    :func:`replicated_all_reduce`).
 
     With ``n`` elements and group size ``G`` every member gets ``ceil(n / G)`` elements.
     Without RTS member ``k`` holds reduced elements ``k*c .. (k+1)*c - 1`` (contiguous slices in
@@ -100,12 +101,11 @@ def replicated_reduce_scatter(
     sharded over ``group``), as a :class:`ShardArray` that gathers back to ``x``'s shape.
     """
     ctx = context.current()
-    rt = ctx.runtime
     if not configure_output_for_replicated_tensor_sharding:
-        return rt.collective(ctx, REDUCE_SCATTER, x, op, group)
+        return ctx.collectives.collective(ctx, REDUCE_SCATTER, x, op, group)
     arr = np.asarray(x)
-    out = rt.collective(ctx, REDUCE_SCATTER, arr, op, group, meta_shape=arr.shape)
-    return ShardArray.wrap(out, ShardMeta(arr.shape, rt._grouping(group)))
+    out = ctx.collectives.collective(ctx, REDUCE_SCATTER, arr, op, group, meta_shape=arr.shape)
+    return ShardArray.wrap(out, ShardMeta(arr.shape, ctx.runtime.resolve_group(group)))
 
 
 def replica_sharded_slice(x: Any, group: Group = None) -> np.ndarray:
@@ -116,23 +116,23 @@ def replica_sharded_slice(x: Any, group: Group = None) -> np.ndarray:
     back to ``x``. Local: it does not meet the other replicas.
     """
     ctx = context.current()
-    grouping = ctx.runtime._grouping(group)
+    grouping = ctx.runtime.resolve_group(group)
     arr = np.asarray(x)
     meta = ShardMeta(arr.shape, grouping)
     return ShardArray.wrap(meta.layout.shard(arr.reshape(-1), meta.shard_index(ctx.replica_index)), meta)
 
 
-def remote_load(buf: Any, index: int) -> np.ndarray:
-    """A private, writable copy of this replica's slot ``index`` of remote buffer ``buf``.
+def remote_load(buf: Any, offset: int) -> np.ndarray:
+    """A private, writable copy of this replica's entry ``offset`` of remote buffer ``buf``.
 
     When the slot holds a replica-sharded variable the copy is a :class:`ShardArray`, so
     ``replicated_all_gather`` of it gives the full tensor. Store changes back with
     :func:`remote_store`.
     """
     ctx = context.current()
-    b = ctx.runtime._owned_buffer(buf, "remote_load")
-    what = f"remote_load({b.name!r}, {index!r}) in replica {ctx.replica_index}"
-    i = b.check_index(index, what)
+    b = ctx.runtime.owned_buffer(buf, "remote_load")
+    what = f"remote_load({b.name!r}, {offset!r}) in replica {ctx.replica_index}"
+    i = b.check_offset(offset, what)
     var = b.variable_at(i)
     if var is None:
         raise ValueError(
@@ -143,12 +143,12 @@ def remote_load(buf: Any, index: int) -> np.ndarray:
     return ShardArray.wrap(value, var.sharding) if var.sharding is not None else value
 
 
-def remote_store(buf: Any, index: int, x: Any) -> None:
-    """Write ``x`` (the buffer's shape and dtype) into this replica's slot ``index`` of ``buf``."""
+def remote_store(buf: Any, offset: int, x: Any) -> None:
+    """Write ``x`` (the buffer's shape and dtype) into this replica's entry ``offset`` of ``buf``."""
     ctx = context.current()
-    b = ctx.runtime._owned_buffer(buf, "remote_store")
-    what = f"remote_store({b.name!r}, {index!r}, ...) in replica {ctx.replica_index}"
-    i = b.check_index(index, what)
+    b = ctx.runtime.owned_buffer(buf, "remote_store")
+    what = f"remote_store({b.name!r}, {offset!r}, ...) in replica {ctx.replica_index}"
+    i = b.check_offset(offset, what)
     if b.variable_at(i) is None:
         raise ValueError(
             f"{what}: entry {i} of remote buffer {b.name!r} holds no variable, so the value would be lost "
@@ -160,8 +160,8 @@ def remote_store(buf: Any, index: int, x: Any) -> None:
 
 def shard_size(n: int | tuple[int, ...], count: int) -> int:
     """Elements per shard of a tensor of ``n`` elements (or that shape) sharded ``count`` ways."""
-    total = n if isinstance(n, int) else math.prod(n)
-    return -(-total // count)
+    total = validate.non_negative("n", n) if isinstance(n, int) else math.prod(n)
+    return -(-total // validate.count("count", count))
 
 
 __all__ = [

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+
+from popdist_py.engine.executor import Stall, Task
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,9 @@ _STOP = object()
 
 
 class ReplicaPool:
+    """The threads executor (:class:`.executor.ReplicaExecutor`): replica 0 on the caller's thread,
+    the others on persistent worker threads."""
+
     def __init__(self, size: int, name: str = "replica") -> None:
         self.size = size
         self._go = [threading.Lock() for _ in range(size)]
@@ -54,10 +58,11 @@ class ReplicaPool:
             if last:
                 self._done.release()
 
-    def run(self, task: Callable[[int], None]) -> None:
+    def run(self, task: Task, stall: Stall) -> None:
         """Run ``task(i)`` for every replica ``i`` concurrently; return when all have returned.
 
-        ``task`` must not raise (it records failures itself).
+        ``task`` must not raise (it records failures itself). ``stall`` is not called: replica
+        threads wait at the rendezvous with deadlines, which report a replica that never arrives.
         """
         if self._closed:
             raise RuntimeError("the Runtime is closed")

@@ -7,13 +7,13 @@ strictly below ``hi - lo`` (a perfectly aligned segment tree: ``((m0+m1)+(m2+m3)
 for six members). Any contiguous run of members held by one process decomposes into a few
 complete nodes of that tree (:func:`decompose`); a process reduces those nodes locally and the
 remaining nodes are combined, in the same tree, after the pieces have been exchanged
-(:func:`evaluate`). Every element goes through the same sequence of IEEE operations whichever
+(a :class:`Program` over the pieces). Every element goes through the same sequence of IEEE operations whichever
 process does them, so results are bitwise identical for any split.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,18 +28,25 @@ UFUNCS: dict[str, np.ufunc] = {
     "max": np.maximum,
 }
 OPS = tuple(UFUNCS)
+#: Other names of the reduction ops: the host collectives' (and MPI's) ``sum`` and ``prod``.
+ALIASES = {"sum": "add", "prod": "mul"}
+
+
+def reduction_op(op: object, what: str = "reduction") -> str:
+    """The engine's name of reduction op ``op`` (one of :data:`OPS`, or an alias: ``sum`` is
+    ``add``, ``prod`` is ``mul``); ValueError naming ``what`` and the valid ops otherwise."""
+    if isinstance(op, str):
+        name = ALIASES.get(op, op)
+        if name in UFUNCS:
+            return name
+    raise ValueError(f"{what}: op={op!r} is not supported; use one of {', '.join(OPS)} "
+                     f"(or {', '.join(f'{a} for {b}' for a, b in ALIASES.items())})")
 
 
 def split(lo: int, hi: int) -> int:
     """Where node ``[lo, hi)`` (two or more members) splits into its left and right children."""
     n = hi - lo
     return lo + (1 << ((n - 1).bit_length() - 1))
-
-
-def children(node: Node) -> tuple[Node, Node]:
-    lo, hi = node
-    mid = split(lo, hi)
-    return (lo, mid), (mid, hi)
 
 
 def decompose(a: int, b: int, size: int) -> list[Node]:
@@ -61,81 +68,9 @@ def decompose(a: int, b: int, size: int) -> list[Node]:
     return out
 
 
-def evaluate(
-    node: Node,
-    known: Mapping[Node, np.ndarray],
-    ufunc: np.ufunc,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    """The value of ``node``: ``known[node]`` if given, else ``ufunc(left, right)`` recursively.
-
-    ``known`` must hold a set of nodes that covers ``node`` (leaves are ``(k, k + 1)``). Internal
-    results go into ``out`` when given (its shape must match) or into temporaries that are then
-    reused in place, so an evaluation allocates at most one buffer per tree level. Known arrays
-    are never written.
-    """
-    value, _ = _eval(node, known, ufunc, out)
-    if out is not None and value is not out:
-        np.copyto(out, value)
-        return out
-    return value
-
-
-def _eval(
-    node: Node, known: Mapping[Node, np.ndarray], ufunc: np.ufunc, out: np.ndarray | None
-) -> tuple[np.ndarray, bool]:
-    """(value, owned): owned values are temporaries (or ``out``) that may be overwritten."""
-    hit = known.get(node)
-    if hit is not None:
-        return hit, False
-    lo, hi = node
-    if hi - lo < 2:
-        raise KeyError(f"member {lo} of the reduction is missing")
-    mid = split(lo, hi)
-    left, left_owned = _eval((lo, mid), known, ufunc, out)
-    right, right_owned = _eval((mid, hi), known, ufunc, None)
-    if out is not None:
-        target = out
-    elif left_owned:
-        target = left
-    elif right_owned:
-        target = right
-    else:
-        target = np.empty_like(left)
-    ufunc(left, right, out=target)
-    return target, True
-
-
-#: Elements per block in :func:`evaluate_blocked` (about 512 KiB of float32): each block's
+#: Elements per block of :meth:`Program.run_blocked` (about 512 KiB of float32): each block's
 #: intermediate values stay in cache, so a tree over several arrays streams memory once.
 BLOCK = 1 << 17
-
-
-def evaluate_blocked(
-    node: Node,
-    known: Mapping[Node, np.ndarray],
-    ufunc: np.ufunc,
-    out: np.ndarray,
-    divide_by: int = 0,
-    block: int = BLOCK,
-) -> np.ndarray:
-    """:func:`evaluate` into the 1-D ``out`` block by block (``known`` arrays 1-D, same length).
-
-    With ``divide_by`` the result is divided by it (mean) within the same pass.
-    """
-    m = out.shape[0]
-    if m <= block:
-        evaluate(node, known, ufunc, out=out)
-        if divide_by:
-            finish_mean(out, divide_by)
-        return out
-    for b0 in range(0, m, block):
-        b1 = min(m, b0 + block)
-        part = out[b0:b1]
-        evaluate(node, {k: a[b0:b1] for k, a in known.items()}, ufunc, out=part)
-        if divide_by:
-            finish_mean(part, divide_by)
-    return out
 
 
 class Program:
@@ -221,8 +156,9 @@ class Program:
 def reduce_sequence(values: Sequence[np.ndarray], op: str = "add") -> np.ndarray:
     """Reference: the canonical tree over ``values`` (member order), computed directly.
 
-    Kept independent of :func:`evaluate` so tests can check the engine against it.
+    Kept independent of :class:`Program` so tests can check the engine against it.
     """
+    op = reduction_op(op, "reduce_sequence")
     ufunc = UFUNCS[op]
 
     def rec(lo: int, hi: int) -> np.ndarray:
@@ -242,8 +178,3 @@ def reduce_sequence(values: Sequence[np.ndarray], op: str = "add") -> np.ndarray
 def finish_mean(total: np.ndarray, group_size: int) -> None:
     """In place: the mean from the sum (the same division on every process, so still bitwise stable)."""
     np.divide(total, total.dtype.type(group_size), out=total)
-
-
-def leaf_map(arrays: Sequence[np.ndarray], first: int = 0) -> dict[Node, np.ndarray]:
-    """``known`` for ``evaluate`` from member arrays ``first, first + 1, ...``."""
-    return {(first + i, first + i + 1): a for i, a in enumerate(arrays)}

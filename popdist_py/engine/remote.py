@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from popdist_py import validate
+
 if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine.variables import Variable
 
@@ -43,10 +45,7 @@ def _shape(shape: Any) -> tuple[int, ...]:
         dims = tuple(shape)
     except TypeError:
         raise TypeError(f"remote_buffer: shape must be a tuple of ints, got {shape!r}") from None
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
-            raise ValueError(f"remote_buffer: shape {shape!r} must be a tuple of non-negative ints")
-    return tuple(int(d) for d in dims)
+    return tuple(validate.non_negative(f"remote_buffer: shape[{k}]", d) for k, d in enumerate(dims))
 
 
 class RemoteBuffer:
@@ -74,34 +73,32 @@ class RemoteBuffer:
         self._closed = False
 
     # -- slots ------------------------------------------------------------------------------------
-    def check_index(self, index: Any, what: str) -> int:
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-            raise TypeError(f"{what}: index must be an int, got {index!r}")
-        if not 0 <= index < self.entries:
-            raise ValueError(
-                f"{what}: index {index} is out of range for remote buffer {self.name!r} with "
-                f"entries={self.entries} (valid indices 0..{self.entries - 1})"
-            )
-        return int(index)
+    def check_offset(self, offset: Any, what: str) -> int:
+        """``offset`` as an entry of this buffer; TypeError/ValueError naming ``what`` and the valid range."""
+        return validate.index(f"{what}: offset", offset, f"remote buffer {self.name!r} with entries", self.entries)
 
-    def slot(self, local_index: int, index: int) -> np.ndarray:
-        """The storage of one replica's slot (a view: writes go to the buffer)."""
+    def slot(self, local_index: int, offset: int) -> np.ndarray:
+        """The storage of one replica's entry ``offset`` (a view: writes go to the buffer)."""
         if self._closed:
             raise RuntimeError(f"remote buffer {self.name!r} is closed (its Runtime was closed)")
-        return self._data[local_index, index]
+        return self._data[local_index, offset]
 
-    def bind(self, index: int, var: Variable) -> None:
-        """Record that ``var`` lives in slot ``index`` (one variable per slot)."""
-        other = self._bound.get(index)
+    def bind(self, offset: int, var: Variable) -> None:
+        """Record that ``var`` lives in entry ``offset`` (one variable per entry)."""
+        other = self._bound.get(offset)
         if other is not None:
             raise ValueError(
-                f"remote buffer {self.name!r} entry {index} already holds variable {other.name!r}; "
+                f"remote buffer {self.name!r} entry {offset} already holds variable {other.name!r}; "
                 f"free entries: {self.free_entries() or 'none'} (create the buffer with more entries)"
             )
-        self._bound[index] = var
+        self._bound[offset] = var
 
-    def variable_at(self, index: int) -> Variable | None:
-        return self._bound.get(index)
+    def unbind(self, offset: int) -> None:
+        """Free entry ``offset`` again (a variable whose creation failed after :meth:`bind`)."""
+        self._bound.pop(offset, None)
+
+    def variable_at(self, offset: int) -> Variable | None:
+        return self._bound.get(offset)
 
     def free_entries(self) -> list[int]:
         return [i for i in range(self.entries) if i not in self._bound]
@@ -127,6 +124,16 @@ class RemoteBuffer:
     def nbytes(self) -> int:
         """Bytes of all slots of all local replicas."""
         return int(self._data.nbytes)
+
+    @property
+    def entry_nbytes(self) -> int:
+        """Bytes of one entry over all local replicas (0 once closed)."""
+        return self._data.shape[0] * math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def is_memory_mapped(self) -> bool:
+        """Whether the slots are a memory-mapped file (``location="file"``, not empty, not closed)."""
+        return isinstance(self._data, np.memmap)
 
     def close(self) -> None:
         if self._closed:
@@ -162,9 +169,8 @@ class RemoteSlots:
         np.copyto(self.buffer.slot(local_index, self.offset), value)
 
     def nbytes(self) -> tuple[int, int]:
-        b = self.buffer
-        size = b._data.shape[0] * math.prod(b.shape) * b.dtype.itemsize
-        return (0, size) if b.location == "file" else (size, 0)
+        size = self.buffer.entry_nbytes
+        return (0, size) if self.buffer.location == "file" else (size, 0)
 
 
 _PREFIX = "popdist-remote-"
@@ -209,7 +215,7 @@ class RemoteBuffers:
     """The remote buffers of one runtime and the directory their files go to."""
 
     def __init__(self, num_local_replicas: int, instance: int, directory: str | os.PathLike[str] | None) -> None:
-        self.L = num_local_replicas
+        self.num_local_replicas = num_local_replicas
         self.instance = instance
         self.directory = Path(directory) if directory is not None else None
         self.buffers: list[RemoteBuffer] = []
@@ -238,8 +244,7 @@ class RemoteBuffers:
         dt = np.dtype(dtype)
         if dt.hasobject or dt.fields is not None or dt.kind in "SUVMm":
             raise TypeError(f"remote_buffer: dtype {dt} is not supported (use a numeric or bool dtype)")
-        if isinstance(entries, bool) or not isinstance(entries, (int, np.integer)) or entries < 1:
-            raise ValueError(f"remote_buffer: entries={entries!r} must be an int >= 1")
+        entries = validate.count("remote_buffer: entries", entries)
         if location not in LOCATIONS:
             valid = ", ".join(map(repr, LOCATIONS))
             raise ValueError(f"remote_buffer: location={location!r} is invalid: use one of {valid}")
@@ -252,7 +257,7 @@ class RemoteBuffers:
             os.close(fd)
             file = Path(tmp)
         try:
-            buf = RemoteBuffer(name, dims, dt, int(entries), self.L, location, file)
+            buf = RemoteBuffer(name, dims, dt, entries, self.num_local_replicas, location, file)
         except BaseException:
             if file is not None:
                 file.unlink(missing_ok=True)

@@ -19,14 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from popdist_py.errors import CollectiveError, CollectiveTimeoutError
-
-
-class StepAborted(CollectiveError):
-    """Raised in a replica released from a collective because another replica's step failed.
-
-    ``Runtime.run`` re-raises the original failure, not this one.
-    """
+from popdist_py.engine.errors import CollectiveTimeoutError, StepAborted
 
 
 class _Raise:
@@ -122,6 +115,16 @@ class Rendezvous:
     @property
     def failed(self) -> bool:
         return self._failure is not None
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The first failure of the current run (None while it has not failed)."""
+        return self._failure
+
+    @property
+    def failed_by(self) -> int | None:
+        """The local replica that raised :attr:`failure` (None while the run has not failed)."""
+        return self._failed_by
 
     def arrive(self, index: int, deposit: Any, timeout: float, wait: bool = True) -> Any:
         """Deposit and, when last, run ``combine(deposits, index)``; return this replica's result.

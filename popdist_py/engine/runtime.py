@@ -5,7 +5,8 @@ offset from the PopDist environment that ``poprun`` sets; ``Runtime(replication=
 replicas in one process. ``rt.run(step, *inputs)`` calls ``step(ctx, *per_replica_inputs)`` once
 per local replica, concurrently (in threads or as cooperative greenlets: :mod:`.executor`), and
 stacks the outputs along a leading axis of L. Inside a step, ``popdist_py.engine.ops`` provides
-the replicated collectives and ``ctx[var]`` a replica's value of a variable.
+the replicated collectives (carried out by the runtime's :class:`.dispatch.Dispatcher`) and
+``ctx[var]`` a replica's value of a variable.
 
 Variables come in PopXL's kinds: plain (``variable``), replica-sharded (``replica_sharded_variable``,
 each replica storing only its shard; :mod:`.sharding`), and off-chip in remote buffers
@@ -15,9 +16,7 @@ each replica storing only its shard; :mod:`.sharding`), and off-chip in remote b
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 import os
 import threading
 import weakref
@@ -28,18 +27,18 @@ import numpy as np
 
 from popdist_py import checks
 from popdist_py.engine import checkpoint, context
-from popdist_py.engine.exchange import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
 from popdist_py.engine.context import StepContext
 from popdist_py.engine.cooperative import CooperativePool
-from popdist_py.engine.executor import THREADS, choose
-from popdist_py.engine.grouping import CommGroup, ReplicaGrouping
+from popdist_py.engine.dispatch import Dispatcher
+from popdist_py.engine.errors import CollectiveError, InstancesDisagreeError, PeerAborted, StepAborted
+from popdist_py.engine.executor import THREADS, ReplicaExecutor, choose
+from popdist_py.engine.grouping import CommGroup, Group, ReplicaGrouping
 from popdist_py.engine.pool import ReplicaPool
-from popdist_py.engine.reduce import OPS
 from popdist_py.engine.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
-from popdist_py.engine.rendezvous import END, Rendezvous, StepAborted, ThreadWaits
-from popdist_py.engine.sharding import ShardMeta, sharding_domain
+from popdist_py.engine.rendezvous import ThreadWaits, Waits
 from popdist_py.engine.replicas import ReplicaPlacement, resolve
-from popdist_py.engine.transport import HDR_BYTES, HeaderChannel, PeerAborted, Transport
+from popdist_py.engine.sharding import ShardMeta, sharding_domain
+from popdist_py.engine.transport import Transport
 from popdist_py.engine.variables import (
     Shard,
     Variable,
@@ -49,58 +48,8 @@ from popdist_py.engine.variables import (
     host_value,
     per_group_values,
 )
-from popdist_py.errors import CollectiveError, CollectiveMismatchError
 
 log = logging.getLogger(__name__)
-
-_END_HASH = int.from_bytes(hashlib.blake2b(b"end of step", digest_size=8).digest(), "little", signed=True)
-#: Validated collective signatures kept (each with its plan and buffers); cleared when full.
-_ENTRY_CACHE = 256
-
-Group = ReplicaGrouping | CommGroup | None
-
-
-class _Link:
-    """Binds the transport to the current collective call (its header and how to describe it).
-
-    One per runtime, re-pointed at each call: only one combiner runs at a time.
-    """
-
-    __slots__ = ("index", "sig", "transport")
-
-    def __init__(self, transport: Transport) -> None:
-        self.transport = transport
-        self.sig: Signature | None = None
-        self.index = 0
-
-    def channel(self, sendbufs: Sequence[np.ndarray], recvbufs: Sequence[np.ndarray]) -> HeaderChannel:
-        return self.transport.channel(sendbufs, recvbufs)
-
-    def exchange(self, channel: HeaderChannel) -> None:
-        self.transport.exchange(channel, self.describe)
-
-    def transfer(self, recvs: Sequence[Message], sends: Sequence[Message], tag: int) -> None:
-        self.transport.transfer(recvs, sends, tag, self.describe)
-
-    def describe(self) -> tuple[str, tuple, Sequence[str]]:
-        assert self.sig is not None
-        values, fields = self.sig.agree_signature(self.index)
-        return f"{self.sig.kind} #{self.index} of the step", values, fields
-
-
-class _Entry:
-    """A validated collective signature and, once a combiner has needed it, its plan.
-
-    Cached by the call's raw arguments so that repeated calls skip validation, and compared by
-    identity at the rendezvous (equal signatures from different entries still match).
-    """
-
-    __slots__ = ("hash", "plan", "sig")
-
-    def __init__(self, sig: Signature) -> None:
-        self.sig = sig
-        self.plan: Plan | None = None
-        self.hash = int.from_bytes(hashlib.blake2b(repr(sig).encode(), digest_size=8).digest(), "little", signed=True)
 
 
 class Runtime:
@@ -144,35 +93,29 @@ class Runtime:
         self._executor = choose(executor, L)
         self._placement = ReplicaPlacement(R, L, index)
         self._timeout_arg = timeout
-        self._timeout = checks.collective_timeout(timeout)
+        seconds = checks.collective_timeout(timeout)
         self._transport: Transport | None = None
         if self._placement.num_instances > 1:
-            self._transport = Transport(comm, self._placement.describe_instance, self._timeout)
-        self._all = ReplicaGrouping.create(R)
-        self._contexts = [StepContext(self, i) for i in range(L)]
-        self._pool: ReplicaPool | CooperativePool
+            self._transport = Transport(comm, self._placement.describe_instance, seconds)
+        self._pool: ReplicaExecutor
+        waits: Waits
         if self._executor == THREADS:
-            self._pool = ReplicaPool(L, name=f"replica@{self._placement.offset}")
-            waits: ThreadWaits | CooperativePool = ThreadWaits(L)
+            self._pool, waits = ReplicaPool(L, name=f"replica@{self._placement.offset}"), ThreadWaits(L)
         else:
             self._pool = waits = CooperativePool(L)
-        self._rendezvous = Rendezvous(L, self._combine, self._describe_local, self._describe_deposit, waits)
-        self._link = _Link(self._transport) if self._transport is not None else None
-        self._entries: dict[tuple, _Entry] = {}
+        self._dispatcher = Dispatcher(self._placement, self._transport, waits, seconds)
+        self._contexts = [StepContext(self, self._dispatcher, i) for i in range(L)]
         # the finalizer holds the pool: neither pool may reference the runtime between runs
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
         self._variables = VariableRegistry()
         self._remote = RemoteBuffers(L, index, remote_dir)
         self._run_lock = threading.Lock()
         self._running = False
-        self._seq = 0
-        self._step_collectives = 0  # collectives combined so far in the current run
-        self._end_channel: HeaderChannel | None = None
         self._broken: str | None = None
         self._closed = False
         log.debug("Runtime: %d replicas, %d in this process (instance %d), %s executor", R, L, index, self._executor)
 
-    # -- topology ----------------------------------------------------------------------------------
+    # -- where the replicas run ----------------------------------------------------------------------
     @property
     def replication_factor(self) -> int:
         """R: replicas over all instances."""
@@ -212,7 +155,17 @@ class Runtime:
 
     def replica_grouping_from_assignment(self, assignment: Sequence[int]) -> ReplicaGrouping:
         rg = ReplicaGrouping.from_assignment(list(assignment))
-        return self._grouping(rg)
+        return self.resolve_group(rg)
+
+    def resolve_group(self, group: Group) -> ReplicaGrouping:
+        """A ``group`` argument (a ReplicaGrouping of R replicas, a CommGroup, or None for all
+        replicas) as a grouping of this runtime's replicas; ValueError/TypeError naming it otherwise."""
+        return self._dispatcher.resolve_group(group)
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The collective dispatcher of this runtime's replicas (:mod:`.dispatch`)."""
+        return self._dispatcher
 
     # -- running steps -------------------------------------------------------------------------------
     def run(self, step: Callable[..., Any], *inputs: Any) -> Any:
@@ -235,8 +188,8 @@ class Runtime:
             arrays = [self._input(k, a) for k, a in enumerate(inputs)]
             if self._timeout_arg is None:
                 self._set_timeout(checks.collective_timeout(None))
-            self._rendezvous.reset()
-            self._step_collectives = 0
+            dispatcher = self._dispatcher
+            dispatcher.start_step()
             outputs: list[Any] = [None] * L
             failures: list[tuple[int, BaseException]] = []
 
@@ -246,26 +199,23 @@ class Runtime:
                 prev = context.swap(ctx)
                 try:
                     outputs[i] = step(ctx, *[a[i] for a in arrays])
-                    self._end_step(i)
+                    dispatcher.end_step(i)
                 except BaseException as exc:
                     failures.append((i, exc))
-                    self._rendezvous.fail(i, exc)
+                    dispatcher.rendezvous.fail(i, exc)
                 finally:
                     context.swap(prev)
 
             self._running = True
             try:
-                if self._executor == THREADS:
-                    self._pool.run(task)
-                else:
-                    self._pool.run(task, self._rendezvous.stall)  # type: ignore[call-arg]
+                self._pool.run(task, dispatcher.rendezvous.stall)
             except BaseException as exc:  # interrupted (Ctrl-C) while the replicas were running
-                self._rendezvous.fail(0, exc)
+                dispatcher.rendezvous.fail(0, exc)
                 self._broken = f"Runtime.run was interrupted ({type(exc).__name__}) while its replicas ran"
                 raise
             finally:
                 self._running = False
-            if failures or self._rendezvous.failed:
+            if failures or dispatcher.rendezvous.failed:
                 self._raise_failure(failures)
             return self._stack(outputs)
         finally:
@@ -282,14 +232,6 @@ class Runtime:
             )
         return arr
 
-    def _end_step(self, i: int) -> None:
-        if self._rendezvous.failed:
-            return
-        try:
-            self._rendezvous.arrive(i, END, self._timeout, wait=False)
-        except StepAborted:
-            pass
-
     def _raise_failure(self, failures: list[tuple[int, BaseException]]) -> None:
         L = self.instance_replication_factor
         originals = [(i, e) for i, e in failures if not isinstance(e, StepAborted)]
@@ -298,8 +240,8 @@ class Runtime:
         elif failures:
             i, exc = failures[0]
         else:  # every failing replica's exception was caught inside its step
-            exc = self._rendezvous._failure or CollectiveError("step failed")
-            i = self._rendezvous._failed_by or 0
+            exc = self._dispatcher.rendezvous.failure or CollectiveError("step failed")
+            i = self._dispatcher.rendezvous.failed_by or 0
         g = self.replica_index_offset + i
         if L > 1 or self.num_instances > 1:
             exc.add_note(f"raised in {self._placement.describe_replica(g)} (local replica {i}) during Runtime.run")
@@ -308,12 +250,12 @@ class Runtime:
                 f"also raised in {self._placement.describe_replica(self.replica_index_offset + j)}: "
                 f"{type(other).__name__}: {other}"
             )
-        if self._transport is not None and not getattr(exc, "_engine_symmetric", False):
+        if self._transport is not None and not isinstance(exc, InstancesDisagreeError):
             self._broken = (
                 f"a step failed on this instance ({type(exc).__name__}: {exc}); the instances are out of step"
             )
             if not isinstance(exc, PeerAborted):
-                self._transport.send_abort(self._seq)
+                self._transport.send_abort(self._dispatcher.seq)
         raise exc
 
     def _stack(self, outputs: list[Any]) -> Any:
@@ -348,161 +290,6 @@ class Runtime:
             raise ValueError(f"{what} differs in shape or dtype between replicas: {listing}")
         return np.stack(arrays)
 
-    # -- collectives -----------------------------------------------------------------------------------
-    def _grouping(self, group: Group) -> ReplicaGrouping:
-        if group is None:
-            return self._all
-        if isinstance(group, ReplicaGrouping):
-            if group.num_replicas != self.replication_factor:
-                raise ValueError(
-                    f"group {group} is for {group.num_replicas} replicas but this runtime has "
-                    f"replication_factor={self.replication_factor}"
-                )
-            return group
-        if isinstance(group, CommGroup):
-            return group.to_replica_grouping(self.replication_factor)
-        raise TypeError(f"group must be a ReplicaGrouping, a CommGroup or None, got {group!r}")
-
-    def collective(
-        self, ctx: StepContext, kind: str, x: Any, op: str, group: Group, axis: int = 0,
-        meta_shape: tuple[int, ...] | None = None,
-    ) -> np.ndarray:
-        """Enter collective ``kind`` as ``ctx``'s replica (used by :mod:`popdist_py.engine.ops`).
-
-        ``meta_shape`` selects the RTS layout: a reduce-scatter returns balanced shards of a
-        tensor of that shape, an all-gather takes such shards and returns the full tensor.
-        """
-        arr = x if type(x) is np.ndarray else np.asarray(x)
-        key = (kind, op, arr.dtype, arr.shape, group, axis, meta_shape)
-        try:
-            entry = self._entries.get(key)
-        except TypeError:  # unhashable group: let validation say what is wrong
-            entry = None
-        if entry is None:
-            entry = self._entry(key, kind, arr, op, group, axis, meta_shape)
-        n = ctx.ncoll = ctx.ncoll + 1
-        return self._rendezvous.arrive(ctx.local_index, (entry, arr, n), self._timeout)
-
-    def _entry(
-        self, key: tuple, kind: str, arr: np.ndarray, op: str, group: Group, axis: int,
-        meta_shape: tuple[int, ...] | None = None,
-    ) -> _Entry:
-        """Validate a collective's arguments (first call with these arguments only)."""
-        dt = arr.dtype
-        if dt.hasobject or dt.fields is not None or dt.kind in "SUVMm":
-            raise TypeError(f"{kind}: arrays of dtype {dt} cannot be communicated (use a numeric or bool dtype)")
-        grouping = self._grouping(group)
-        if meta_shape is not None:
-            meta_shape = tuple(int(d) for d in meta_shape)
-            if kind == ALL_GATHER:
-                want = (-(-math.prod(meta_shape) // grouping.group_size),)
-                if arr.shape != want or axis != 0:
-                    raise ValueError(
-                        f"{kind}: an RTS shard of a tensor of shape {meta_shape} over {grouping.group_size} "
-                        f"replica(s) has shape {want} and is gathered along axis 0; got shape {arr.shape}, axis={axis}"
-                    )
-            elif kind == REDUCE_SCATTER and arr.shape != meta_shape:
-                raise ValueError(f"{kind}: input of shape {arr.shape} is not the full shape {meta_shape}")
-        if kind == ALL_GATHER:
-            nd = max(arr.ndim, 1)
-            if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
-                raise ValueError(f"{kind}: axis={axis!r} is out of range for an input of shape {arr.shape}")
-            axis = int(axis) % nd
-            op = ""
-        else:
-            if op not in OPS:
-                raise ValueError(f"{kind}: op={op!r} is not supported; use one of {', '.join(OPS)}")
-            if op == "mean" and dt.kind not in "fc":
-                raise TypeError(f"{kind}: op='mean' needs a floating-point input, got dtype {dt}")
-            axis = 0
-        entry = _Entry(Signature(kind, op, dt.str, arr.shape, grouping, axis, meta_shape))
-        if len(self._entries) >= _ENTRY_CACHE:
-            self._entries.clear()
-        self._entries[key] = entry
-        return entry
-
-    def _combine(self, deposits: list[Any], index: int) -> list[Any] | None:
-        """Run by the last replica to arrive: check that everyone agrees, then execute the plan."""
-        first = deposits[0]
-        if first is END:
-            if not all(d is END for d in deposits):
-                raise CollectiveMismatchError(self._mismatch(deposits))
-            if self._transport is not None and self._step_collectives:
-                self._end_exchange()
-            return None
-        entry = first[0]
-        if len(deposits) > 1:
-            for d in deposits:
-                if d is END or (d[0] is not entry and d[0].sig != entry.sig):
-                    raise CollectiveMismatchError(self._mismatch(deposits))
-        plan = entry.plan
-        if plan is None:
-            plan = entry.plan = Plan(self._placement, entry.sig)
-        self._seq += 1
-        self._step_collectives = first[2]
-        link = self._link
-        if link is not None:
-            plan.set_header(self._seq, first[2], entry.hash)
-            link.sig = entry.sig
-            link.index = first[2]
-        try:
-            return plan.run([d[1] for d in deposits], link)
-        except CollectiveMismatchError as exc:
-            if link is not None:  # raised on every instance by agree(): they are still in step
-                exc._engine_symmetric = True  # type: ignore[attr-defined]
-            raise
-
-    def _end_exchange(self) -> None:
-        """Tell the other instances that this step ended after its collectives, and check they agree.
-
-        An instance still waiting in one more collective then gets a mismatch error at once
-        (on every instance, naming both sides) instead of waiting for the timeout. Steps without
-        collectives stay local: they need not be run on every instance.
-        """
-        assert self._transport is not None
-        if self._end_channel is None:
-            peers = self._transport.peers
-            self._end_channel = self._transport.channel([np.zeros(HDR_BYTES, np.uint8) for _ in peers],
-                                                        [np.zeros(HDR_BYTES, np.uint8) for _ in peers])
-        channel = self._end_channel
-        self._seq += 1
-        n = self._step_collectives + 1
-        for buf in channel.sendbufs:
-            buf.view(np.int64)[:] = (self._seq, n, _END_HASH, 0)
-
-        what = f"end of step (after {n - 1} collective{'' if n == 2 else 's'})"
-
-        def describe() -> tuple[str, tuple, Sequence[str]]:
-            return what, (what, "", "", (), "", 0), ("collective", "op", "dtype", "shape", "group", "axis")
-
-        try:
-            self._transport.exchange(channel, describe)
-        except CollectiveMismatchError as exc:
-            exc._engine_symmetric = True  # type: ignore[attr-defined]
-            raise
-
-    def _mismatch(self, deposits: list[Any]) -> str:
-        off = self.replica_index_offset
-        by: dict[str, list[int]] = {}
-        index = 0
-        for i, d in enumerate(deposits):
-            if d is END:
-                text = "finished its step"
-            else:
-                text = f"called {d[0].sig.describe()}"
-                index = d[2]
-            by.setdefault(text, []).append(off + i)
-        parts = [f"{self._placement.describe_replicas(rs)} {text}" for text, rs in by.items()]
-        return f"collective #{index} of the step: the replicas disagree: " + "; ".join(parts)
-
-    def _describe_deposit(self, deposit: Any) -> str:
-        if deposit is END:
-            return "end of step"
-        return f"{deposit[0].sig.kind} #{deposit[2]} of the step"
-
-    def _describe_local(self, locals_: list[int]) -> str:
-        return self._placement.describe_replicas([self.replica_index_offset + i for i in locals_])
-
     # -- variables -------------------------------------------------------------------------------------
     @property
     def variables(self) -> VariableRegistry:
@@ -511,7 +298,7 @@ class Runtime:
     def variable(
         self,
         data: Any,
-        replica_grouping: ReplicaGrouping | CommGroup | None = None,
+        replica_grouping: Group = None,
         retrieval_mode: str = "one_per_group",
         name: str | None = None,
         dtype: Any = None,
@@ -523,20 +310,20 @@ class Runtime:
         """
         self._check_idle("variable")
         check_retrieval_mode(retrieval_mode)
-        grouping = self._grouping(replica_grouping)
+        grouping = self.resolve_group(replica_grouping)
         name = self._variables.new_name() if name is None else self._variables.check_name(name)
         arr = as_host_array(data, dtype, f"variable {name!r}")
         groups = per_group_values(arr, grouping, f"variable {name!r}")
         shape = groups[0].shape
-        var = Variable(name, grouping, retrieval_mode, shape, arr.dtype, [None] * self.instance_replication_factor,
-                       self.replica_index_offset)  # type: ignore[list-item]
+        var = Variable(name, grouping, retrieval_mode, shape, arr.dtype, None, self.replica_index_offset,
+                       num_local_replicas=self.instance_replication_factor)
         var.load_groups(groups)
         return self._variables.add(var)
 
     def replica_sharded_variable(
         self,
         data: Any,
-        replica_grouping: ReplicaGrouping | CommGroup | None = None,
+        replica_grouping: Group = None,
         shard_over: int | ReplicaGrouping | CommGroup | None = None,
         name: str | None = None,
         dtype: Any = None,
@@ -552,7 +339,7 @@ class Runtime:
         ``ops.replicated_all_gather(shard)`` (the full tensor). ``data`` is not retained.
         """
         self._check_idle("replica_sharded_variable")
-        grouping = self._grouping(replica_grouping)
+        grouping = self.resolve_group(replica_grouping)
         name = self._variables.new_name("sharded") if name is None else self._variables.check_name(name)
         what = f"replica_sharded_variable {name!r}"
         arr = as_host_array(data, dtype, what)
@@ -587,7 +374,7 @@ class Runtime:
         data: Any,
         buf: RemoteBuffer,
         offset: int = 0,
-        replica_grouping: ReplicaGrouping | CommGroup | None = None,
+        replica_grouping: Group = None,
         retrieval_mode: str = "one_per_group",
         name: str | None = None,
     ) -> Variable:
@@ -599,11 +386,11 @@ class Runtime:
         """
         self._check_idle("remote_variable")
         check_retrieval_mode(retrieval_mode)
-        b = self._owned_buffer(buf, "remote_variable")
-        grouping = self._grouping(replica_grouping)
+        b = self.owned_buffer(buf, "remote_variable")
+        grouping = self.resolve_group(replica_grouping)
         name = self._variables.new_name("remote") if name is None else self._variables.check_name(name)
         what = f"remote_variable {name!r}"
-        i = b.check_index(offset, what + " offset")
+        i = b.check_offset(offset, what)
         arr = as_host_array(data, b.dtype, what)
         groups = per_group_values(arr, grouping, what)
         if groups[0].shape != b.shape:
@@ -618,7 +405,7 @@ class Runtime:
         data: Any,
         buf: RemoteBuffer,
         offset: int = 0,
-        replica_grouping: ReplicaGrouping | CommGroup | None = None,
+        replica_grouping: Group = None,
         shard_over: int | ReplicaGrouping | CommGroup | None = None,
         name: str | None = None,
     ) -> Variable:
@@ -630,11 +417,11 @@ class Runtime:
         ``ops.remote_store``.
         """
         self._check_idle("remote_replica_sharded_variable")
-        b = self._owned_buffer(buf, "remote_replica_sharded_variable")
-        grouping = self._grouping(replica_grouping)
+        b = self.owned_buffer(buf, "remote_replica_sharded_variable")
+        grouping = self.resolve_group(replica_grouping)
         name = self._variables.new_name("remote_sharded") if name is None else self._variables.check_name(name)
         what = f"remote_replica_sharded_variable {name!r}"
-        i = b.check_index(offset, what + " offset")
+        i = b.check_offset(offset, what)
         arr = as_host_array(data, b.dtype, what)
         groups = per_group_values(arr, grouping, what)
         meta = ShardMeta(groups[0].shape, sharding_domain(grouping, shard_over, what), name)
@@ -648,17 +435,18 @@ class Runtime:
                                          self.replica_index_offset, sharding=meta, storage=RemoteSlots(b, i),
                                          num_local_replicas=self.instance_replication_factor), groups)
 
-    def _bind(self, b: RemoteBuffer, index: int, var: Variable, groups: list[np.ndarray]) -> Variable:
-        b.bind(index, var)
+    def _bind(self, b: RemoteBuffer, offset: int, var: Variable, groups: list[np.ndarray]) -> Variable:
+        b.bind(offset, var)
         try:
             var.load_groups(groups)
             self._variables.add(var)
         except BaseException:
-            b._bound.pop(index, None)
+            b.unbind(offset)
             raise
         return var
 
-    def _owned_buffer(self, buf: Any, what: str) -> RemoteBuffer:
+    def owned_buffer(self, buf: Any, what: str) -> RemoteBuffer:
+        """``buf`` if it is a remote buffer of this runtime; ValueError naming ``what`` otherwise."""
         if not self._remote.owns(buf):
             raise ValueError(f"{what}: {buf!r} is not a remote buffer of this Runtime "
                              "(create it with rt.remote_buffer)")
@@ -667,7 +455,7 @@ class Runtime:
     def write_variable_data(self, var: Variable, data: Any) -> None:
         """Replace every replica's value from host data shaped like the variable's ``shape_on_host``."""
         self._check_idle("write_variable_data")
-        v = self._owned(var)
+        v = self.owned_variable(var)
         arr = as_host_array(data, v.dtype, f"write_variable_data({v.name!r})")
         if arr.shape != v.shape_on_host:
             raise ValueError(
@@ -683,17 +471,21 @@ class Runtime:
         With several instances this is collective: every instance calls it and gets the full array.
         """
         self._check_idle("get_tensor_data")
-        return host_value(self._owned(var), self._placement, self._transport)
+        value = host_value(self.owned_variable(var), self._placement, self._transport)
+        assert value is not None  # without a root every instance gets the value
+        return value
 
     def get_replica_data(self, var: Variable | Shard) -> np.ndarray:
         """This instance's replicas' values, raw: shape ``(L, *shape_on_replica)`` (no communication).
 
         For a sharded variable that is ``(L, shard_size)``, padding included.
         """
-        v = self._owned(var)
+        v = self.owned_variable(var)
         return np.stack([v.local_value(i) for i in range(self.instance_replication_factor)])
 
-    def _owned(self, var: Any) -> Variable:
+    def owned_variable(self, var: Any) -> Variable:
+        """The variable of this runtime that ``var`` (a Variable or a Shard handle) stands for;
+        ValueError otherwise."""
         if not self._variables.owns(var):
             raise ValueError(f"{var!r} is not a variable of this Runtime")
         return var.variable if isinstance(var, Shard) else var
@@ -729,7 +521,7 @@ class Runtime:
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def _set_timeout(self, timeout: float) -> None:
-        self._timeout = timeout
+        self._dispatcher.timeout = timeout
         if self._transport is not None:
             self._transport.timeout = timeout
 

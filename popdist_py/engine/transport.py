@@ -13,7 +13,7 @@ peer computing for minutes must not cost a core); transfers never sleep, as MPI 
 progress while polled.
 
 Headers whose hashes differ fall back to :func:`popdist_py.checks.agree` with the full
-signature, which raises :class:`CollectiveMismatchError` on every instance naming the values.
+signature: every instance then raises :class:`.errors.InstancesDisagreeError` naming the values.
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from popdist_py import checks
-from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+from popdist_py.engine.errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    InstancesDisagreeError,
+    PeerAborted,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +64,6 @@ _FIRST_SLEEP = 50e-6
 poll = partial(checks.poll, spin=_SPIN, yield_for=_YIELD, first_sleep=_FIRST_SLEEP)
 
 
-class PeerAborted(CollectiveError):
-    """Another instance abandoned its step (an exception there) while this one waited for it."""
-
-
 class HeaderChannel:
     """The header messages of one collective plan (or of the end of a step), as persistent requests.
 
@@ -78,11 +80,11 @@ class HeaderChannel:
         self.sendbufs = list(sendbufs)  # the requests point into these (and the receive) buffers
         # byte views of the headers (they keep the receive buffers alive): comparing memoryviews
         # is the cheapest check per message
-        self.sent_header = memoryview(sendbufs[0])[:HDR_BYTES]
-        self.recv_headers = [memoryview(b)[:HDR_BYTES] for b in recvbufs]
+        self.sent_header = sendbufs[0].data[:HDR_BYTES]
+        self.recv_headers = [b.data[:HDR_BYTES] for b in recvbufs]
         #: receives (one per peer, in peer order), then sends
-        self.requests: list[Any] = [comm.Recv_init(b, p, TAG_HEADER) for p, b in zip(peers, recvbufs)]
-        self.requests += [comm.Send_init(b, p, TAG_HEADER) for p, b in zip(peers, sendbufs)]
+        self.requests: list[Any] = [comm.Recv_init(b, p, TAG_HEADER) for p, b in zip(peers, recvbufs, strict=True)]
+        self.requests += [comm.Send_init(b, p, TAG_HEADER) for p, b in zip(peers, sendbufs, strict=True)]
 
     def free(self) -> None:
         """Free the requests; one still active (a run interrupted mid-exchange) is left to MPI."""
@@ -141,7 +143,7 @@ class Transport:
         Every outgoing message starts with the same header (status OK); each peer's must equal it.
 
         Raises CollectiveTimeoutError naming instances that did not arrive, PeerAborted, or
-        CollectiveMismatchError (on every instance, via ``agree``). ``describe()`` gives (what,
+        InstancesDisagreeError (on every instance, via ``agree``). ``describe()`` gives (what,
         signature, field names) for error messages; it is only called when something is wrong.
         """
         requests = channel.requests
@@ -165,7 +167,7 @@ class Transport:
             mismatch = True
             self._settle(channel, describe)
         expect = channel.sent_header
-        for p, got in zip(self.peers, channel.recv_headers):
+        for p, got in zip(self.peers, channel.recv_headers, strict=True):
             if got == expect:
                 continue
             if got[24:32] != _OK:
@@ -178,8 +180,12 @@ class Transport:
         if mismatch:
             what, signature, fields = describe()
             log.debug("%s: header mismatch, asking agree() for the details", what)
-            checks.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe, fields=fields)
-            raise CollectiveMismatchError(
+            try:
+                checks.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe,
+                             fields=fields)
+            except CollectiveMismatchError as exc:  # raised on every instance: they are still in step
+                raise InstancesDisagreeError(str(exc)) from None
+            raise InstancesDisagreeError(
                 f"{what}: the instances disagree about this collective (signature hashes differ)"
             )
 
@@ -194,14 +200,18 @@ class Transport:
                 return True
 
         requests = channel.requests
-        # a list, not a generator: every request is tested (completed) on every poll
-        if not poll(lambda: all([completed(r) for r in requests]), time.monotonic() + self.timeout):
+
+        def all_completed() -> bool:  # every request is tested (completed) on every poll: no short cut
+            done = [completed(r) for r in requests]
+            return all(done)
+
+        if not poll(all_completed, time.monotonic() + self.timeout):
             self._timed_out(channel, describe)
 
     def _timed_out(self, channel: HeaderChannel, describe: Callable[[], tuple[str, tuple, Sequence[str]]]) -> None:
         """Some peers never sent their message: withdraw our receives and name those peers."""
         count = len(self.peers)
-        missing = [p for p, r in zip(self.peers, channel.requests[:count]) if not _withdraw(r)]
+        missing = [p for p, r in zip(self.peers, channel.requests[:count], strict=True) if not _withdraw(r)]
         self._orphans.extend(channel.requests)
         channel.requests = []  # still active: never to be started again (the runtime is broken now)
         what = describe()[0]
@@ -239,7 +249,7 @@ class Transport:
         reqs = rreqs + [comm.Isend([a, MPI.BYTE], p, tag) for p, a in sends]
         if poll(lambda: MPI.Request.Testall(reqs), time.monotonic() + self.timeout, sleep=False):
             return
-        late = sorted({p for (p, _), r in zip(recvs, rreqs) if not r.Test()})
+        late = sorted({p for (p, _), r in zip(recvs, rreqs, strict=True) if not r.Test()})
         for r in rreqs:  # a late peer must never write into our (soon user-visible) buffers
             try:
                 if not r.Test():

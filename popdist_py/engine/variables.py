@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from popdist_py.engine.grouping import ReplicaGrouping
-from popdist_py.engine.sharding import ShardArray, ShardMeta
 from popdist_py.engine.replicas import ReplicaPlacement
+from popdist_py.engine.sharding import ShardArray, ShardMeta
 
 if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine.transport import Transport
@@ -358,7 +358,9 @@ def collect(
     return out
 
 
-def host_value(v: Variable, placement: ReplicaPlacement, transport: Transport | None, root: int | None = None) -> np.ndarray | None:
+def host_value(
+    v: Variable, placement: ReplicaPlacement, transport: Transport | None, root: int | None = None
+) -> np.ndarray | None:
     """The global host value of ``v`` per its retrieval mode (collective across instances).
 
     ``one_per_group``: each group's first replica, shape ``shape_on_host`` (for a sharded

@@ -16,7 +16,7 @@ import pytest
 
 from popdist_py.engine import CommGroup, PeerAborted, Runtime, ops
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
-from tests.engine_helpers import executor, instances, load_script, valid_groupings, world  # noqa: F401
+from tests.engine_helpers import instances, load_script, valid_groupings, world
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_train.py"
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CheckpointError, CommGroup, ReplicaGrouping, Runtime, ops
-from tests.engine_helpers import executor, instances, load_script, valid_groupings, world  # noqa: F401
+from tests.engine_helpers import instances, load_script, valid_groupings, world
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_checkpoint.py"
 
@@ -137,7 +137,7 @@ def test_per_instance_domain_keeps_every_shard_in_its_instance() -> None:
             assert np.array_equal(shard.meta.layout.join(mine).reshape(5, 6), data)
             got = rt.run(lambda ctx: ops.replicated_all_gather(shard))
             assert all(np.array_equal(g, data) for g in got)
-            plans = [e.plan for e in rt._entries.values() if e.plan is not None]
+            plans = rt.dispatcher.plans()
             assert plans and not any(p.cross for p in plans)  # the gather never left the instance
             assert np.array_equal(rt.get_tensor_data(full), data)
 

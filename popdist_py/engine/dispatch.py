@@ -1,0 +1,265 @@
+"""The collective dispatcher of one runtime: from a replica's call to the combined results.
+
+A replica that calls a collective (:mod:`.ops`) enters :meth:`Dispatcher.collective`: its
+arguments are validated once per distinct call (a cached :class:`Entry`), it deposits its array
+at the rendezvous (:mod:`.rendezvous`), and the last local replica to arrive combines: it checks
+that every local replica called the same collective, then runs the signature's plan
+(:mod:`.exchange`), which exchanges with the other instances over the transport
+(:mod:`.transport`) when the groups span instances. The end of each replica's step is a deposit
+too, so a replica that calls fewer collectives is a mismatch reported at once; with several
+instances, the end of a step that had collectives is exchanged as well (:meth:`Dispatcher._end_exchange`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from popdist_py.engine.context import StepContext
+from popdist_py.engine.errors import CollectiveMismatchError, StepAborted
+from popdist_py.engine.exchange import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
+from popdist_py.engine.grouping import Group, ReplicaGrouping, replica_grouping_of
+from popdist_py.engine.reduce import reduction_op
+from popdist_py.engine.rendezvous import END, Rendezvous, Waits
+from popdist_py.engine.replicas import ReplicaPlacement
+from popdist_py.engine.transport import HDR_BYTES, HeaderChannel, Transport
+
+_END_HASH = int.from_bytes(hashlib.blake2b(b"end of step", digest_size=8).digest(), "little", signed=True)
+#: Validated collective signatures kept (each with its plan and buffers); cleared when full.
+_ENTRY_CACHE = 256
+
+
+class CallLink:
+    """Binds the transport to the current collective call (its header and how to describe it).
+
+    One per runtime, re-pointed at each call: only one combiner runs at a time.
+    """
+
+    __slots__ = ("index", "sig", "transport")
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.sig: Signature | None = None
+        self.index = 0
+
+    def channel(self, sendbufs: Sequence[np.ndarray], recvbufs: Sequence[np.ndarray]) -> HeaderChannel:
+        return self.transport.channel(sendbufs, recvbufs)
+
+    def exchange(self, channel: HeaderChannel) -> None:
+        self.transport.exchange(channel, self.describe)
+
+    def transfer(self, recvs: Sequence[Message], sends: Sequence[Message], tag: int) -> None:
+        self.transport.transfer(recvs, sends, tag, self.describe)
+
+    def describe(self) -> tuple[str, tuple, Sequence[str]]:
+        assert self.sig is not None
+        values, fields = self.sig.agree_signature(self.index)
+        return f"{self.sig.kind} #{self.index} of the step", values, fields
+
+
+class Entry:
+    """A validated collective signature and, once a combiner has needed it, its plan.
+
+    Cached by the call's raw arguments so that repeated calls skip validation, and compared by
+    identity at the rendezvous (equal signatures from different entries still match).
+    """
+
+    __slots__ = ("hash", "plan", "sig")
+
+    def __init__(self, sig: Signature) -> None:
+        self.sig = sig
+        self.plan: Plan | None = None
+        self.hash = int.from_bytes(hashlib.blake2b(repr(sig).encode(), digest_size=8).digest(), "little", signed=True)
+
+
+#: What a replica deposits at the rendezvous for a collective: ``(entry, array, index in the
+#: step)`` (a plain tuple: built on every call), or :data:`.rendezvous.END` when its step returned.
+Deposit = tuple[Entry, np.ndarray, int]
+
+
+class Dispatcher:
+    """The collectives of one runtime's L local replicas (and, through ``transport``, of every instance).
+
+    ``waits`` is the executor's way of waiting at the rendezvous; ``timeout`` (seconds, settable)
+    bounds every wait for a missing replica or instance.
+    """
+
+    def __init__(self, placement: ReplicaPlacement, transport: Transport | None, waits: Waits,
+                 timeout: float) -> None:
+        self.placement = placement
+        self.transport = transport
+        self.timeout = timeout
+        self.rendezvous = Rendezvous(placement.num_local_replicas, self._combine, self._describe_local,
+                                     self._describe_deposit, waits)
+        self._everyone = ReplicaGrouping.create(placement.replication_factor)
+        self._link = CallLink(transport) if transport is not None else None
+        self._entries: dict[tuple, Entry] = {}
+        #: collectives (and step ends) exchanged with the other instances so far: each header's sequence number
+        self.seq = 0
+        self._step_collectives = 0  # collectives combined so far in the current run
+        self._end_channel: HeaderChannel | None = None
+
+    def resolve_group(self, group: Group) -> ReplicaGrouping:
+        """``group`` (None: every replica) as a grouping of this runtime's replicas."""
+        if group is None:
+            return self._everyone
+        return replica_grouping_of(group, self.placement.replication_factor)
+
+    def plans(self) -> list[Plan]:
+        """The plans built so far (one per collective signature that has run)."""
+        return [e.plan for e in self._entries.values() if e.plan is not None]
+
+    # -- a step --------------------------------------------------------------------------------------
+    def start_step(self) -> None:
+        """Forget the previous run's deposits and failure."""
+        self.rendezvous.reset()
+        self._step_collectives = 0
+
+    def end_step(self, index: int) -> None:
+        """Local replica ``index`` returned from its step: deposit its end (a mismatch if others are
+        still in a collective), without waiting for the others unless it is the last."""
+        if self.rendezvous.failed:
+            return
+        try:
+            self.rendezvous.arrive(index, END, self.timeout, wait=False)
+        except StepAborted:
+            pass
+
+    def collective(
+        self, ctx: StepContext, kind: str, x: Any, op: str, group: Group, axis: int = 0,
+        meta_shape: tuple[int, ...] | None = None,
+    ) -> np.ndarray:
+        """Enter collective ``kind`` as ``ctx``'s replica (used by :mod:`popdist_py.engine.ops`).
+
+        ``meta_shape`` selects the RTS layout: a reduce-scatter returns balanced shards of a
+        tensor of that shape, an all-gather takes such shards and returns the full tensor.
+        """
+        arr = x if type(x) is np.ndarray else np.asarray(x)
+        key = (kind, op, arr.dtype, arr.shape, group, axis, meta_shape)
+        try:
+            entry = self._entries.get(key)
+        except TypeError:  # unhashable group: let validation say what is wrong
+            entry = None
+        if entry is None:
+            entry = self._entry(key, kind, arr, op, group, axis, meta_shape)
+        n = ctx.ncoll = ctx.ncoll + 1
+        return self.rendezvous.arrive(ctx.local_index, (entry, arr, n), self.timeout)
+
+    def _entry(
+        self, key: tuple, kind: str, arr: np.ndarray, op: str, group: Group, axis: int,
+        meta_shape: tuple[int, ...] | None = None,
+    ) -> Entry:
+        """Validate a collective's arguments (first call with these arguments only)."""
+        dt = arr.dtype
+        if dt.hasobject or dt.fields is not None or dt.kind in "SUVMm":
+            raise TypeError(f"{kind}: arrays of dtype {dt} cannot be communicated (use a numeric or bool dtype)")
+        grouping = self.resolve_group(group)
+        if meta_shape is not None:
+            meta_shape = tuple(int(d) for d in meta_shape)
+            if kind == ALL_GATHER:
+                want = (-(-math.prod(meta_shape) // grouping.group_size),)
+                if arr.shape != want or axis != 0:
+                    raise ValueError(
+                        f"{kind}: an RTS shard of a tensor of shape {meta_shape} over {grouping.group_size} "
+                        f"replica(s) has shape {want} and is gathered along axis 0; got shape {arr.shape}, axis={axis}"
+                    )
+            elif kind == REDUCE_SCATTER and arr.shape != meta_shape:
+                raise ValueError(f"{kind}: input of shape {arr.shape} is not the full shape {meta_shape}")
+        if kind == ALL_GATHER:
+            nd = max(arr.ndim, 1)
+            if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
+                raise ValueError(f"{kind}: axis={axis!r} is out of range for an input of shape {arr.shape}")
+            axis = int(axis) % nd
+            op = ""
+        else:
+            op = reduction_op(op, kind)
+            if op == "mean" and dt.kind not in "fc":
+                raise TypeError(f"{kind}: op='mean' needs a floating-point input, got dtype {dt}")
+            axis = 0
+        entry = Entry(Signature(kind, op, dt.str, arr.shape, grouping, axis, meta_shape))
+        if len(self._entries) >= _ENTRY_CACHE:
+            self._entries.clear()
+        self._entries[key] = entry
+        return entry
+
+    # -- combining (run by the last local replica to arrive) -------------------------------------------
+    def _combine(self, deposits: list[Any], index: int) -> list[Any] | None:
+        """Check that every local replica agrees, then execute the plan (or end the step)."""
+        first = deposits[0]
+        if first is END:
+            if not all(d is END for d in deposits):
+                raise CollectiveMismatchError(self._mismatch(deposits))
+            if self.transport is not None and self._step_collectives:
+                self._end_exchange(self.transport)
+            return None
+        entry = first[0]
+        if len(deposits) > 1:
+            for d in deposits:
+                if d is END or (d[0] is not entry and d[0].sig != entry.sig):
+                    raise CollectiveMismatchError(self._mismatch(deposits))
+        plan = entry.plan
+        if plan is None:
+            plan = entry.plan = Plan(self.placement, entry.sig)
+        self.seq += 1
+        self._step_collectives = first[2]
+        link = self._link
+        if link is not None:
+            plan.set_header(self.seq, first[2], entry.hash)
+            link.sig = entry.sig
+            link.index = first[2]
+        return plan.run([d[1] for d in deposits], link)
+
+    def _end_exchange(self, transport: Transport) -> None:
+        """Tell the other instances that this step ended after its collectives, and check they agree.
+
+        An instance still waiting in one more collective then gets a mismatch error at once
+        (:class:`.errors.InstancesDisagreeError` on every instance, naming both sides) instead of
+        waiting for the timeout. Steps without collectives stay local: they need not be run on
+        every instance.
+        """
+        if self._end_channel is None:
+            peers = transport.peers
+            self._end_channel = transport.channel([np.zeros(HDR_BYTES, np.uint8) for _ in peers],
+                                                  [np.zeros(HDR_BYTES, np.uint8) for _ in peers])
+        channel = self._end_channel
+        self.seq += 1
+        n = self._step_collectives + 1
+        for buf in channel.sendbufs:
+            buf.view(np.int64)[:] = (self.seq, n, _END_HASH, 0)
+
+        what = f"end of step (after {n - 1} collective{'' if n == 2 else 's'})"
+
+        def describe() -> tuple[str, tuple, Sequence[str]]:
+            return what, (what, "", "", (), "", 0), ("collective", "op", "dtype", "shape", "group", "axis")
+
+        transport.exchange(channel, describe)
+
+    # -- error messages ------------------------------------------------------------------------------------
+    def _mismatch(self, deposits: list[Any]) -> str:
+        off = self.placement.offset
+        by: dict[str, list[int]] = {}
+        index = 0
+        for i, d in enumerate(deposits):
+            if d is END:
+                text = "finished its step"
+            else:
+                text = f"called {d[0].sig.describe()}"
+                index = d[2]
+            by.setdefault(text, []).append(off + i)
+        parts = [f"{self.placement.describe_replicas(rs)} {text}" for text, rs in by.items()]
+        return f"collective #{index} of the step: the replicas disagree: " + "; ".join(parts)
+
+    def _describe_deposit(self, deposit: Any) -> str:
+        if deposit is END:
+            return "end of step"
+        return f"{deposit[0].sig.kind} #{deposit[2]} of the step"
+
+    def _describe_local(self, locals_: list[int]) -> str:
+        return self.placement.describe_replicas([self.placement.offset + i for i in locals_])
+
+
+__all__ = ["CallLink", "Deposit", "Dispatcher", "Entry"]
