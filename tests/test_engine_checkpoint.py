@@ -245,6 +245,7 @@ def test_save_errors_are_raised_and_leave_nothing(tmp_path: Path, monkeypatch: p
         assert rt.load(path) == {"v": 1} and np.array_equal(rt.get_tensor_data(w), W)
 
 
+@pytest.mark.slow  # starts processes
 def test_killed_during_save_leaves_the_old_checkpoint(tmp_path: Path) -> None:
     """A real process is SIGKILLed while it writes a 300 MB checkpoint over a good one."""
     path = tmp_path / "ck.npz"
@@ -283,6 +284,7 @@ def test_killed_during_save_leaves_the_old_checkpoint(tmp_path: Path) -> None:
     assert f"loaded-sha256 {expect}" in again.stdout
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.timeout(240)
 def test_poprun_round_trip_between_splits(tmp_path: Path) -> None:
     """Saved by 1 x 4 replicas without RTS, resumed by 2 poprun instances x 2 with RTS (and back to 1 x 2):

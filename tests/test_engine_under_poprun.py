@@ -11,6 +11,8 @@ from tests.helpers import PYTHON, ROOT, poprun, run
 
 TRAIN = str(ROOT / "tests" / "scripts" / "engine_train.py")
 
+pytestmark = pytest.mark.slow  # every test launches poprun
+
 
 def hashes(stdout: str) -> set[str]:
     found = re.findall(r"weights-sha256 ([0-9a-f]{64}) ", stdout)

@@ -7,6 +7,7 @@ must be bitwise identical for every split (1xR, 2xR/2, ...).
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from popdist_py.errors import CollectiveError, CollectiveMismatchError, Collecti
 from tests.engine_helpers import instances, load_script, valid_groupings, world
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_train.py"
+#: Tag of the message that tells a late instance the others have given up (test communicator).
+GAVE_UP = 77
 
 
 def splits(replicas: int) -> list[int]:
@@ -284,16 +287,30 @@ def test_instance_arriving_after_the_others_gave_up_does_not_hang(n: int) -> Non
             return
         with Runtime(replication=4, comm=comm, timeout=1.0) as rt:
             late = rt.instance_index == 1
+            # The late instance is held back by a message, not a sleep: instance 0 sends it only
+            # after its own run has failed, so instance 1 arrives after the others gave up however
+            # slowly the ranks are scheduled (a message on the test's communicator, not the runtime's).
+            gate = threading.Lock()
+            released: list[bool] = []
+
+            def wait_until_instance_0_gave_up() -> None:
+                with gate:  # one replica receives; under threads the others wait here, not in the collective
+                    if not released:
+                        comm.recv(source=0, tag=GAVE_UP)
+                        released.append(True)
 
             def step(ctx):  # type: ignore[no-untyped-def]
                 if late:  # the whole instance is late (all its replicas)
-                    time.sleep(1.6)
+                    wait_until_instance_0_gave_up()
                 return ops.replicated_all_reduce(np.ones(n, np.float32))
 
             t = time.monotonic()
             if not late:
-                with pytest.raises(CollectiveTimeoutError, match="instance 1 .* did not arrive"):
-                    rt.run(step)
+                try:
+                    with pytest.raises(CollectiveTimeoutError, match="instance 1 .* did not arrive"):
+                        rt.run(step)
+                finally:  # whatever happened here, instance 1 must not wait for ever
+                    comm.send(None, dest=1, tag=GAVE_UP)
             elif n > 1000:  # bulk: the early instance's header is there, its data never comes
                 with pytest.raises(CollectiveTimeoutError, match="data exchange with instance 0"):
                     rt.run(step)
