@@ -322,7 +322,7 @@ def test_sharded_over_consecutive_domain_round_trip(tmp_path: Path) -> None:
         rt.replica_sharded_variable(W, shard_over=CommGroup.consecutive(2), name="w")
         rt.save(tmp_path / "ck.npz")
     with Runtime(replication=4) as rt:
-        full, shard = rt.replica_sharded_variable(np.zeros_like(W), name="w")
+        full, _shard = rt.replica_sharded_variable(np.zeros_like(W), name="w")
         rt.load(tmp_path / "ck.npz")
         assert np.array_equal(rt.get_tensor_data(full), W)
         assert rt.get_replica_data(full).shape == (4, 8)

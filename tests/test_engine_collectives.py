@@ -53,7 +53,7 @@ def test_all_reduce_every_grouping_bitwise(L: int, op: str) -> None:
     x = wild(rng, (L, 5, 3))
     with Runtime(replication=L, timeout=30) as rt:
         for rg in valid_groupings(L):
-            got = rt.run(lambda ctx, xi: ops.replicated_all_reduce(xi, op=op, group=rg), x)
+            got = rt.run(lambda ctx, xi, rg=rg: ops.replicated_all_reduce(xi, op=op, group=rg), x)
             expect = per_replica_reference(x, rg, REF[op])
             for r in range(L):
                 assert got[r].dtype == x.dtype
@@ -124,7 +124,7 @@ def test_all_gather_concatenates_members(L: int, axis: int) -> None:
     x = rng.standard_normal((L, 2, 3)).astype(np.float32)
     with Runtime(replication=L) as rt:
         for rg in valid_groupings(L):
-            got = rt.run(lambda ctx, xi: ops.replicated_all_gather(xi, axis=axis, group=rg), x)
+            got = rt.run(lambda ctx, xi, rg=rg: ops.replicated_all_gather(xi, axis=axis, group=rg), x)
             for members in rg.groups:
                 expect = np.concatenate([x[m] for m in members], axis=axis)
                 for m in members:
@@ -147,7 +147,7 @@ def test_reduce_scatter_slices_and_padding(L: int, n: int, op: str) -> None:
     x = wild(rng, (L, n))
     with Runtime(replication=L) as rt:
         for rg in valid_groupings(L):
-            got = rt.run(lambda ctx, xi: ops.replicated_reduce_scatter(xi, op=op, group=rg), x)
+            got = rt.run(lambda ctx, xi, rg=rg: ops.replicated_reduce_scatter(xi, op=op, group=rg), x)
             G = rg.group_size
             c = math.ceil(n / G)
             assert got.shape == (L, c)
@@ -173,7 +173,7 @@ def test_replica_sharded_slice() -> None:
         got = rt.run(lambda ctx: ops.replica_sharded_slice(x))
         assert got.shape == (4, 8)
         # RTS layout: balanced padding, the last two shards end with one zero each.
-        assert got.tolist() == [x[0:8].tolist(), x[8:16].tolist(), x[16:23].tolist() + [0], x[23:30].tolist() + [0]]
+        assert got.tolist() == [x[0:8].tolist(), x[8:16].tolist(), [*x[16:23].tolist(), 0], [*x[23:30].tolist(), 0]]
         rg = rt.replica_grouping(stride=2)
         got = rt.run(lambda ctx: ops.replica_sharded_slice(x, group=rg))
         assert got.shape == (4, 15)
@@ -196,9 +196,9 @@ def test_comm_groups_and_groups_of_other_sizes() -> None:
 
 def test_bad_ops_are_named() -> None:
     with Runtime(replication=2) as rt:
-        with pytest.raises(ValueError, match="op='avg'.*add, mean, mul, min, max.*sum for add, prod for mul"):
+        with pytest.raises(ValueError, match=r"op='avg'.*add, mean, mul, min, max.*sum for add, prod for mul"):
             rt.run(lambda ctx: ops.replicated_all_reduce(np.zeros(1), op="avg"))
-        with pytest.raises(TypeError, match="mean.*int64"):
+        with pytest.raises(TypeError, match=r"mean.*int64"):
             rt.run(lambda ctx: ops.replicated_all_reduce(np.zeros(1, np.int64), op="mean"))
         with pytest.raises(TypeError, match="dtype object"):
             rt.run(lambda ctx: ops.replicated_all_reduce(np.array([None])))

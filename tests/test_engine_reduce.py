@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -69,7 +71,7 @@ def test_decompose_covers_exactly_with_tree_nodes(size: int) -> None:
             covered = [k for lo, hi in pieces for k in range(lo, hi)]
             assert covered == list(range(a, b))
             # maximal: no two neighbouring pieces form a node together
-            for (l1, h1), (l2, h2) in zip(pieces, pieces[1:]):
+            for (l1, h1), (_, h2) in itertools.pairwise(pieces):
                 assert (l1, h2) not in all_nodes or split(l1, h2) != h1
 
 
@@ -89,7 +91,7 @@ def test_any_split_gives_the_same_bits(size: int, seed: int, data: st.DataObject
     cuts = sorted(data.draw(st.sets(st.integers(1, max(size - 1, 1)), max_size=size - 1)) if size > 1 else set())
     bounds = [0, *cuts, size]
     known = {}
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         leaves = {(k, k + 1): values[k] for k in range(a, b)}
         for node in decompose(a, b, size):
             known[node] = run(node, leaves, np.add)

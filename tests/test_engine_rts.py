@@ -45,7 +45,7 @@ def test_seed_example_30_elements_over_4() -> None:
     assert [layout.real(j) for j in range(4)] == [8, 8, 7, 7]
     shards = layout.split(np.arange(1, 31, dtype=np.float32))
     assert shards[0].tolist() == list(range(1, 9)) and shards[1].tolist() == list(range(9, 17))
-    assert shards[2].tolist() == list(range(17, 24)) + [0] and shards[3].tolist() == list(range(24, 31)) + [0]
+    assert shards[2].tolist() == [*list(range(17, 24)), 0] and shards[3].tolist() == [*list(range(24, 31)), 0]
     assert layout.join(shards).tolist() == list(range(1, 31))
 
 
@@ -65,7 +65,7 @@ def test_layout_is_balanced_and_round_trips(n: int, k: int) -> None:
         assert not row[real[j]:].any()  # each shard's padding is at its end
         assert row.tolist() == layout.shard(flat, j).tolist()
         assert layout.bounds[j + 1] - layout.bounds[j] == layout.real(j) == real[j]
-    for got, want in zip(shards, reference_shards(flat, k)):
+    for got, want in zip(shards, reference_shards(flat, k), strict=True):
         assert got.tolist() == want.tolist()
     assert layout.join(shards.reshape(-1)).tolist() == flat.tolist()
 
@@ -96,7 +96,7 @@ def test_slice_then_gather_round_trips(R: int, shape: tuple[int, ...]) -> None:
         for rg in valid_groupings(R):
             layout = ShardLayout(x.size, rg.group_size)
 
-            def step(ctx):  # type: ignore[no-untyped-def]
+            def step(ctx, rg=rg):  # type: ignore[no-untyped-def]
                 s = ops.replica_sharded_slice(x, group=rg)
                 assert isinstance(s, ShardArray) and s.meta is not None and s.meta.meta_shape == shape
                 return s, ops.replicated_all_gather(s)  # the shard's own domain: no group needed
@@ -114,7 +114,7 @@ def test_rts_reduce_scatter_is_bitwise_the_slice_of_the_all_reduce(R: int, n: in
     x = wild(np.random.default_rng(n + R), (R, n))
     with Runtime(replication=R) as rt:
         for rg in valid_groupings(R):
-            def step(ctx, xi):  # type: ignore[no-untyped-def]
+            def step(ctx, xi, rg=rg):  # type: ignore[no-untyped-def]
                 rs = ops.replicated_reduce_scatter(xi, op=op, group=rg,
                                                    configure_output_for_replicated_tensor_sharding=True)
                 ref = ops.replica_sharded_slice(ops.replicated_all_reduce(xi, op=op, group=rg), group=rg)
@@ -161,8 +161,8 @@ def test_sharded_variable_stores_balanced_shards() -> None:
         assert isinstance(shard, Shard) and shard.variable is full and full.shard is shard
         assert (full.shape, full.shape_on_replica, shard.shape, shard.meta_shape) == ((5, 2, 3), (8,), (8,), (5, 2, 3))
         raw = rt.get_replica_data(full)
-        assert raw.tolist() == [list(range(1, 9)), list(range(9, 17)), list(range(17, 24)) + [0],
-                                list(range(24, 31)) + [0]]
+        assert raw.tolist() == [list(range(1, 9)), list(range(9, 17)), [*list(range(17, 24)), 0],
+                                [*list(range(24, 31)), 0]]
         assert rt.get_replica_data(shard).tobytes() == raw.tobytes()
         got = rt.get_tensor_data(full)
         assert got.shape == (5, 2, 3) and got.dtype == np.float32 and np.array_equal(got, data)
@@ -237,7 +237,7 @@ def test_bad_sharding_requests_are_named() -> None:
             rt.replica_sharded_variable(np.zeros(6), shard_over="all")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"needs a leading axis of 2"):
             rt.replica_sharded_variable(np.zeros(6), replica_grouping=rt.replica_grouping(group_size=2))
-        full, shard = rt.replica_sharded_variable(np.zeros(6), name="s")
+        _full, shard = rt.replica_sharded_variable(np.zeros(6), name="s")
         with pytest.raises(ValueError, match="'s' already exists"):
             rt.replica_sharded_variable(np.zeros(6), name="s")
         with pytest.raises(ValueError, match="not the sharding domain"):
@@ -308,7 +308,7 @@ def test_host_data_is_not_retained() -> None:
     with Runtime(replication=4) as rt:
         data = np.ones((64, 64), np.float32)
         ref = weakref.ref(data)
-        full, shard = rt.replica_sharded_variable(data)
+        _full, _shard = rt.replica_sharded_variable(data)
         del data
         gc.collect()
         assert ref() is None

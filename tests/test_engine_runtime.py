@@ -275,5 +275,5 @@ def test_timeout_from_environment(monkeypatch: pytest.MonkeyPatch, executor: str
             finally:
                 gone.set()
 
-        with pytest.raises(CollectiveTimeoutError, match="within 0.3 s"):
+        with pytest.raises(CollectiveTimeoutError, match=r"within 0\.3 s"):
             rt.run(step)

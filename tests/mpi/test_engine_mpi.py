@@ -107,7 +107,7 @@ def test_grouped_collectives_match_one_process(replicas: int) -> None:
             with Runtime(replication=replicas, comm=comm, timeout=60) as rt:
                 off, L = rt.replica_index_offset, rt.instance_replication_factor
                 got = rt.run(step, small[off : off + L], big[off : off + L])
-            for i, (g, e) in enumerate(zip(got, expect)):
+            for i, (g, e) in enumerate(zip(got, expect, strict=True)):
                 assert g.tobytes() == e[off : off + L].tobytes(), f"output {i}, {count} instances"
 
 
@@ -147,7 +147,7 @@ def test_variables_across_instances(replicas: int) -> None:
             with Runtime(replication=replicas, comm=comm, timeout=60) as rt:
                 got = collect(rt, build(rt))
             assert len(got) == len(expect)
-            for g, e in zip(got, expect):
+            for g, e in zip(got, expect, strict=True):
                 assert g.shape == e.shape and g.tobytes() == e.tobytes()
 
 
@@ -193,7 +193,8 @@ def test_truncated_message_while_another_peer_is_late_leaves_the_runtime_usable(
                 rt.run(step)
             # every request had completed: the same plan (size 8) exchanges again, with fresh data
             for k in range(1, 4):
-                got = rt.run(lambda ctx: ops.replicated_all_reduce(np.full(8, k * (ctx.replica_index + 1), np.float32)))
+                got = rt.run(lambda ctx, k=k: ops.replicated_all_reduce(np.full(8, k * (ctx.replica_index + 1),
+                                                                                   np.float32)))
                 assert got.tolist() == [[6 * k] * 8]
 
 
@@ -204,7 +205,7 @@ def test_op_and_group_mismatch_between_instances() -> None:
             return
         with Runtime(replication=4, comm=comm, timeout=30) as rt:
             other = rt.instance_index == 1
-            with pytest.raises(CollectiveMismatchError, match="ops differ.*instance 0 .*add.*instance 1 .*max"):
+            with pytest.raises(CollectiveMismatchError, match=r"ops differ.*instance 0 .*add.*instance 1 .*max"):
                 rt.run(lambda ctx: ops.replicated_all_reduce(np.zeros(2), op="max" if other else "add"))
             rg = rt.replica_grouping(stride=2) if other else CommGroup.consecutive(2)
             with pytest.raises(CollectiveMismatchError, match="groups differ"):
@@ -307,7 +308,7 @@ def test_instance_arriving_after_the_others_gave_up_does_not_hang(n: int) -> Non
             t = time.monotonic()
             if not late:
                 try:
-                    with pytest.raises(CollectiveTimeoutError, match="instance 1 .* did not arrive"):
+                    with pytest.raises(CollectiveTimeoutError, match=r"instance 1 .* did not arrive"):
                         rt.run(step)
                 finally:  # whatever happened here, instance 1 must not wait for ever
                     comm.send(None, dest=1, tag=GAVE_UP)
@@ -315,7 +316,7 @@ def test_instance_arriving_after_the_others_gave_up_does_not_hang(n: int) -> Non
                 with pytest.raises(CollectiveTimeoutError, match="data exchange with instance 0"):
                     rt.run(step)
             else:  # eager: the early instance's header carried its data, but at the end of the step
-                with pytest.raises(PeerAborted, match="instance 0 .* abandoned"):  # its abort notice is seen
+                with pytest.raises(PeerAborted, match=r"instance 0 .* abandoned"):  # its abort notice is seen
                     rt.run(step)
             assert time.monotonic() - t < 20
             # both are out of step now; the next step reports it instead of hanging

@@ -59,7 +59,7 @@ def on_every_split(replicas: int, body: Any) -> None:
                 got = body(rt)
                 off, L = rt.replica_index_offset, rt.instance_replication_factor
             assert len(got) == len(expect)
-            for i, (g, e) in enumerate(zip(got, expect)):
+            for i, (g, e) in enumerate(zip(got, expect, strict=True)):
                 e = e[off : off + L] if getattr(e, "ndim", 0) and e.shape[0] == replicas and g.shape[0] == L else e
                 assert g.shape == e.shape and g.tobytes() == e.tobytes(), f"result {i}, {count} instances"
 
@@ -98,7 +98,7 @@ def test_sharded_variables_and_domains_across_instances(replicas: int) -> None:
     data = np.arange(1, 51, dtype=np.float32).reshape(5, 10)
 
     def body(rt: Runtime) -> list[np.ndarray]:
-        R, L = rt.replication_factor, rt.instance_replication_factor
+        R = rt.replication_factor
         made = [rt.replica_sharded_variable(data, name="all")]  # shards spread over every instance
         made.append(rt.replica_sharded_variable(data, shard_over=CommGroup.consecutive(2), name="pairs"))
         made.append(rt.replica_sharded_variable(data, shard_over=R // 2, name="halves"))
@@ -217,7 +217,7 @@ def test_bad_checkpoints_and_failed_saves_raise_on_every_instance() -> None:
             rt.save(d / "good.npz")
             if rt.instance_index == 0:
                 (d / "bad.npz").write_bytes((d / "good.npz").read_bytes()[:100])
-            with pytest.raises(CheckpointError, match="bad.npz is not a readable checkpoint"):
+            with pytest.raises(CheckpointError, match=r"bad\.npz is not a readable checkpoint"):
                 rt.load(d / "bad.npz")  # only instance 0 reads; both raise, neither hangs
             with pytest.raises(CheckpointError, match="no checkpoint at"):
                 rt.load(d / "missing.npz")
