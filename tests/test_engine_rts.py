@@ -49,6 +49,15 @@ def test_seed_example_30_elements_over_4() -> None:
     assert layout.join(shards).tolist() == list(range(1, 31))
 
 
+def test_layout_sizes_and_indices_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"^shard layout: n=-1 is invalid: it must be an integer >= 0$"):
+        ShardLayout(-1, 2)
+    with pytest.raises(ValueError, match=r"^shard layout: count=0 is invalid: it must be an integer >= 1$"):
+        ShardLayout(3, 0)
+    with pytest.raises(ValueError, match=r"^shard index=4 is outside the valid range \[0, 3\] for count=4$"):
+        ShardLayout(30, 4).shard(np.zeros(30), 4)
+
+
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 400), k=st.integers(1, 17))
 def test_layout_is_balanced_and_round_trips(n: int, k: int) -> None:
@@ -235,6 +244,9 @@ def test_bad_sharding_requests_are_named() -> None:
             rt.replica_sharded_variable(np.zeros(6), shard_over=CommGroup.orthogonal(2))
         with pytest.raises(TypeError, match="shard_over must be"):
             rt.replica_sharded_variable(np.zeros(6), shard_over="all")  # type: ignore[arg-type]
+        for bad in (0, -2):
+            with pytest.raises(ValueError, match=rf"shard_over={bad} is invalid: it must be an integer >= 1"):
+                rt.replica_sharded_variable(np.zeros(6), shard_over=bad)
         with pytest.raises(ValueError, match=r"needs a leading axis of 2"):
             rt.replica_sharded_variable(np.zeros(6), replica_grouping=rt.replica_grouping(group_size=2))
         _full, shard = rt.replica_sharded_variable(np.zeros(6), name="s")

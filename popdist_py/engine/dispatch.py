@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from popdist_py import validate
 from popdist_py.engine.context import StepContext
 from popdist_py.engine.errors import CollectiveMismatchError, StepAborted
 from popdist_py.engine.exchange import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
@@ -171,9 +172,10 @@ class Dispatcher:
                 raise ValueError(f"{kind}: input of shape {arr.shape} is not the full shape {meta_shape}")
         if kind == ALL_GATHER:
             nd = max(arr.ndim, 1)
-            if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
+            axis = validate.integer(f"{kind}: axis", axis)
+            if not -nd <= axis < nd:
                 raise ValueError(f"{kind}: axis={axis!r} is out of range for an input of shape {arr.shape}")
-            axis = int(axis) % nd
+            axis %= nd
             op = ""
         else:
             op = reduction_op(op, kind)

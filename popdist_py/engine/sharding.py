@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from popdist_py import validate
 from popdist_py.engine.grouping import CommGroup, ReplicaGrouping
 
 
@@ -43,8 +44,8 @@ class ShardLayout:
     count: int
 
     def __post_init__(self) -> None:
-        if self.n < 0 or self.count < 1:
-            raise ValueError(f"invalid shard layout: n={self.n}, count={self.count}")
+        validate.non_negative("shard layout: n", self.n)
+        validate.count("shard layout: count", self.count)
 
     @property
     def shard_size(self) -> int:
@@ -76,8 +77,7 @@ class ShardLayout:
 
     def shard(self, flat: np.ndarray, j: int) -> np.ndarray:
         """A new array with shard ``j`` of the flat ``flat`` (zero-padded to ``shard_size``)."""
-        if not 0 <= j < self.count:
-            raise ValueError(f"shard index {j} out of range for {self.count} shards")
+        validate.index("shard index", j, "count", self.count)
         out = np.zeros(self.shard_size, flat.dtype)
         a, b = self.bounds[j], self.bounds[j + 1]
         out[: b - a] = flat[a:b]
@@ -203,8 +203,8 @@ def sharding_domain(
     elif isinstance(shard_over, bool) or not isinstance(shard_over, (int, np.integer)):
         raise TypeError(f"{what}: shard_over must be an int, a ReplicaGrouping or a CommGroup, got {shard_over!r}")
     else:
-        k = int(shard_over)
-        if k < 1 or G % k:
+        k = validate.count(f"{what}: shard_over", shard_over)
+        if G % k:
             divisors = [d for d in range(1, G + 1) if G % d == 0]
             raise ValueError(
                 f"{what}: shard_over={k} must divide the replica group size {G} of {grouping} "
