@@ -7,7 +7,7 @@ that every local replica called the same collective, then runs the signature's p
 (:mod:`.exchange`), which exchanges with the other instances over the transport
 (:mod:`.transport`) when the groups span instances. The end of each replica's step is a deposit
 too, so a replica that calls fewer collectives is a mismatch reported at once; with several
-instances, the end of a step that had collectives is exchanged as well (:meth:`Dispatcher._end_exchange`).
+instances, the end of a step that had collectives is exchanged as well.
 """
 
 from __future__ import annotations
