@@ -20,7 +20,16 @@ import os
 from collections.abc import Callable
 from typing import Protocol
 
+# The variables' names are the launcher's contract, defined once in poprun_py.environment (import-free).
+from poprun_py.environment import ENGINE_EXECUTOR as ENV
+from poprun_py.environment import LOCAL_WORLD_SIZE
+
 log = logging.getLogger(__name__)
+
+THREADS = "threads"
+COOPERATIVE = "cooperative"
+AUTO = "auto"
+EXECUTORS = (AUTO, THREADS, COOPERATIVE)
 
 #: One replica's share of a run: ``task(local index)``. It records its own failures and never raises.
 Task = Callable[[int], None]
@@ -44,14 +53,6 @@ class ReplicaExecutor(Protocol):
 
     def shutdown(self) -> None:
         """Release the executor's resources (idempotent)."""
-
-ENV = "POPDIST_ENGINE_EXECUTOR"
-THREADS = "threads"
-COOPERATIVE = "cooperative"
-AUTO = "auto"
-EXECUTORS = (AUTO, THREADS, COOPERATIVE)
-#: Instances that poprun starts on this host (it sets it for every instance).
-LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 
 
 def available_cores() -> int:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from popdist_py import validate
+from poprun_py.environment import REMOTE_DIR
 
 if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine.variables import Variable
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 LOCATIONS = ("memory", "file")
 #: Directory for file-backed buffers when neither ``path`` nor ``Runtime(remote_dir=...)`` is given.
-REMOTE_DIR_ENV = "POPDIST_REMOTE_DIR"
+REMOTE_DIR_ENV = REMOTE_DIR
 
 
 def _shape(shape: Any) -> tuple[int, ...]:
