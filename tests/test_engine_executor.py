@@ -6,6 +6,7 @@ Like every engine test module, under both executors (the ``executor`` fixture of
 from __future__ import annotations
 
 import gc
+import inspect
 import os
 import threading
 import time
@@ -16,7 +17,9 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import Runtime, StepAborted, context, ops
+from popdist_py.engine.cooperative import CooperativePool
 from popdist_py.engine.executor import ENV, cores_per_instance
+from popdist_py.engine.pool import ReplicaPool
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 
 
@@ -31,6 +34,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def cores(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(n)), raising=False)
+
+
+def test_both_executors_have_one_run_signature(executor: str) -> None:
+    if executor != "threads":
+        pytest.skip("independent of the module's executor")
+    assert inspect.signature(ReplicaPool.run) == inspect.signature(CooperativePool.run)
+    assert list(inspect.signature(ReplicaPool.run).parameters) == ["self", "task", "stall"]
 
 
 # -- choosing -------------------------------------------------------------------------------------------

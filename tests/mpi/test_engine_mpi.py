@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from popdist_py.engine import CommGroup, PeerAborted, Runtime, ops
+from popdist_py.engine import CommGroup, InstancesDisagreeError, PeerAborted, Runtime, ops
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from tests.engine_helpers import instances, load_script, valid_groupings, world
 
@@ -163,7 +163,7 @@ def test_mismatch_between_instances_is_named_on_every_instance(n: int) -> None:
             def step(ctx):  # type: ignore[no-untyped-def]
                 return ops.replicated_all_reduce(np.zeros(size, np.float32))
 
-            with pytest.raises(CollectiveMismatchError) as info:
+            with pytest.raises(InstancesDisagreeError) as info:  # a CollectiveMismatchError raised everywhere
                 rt.run(step)
             msg = str(info.value)
             assert "instance 0 (replicas 0-1)" in msg and "instance 1 (replicas 2-3)" in msg
@@ -210,6 +210,27 @@ def test_op_and_group_mismatch_between_instances() -> None:
             rg = rt.replica_grouping(stride=2) if other else CommGroup.consecutive(2)
             with pytest.raises(CollectiveMismatchError, match="groups differ"):
                 rt.run(lambda ctx: ops.replicated_all_gather(np.zeros(2), group=rg))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n", [8, 20000])
+def test_op_spellings_agree_between_instances(n: int) -> None:
+    """``sum`` on one instance and ``add`` on the other are the same collective (and ``prod``/``mul``)."""
+    with instances(2) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=4, comm=comm, timeout=30) as rt:
+            other = rt.instance_index == 1
+            x = np.arange(1, n + 1, dtype=np.float32) / n
+
+            def step(ctx, op):  # type: ignore[no-untyped-def]
+                return ops.replicated_all_reduce(x * (ctx.replica_index + 1), op=op)
+
+            want = rt.run(lambda ctx: step(ctx, "add"))
+            assert rt.run(lambda ctx: step(ctx, "sum" if other else "add")).tobytes() == want.tobytes()
+            got = rt.run(lambda ctx: ops.replicated_all_reduce(np.full(3, ctx.replica_index + 1.0),
+                                                               op="mul" if other else "prod"))
+            assert got.tolist() == [[24.0] * 3] * 2
 
 
 @pytest.mark.mpi(min_size=2)
