@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from popdist_py.engine import Runtime, ops
+from popdist_py.engine import Runtime, Shard, Variable, ops
 
 L = 4
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-8
@@ -40,6 +40,9 @@ def main() -> None:
     before = rss()
     init = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     zeros = np.zeros(n, np.float32)
+    w: Variable | Shard
+    m: Variable | Shard
+    v: Variable | Shard
     if mode == "replicated":
         w, m, v = (rt.variable(a, name=name) for a, name in ((init, "w"), (zeros, "m"), (zeros, "v")))
 

@@ -57,7 +57,7 @@ def main() -> None:
         flat = np.concatenate([g.ravel() for g in reversed(grads)])
         mean = ops.replicated_all_reduce(flat, op="mean")
         start = 0
-        for w, value, n, shape in zip(weights, ws, sizes, shapes):
+        for w, value, n, shape in zip(weights, ws, sizes, shapes, strict=True):
             ctx[w] = value - 0.01 * mean[start:start + n].reshape(shape)
             start += n
 

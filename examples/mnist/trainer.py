@@ -89,7 +89,7 @@ class Network:
         new = shard - self.lr * ops.replica_sharded_slice(grad)
         if t.remote_buffer is not None:
             ops.remote_store(t.remote_buffer, 0, new)
-        else:
+        elif t.shards is not None:
             ctx[t.shards] = new
 
     def train_step(self, ctx: StepContext, x: np.ndarray, y: np.ndarray) -> np.ndarray:
