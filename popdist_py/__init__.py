@@ -26,11 +26,11 @@ _LAZY = {
     "initializeBackend": ("popdist_py.lifecycle", "init"),
     "finalizeBackend": ("popdist_py.lifecycle", "finalize"),
     "isBackendInitialized": ("popdist_py.lifecycle", "is_backend_initialized"),
-    "synchronize": "popdist_py.collectives",
-    "allreduce": "popdist_py.collectives",
-    "allgather": "popdist_py.collectives",
-    "broadcast": "popdist_py.collectives",
-    "barrier": "popdist_py.collectives",
+    "synchronize": "popdist_py.host_collectives",
+    "allreduce": "popdist_py.host_collectives",
+    "allgather": "popdist_py.host_collectives",
+    "broadcast": "popdist_py.host_collectives",
+    "barrier": "popdist_py.host_collectives",
     "execute_on_instances": "popdist_py.instances",
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from popdist_py import validate
 from popdist_py.env import is_set, read_topology
 
 
@@ -54,6 +55,5 @@ def getDeviceId(ipusPerReplica: int = 0) -> int:
 
 def checkNumIpusPerReplica(n: int) -> bool:
     """False when the environment says a different number of IPUs per replica."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"number of IPUs per replica must be a positive integer, got {n!r}")
+    n = validate.count("number of IPUs per replica", n)
     return read_topology().ipus_per_replica == n if is_set() else True

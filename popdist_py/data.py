@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
 
+from popdist_py import validate
 from popdist_py.api import getInstanceIndex, getNumInstances, getNumLocalReplicas
 from popdist_py.env import Topology, read_topology
 
@@ -44,7 +45,8 @@ __all__ = [
     "split_for_replicas",
 ]
 
-Layout = Literal["strided", "contiguous"]
+#: How a dataset is cut into shards: every k-th sample (``strided``) or consecutive blocks.
+SplitOrder = Literal["strided", "contiguous"]
 LAYOUTS: tuple[str, ...] = ("strided", "contiguous")
 
 T = TypeVar("T")
@@ -54,30 +56,7 @@ T = TypeVar("T")
 # argument checks: messages name the value and what would be valid
 
 
-def _int(name: str, value: object, minimum: int | None = None) -> int:
-    # bool is an int subclass; a flag passed where a count belongs is a bug, not a 0/1.
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}={value} is invalid: it must be an integer >= {minimum}")
-    return value
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}")
-    return bool(value)
-
-
-def _index(name: str, value: object, count_name: str, count: int) -> int:
-    value = _int(name, value)
-    if not 0 <= value < count:
-        raise ValueError(f"{name}={value} is outside the valid range [0, {count - 1}] for {count_name}={count}")
-    return value
-
-
-def _layout(value: object) -> Layout:
+def _layout(value: object) -> SplitOrder:
     if value not in LAYOUTS:
         raise ValueError(f"layout={value!r} is invalid: it must be one of {', '.join(map(repr, LAYOUTS))}")
     return value  # type: ignore[return-value]
@@ -85,7 +64,7 @@ def _layout(value: object) -> Layout:
 
 def _length(dataset_or_length: object) -> int:
     if isinstance(dataset_or_length, (int, np.integer)) and not isinstance(dataset_or_length, (bool, np.bool_)):
-        return _int("dataset length", dataset_or_length, 0)
+        return validate.integer("dataset length", dataset_or_length, 0)
     if isinstance(dataset_or_length, Sized):
         return len(dataset_or_length)
     raise TypeError(
@@ -113,7 +92,7 @@ def _fit(indices: np.ndarray, total: int) -> np.ndarray:
     return np.resize(indices, total)  # np.resize repeats cyclically: head, head, ...
 
 
-def _take(full: np.ndarray, num_shards: int, index: int, layout: Layout) -> np.ndarray:
+def _take(full: np.ndarray, num_shards: int, index: int, layout: SplitOrder) -> np.ndarray:
     if layout == "strided":
         return full[index::num_shards]
     per = len(full) // num_shards
@@ -129,11 +108,11 @@ def _common(
     n: object, seed: object, epoch: object, shuffle: object, drop_last: object
 ) -> tuple[int, int, int, bool, bool]:
     return (
-        _int("n", n, 0),
-        _int("seed", seed, 0),  # numpy's generators reject negative seeds
-        _int("epoch", epoch, 0),
-        _flag("shuffle", shuffle),
-        _flag("drop_last", drop_last),
+        validate.integer("n", n, 0),
+        validate.integer("seed", seed, 0),  # numpy's generators reject negative seeds
+        validate.integer("epoch", epoch, 0),
+        validate.flag("shuffle", shuffle),
+        validate.flag("drop_last", drop_last),
     )
 
 
@@ -150,7 +129,7 @@ def shard_indices(
     seed: int = 0,
     epoch: int = 0,
     drop_last: bool = False,
-    layout: Layout = "strided",
+    layout: SplitOrder = "strided",
 ) -> np.ndarray:
     """The int64 indices of shard ``index`` of ``num_shards`` (default: this instance of all instances).
 
@@ -161,8 +140,8 @@ def shard_indices(
     """
     n, seed, epoch, shuffle, drop_last = _common(n, seed, epoch, shuffle, drop_last)
     layout = _layout(layout)
-    num_shards = _int("num_shards", getNumInstances() if num_shards is None else num_shards, 1)
-    index = _index("index", getInstanceIndex() if index is None else index, "num_shards", num_shards)
+    num_shards = validate.integer("num_shards", getNumInstances() if num_shards is None else num_shards, 1)
+    index = validate.index("index", getInstanceIndex() if index is None else index, "num_shards", num_shards)
     return _take(_sharded(n, num_shards, shuffle, seed, epoch, drop_last), num_shards, index, layout)
 
 
@@ -210,11 +189,13 @@ class DistributedSampler:
         drop_last: bool = False,
     ) -> None:
         self.dataset = dataset_or_length
-        self.num_replicas: int = _int("num_replicas", getNumInstances() if num_replicas is None else num_replicas, 1)
-        self.rank: int = _index("rank", getInstanceIndex() if rank is None else rank, "num_replicas", self.num_replicas)
-        self.shuffle: bool = _flag("shuffle", shuffle)
-        self.seed: int = _int("seed", seed, 0)
-        self.drop_last: bool = _flag("drop_last", drop_last)
+        self.num_replicas: int = validate.count("num_replicas",
+                                                getNumInstances() if num_replicas is None else num_replicas)
+        self.rank: int = validate.index("rank", getInstanceIndex() if rank is None else rank, "num_replicas",
+                                        self.num_replicas)
+        self.shuffle: bool = validate.flag("shuffle", shuffle)
+        self.seed: int = validate.integer("seed", seed, 0)
+        self.drop_last: bool = validate.flag("drop_last", drop_last)
         self.epoch: int = 0
         # Fixed now, as torch does: every rank must agree on the length for the whole run.
         self._n: int = _length(dataset_or_length)
@@ -231,7 +212,7 @@ class DistributedSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Reseed the shuffle with ``seed + epoch``; all ranks must pass the same epoch."""
-        self.epoch = _int("epoch", epoch, 0)
+        self.epoch = validate.integer("epoch", epoch, 0)
 
     def __repr__(self) -> str:
         return (
@@ -250,9 +231,11 @@ def _replicas(
     """R, L and offset: given values win, the rest come from the environment, then are cross-checked."""
     given = (num_total_replicas, num_local_replicas, replica_index_offset)
     topo = read_topology() if any(value is None for value in given) else Topology()
-    total = _int("num_total_replicas", topo.num_total_replicas if num_total_replicas is None else num_total_replicas, 1)
-    local = _int("num_local_replicas", topo.num_local_replicas if num_local_replicas is None else num_local_replicas, 1)
-    offset = _int(
+    total = validate.count("num_total_replicas",
+                           topo.num_total_replicas if num_total_replicas is None else num_total_replicas)
+    local = validate.count("num_local_replicas",
+                           topo.num_local_replicas if num_local_replicas is None else num_local_replicas)
+    offset = validate.integer(
         "replica_index_offset", topo.replica_index_offset if replica_index_offset is None else replica_index_offset, 0
     )
     if offset + local > total:
@@ -274,7 +257,7 @@ def replica_shard_indices(
     seed: int = 0,
     epoch: int = 0,
     drop_last: bool = False,
-    layout: Layout = "contiguous",
+    layout: SplitOrder = "contiguous",
 ) -> np.ndarray:
     """The indices of one replica's shard over all R replicas: global replica ``offset + local_replica``.
 
@@ -285,7 +268,7 @@ def replica_shard_indices(
     n, seed, epoch, shuffle, drop_last = _common(n, seed, epoch, shuffle, drop_last)
     layout = _layout(layout)
     total, local, offset = _replicas(num_total_replicas, num_local_replicas, replica_index_offset)
-    local_replica = _index("local_replica", local_replica, "num_local_replicas", local)
+    local_replica = validate.index("local_replica", local_replica, "num_local_replicas", local)
     full = _sharded(n, total, shuffle, seed, epoch, drop_last)
     return _take(full, total, offset + local_replica, layout)
 
@@ -300,7 +283,7 @@ def local_replica_shard_indices(
     seed: int = 0,
     epoch: int = 0,
     drop_last: bool = False,
-    layout: Layout = "contiguous",
+    layout: SplitOrder = "contiguous",
 ) -> np.ndarray:
     """This instance's L replica shards stacked ``[L, per_replica]``: row r is ``replica_shard_indices(n, r)``.
 
@@ -328,11 +311,11 @@ def instance_batch_slice(
 ) -> slice:
     """This instance's part ``[i*L*B, (i+1)*L*B)`` of a global batch of ``R*B`` samples.
 
-    A global batch is split over replicas in global replica order (DESIGN.md), so every instance
+    A global batch is split over replicas in global replica order (docs/design.md), so every instance
     can load the same global batch, cut this block and ``split_for_replicas`` it: replica ``g``
     then gets samples ``[g*B, (g+1)*B)``, independent of how replicas are spread over instances.
     """
-    size = _int("global_batch_size", global_batch_size, 0)
+    size = validate.integer("global_batch_size", global_batch_size, 0)
     total, local, offset = _replicas(num_total_replicas, num_local_replicas, replica_index_offset)
     if size % total:
         raise ValueError(
@@ -363,7 +346,8 @@ def split_for_replicas(
     Replica ``r`` gets rows ``[r*B, (r+1)*B)``, the same contiguous order as ``instance_batch_slice``.
     A tuple or list of arrays (inputs, labels, ...) is split element-wise and returned as a tuple.
     """
-    local = _int("num_local_replicas", getNumLocalReplicas() if num_local_replicas is None else num_local_replicas, 1)
+    local = validate.count("num_local_replicas",
+                           getNumLocalReplicas() if num_local_replicas is None else num_local_replicas)
     if isinstance(batch, (tuple, list)):
         return tuple(_split_one(f"batch[{i}]", item, local) for i, item in enumerate(batch))
     return _split_one("batch", batch, local)
@@ -389,11 +373,11 @@ def global_batch_size(
 
     Learning-rate scaling and epoch step counts depend on this, not on the per-replica batch.
     """
-    micro = _int("micro_batch_size", micro_batch_size, 1)
-    accumulation = _int("gradient_accumulation", gradient_accumulation, 1)
+    micro = validate.integer("micro_batch_size", micro_batch_size, 1)
+    accumulation = validate.integer("gradient_accumulation", gradient_accumulation, 1)
     if num_total_replicas is None:
         num_total_replicas = read_topology().num_total_replicas
-    total = _int("num_total_replicas", num_total_replicas, 1)
+    total = validate.integer("num_total_replicas", num_total_replicas, 1)
     return micro * accumulation * total
 
 
@@ -404,6 +388,6 @@ def shuffle_buffer_size(n: int, *, num_instances: int | None = None) -> int:
     shard, so a buffer this large shuffles the whole shard; ceil so the largest shard also fits.
     ``n == 0`` gives 0; frameworks that need a positive buffer should use ``max(1, ...)``.
     """
-    n = _int("n", n, 0)
-    instances = _int("num_instances", getNumInstances() if num_instances is None else num_instances, 1)
+    n = validate.integer("n", n, 0)
+    instances = validate.integer("num_instances", getNumInstances() if num_instances is None else num_instances, 1)
     return -(-n // instances)

@@ -196,9 +196,5 @@ def install() -> None:
                 setattr(builtins, name, _Quitter(name, original))
 
 
-def installed() -> bool:
-    return _installed
-
-
 # Registered at import (popdist_py imports this module), early, so that it runs late at exit.
 atexit.register(_at_exit)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from popdist_py import checks
+from popdist_py import agreement
 from popdist_py.world import is_single_instance, world
 
 T = TypeVar("T")
@@ -91,7 +91,7 @@ def _normalise(instances: int | Iterable[int], scope: Scope, nested: bool) -> tu
     bad_type = [i for i in items if not isinstance(i, int) or isinstance(i, bool)]
     if bad_type:
         raise TypeError(f"execute_on_instances: instance indices must be integers, got {bad_type!r}")
-    wanted = tuple(sorted(set(int(i) for i in items)))
+    wanted = tuple(sorted({int(i) for i in items}))
     invalid = [i for i in wanted if i not in scope.instances]
     if invalid:
         where = (
@@ -110,7 +110,7 @@ def _subset(parent: Scope, wanted: tuple[int, ...], timeout: float | None) -> Sc
     """
     ranks = [parent.rank_of(i) for i in wanted]
     what = "execute_on_instances"
-    checks.agree(parent.comm, what, (wanted,), timeout=timeout, describe_rank=parent.describe,
+    agreement.agree(parent.comm, what, (wanted,), timeout=timeout, describe_rank=parent.describe,
                  fields=("instance set",), ranks=ranks)
     if len(wanted) == parent.size:
         return parent
@@ -122,7 +122,7 @@ def _subset(parent: Scope, wanted: tuple[int, ...], timeout: float | None) -> Sc
             comm = parent.comm.Create_group(group, _GROUP_TAG)
         finally:
             group.Free()
-        checks.prepare(comm, timeout=timeout, what=what)
+        agreement.prepare(comm, timeout=timeout, what=what)
         scope = Scope(comm, wanted, parent.me)
         _groups[key] = scope
     return scope

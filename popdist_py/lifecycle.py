@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from popdist_py import checks
+from popdist_py import agreement
 from popdist_py.world import is_initialized, is_single_instance, world
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ def init(*, timeout: float | None = None) -> None:
     if is_single_instance() and not is_initialized():
         return
     comm = world()
-    checks.prepare(comm, timeout=timeout, what="init")
+    agreement.prepare(comm, timeout=timeout, what="init")
     log.debug("instance %d of %d initialised", comm.Get_rank(), comm.Get_size())
 
 

@@ -15,12 +15,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from popdist_py.env import PopdistEnvError, read_topology
+from poprun_py.environment import MPI_RANK_VARIABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI as _MPI
-
-#: Variables that MPI launchers (MPICH Hydra, Open MPI / PRRTE, Slurm PMI) give their processes.
-LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 
 _lock = threading.RLock()
 _ready = False
@@ -28,7 +26,7 @@ _ready = False
 
 def launched_by_mpi() -> bool:
     """True when an MPI launcher (mpiexec/mpirun) started this process."""
-    return any(os.environ.get(name) for name in LAUNCHER_VARIABLES)
+    return any(os.environ.get(name) for name in MPI_RANK_VARIABLES)
 
 
 def is_single_instance() -> bool:

@@ -1,4 +1,4 @@
-"""Host collectives as a one-instance job (no mpiexec, no MPI), and the pure parts of the checks."""
+"""Host collectives as a one-instance job (no mpiexec, no MPI), and the pure parts of the agreement."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import popdist_py
-from popdist_py import checks, failsafe
+from popdist_py import agreement, deadline, failsafe
+from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 pytestmark = pytest.mark.skipif(
     any(k.startswith(("PMI_", "OMPI_COMM_WORLD")) for k in os.environ),
@@ -46,7 +47,7 @@ def test_one_instance_argument_errors() -> None:
         popdist_py.execute_on_instances({0, 1}, print)
     with pytest.raises(ValueError, match="root=1 is not a valid instance: valid instances are 0"):
         popdist_py.broadcast(np.ones(1), root=1)
-    with pytest.raises(TypeError, match="expected a numpy array, got float 1.0"):
+    with pytest.raises(TypeError, match=r"expected a numpy array, got float 1\.0"):
         popdist_py.allreduce(1.0)
     with pytest.raises(ValueError, match="op='MEDIAN' is not valid"):
         popdist_py.allreduce(np.ones(1), op="MEDIAN")
@@ -55,41 +56,42 @@ def test_one_instance_argument_errors() -> None:
 
 
 def test_collective_timeout_sources(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(checks.TIMEOUT_ENV, raising=False)
-    assert checks.collective_timeout() == checks.DEFAULT_TIMEOUT == 600
-    assert checks.collective_timeout(2) == 2.0
-    monkeypatch.setenv(checks.TIMEOUT_ENV, " 1.5 ")
-    assert checks.collective_timeout() == 1.5
-    assert checks.collective_timeout(3) == 3.0
-    monkeypatch.setenv(checks.TIMEOUT_ENV, "inf")
-    assert math.isinf(checks.collective_timeout())
+    monkeypatch.delenv(COLLECTIVE_TIMEOUT, raising=False)
+    assert deadline.collective_timeout() == deadline.DEFAULT_TIMEOUT == 600
+    assert deadline.collective_timeout(2) == 2.0
+    monkeypatch.setenv(COLLECTIVE_TIMEOUT, " 1.5 ")
+    assert deadline.collective_timeout() == 1.5
+    assert deadline.collective_timeout(3) == 3.0
+    monkeypatch.setenv(COLLECTIVE_TIMEOUT, "inf")
+    assert math.isinf(deadline.collective_timeout())
     for bad in ("abc", "0", "-2", "nan"):
-        monkeypatch.setenv(checks.TIMEOUT_ENV, bad)
+        monkeypatch.setenv(COLLECTIVE_TIMEOUT, bad)
         with pytest.raises(ValueError, match=f"POPDIST_COLLECTIVE_TIMEOUT='{bad}'"):
-            checks.collective_timeout()
+            deadline.collective_timeout()
     for bad in (0, -1.0, "x", True, float("nan")):
         with pytest.raises(ValueError, match="timeout="):
-            checks.collective_timeout(bad)
+            deadline.collective_timeout(bad)
 
 
 def test_mismatch_messages() -> None:
     d = lambda r: f"instance {r}"  # noqa: E731
-    message = checks._mismatch_message(
+    message = agreement.mismatch_message(
         "allreduce", [0, 1, 2], [("allreduce", ("sum", (3, 4), "f")), ("allreduce", ("sum", (4,), "f")),
                                  ("allreduce", ("sum", (3, 4), "f"))], d, ("op", "shape", "dtype"))
-    assert message == "allreduce: shapes differ between instances: instance 0 (3, 4), instance 1 (4,), instance 2 (3, 4)"
-    message = checks._mismatch_message("x", [0, 3], [("x", (1,)), ("x", (1, 2))], d, ("a",))
+    assert message == ("allreduce: shapes differ between instances: "
+                       "instance 0 (3, 4), instance 1 (4,), instance 2 (3, 4)")
+    message = agreement.mismatch_message("x", [0, 3], [("x", (1,)), ("x", (1, 2))], d, ("a",))
     assert message == "x: signatures differ between instances: instance 0 (1,), instance 3 (1, 2)"
 
 
 def test_encoding_is_fixed_size_and_round_trips() -> None:
-    small = checks._encode("allreduce", ("sum", (3, 4), "float32"))
-    large = checks._encode("allreduce", ("x" * 5000,))
-    assert len(small) == len(large) == checks.SLOT
-    assert checks._decode(bytes(small)) == ("allreduce", ("sum", (3, 4), "float32"))
-    what, opaque = checks._decode(bytes(large))
+    small = agreement.encode_signature("allreduce", ("sum", (3, 4), "float32"))
+    large = agreement.encode_signature("allreduce", ("x" * 5000,))
+    assert len(small) == len(large) == agreement.SLOT
+    assert agreement.decode_signature(bytes(small)) == ("allreduce", ("sum", (3, 4), "float32"))
+    what, opaque = agreement.decode_signature(bytes(large))
     assert what == "allreduce" and "..." in opaque and "#" in opaque
-    assert checks._encode("a", ("x" * 5000,)) != checks._encode("a", ("x" * 4999 + "y",))
+    assert agreement.encode_signature("a", ("x" * 5000,)) != agreement.encode_signature("a", ("x" * 4999 + "y",))
 
 
 def test_exit_status_follows_python() -> None:

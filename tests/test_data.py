@@ -43,10 +43,7 @@ def instance_1_of_2(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def torch_reference(n: int, k: int, rank: int, shuffle: bool, seed: int, epoch: int, drop_last: bool) -> list[int]:
     """torch.utils.data.DistributedSampler's algorithm (peers.md 2.4), numpy's permutation for randperm."""
-    if drop_last and n % k != 0:
-        num_samples = math.ceil((n - k) / k)
-    else:
-        num_samples = math.ceil(n / k)
+    num_samples = math.ceil((n - k) / k) if drop_last and n % k != 0 else math.ceil(n / k)
     total_size = num_samples * k
     indices = np.random.default_rng(seed + epoch).permutation(n).tolist() if shuffle else list(range(n))
     if not drop_last:

@@ -139,8 +139,8 @@ def test_different_instance_sets_are_reported() -> None:
     assert job.returncode == 0, job.output
     assert ("instance 0: error: CollectiveMismatchError: execute_on_instances: instance sets differ between "
             "instances: instance 0 (0, 2), instance 2 (0, 1, 2)") in job.output
-    assert "instance 2: error: CollectiveTimeoutError: execute_on_instances: timed out after 1 s waiting for " \
-           "instance 1" in job.output
+    assert ("instance 2: error: CollectiveTimeoutError: execute_on_instances: timed out after 1 s waiting for "
+            "instance 1") in job.output
 
 
 def test_collectives_after_finalize_raise() -> None:

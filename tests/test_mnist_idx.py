@@ -32,7 +32,7 @@ def fake_mnist(directory: Path, n_train: int = 40, n_test: int = 12, size: int =
     rng = np.random.default_rng(seed)
     arrays = []
     suffix = ".gz" if gz else ""
-    for (images_name, labels_name), n in zip(datasets.MNIST_FILES.values(), (n_train, n_test)):
+    for (images_name, labels_name), n in zip(datasets.MNIST_FILES.values(), (n_train, n_test), strict=True):
         labels = rng.integers(0, 10, n).astype(np.uint8)
         images = rng.integers(0, 60, (n, size, size)).astype(np.uint8)
         images[np.arange(n), labels] = 255
@@ -50,7 +50,7 @@ def fake_mnist(directory: Path, n_train: int = 40, n_test: int = 12, size: int =
 
 @pytest.mark.parametrize("gz", [False, True])
 def test_mnist_files_read_back(tmp_path: Path, gz: bool) -> None:
-    train_images, train_labels, test_images, test_labels = fake_mnist(tmp_path, gz=gz)
+    train_images, train_labels, _test_images, test_labels = fake_mnist(tmp_path, gz=gz)
     data = datasets.load_mnist(tmp_path)
     assert data.train_x.shape == (40, 100) and data.test_x.shape == (12, 100)
     assert data.train_x.dtype == np.float32 and data.train_x.min() >= 0.0 and data.train_x.max() == 1.0

@@ -75,7 +75,7 @@ def test_every_split_feeds_the_same_global_batches() -> None:
     for total, local, batch in ((2, 1, 4), (2, 2, 4), (4, 1, 2), (4, 2, 2), (4, 4, 2), (8, 4, 1)):
         got = instance_blocks(x, y, batch, total, local, epoch=2)
         assert [g.shape for g in got] == [(total, batch, 3)] * len(ref)
-        for g, r in zip(got, ref):
+        for g, r in zip(got, ref, strict=True):
             np.testing.assert_array_equal(g.reshape(-1, 3), r.reshape(-1, 3))
     assert not np.array_equal(instance_blocks(x, y, 8, 1, 1, epoch=3)[0], ref[0])  # reshuffled per epoch
 
@@ -178,8 +178,8 @@ def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run([PYTHON, SCRIPT, "--checkpoint", str(ckpt)], capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert f"checkpoint {ckpt} does not fit this runtime: 'W0' has shape (64, 32) in the checkpoint but " \
-           "(64, 64) here" in proc.stderr
+    assert (f"checkpoint {ckpt} does not fit this runtime: 'W0' has shape (64, 32) in the checkpoint but "
+            "(64, 64) here") in proc.stderr
     assert "another --hidden-size" in proc.stderr
 
 

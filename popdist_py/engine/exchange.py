@@ -79,7 +79,7 @@ class Signature(NamedTuple):
         return f"{self.kind}({', '.join(parts)})"
 
     def agree_signature(self, index: int) -> tuple:
-        """(signature, field names) in the form ``checks.agree`` reports."""
+        """(signature, field names) in the form ``agreement.agree`` reports."""
         g = self.group
         rts = "" if self.meta_shape is None else f" (RTS, full shape {self.meta_shape})"
         values = (f"{self.kind}{rts} #{index} of the step", self.op, np.dtype(self.dtype).name, self.shape,

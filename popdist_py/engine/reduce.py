@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from popdist_py.op_names import TO_ENGINE
+
 Node = tuple[int, int]
 
 #: Binary ufuncs for the reduction ops; mean is add followed by a division by the group size.
@@ -28,19 +30,17 @@ UFUNCS: dict[str, np.ufunc] = {
     "max": np.maximum,
 }
 OPS = tuple(UFUNCS)
-#: Other names of the reduction ops: the host collectives' (and MPI's) ``sum`` and ``prod``.
-ALIASES = {"sum": "add", "prod": "mul"}
 
 
 def reduction_op(op: object, what: str = "reduction") -> str:
     """The engine's name of reduction op ``op`` (one of :data:`OPS`, or an alias: ``sum`` is
     ``add``, ``prod`` is ``mul``); ValueError naming ``what`` and the valid ops otherwise."""
     if isinstance(op, str):
-        name = ALIASES.get(op, op)
+        name = TO_ENGINE.get(op, op)
         if name in UFUNCS:
             return name
     raise ValueError(f"{what}: op={op!r} is not supported; use one of {', '.join(OPS)} "
-                     f"(or {', '.join(f'{a} for {b}' for a, b in ALIASES.items())})")
+                     f"(or {', '.join(f'{a} for {b}' for a, b in TO_ENGINE.items())})")
 
 
 def split(lo: int, hi: int) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from popdist_py import checks
+from popdist_py import deadline
 from popdist_py.engine import checkpoint, context
 from popdist_py.engine.context import StepContext
 from popdist_py.engine.cooperative import CooperativePool
@@ -93,7 +93,7 @@ class Runtime:
         self._executor = choose(executor, L)
         self._placement = ReplicaPlacement(R, L, index)
         self._timeout_arg = timeout
-        seconds = checks.collective_timeout(timeout)
+        seconds = deadline.collective_timeout(timeout)
         self._transport: Transport | None = None
         if self._placement.num_instances > 1:
             self._transport = Transport(comm, self._placement.describe_instance, seconds)
@@ -187,7 +187,7 @@ class Runtime:
             L = self.instance_replication_factor
             arrays = [self._input(k, a) for k, a in enumerate(inputs)]
             if self._timeout_arg is None:
-                self._set_timeout(checks.collective_timeout(None))
+                self._set_timeout(deadline.collective_timeout(None))
             dispatcher = self._dispatcher
             dispatcher.start_step()
             outputs: list[Any] = [None] * L

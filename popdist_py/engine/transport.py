@@ -12,7 +12,7 @@ polls MPI: a tight spin first (peers usually arrive within microseconds), then `
 peer computing for minutes must not cost a core); transfers never sleep, as MPI only makes
 progress while polled.
 
-Headers whose hashes differ fall back to :func:`popdist_py.checks.agree` with the full
+Headers whose hashes differ fall back to :func:`popdist_py.agreement.agree` with the full
 signature: every instance then raises :class:`.errors.InstancesDisagreeError` naming the values.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from popdist_py import checks
+from popdist_py import agreement, deadline
 from popdist_py.engine.errors import (
     CollectiveError,
     CollectiveMismatchError,
@@ -34,6 +34,7 @@ from popdist_py.engine.errors import (
     InstancesDisagreeError,
     PeerAborted,
 )
+from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ _ORPHANS: list[Any] = []
 
 
 #: Busy-poll this long, then poll with sched_yield (gives the core to a runnable peer when
-#: instances are oversubscribed) up to _YIELD, then sleep with back-off (checks.poll). MPI's
+#: instances are oversubscribed) up to _YIELD, then sleep with back-off (deadline.poll). MPI's
 #: own blocking waits spin forever; this keeps the latency of a spin for the usual short skews
 #: between instances without burning a shared core while a slow instance computes for seconds.
 _SPIN = 50e-6
@@ -61,7 +62,7 @@ _FIRST_SLEEP = 50e-6
 
 
 #: The engine's waits: spin a little longer before yielding, and yield for longer before sleeping.
-poll = partial(checks.poll, spin=_SPIN, yield_for=_YIELD, first_sleep=_FIRST_SLEEP)
+poll = partial(deadline.poll, spin=_SPIN, yield_for=_YIELD, first_sleep=_FIRST_SLEEP)
 
 
 class HeaderChannel:
@@ -128,7 +129,7 @@ class Transport:
         self._orphans: list[Any] = []  # sends left behind by a failed exchange or an abort notice
         # agree() keeps its own private duplicate of our communicator; create it now, while every
         # instance is constructing its Runtime, rather than in the middle of an error report.
-        checks.prepare(self.comm, timeout=timeout, what="Runtime()")
+        agreement.prepare(self.comm, timeout=timeout, what="Runtime()")
 
     # -- per-collective header (+ small payload) exchange ------------------------------------------
     def channel(self, sendbufs: Sequence[np.ndarray], recvbufs: Sequence[np.ndarray]) -> HeaderChannel:
@@ -181,7 +182,7 @@ class Transport:
             what, signature, fields = describe()
             log.debug("%s: header mismatch, asking agree() for the details", what)
             try:
-                checks.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe,
+                agreement.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe,
                              fields=fields)
             except CollectiveMismatchError as exc:  # raised on every instance: they are still in step
                 raise InstancesDisagreeError(str(exc)) from None
@@ -223,7 +224,7 @@ class Transport:
         raise CollectiveTimeoutError(
             f"{what}: {names} did not arrive within {self.timeout:g} s "
             f"({count + 1 - len(missing)} of {count + 1} instances did); "
-            f"set {checks.TIMEOUT_ENV} to wait longer"
+            f"set {COLLECTIVE_TIMEOUT} to wait longer"
         )
 
     # -- bulk transfers ------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ class Transport:
         MPI = self.MPI
         displs = np.concatenate(([0], np.cumsum(counts[:-1]))).astype(np.int64).tolist()
         req = self.comm.Iallgatherv([send, MPI.BYTE], [recv, (list(counts), displs), MPI.BYTE])
-        checks.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
+        deadline.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
 
     def gatherv(self, send: np.ndarray, counts: Sequence[int], recv: np.ndarray | None, root: int, what: str) -> None:
         """Gather ``counts[i]`` bytes from instance ``i`` into ``recv`` on ``root`` only, with a deadline."""
@@ -287,13 +288,13 @@ class Transport:
             req = self.comm.Igatherv([send, MPI.BYTE], [recv, (list(counts), displs), MPI.BYTE], root)
         else:
             req = self.comm.Igatherv([send, MPI.BYTE], None, root)
-        checks.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
+        deadline.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
 
     def bcast(self, buf: np.ndarray, root: int, what: str) -> None:
         """Broadcast ``buf`` (any dtype, same size everywhere) from ``root``, with a deadline."""
         assert buf.flags.c_contiguous, "broadcast buffers must be contiguous (the data lands in them)"
         req = self.comm.Ibcast([buf.reshape(-1).view(np.uint8), self.MPI.BYTE], root)
-        checks.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
+        deadline.wait(req, self.comm, what, timeout=self.timeout, describe_rank=self.describe)
 
     def bcast_bytes(self, data: bytes | None, root: int, what: str) -> bytes:
         """``root``'s ``data`` on every instance (length first, then the bytes)."""
@@ -305,7 +306,7 @@ class Transport:
         return buf.tobytes()
 
     def agree(self, what: str, signature: tuple, fields: Sequence[str] | None = None) -> None:
-        checks.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe, fields=fields)
+        agreement.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe, fields=fields)
 
     def close(self, free: bool) -> None:
         """Release the communicator (``free``: only when every instance is known to be in step)."""

@@ -1,7 +1,7 @@
 """Guards for multi-rank runs (``mpiexec -n N python -m pytest --with-mpi tests/mpi``).
 
 A launcher/library mismatch would silently run N singletons; one basetemp per rank avoids the
-ranks racing on pytest's shared temp root (see shared/reference/mpi_toolchain.md section 5).
+ranks racing on pytest's shared temp root.
 """
 
 import os

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 import popdist_py
-from popdist_py import checks
 from popdist_py.errors import CollectiveMismatchError
 from popdist_py.world import world
+from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 DTYPES = ["int8", "int32", "int64", "uint8", "uint64", "float16", "float32", "float64", "complex64", "complex128"]
 
 
 @pytest.fixture(autouse=True)
 def _short_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(checks.TIMEOUT_ENV, "30")
+    monkeypatch.setenv(COLLECTIVE_TIMEOUT, "30")
 
 
 def rank_size() -> tuple[int, int]:
@@ -28,8 +28,7 @@ def rank_size() -> tuple[int, int]:
 
 
 def data(rank: int, dtype: str, shape=(2, 3)) -> np.ndarray:
-    x = (np.arange(int(np.prod(shape))).reshape(shape) % 5 + 1 + rank).astype(dtype)
-    return x
+    return (np.arange(int(np.prod(shape))).reshape(shape) % 5 + 1 + rank).astype(dtype)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -70,7 +69,7 @@ def test_integer_mean_is_the_floor_of_the_exact_mean() -> None:
 
 @pytest.mark.mpi(min_size=2)
 def test_bool_min_max_are_logical_and_or() -> None:
-    rank, n = rank_size()
+    rank, _n = rank_size()
     x = np.array([True, rank == 0, False])
     assert popdist_py.allreduce(x, op="min").tolist() == [True, False, False]
     assert popdist_py.allreduce(x, op="max").tolist() == [True, True, False]
@@ -158,7 +157,7 @@ def test_mismatches_are_named_on_every_instance() -> None:
 
 @pytest.mark.mpi(min_size=2)
 def test_bad_arguments_are_rejected_before_any_communication() -> None:
-    rank, n = rank_size()
+    _rank, n = rank_size()
     with pytest.raises(ValueError, match="op='avg' is not valid: valid ops are sum, mean, min, max, prod"):
         popdist_py.allreduce(np.ones(2), op="avg")
     with pytest.raises(ValueError, match=f"root={n} is not a valid instance: valid instances are 0..{n - 1}"):

@@ -13,9 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from popdist_py import checks
+from popdist_py import agreement, deadline
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from popdist_py.world import is_initialized, world
+from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 FIELDS = ("op", "shape", "dtype")
 
@@ -23,7 +24,7 @@ FIELDS = ("op", "shape", "dtype")
 @pytest.fixture(autouse=True)
 def _short_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     """A test that fails on one rank only must not keep the others waiting for 600 s."""
-    monkeypatch.setenv(checks.TIMEOUT_ENV, "30")
+    monkeypatch.setenv(COLLECTIVE_TIMEOUT, "30")
 
 
 @pytest.fixture
@@ -52,20 +53,20 @@ def test_world_is_comm_world_and_initialised() -> None:
 def test_equal_signatures_agree() -> None:
     c = world()
     for _ in range(3):
-        checks.agree(c, "allreduce", ("sum", (3, 4), "float32"), fields=FIELDS)
-    checks.agree(c, "x", {"shape": (2,), "dtype": "int8"})
-    checks.agree(c, "x", (1, np.int64(2)))  # equal values pickled differently
-    checks.agree(c, "x", ("y" * 2000,))  # longer than one message slot
+        agreement.agree(c, "allreduce", ("sum", (3, 4), "float32"), fields=FIELDS)
+    agreement.agree(c, "x", {"shape": (2,), "dtype": "int8"})
+    agreement.agree(c, "x", (1, np.int64(2)))  # equal values pickled differently
+    agreement.agree(c, "x", ("y" * 2000,))  # longer than one message slot
 
 
 @pytest.mark.mpi(min_size=2)
 def test_agree_is_cheap() -> None:
     c = world()
-    checks.agree(c, "warm-up", ())
+    agreement.agree(c, "warm-up", ())
     n = 300
     start = time.perf_counter()
     for _ in range(n):
-        checks.agree(c, "allreduce", ("sum", (3, 4), "float32"))
+        agreement.agree(c, "allreduce", ("sum", (3, 4), "float32"))
     per_call = (time.perf_counter() - start) / n
     limit = 1e-3 if c.Get_size() == 2 else 5e-3  # 3 ranks oversubscribe this 2-core machine
     assert per_call < limit, f"{per_call * 1e6:.0f} us per agree"
@@ -77,7 +78,7 @@ def test_mismatched_shapes_are_named_on_every_rank() -> None:
     n, rank = c.Get_size(), c.Get_rank()
     shapes = [(3, 4)] + [(4,)] * (n - 1)
     with pytest.raises(CollectiveMismatchError) as info:
-        checks.agree(c, "allreduce", ("sum", shapes[rank], "float32"), fields=FIELDS)
+        agreement.agree(c, "allreduce", ("sum", shapes[rank], "float32"), fields=FIELDS)
     listing = ", ".join(f"instance {r} {shapes[r]}" for r in range(n))
     assert str(info.value) == f"allreduce: shapes differ between instances: {listing}"
 
@@ -89,7 +90,7 @@ def test_every_differing_field_is_named_with_custom_rank_names() -> None:
     op, dtype = ("sum", "float32") if rank == 0 else ("max", "int64")
     describe = lambda r: f"instance {r} (replicas {2 * r}-{2 * r + 1})"  # noqa: E731
     with pytest.raises(CollectiveMismatchError) as info:
-        checks.agree(c, "reduce", (op, (2,), dtype), fields=FIELDS, describe_rank=describe)
+        agreement.agree(c, "reduce", (op, (2,), dtype), fields=FIELDS, describe_rank=describe)
     message = str(info.value)
     assert message.startswith("reduce: ops differ between instances: instance 0 (replicas 0-1) sum, instance 1 (replicas 2-3) max")
     assert "; dtypes differ between instances: instance 0 (replicas 0-1) float32, instance 1 (replicas 2-3) int64" in message
@@ -100,7 +101,7 @@ def test_every_differing_field_is_named_with_custom_rank_names() -> None:
 def test_mapping_signature_names_its_fields() -> None:
     c = world()
     with pytest.raises(CollectiveMismatchError, match=r"x: groups differ between instances: instance 0 1, instance 1 2"):
-        checks.agree(c, "x", {"group": min(c.Get_rank() + 1, 2)})
+        agreement.agree(c, "x", {"group": min(c.Get_rank() + 1, 2)})
 
 
 @pytest.mark.mpi(min_size=2)
@@ -108,12 +109,12 @@ def test_unnamed_signatures_and_different_collectives() -> None:
     c = world()
     rank = c.Get_rank()
     with pytest.raises(CollectiveMismatchError, match=r"signatures differ between instances: instance 0 \(1, 2\), instance 1 \(1, 3\)"):
-        checks.agree(c, "x", (1, 2 if rank == 0 else 3))
+        agreement.agree(c, "x", (1, 2 if rank == 0 else 3))
     with pytest.raises(CollectiveMismatchError, match="instances are in different collectives: instance 0 allreduce, instance 1 broadcast"):
-        checks.agree(c, "allreduce" if rank == 0 else "broadcast", ())
+        agreement.agree(c, "allreduce" if rank == 0 else "broadcast", ())
     with pytest.raises(CollectiveMismatchError, match=r"instance 0 \('zz+\.\.\.z+0',\) #\w+, instance 1 \('zz+\.\.\.z+1',\) #"):
-        checks.agree(c, "x", ("z" * 600 + str(min(rank, 1)),))  # too long for a slot: head, tail, digest
-    checks.agree(c, "after errors the communicator still works", ())
+        agreement.agree(c, "x", ("z" * 600 + str(min(rank, 1)),))  # too long for a slot: head, tail, digest
+    agreement.agree(c, "after errors the communicator still works", ())
 
 
 @pytest.mark.mpi(min_size=2)
@@ -122,27 +123,27 @@ def test_only_the_mismatching_rank_differs_among_three_or_more() -> None:
     n, rank = c.Get_size(), c.Get_rank()
     dtypes = ["float32"] * (n - 1) + ["float64"]
     with pytest.raises(CollectiveMismatchError) as info:
-        checks.agree(c, "allgather", ((2,), dtypes[rank]), fields=("shape", "dtype"))
+        agreement.agree(c, "allgather", ((2,), dtypes[rank]), fields=("shape", "dtype"))
     assert f"instance {n - 1} float64" in str(info.value)
 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_rank_that_never_arrives_is_named(comm) -> None:
     n, rank = comm.Get_size(), comm.Get_rank()
-    checks.agree(comm, "set-up", ())
+    agreement.agree(comm, "set-up", ())
     if rank == 0:
         start = time.monotonic()
         with pytest.raises(CollectiveTimeoutError) as info:
-            checks.agree(comm, "allreduce", ("sum",), timeout=0.3)
+            agreement.agree(comm, "allreduce", ("sum",), timeout=0.3)
         assert 0.3 <= time.monotonic() - start < 2
         assert str(info.value).startswith(
             f"allreduce: timed out after 0.3 s waiting for {names(range(1, n))}, which never arrived (1 of {n} did)"
         )
         with pytest.raises(CollectiveError, match="cannot be used for collectives any more"):
-            checks.agree(comm, "allreduce", ("sum",))
+            agreement.agree(comm, "allreduce", ("sum",))
     else:
         time.sleep(0.6)
-        checks.agree(comm, "allreduce", ("sum",))  # rank 0's message is there: the late ranks pass
+        agreement.agree(comm, "allreduce", ("sum",))  # rank 0's message is there: the late ranks pass
     world().Barrier()
 
 
@@ -151,13 +152,13 @@ def test_agree_among_some_ranks_only(comm) -> None:
     n, rank = comm.Get_size(), comm.Get_rank()
     ranks = [0, n - 1]
     if rank in ranks:
-        checks.agree(comm, "pair", ("ok",), ranks=ranks)
+        agreement.agree(comm, "pair", ("ok",), ranks=ranks)
         with pytest.raises(CollectiveMismatchError, match=rf"instance 0 \('a',\), instance {n - 1} \('b',\)"):
-            checks.agree(comm, "pair", ("a" if rank == 0 else "b",), ranks=ranks)
+            agreement.agree(comm, "pair", ("a" if rank == 0 else "b",), ranks=ranks)
     else:
         with pytest.raises(ValueError, match="is not one of ranks"):
-            checks.agree(comm, "pair", ("ok",), ranks=ranks)
-    checks.agree(comm, "all again", ())
+            agreement.agree(comm, "pair", ("ok",), ranks=ranks)
+    agreement.agree(comm, "all again", ())
 
 
 @pytest.mark.mpi(min_size=2)
@@ -166,12 +167,12 @@ def test_wait_bounds_a_nonblocking_collective(comm) -> None:
     if rank == 0:
         request = comm.Ibarrier()
         with pytest.raises(CollectiveTimeoutError, match=r"ibarrier: timed out after 0.2 s waiting for the collective over instance 0, instance 1"):
-            checks.wait(request, comm, "ibarrier", timeout=0.2)
-        checks.wait(request, comm, "ibarrier")  # the late ranks come: it completes
+            deadline.wait(request, comm, "ibarrier", timeout=0.2)
+        deadline.wait(request, comm, "ibarrier")  # the late ranks come: it completes
     else:
         time.sleep(0.5)
-        checks.wait(comm.Ibarrier(), comm, "ibarrier")
+        deadline.wait(comm.Ibarrier(), comm, "ibarrier")
     send = np.full(3, rank, dtype=np.int64)
     out = np.empty_like(send)
-    checks.wait([comm.Iallreduce(send, out)], comm, "iallreduce", timeout=5)
+    deadline.wait([comm.Iallreduce(send, out)], comm, "iallreduce", timeout=5)
     assert out.tolist() == [sum(range(comm.Get_size()))] * 3

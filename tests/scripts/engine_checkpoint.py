@@ -52,7 +52,7 @@ def build(rt: Runtime, rts: bool, big_mb: int) -> dict[str, object]:
 def train(rt: Runtime, v: dict[str, object], rts: bool, steps: int, first: int) -> None:
     R, L, off = rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset
     lr, beta = np.float32(0.05), np.float32(0.9)
-    w, ws, m, buf, b = v["w"], v["ws"], v["m"], v["buf"], v["b"]
+    w, ws, _m, buf, b = v["w"], v["ws"], v["m"], v["buf"], v["b"]
 
     def step(ctx, x):  # type: ignore[no-untyped-def]
         full = ops.replicated_all_gather(ws) if rts else ctx[w]

@@ -1,7 +1,7 @@
 """Host collectives across instances on numpy arrays: allreduce, allgather, broadcast, barrier.
 
 Arrays travel with mpi4py's buffer (upper-case) calls, never pickled. Before each collective the
-participants :func:`~popdist_py.checks.agree` on (op, shape, dtype, root), so a mismatch is an
+participants :func:`~popdist_py.agreement.agree` on (op, shape, dtype, root), so a mismatch is an
 error naming the instances and their values on every instance, and a missing instance is named
 after the timeout; the MPI call itself then runs at full speed. The participants are the
 instances of the current scope (all of them, or those of the enclosing ``execute_on_instances``).
@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from popdist_py import checks
+from popdist_py import agreement
 from popdist_py.instances import Scope, current_scope
+from popdist_py.op_names import TO_HOST
 
 #: Valid ``op`` names of :func:`allreduce` (plus the aliases ``add`` and ``mul``).
 OPS = ("sum", "mean", "min", "max", "prod")
-_ALIASES = {"add": "sum", "mul": "prod"}
 _REDUCE_FIELDS = ("op", "shape", "dtype")
 
 
@@ -56,7 +56,7 @@ def _dtype_name(dtype: np.dtype) -> str:
 
 def _check_op(op: Any) -> str:
     name = op.lower() if isinstance(op, str) else op
-    name = _ALIASES.get(name, name) if isinstance(name, str) else name
+    name = TO_HOST.get(name, name) if isinstance(name, str) else name
     if name not in OPS:
         raise ValueError(f"allreduce: op={op!r} is not valid: valid ops are {', '.join(OPS)}")
     return name
@@ -72,9 +72,11 @@ def _check_reducible(a: np.ndarray, op: str) -> None:
             )
     elif kind == "c":
         if op in ("min", "max"):
-            raise TypeError(f"allreduce: op={op!r} is not defined for complex arrays ({a.dtype}): use sum, mean or prod")
+            raise TypeError(f"allreduce: op={op!r} is not defined for complex arrays ({a.dtype}): "
+                            "use sum, mean or prod")
     elif kind not in "iuf":
-        raise TypeError(f"allreduce: cannot reduce arrays of dtype {a.dtype}: use a numeric dtype (int, uint, float, complex)")
+        raise TypeError(f"allreduce: cannot reduce arrays of dtype {a.dtype}: "
+                        "use a numeric dtype (int, uint, float, complex)")
 
 
 def _native(a: np.ndarray) -> np.ndarray:
@@ -90,7 +92,7 @@ def _mpi_op(op: str, kind: str) -> Any:
 
 
 def _agree(scope: Scope, what: str, signature: tuple, fields: tuple[str, ...], timeout: float | None) -> None:
-    checks.agree(scope.comm, what, signature, timeout=timeout, describe_rank=scope.describe, fields=fields)
+    agreement.agree(scope.comm, what, signature, timeout=timeout, describe_rank=scope.describe, fields=fields)
 
 
 def allreduce(array: np.ndarray, op: str = "sum", *, timeout: float | None = None) -> np.ndarray:
@@ -163,7 +165,7 @@ def barrier(*, timeout: float | None = None) -> None:
     """Wait until every instance of the current scope has arrived (naming those that do not)."""
     scope = current_scope()
     if scope.comm is not None:
-        checks.agree(scope.comm, "barrier", (), timeout=timeout, describe_rank=scope.describe)
+        agreement.agree(scope.comm, "barrier", (), timeout=timeout, describe_rank=scope.describe)
 
 
 def synchronize() -> None:

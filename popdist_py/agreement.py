@@ -1,8 +1,8 @@
-"""Cheap pre-flight checks that turn collective mismatches and hangs into named errors.
+"""Agreement before a collective: every participant checks that all call the same collective alike.
 
 Before a collective every participant calls :func:`agree` with a small signature (what, op, shape,
 dtype...). Each rank sends its encoded signature to every other rank with non-blocking
-point-to-point messages and polls them against a deadline, so
+point-to-point messages and polls them against a deadline (:mod:`popdist_py.deadline`), so
 
 * differing signatures raise :class:`CollectiveMismatchError` on *every* rank (each one sees all
   signatures), naming the ranks and their values, instead of a hang or silently wrong data;
@@ -19,60 +19,24 @@ collective.
 from __future__ import annotations
 
 import hashlib
-import math
-import os
 import pickle
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from popdist_py.deadline import Describe, collective_timeout, describe_instance, poll
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
-
-TIMEOUT_ENV = "POPDIST_COLLECTIVE_TIMEOUT"
-DEFAULT_TIMEOUT = 600.0
+from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 #: Fixed size of one encoded signature: 4-byte length + pickle (or a digest when too long).
 SLOT = 512
 _TAG = 7
 _TAG_SUBSET = 8
-#: Busy-poll this long before sleeping, then back off up to _MAX_SLEEP between polls.
-_SPIN = 200e-6
-_FIRST_SLEEP = 20e-6
-_MAX_SLEEP = 1e-3
-
-Describe = Callable[[int], str]
-
-
-def collective_timeout(timeout: float | None = None) -> float:
-    """Seconds to wait for peers: ``timeout`` if given, else ``$POPDIST_COLLECTIVE_TIMEOUT``, else 600.
-
-    ``inf`` means wait forever. Anything that is not a positive number raises ValueError.
-    """
-    if timeout is not None:
-        source, raw = "timeout", timeout
-    else:
-        raw = os.environ.get(TIMEOUT_ENV, "").strip()
-        if not raw:
-            return DEFAULT_TIMEOUT
-        source = TIMEOUT_ENV
-    try:
-        if isinstance(raw, bool):
-            raise TypeError
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{source}={raw!r} is not a number of seconds (use a positive number or inf)") from None
-    if math.isnan(value) or value <= 0:
-        raise ValueError(f"{source}={raw!r} must be a positive number of seconds (or inf)")
-    return value
-
-
-def _default_describe(rank: int) -> str:
-    return f"instance {rank}"
 
 
 class _Checker:
@@ -122,7 +86,7 @@ def _checker(comm: Any, what: str, deadline: float, timeout: float) -> _Checker:
             raise CollectiveTimeoutError(
                 f"{what}: timed out after {timeout:g} s waiting for all {comm.Get_size()} participants to set up "
                 "popdist_py's check communicator (some never arrived; call popdist_py.init() on every instance at "
-                f"start-up to have late instances named); set {TIMEOUT_ENV} to wait longer"
+                f"start-up to have late instances named); set {COLLECTIVE_TIMEOUT} to wait longer"
             )
         checker.request = None
     return checker
@@ -135,36 +99,7 @@ def prepare(comm: Any, *, timeout: float | None = None, what: str = "init") -> N
         _checker(comm, what, time.monotonic() + t, t)
 
 
-def poll(test: Callable[[], bool], deadline: float, *, spin: float = 0.0, yield_for: float = _SPIN,
-         first_sleep: float = _FIRST_SLEEP, sleep: bool = True) -> bool:
-    """Call ``test`` until it is true (True) or ``deadline`` (time.monotonic) passes (False).
-
-    Busy-spins for ``spin`` seconds (most collectives complete within microseconds), then yields
-    the core until ``yield_for`` seconds have passed (an oversubscribed peer may need it to
-    arrive), then sleeps with exponential back-off so that a rank waiting for minutes does not
-    burn a shared core. ``sleep=False`` never sleeps: for transfers that progress only while polled.
-    """
-    if test():
-        return True
-    now = time.monotonic()
-    spin_end, yield_end = now + spin, now + yield_for
-    delay = first_sleep
-    while True:
-        if test():
-            return True
-        now = time.monotonic()
-        if now >= deadline:
-            return False
-        if now < spin_end:
-            continue
-        if now < yield_end or not sleep:
-            os.sched_yield()
-            continue
-        time.sleep(min(delay, deadline - now))
-        delay = min(delay * 2, _MAX_SLEEP)
-
-
-def _encode(what: str, signature: Any) -> bytearray:
+def encode_signature(what: str, signature: Any) -> bytearray:
     try:
         payload = pickle.dumps((what, signature), protocol=5)
     except Exception:
@@ -188,7 +123,7 @@ class _Opaque(str):
         return str(self)
 
 
-def _decode(row: bytes) -> tuple[str, Any]:
+def decode_signature(row: bytes) -> tuple[str, Any]:
     n = int.from_bytes(row[:4], "little")
     return pickle.loads(row[4 : 4 + n])
 
@@ -230,9 +165,9 @@ def agree(
         tag = _TAG_SUBSET
     t = collective_timeout(timeout)
     deadline = time.monotonic() + t
-    describe = describe_rank or _default_describe
+    describe = describe_rank or describe_instance
     checker = _checker(comm, what, deadline, t)
-    mine = _encode(what, signature)
+    mine = encode_signature(what, signature)
     me = members.index(rank)
     peers = [(i, p) for i, p in enumerate(members) if p != rank]
     received = np.empty((size, SLOT), dtype=np.uint8)
@@ -243,20 +178,20 @@ def agree(
     requests = recvs + sends
     testall = sys.modules["mpi4py.MPI"].Request.Testall
     if not poll(partial(testall, requests), deadline):
-        missing = [p for (_, p), r in zip(peers, recvs) if not r.Test()]
+        missing = [p for (_, p), r in zip(peers, recvs, strict=True) if not r.Test()]
         _abandon(recvs, sends)
         names = ", ".join(describe(p) for p in missing) or "(a participant)"
         checker.broken = f"an earlier collective ({what}) timed out waiting for {names}"
         raise CollectiveTimeoutError(
             f"{what}: timed out after {t:g} s waiting for {names}, which never arrived "
-            f"({size - len(missing)} of {size} did); set {TIMEOUT_ENV} to wait longer"
+            f"({size - len(missing)} of {size} did); set {COLLECTIVE_TIMEOUT} to wait longer"
         )
     if received.tobytes() == bytes(mine) * size:
         return
-    values = [_decode(received[i].tobytes()) for i in range(size)]
+    values = [decode_signature(received[i].tobytes()) for i in range(size)]
     if all(v == values[0] for v in values):  # equal values pickled differently (e.g. int vs np.int64)
         return
-    raise CollectiveMismatchError(_mismatch_message(what, members, values, describe, fields))
+    raise CollectiveMismatchError(mismatch_message(what, members, values, describe, fields))
 
 
 def _abandon(recvs: list, sends: list) -> None:
@@ -284,7 +219,7 @@ def _plural(field: str) -> str:
     return field if field.endswith("s") else field + "s"
 
 
-def _mismatch_message(
+def mismatch_message(
     what: str, ranks: Sequence[int], values: list[tuple[str, Any]], describe: Describe, fields: Sequence[str] | None
 ) -> str:
     positions = range(len(values))
@@ -297,7 +232,7 @@ def _mismatch_message(
     if all(isinstance(s, Mapping) for s in sigs) and len({tuple(s) for s in sigs}) == 1:
         named = [dict(s) for s in sigs]
     elif fields and all(isinstance(s, tuple) and len(s) == len(fields) for s in sigs):
-        named = [dict(zip(fields, s)) for s in sigs]
+        named = [dict(zip(fields, s, strict=True)) for s in sigs]
     if named is not None:
         parts = []
         for field in named[0]:
@@ -309,37 +244,3 @@ def _mismatch_message(
             return f"{what}: " + "; ".join(parts)
     listing = ", ".join(f"{describe(ranks[i])} {_fmt(sigs[i])}" for i in positions)
     return f"{what}: signatures differ between instances: {listing}"
-
-
-def wait(
-    request: Any,
-    comm: Any,
-    what: str,
-    *,
-    timeout: float | None = None,
-    describe_rank: Describe | None = None,
-) -> None:
-    """Wait for an mpi4py Request (or a sequence of them) with :func:`agree`'s deadline semantics.
-
-    A non-blocking collective cannot tell who is missing, so the timeout error names all the
-    participants of ``comm``; call :func:`agree` first to have late ranks named precisely.
-    """
-    from mpi4py import MPI
-
-    t = collective_timeout(timeout)
-    if isinstance(request, MPI.Request):
-        test: Callable[[], bool] = request.Test
-    else:
-        requests = list(request)
-
-        def test() -> bool:
-            return MPI.Request.Testall(requests)
-
-    if poll(test, time.monotonic() + t):
-        return
-    describe = describe_rank or _default_describe
-    names = ", ".join(describe(r) for r in range(comm.Get_size()))
-    raise CollectiveTimeoutError(
-        f"{what}: timed out after {t:g} s waiting for the collective over {names} to complete "
-        f"(a participant never arrived); set {TIMEOUT_ENV} to wait longer"
-    )
