@@ -3,7 +3,8 @@
 Run with ``mpiexec -n 2`` and ``-n 3``:
 ``timeout 120 .venv/bin/mpiexec -n 2 .venv/bin/python -m pytest -q --with-mpi tests/mpi/test_world.py``
 Every rank runs the same tests in the same order; tests that make a rank late use a communicator
-of their own, so that a timeout cannot leave the world's check state broken for later tests.
+of their own, so that a timeout cannot leave the world's check state broken for later tests, and
+hold the late ranks back by a message rank 0 sends once it has seen its timeout (not by a sleep).
 """
 
 from __future__ import annotations
@@ -33,6 +34,34 @@ def comm():
     c = world().Dup()
     yield c
     c.Free()
+
+
+#: Tag of the message with which rank 0 lets the late ranks go on (on the ``gate`` communicator).
+GAVE_UP = 7
+
+
+@pytest.fixture
+def gate():
+    """A second duplicate, for the messages that order a test's ranks, apart from the collective's own."""
+    g = world().Dup()
+    yield g
+    g.Free()
+
+
+def release_late_ranks(gate) -> None:
+    """Rank 0 has seen what it waited for (call it in a ``finally``): the late ranks may go on."""
+    for r in range(1, gate.Get_size()):
+        gate.send(None, dest=r, tag=GAVE_UP)
+
+
+def wait_until_released(gate, within: float = 60) -> None:
+    """Wait for rank 0's GAVE_UP, polling with short sleeps so that rank 0 keeps a core while it waits."""
+    end = time.monotonic() + within
+    while not gate.Iprobe(source=0, tag=GAVE_UP):
+        if time.monotonic() > end:
+            pytest.fail(f"rank 0 did not let this rank go on within {within} s")
+        time.sleep(0.001)
+    gate.recv(source=0, tag=GAVE_UP)
 
 
 def names(ranks) -> str:
@@ -92,15 +121,17 @@ def test_every_differing_field_is_named_with_custom_rank_names() -> None:
     with pytest.raises(CollectiveMismatchError) as info:
         agreement.agree(c, "reduce", (op, (2,), dtype), fields=FIELDS, describe_rank=describe)
     message = str(info.value)
-    assert message.startswith("reduce: ops differ between instances: instance 0 (replicas 0-1) sum, instance 1 (replicas 2-3) max")
-    assert "; dtypes differ between instances: instance 0 (replicas 0-1) float32, instance 1 (replicas 2-3) int64" in message
+    assert message.startswith(
+        "reduce: ops differ between instances: instance 0 (replicas 0-1) sum, instance 1 (replicas 2-3) max")
+    assert ("; dtypes differ between instances: instance 0 (replicas 0-1) float32, instance 1 (replicas 2-3) int64"
+            in message)
     assert "shapes" not in message
 
 
 @pytest.mark.mpi(min_size=2)
 def test_mapping_signature_names_its_fields() -> None:
     c = world()
-    with pytest.raises(CollectiveMismatchError, match=r"x: groups differ between instances: instance 0 1, instance 1 2"):
+    with pytest.raises(CollectiveMismatchError, match="x: groups differ between instances: instance 0 1, instance 1 2"):
         agreement.agree(c, "x", {"group": min(c.Get_rank() + 1, 2)})
 
 
@@ -108,11 +139,14 @@ def test_mapping_signature_names_its_fields() -> None:
 def test_unnamed_signatures_and_different_collectives() -> None:
     c = world()
     rank = c.Get_rank()
-    with pytest.raises(CollectiveMismatchError, match=r"signatures differ between instances: instance 0 \(1, 2\), instance 1 \(1, 3\)"):
+    signatures = r"signatures differ between instances: instance 0 \(1, 2\), instance 1 \(1, 3\)"
+    with pytest.raises(CollectiveMismatchError, match=signatures):
         agreement.agree(c, "x", (1, 2 if rank == 0 else 3))
-    with pytest.raises(CollectiveMismatchError, match="instances are in different collectives: instance 0 allreduce, instance 1 broadcast"):
+    different = "instances are in different collectives: instance 0 allreduce, instance 1 broadcast"
+    with pytest.raises(CollectiveMismatchError, match=different):
         agreement.agree(c, "allreduce" if rank == 0 else "broadcast", ())
-    with pytest.raises(CollectiveMismatchError, match=r"instance 0 \('zz+\.\.\.z+0',\) #\w+, instance 1 \('zz+\.\.\.z+1',\) #"):
+    head_tail_digest = r"instance 0 \('zz+\.\.\.z+0',\) #\w+, instance 1 \('zz+\.\.\.z+1',\) #"
+    with pytest.raises(CollectiveMismatchError, match=head_tail_digest):
         agreement.agree(c, "x", ("z" * 600 + str(min(rank, 1)),))  # too long for a slot: head, tail, digest
     agreement.agree(c, "after errors the communicator still works", ())
 
@@ -128,13 +162,16 @@ def test_only_the_mismatching_rank_differs_among_three_or_more() -> None:
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_rank_that_never_arrives_is_named(comm) -> None:
+def test_a_rank_that_never_arrives_is_named(comm, gate) -> None:
     n, rank = comm.Get_size(), comm.Get_rank()
     agreement.agree(comm, "set-up", ())
     if rank == 0:
         start = time.monotonic()
-        with pytest.raises(CollectiveTimeoutError) as info:
-            agreement.agree(comm, "allreduce", ("sum",), timeout=0.3)
+        try:
+            with pytest.raises(CollectiveTimeoutError) as info:
+                agreement.agree(comm, "allreduce", ("sum",), timeout=0.3)
+        finally:  # the late ranks come only now, whatever happened: never before rank 0 gave up
+            release_late_ranks(gate)
         assert 0.3 <= time.monotonic() - start < 2
         assert str(info.value).startswith(
             f"allreduce: timed out after 0.3 s waiting for {names(range(1, n))}, which never arrived (1 of {n} did)"
@@ -142,7 +179,7 @@ def test_a_rank_that_never_arrives_is_named(comm) -> None:
         with pytest.raises(CollectiveError, match="cannot be used for collectives any more"):
             agreement.agree(comm, "allreduce", ("sum",))
     else:
-        time.sleep(0.6)
+        wait_until_released(gate)
         agreement.agree(comm, "allreduce", ("sum",))  # rank 0's message is there: the late ranks pass
     world().Barrier()
 
@@ -162,15 +199,19 @@ def test_agree_among_some_ranks_only(comm) -> None:
 
 
 @pytest.mark.mpi(min_size=2)
-def test_wait_bounds_a_nonblocking_collective(comm) -> None:
+def test_wait_bounds_a_nonblocking_collective(comm, gate) -> None:
     rank = comm.Get_rank()
+    timed_out = r"ibarrier: timed out after 0.2 s waiting for the collective over instance 0, instance 1"
     if rank == 0:
         request = comm.Ibarrier()
-        with pytest.raises(CollectiveTimeoutError, match=r"ibarrier: timed out after 0.2 s waiting for the collective over instance 0, instance 1"):
-            deadline.wait(request, comm, "ibarrier", timeout=0.2)
+        try:
+            with pytest.raises(CollectiveTimeoutError, match=timed_out):
+                deadline.wait(request, comm, "ibarrier", timeout=0.2)
+        finally:  # the late ranks start their Ibarrier only now
+            release_late_ranks(gate)
         deadline.wait(request, comm, "ibarrier")  # the late ranks come: it completes
     else:
-        time.sleep(0.5)
+        wait_until_released(gate)
         deadline.wait(comm.Ibarrier(), comm, "ibarrier")
     send = np.full(3, rank, dtype=np.int64)
     out = np.empty_like(send)
