@@ -139,15 +139,20 @@ def test_mismatches_are_named_on_every_instance() -> None:
     with pytest.raises(CollectiveMismatchError) as info:
         popdist_py.allreduce(np.zeros((3, 4) if rank == 0 else (4,), dtype=np.float32))
     assert str(info.value) == f"allreduce: shapes differ between instances: instance 0 (3, 4), {others}"
-    with pytest.raises(CollectiveMismatchError, match="allreduce: dtypes differ between instances: instance 0 float32, instance 1 float64"):
+    with pytest.raises(CollectiveMismatchError, match=("allreduce: dtypes differ between instances: "
+                                                       "instance 0 float32, instance 1 float64")):
         popdist_py.allreduce(np.zeros(2, dtype=np.float32 if rank == 0 else np.float64))
-    with pytest.raises(CollectiveMismatchError, match="allreduce: ops differ between instances: instance 0 sum, instance 1 max"):
+    with pytest.raises(CollectiveMismatchError, match=("allreduce: ops differ between instances: "
+                                                       "instance 0 sum, instance 1 max")):
         popdist_py.allreduce(np.zeros(2), op="sum" if rank == 0 else "max")
-    with pytest.raises(CollectiveMismatchError, match="broadcast: roots differ between instances: instance 0 0, instance 1 1"):
+    with pytest.raises(CollectiveMismatchError, match=("broadcast: roots differ between instances: "
+                                                       "instance 0 0, instance 1 1")):
         popdist_py.broadcast(np.zeros(2), root=min(rank, 1))
-    with pytest.raises(CollectiveMismatchError, match=r"allgather: shapes differ between instances: instance 0 \(2,\), instance 1 \(3,\)"):
+    with pytest.raises(CollectiveMismatchError, match=(r"allgather: shapes differ between instances: "
+                                                       r"instance 0 \(2,\), instance 1 \(3,\)")):
         popdist_py.allgather(np.zeros(2 if rank == 0 else 3))
-    with pytest.raises(CollectiveMismatchError, match="instances are in different collectives: instance 0 allgather, instance 1 broadcast"):
+    with pytest.raises(CollectiveMismatchError, match=("instances are in different collectives: "
+                                                       "instance 0 allgather, instance 1 broadcast")):
         if rank == 0:
             popdist_py.allgather(np.zeros(2))
         else:
@@ -223,7 +228,8 @@ def test_execute_on_a_subset_of_three() -> None:
         with pytest.raises(ValueError, match="root=1 is not a valid instance: valid instances are 0, 2"):
             popdist_py.broadcast(np.array([rank]), root=1)
         nested = popdist_py.execute_on_instances({2}, lambda: popdist_py.allgather(np.array(rank)).tolist())
-        with pytest.raises(CollectiveMismatchError, match=r"allreduce: shapes differ between instances: instance 0 \(1,\), instance 2 \(2,\)"):
+        with pytest.raises(CollectiveMismatchError, match=(r"allreduce: shapes differ between instances: "
+                                                           r"instance 0 \(1,\), instance 2 \(2,\)")):
             popdist_py.allreduce(np.zeros(1 if rank == 0 else 2))
         popdist_py.synchronize()
         return int(total[0]), gathered.tolist(), int(root2[0]), nested
