@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import report, scaling
 from tests.helpers import PYTHON, poprun, run
+
+pytestmark = pytest.mark.slow  # every test starts the workers (under poprun or alone)
 
 
 def _json_line(stdout: str) -> dict:

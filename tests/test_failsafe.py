@@ -23,7 +23,10 @@ SCRIPT = ROOT / "tests" / "scripts" / "failsafe_job.py"
 #: Variables of an enclosing MPI job or poprun that must not leak into the child job.
 _FOREIGN = ("PMI_", "HYDI_", "HYDRA_", "OMPI_", "PMIX_", "PRTE_", "MPI_LOCAL", "POPDIST_")
 
-pytestmark = pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="the venv's mpiexec (mpich wheel) is missing")
+pytestmark = [
+    pytest.mark.slow,  # every test starts a job (mpiexec or python)
+    pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="the venv's mpiexec (mpich wheel) is missing"),
+]
 
 
 @dataclass

@@ -36,7 +36,7 @@ from tests.helpers import (
     wait_no_processes,
 )
 
-pytestmark = pytest.mark.multihost
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
 SCRIPTS = ROOT / "tests" / "scripts"
 WHERE = str(SCRIPTS / "where_and_what.py")

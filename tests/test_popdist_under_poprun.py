@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers import PYTHON, ROOT, poprun, wait_no_processes
 
+pytestmark = pytest.mark.slow  # every test launches poprun
+
 JOB = str(ROOT / "tests" / "scripts" / "failsafe_job.py")
 
 

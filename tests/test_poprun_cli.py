@@ -14,6 +14,8 @@ import pytest
 from poprun_py import __version__
 from tests.helpers import MPICH_MPIEXEC, OPENMPI_MPIEXEC, PYTHON, ROOT, poprun, wait_no_processes
 
+pytestmark = pytest.mark.slow  # every test starts poprun (a --dry-run too is a process)
+
 
 @pytest.fixture
 def openmpi() -> str:

@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers import poprun
 
+pytestmark = pytest.mark.slow  # every test starts poprun
+
 
 def _effective(tmp_path: Path, *argv: str) -> dict:
     """The options poprun runs with for ``argv`` (as --export-config writes them)."""

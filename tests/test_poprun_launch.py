@@ -12,6 +12,8 @@ import pytest
 
 from tests.helpers import BIN, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
 
+pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
+
 SCRIPTS = ROOT / "tests" / "scripts"
 BEHAVE = str(SCRIPTS / "behave.py")
 

@@ -8,8 +8,12 @@ import subprocess
 import threading
 import uuid
 
+import pytest
+
 from poprun_py import environment, protocol
 from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, run, wait_no_processes
+
+pytestmark = pytest.mark.slow  # every test starts poprun or a shim
 
 #: Modules the shim never imports: each would cost every instance a millisecond or more before its
 #: program starts (click ~30 ms, socket ~6 ms).
