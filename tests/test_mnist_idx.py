@@ -147,6 +147,7 @@ def test_missing_file_names_both_candidates(tmp_path: Path) -> None:
     assert str(tmp_path / TEST_LABELS) in str(info.value) and f"{TEST_LABELS}.gz" in str(info.value)
 
 
+@pytest.mark.slow  # starts the example
 def test_cli_reports_bad_data_in_one_line(tmp_path: Path) -> None:
     path = corrupt(tmp_path, TRAIN_IMAGES, GOOD_IMAGES[:-1])
     proc = subprocess.run([PYTHON, str(SCRIPT), "--data-dir", str(tmp_path), "--epochs", "1"],
@@ -157,6 +158,7 @@ def test_cli_reports_bad_data_in_one_line(tmp_path: Path) -> None:
     assert f"error: {path}: truncated" in proc.stderr
 
 
+@pytest.mark.slow  # starts the example and trains
 def test_cli_trains_on_idx_files(tmp_path: Path) -> None:
     fake_mnist(tmp_path, n_train=200, n_test=50, gz=True)
     proc = subprocess.run([PYTHON, str(SCRIPT), "--data-dir", str(tmp_path), "--epochs", "3",

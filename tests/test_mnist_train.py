@@ -94,23 +94,27 @@ def test_test_batches_cover_the_test_set_once() -> None:
 # -- training ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # trains MNIST
 def test_defaults_reach_95_percent() -> None:
     accuracy, _ = run_inline()
     assert accuracy >= 0.95
 
 
+@pytest.mark.slow  # trains MNIST
 def test_replication_2x4_matches_1x8() -> None:
     one, _ = run_inline("--replication-factor", "1", "--batch-size", "8")
     two, _ = run_inline("--replication-factor", "2", "--batch-size", "4")
     assert one >= 0.95 and abs(one - two) <= 0.01, (one, two)
 
 
+@pytest.mark.slow  # trains MNIST
 def test_weights_reproducible_and_seeded() -> None:
     a = run_inline("--replication-factor", "2", "--epochs", "1")
     assert run_inline("--replication-factor", "2", "--epochs", "1") == a
     assert run_inline("--replication-factor", "2", "--epochs", "1", "--seed", "1")[1] != a[1]
 
 
+@pytest.mark.slow  # trains MNIST, starts poprun
 def test_poprun_splits_give_identical_weights() -> None:
     ref = run_inline("--replication-factor", "4", "--epochs", "2")
     two, proc = run_poprun(2, 4, "--epochs", "2", "--replication-factor", "1")
@@ -120,6 +124,7 @@ def test_poprun_splits_give_identical_weights() -> None:
     assert four == ref
 
 
+@pytest.mark.slow  # trains MNIST
 @needs_rts
 def test_rts_gives_identical_weights() -> None:
     ref = run_inline("--replication-factor", "4", "--epochs", "2")
@@ -129,6 +134,7 @@ def test_rts_gives_identical_weights() -> None:
         run_inline("--replication-factor", "3", "--epochs", "1")
 
 
+@pytest.mark.slow  # trains MNIST, starts poprun
 @needs_rts
 def test_rts_under_poprun_gives_identical_weights() -> None:
     ref = run_inline("--replication-factor", "4", "--epochs", "2")
@@ -138,6 +144,7 @@ def test_rts_under_poprun_gives_identical_weights() -> None:
     assert four == ref
 
 
+@pytest.mark.slow  # trains MNIST, starts poprun
 @needs_rts
 def test_demo_command_matches_one_process() -> None:
     """``make demo``'s run: 2 instances x 2 replicas with RTS, default options, to the bits of 1 x 4 without."""
@@ -150,6 +157,7 @@ def test_demo_command_matches_one_process() -> None:
 # -- checkpoints ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # trains MNIST
 def test_resume_gives_the_same_weights(tmp_path: Path) -> None:
     straight = run_inline("--replication-factor", "2", "--epochs", "2")
     ckpt = tmp_path / "ckpt.npz"
@@ -161,6 +169,7 @@ def test_resume_gives_the_same_weights(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.npz"]  # no temporary files left
 
 
+@pytest.mark.slow  # trains MNIST, starts poprun
 def test_resume_under_another_split(tmp_path: Path) -> None:
     """Saved by one process with 4 replicas, resumed by 2 poprun instances (with RTS when available)."""
     straight = run_inline("--replication-factor", "4", "--epochs", "2")
@@ -172,6 +181,7 @@ def test_resume_under_another_split(tmp_path: Path) -> None:
     assert "resumed from" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # trains MNIST, starts the example
 def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt.npz"
     run_inline("--epochs", "1", "--hidden-size", "32", "--checkpoint", str(ckpt))
@@ -183,6 +193,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     assert "another --hidden-size" in proc.stderr
 
 
+@pytest.mark.slow  # starts the example
 @pytest.mark.parametrize("argv, message", [
     (["--batch-size", "0"], "--batch-size=0 is invalid"),
     (["--lr", "-1"], "--lr=-1.0 is invalid"),
@@ -193,6 +204,7 @@ def test_bad_options_exit_2(argv: list[str], message: str) -> None:
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow  # trains MNIST, in the example too
 def test_cli_prints_final_line_last() -> None:
     proc = subprocess.run([PYTHON, SCRIPT, "--epochs", "1", "--replication-factor", "2"], capture_output=True,
                           text=True, timeout=60, cwd=ROOT)

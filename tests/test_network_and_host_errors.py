@@ -82,6 +82,7 @@ def test_program_arguments_survive_the_config_file_encoding(argv: list[str]) -> 
     assert decode_argv(encoded) == argv
 
 
+@pytest.mark.slow  # starts poprun
 def test_dry_run_of_4096_instances_on_1024_hosts_is_readable() -> None:
     result = poprun("--dry-run", "--num-instances", "4096", "--print-topology", "yes", "-H", "n[0000-1023]",
                     "python", "train.py", "--lr", "0.1")
@@ -99,6 +100,7 @@ def test_dry_run_of_4096_instances_on_1024_hosts_is_readable() -> None:
     assert f"-genv POPRUN_PROGRAM {encode_argv(['python', 'train.py', '--lr', '0.1'])}" in command
 
 
+@pytest.mark.slow  # starts poprun
 def test_local_args_with_spaces_cannot_go_in_a_config_file() -> None:
     result = poprun("--dry-run", "--num-instances", "2048", "--mpi-local-args", "-env A 'two words'", "/bin/true")
     assert result.returncode == 2
