@@ -25,7 +25,7 @@ everything answers as one instance with one replica, i.e. no sharding.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence, Sized
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, get_args, overload
 
 import numpy as np
 
@@ -47,7 +47,7 @@ __all__ = [
 
 #: How a dataset is cut into shards: every k-th sample (``strided``) or consecutive blocks.
 SplitOrder = Literal["strided", "contiguous"]
-LAYOUTS: tuple[str, ...] = ("strided", "contiguous")
+SPLIT_ORDERS: tuple[SplitOrder, ...] = get_args(SplitOrder)
 
 T = TypeVar("T")
 
@@ -56,10 +56,12 @@ T = TypeVar("T")
 # argument checks: messages name the value and what would be valid
 
 
-def _layout(value: object) -> SplitOrder:
-    if value not in LAYOUTS:
-        raise ValueError(f"layout={value!r} is invalid: it must be one of {', '.join(map(repr, LAYOUTS))}")
-    return value  # type: ignore[return-value]
+def _split_order(value: object) -> SplitOrder:
+    """The ``layout=`` argument, one of :data:`SPLIT_ORDERS`."""
+    for order in SPLIT_ORDERS:
+        if value == order:
+            return order
+    raise ValueError(f"layout={value!r} is invalid: it must be one of {', '.join(map(repr, SPLIT_ORDERS))}")
 
 
 def _length(dataset_or_length: object) -> int:
@@ -139,7 +141,7 @@ def shard_indices(
     ``layout`` picks ``indices[index::k]`` ("strided", torch) or the ``index``-th block ("contiguous").
     """
     n, seed, epoch, shuffle, drop_last = _common(n, seed, epoch, shuffle, drop_last)
-    layout = _layout(layout)
+    layout = _split_order(layout)
     num_shards = validate.integer("num_shards", getNumInstances() if num_shards is None else num_shards, 1)
     index = validate.index("index", getInstanceIndex() if index is None else index, "num_shards", num_shards)
     return _take(_sharded(n, num_shards, shuffle, seed, epoch, drop_last), num_shards, index, layout)
@@ -266,7 +268,7 @@ def replica_shard_indices(
     torch's ``indices[g::R]``. Topology values default to the PopDist environment.
     """
     n, seed, epoch, shuffle, drop_last = _common(n, seed, epoch, shuffle, drop_last)
-    layout = _layout(layout)
+    layout = _split_order(layout)
     total, local, offset = _replicas(num_total_replicas, num_local_replicas, replica_index_offset)
     local_replica = validate.index("local_replica", local_replica, "num_local_replicas", local)
     full = _sharded(n, total, shuffle, seed, epoch, drop_last)
@@ -293,7 +295,7 @@ def local_replica_shard_indices(
     local replica equals sharding by global replica, whatever ``n``.
     """
     n, seed, epoch, shuffle, drop_last = _common(n, seed, epoch, shuffle, drop_last)
-    layout = _layout(layout)
+    layout = _split_order(layout)
     total, local, offset = _replicas(num_total_replicas, num_local_replicas, replica_index_offset)
     full = _sharded(n, total, shuffle, seed, epoch, drop_last)
     per = len(full) // total
