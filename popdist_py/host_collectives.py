@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from popdist_py import agreement
+from popdist_py import agreement, validate
 from popdist_py.instances import Scope, current_scope
 from popdist_py.op_names import TO_HOST
 
@@ -58,7 +58,8 @@ def _check_op(op: Any) -> str:
     name = op.lower() if isinstance(op, str) else op
     name = TO_HOST.get(name, name) if isinstance(name, str) else name
     if name not in OPS:
-        raise ValueError(f"allreduce: op={op!r} is not valid: valid ops are {', '.join(OPS)}")
+        aliases = ", ".join(f"{engine} for {host}" for engine, host in TO_HOST.items())
+        raise ValueError(f"allreduce: op={op!r} is not valid: valid ops are {', '.join(OPS)} (or {aliases})")
     return name
 
 
@@ -145,9 +146,7 @@ def broadcast(array: np.ndarray, root: int = 0, *, timeout: float | None = None)
     """Every instance gets a copy of instance ``root``'s ``array`` (all pass the same shape and dtype)."""
     a = _check_array("broadcast", array)
     scope = current_scope()
-    if not isinstance(root, (int, np.integer)) or isinstance(root, (bool, np.bool_)):
-        raise TypeError(f"broadcast: root must be an instance index (int), got {type(root).__name__} {root!r}")
-    root = int(root)
+    root = validate.integer("broadcast: root", root)
     if root not in scope.instances:
         raise ValueError(f"broadcast: root={root} is not a valid instance: valid instances are {scope.valid()}")
     if scope.comm is None:
