@@ -11,7 +11,7 @@ exit3        instance 1 calls sys.exit(3) while the others wait          -> job 
 exit_caught  instance 1 catches its sys.exit(3), then ends normally      -> status 0
 ok           collectives on every instance, normal exit                  -> status 0
 mismatch     shapes differ between instances; each prints its error      -> status 0
-late         instance 1 sleeps instead of calling allreduce (uncaught timeout on the others)
+late         instance 1 never calls allreduce (uncaught timeout on the others ends the job, status 1)
 subset       execute_on_instances({0, 2}) with collectives inside (3 instances)
 subset_mismatch  instance 2 asks for {0, 1, 2}, the others for {0, 2} (3 instances; use a short
              POPDIST_COLLECTIVE_TIMEOUT): 0 reports the mismatch, 2 a timeout naming instance 1
@@ -89,7 +89,12 @@ def main(mode: str) -> None:
         popdist_py.barrier()
     elif mode == "late":
         if RANK == 1:
+            # Never arrives, whatever the scheduling: instance 0's uncaught timeout ends the job
+            # while this instance waits. Should that not happen within 30 s, it fails the job
+            # (status 2) rather than arrive late and let the allreduce succeed.
             time.sleep(30)
+            say("was not stopped by the others' timeout")
+            sys.exit(2)
         popdist_py.allreduce(np.ones(3))
         say("done")
     elif mode == "subset":
