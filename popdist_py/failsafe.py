@@ -48,7 +48,6 @@ _pending: tuple[int, int] | None = None
 _counter = 0
 _previous_excepthook = sys.excepthook
 _previous_threading_excepthook = threading.excepthook
-_original_exit = sys.exit
 
 
 def exit_status(code: Any) -> int:

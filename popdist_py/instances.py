@@ -32,10 +32,6 @@ class Scope:
     me: int  # this process's job-wide instance index
 
     @property
-    def rank(self) -> int:
-        return self.instances.index(self.me)
-
-    @property
     def size(self) -> int:
         return len(self.instances)
 
@@ -111,7 +107,7 @@ def _subset(parent: Scope, wanted: tuple[int, ...], timeout: float | None) -> Sc
     ranks = [parent.rank_of(i) for i in wanted]
     what = "execute_on_instances"
     agreement.agree(parent.comm, what, (wanted,), timeout=timeout, describe_rank=parent.describe,
-                 fields=("instance set",), ranks=ranks)
+                    fields=("instance set",), ranks=ranks)
     if len(wanted) == parent.size:
         return parent
     key = (id(parent.comm), wanted)
