@@ -183,7 +183,7 @@ class Transport:
             log.debug("%s: header mismatch, asking agree() for the details", what)
             try:
                 agreement.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe,
-                             fields=fields)
+                                fields=fields)
             except CollectiveMismatchError as exc:  # raised on every instance: they are still in step
                 raise InstancesDisagreeError(str(exc)) from None
             raise InstancesDisagreeError(
