@@ -43,7 +43,7 @@ test: lint
 	$(MPIEXEC) -n 3 $(PYTEST) --with-mpi tests/mpi
 	$(MPIEXEC) -n 4 $(PYTEST) --with-mpi tests/mpi
 
-# The subset to iterate on: no subprocesses, no poprun, no MPI ranks (about 20 s).
+# The subset to iterate on: no subprocesses, no poprun, no MPI ranks (10-20 s).
 test-fast: install
 	$(PYTEST) -m "not slow" tests
 
