@@ -47,6 +47,7 @@ class InstanceState:
         self.lost = False  # disconnected without an exit report
         self.last_heard = 0.0  # time.monotonic() of its last frame
         self.silent = False  # lost because nothing came from it for protocol.SILENCE_LIMIT seconds
+        self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss
 
     @property
     def finished(self) -> bool:
@@ -55,6 +56,15 @@ class InstanceState:
     @property
     def done(self) -> bool:
         return self.finished or self.lost
+
+    @property
+    def failed_by_itself(self) -> bool:
+        """It reported a failure of its own: a non-zero status that is not what stopping it gives
+        (SIGTERM, then SIGKILL, or the shell's 128+N for them)."""
+        if not self.status:
+            return False
+        stopped = {_signal.SIGTERM, _signal.SIGKILL}
+        return self.signal not in stopped and self.status not in {128 + s for s in stopped}
 
 
 class Failure:
@@ -275,6 +285,7 @@ class Supervisor:
                 state.output.feed(stream, payload)
             elif kind == protocol.EXIT:
                 state.status, state.signal, state.error = protocol.read_exit(payload)
+                state.ended_at = time.monotonic()
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())
                 log.info("instance %d on %s: %s", state.index, state.host, describe_status(state.status, state.signal))
@@ -319,6 +330,7 @@ class Supervisor:
         if state.status is None:
             # The shim died without reporting (killed by mpiexec or a signal).
             state.lost = True
+            state.ended_at = time.monotonic()
             log.info("instance %d on %s was lost without an exit report", state.index, state.host)
             if self.failure is None and self.teardown_started is None:
                 self.failure = Failure(state.index, 1, f"lost: {_loss(state)}")
@@ -460,24 +472,49 @@ class Supervisor:
 
     def _summary(self, reason: str | None) -> None:
         lines = []
+        also: list[InstanceState] = []
         if self.failure is not None and self.failure.index is not None:
             state = self.instances[self.failure.index]
             lost_host = self._lost_host(state)
+            left = self._left_early(state)
             if lost_host:
                 lines.append(f"poprun: {lost_host}")
+            elif left:
+                lines.append(f"poprun: {left}")
             else:
                 lines.append(f"poprun: instance {state.index} on {state.host} failed: {self.failure.description}")
             if state.output.stderr_tail:
                 lines.append(f"poprun: last lines of instance {state.index}'s stderr:")
                 lines += [f"    {line.decode(errors='replace')}" for line in state.output.stderr_tail]
+            # Instances that failed by themselves too (when all fail at once), each with its own status.
+            also = [s for s in self.instances if s is not state and s.failed_by_itself]
+            for other in also:
+                lines.append(f"poprun: instance {other.index} on {other.host} also failed: "
+                             f"{describe_status(other.status or 0, other.signal)}")
         if reason:
             lines.append(f"poprun: {reason}")
-        stopped = [s.index for s in self.instances if s.stopped_by_poprun and not s.lost]
+        stopped = [s.index for s in self.instances if s.stopped_by_poprun and not s.lost and s not in also]
         if stopped:
             lines.append(f"poprun: stopped instance(s) {', '.join(map(str, stopped))}")
         self.sinks[2].write(("\n".join(lines) + "\n").encode())
         self.sinks[2].flush()
 
+    def _left_early(self, state: InstanceState) -> str | None:
+        """When the launcher killed an instance (no exit report) after others had exited with status 0
+        while it still ran, those left early: an MPI program that exits without MPI_Finalize (os._exit,
+        a crash below Python) makes mpiexec end the rest of the job. Name them, not the victim."""
+        if not state.lost or state.silent or state.ended_at is None:
+            return None
+        left = [s for s in self.instances
+                if s.status == 0 and s.ended_at is not None and s.ended_at < state.ended_at]
+        if not left:
+            return None
+        victims = [s.index for s in self.instances if s.lost]
+        first = min(s.ended_at or 0.0 for s in left)
+        return (f"instance(s) {_ranges([s.index for s in left])} on {', '.join(sorted({s.host for s in left}))} "
+                f"left early: exited with status 0 while instance(s) {_ranges(victims)} still ran, and "
+                f"{state.ended_at - first:.1f} s later mpiexec ended those without an exit report (an MPI "
+                f"program that exits without MPI_Finalize, e.g. through os._exit, takes the job down)")
 
 def _loss(state: InstanceState) -> str:
     """Why an instance went without an exit report, as far as poprun can tell."""
