@@ -21,7 +21,7 @@ DRAIN_SECONDS = 1.0
 #: reach poprun can never be counted as done, and must not hold the others for ever.
 RELEASE_WAIT_SECONDS = 10.0
 #: Keys of the descriptors the loop watches.
-CONTROL, STDOUT, STDERR, EXITED = 0, 1, 2, 3
+CONTROL, STDOUT, STDERR, EXITED, LAUNCHER = 0, 1, 2, 3, 4
 
 
 class _Leave(Exception):
@@ -36,6 +36,8 @@ class Pump:
         self.pid: int | None = None
         self.kill_at: float | None = None
         self.last_sent = time.monotonic()
+        #: Why the shim stopped its program by itself (its launcher died), for the exit report.
+        self.reason: str | None = None
 
     def send(self, data: bytes) -> None:
         if self.control is None:
@@ -80,7 +82,7 @@ class Pump:
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, self.stop_program)
         status, signum = self._pump(stdout_fd, stderr_fd)
-        self.send(protocol.exit_report(status, signum, None))
+        self.send(protocol.exit_report(status, signum, self.reason))
         self._await_release()
         return status
 
@@ -118,6 +120,17 @@ class Pump:
             exit_fd = None
         if exit_fd is not None:
             watch.add(exit_fd, EXITED)
+        # The process that started this shim (MPICH's hydra_pmi_proxy, Open MPI's prted): when it
+        # dies the MPI job on this host is broken, so stop the program at once and say why,
+        # instead of letting MPI fail much later in a collective or in MPI_Finalize.
+        launcher = os.getppid()
+        launcher_fd: int | None
+        try:
+            launcher_fd = os.pidfd_open(launcher) if launcher > 1 else None
+        except (AttributeError, OSError):
+            launcher_fd = None
+        if launcher_fd is not None:
+            watch.add(launcher_fd, LAUNCHER)
         open_streams = 2
         drain_until: float | None = None
         returncode: int | None = None
@@ -147,6 +160,12 @@ class Pump:
                     if returncode is None:  # exited: a blocking wait returns at once
                         returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
                         drain_until = time.monotonic() + DRAIN_SECONDS
+                elif key == LAUNCHER:
+                    watch.remove(fd)
+                    if returncode is None:
+                        self.reason = (f"the MPI launcher's process that started instance {self.index} on "
+                                       f"{_socket.gethostname()} (PID {launcher}) died; the instance was stopped")
+                        self.stop_program()
                 elif key == CONTROL:
                     try:
                         message = self.control.recv(64)  # type: ignore[union-attr]
@@ -164,8 +183,9 @@ class Pump:
                         watch.remove(fd)
                         os.close(fd)
                         open_streams -= 1
-        if exit_fd is not None:
-            os.close(exit_fd)
+        for watched in (exit_fd, launcher_fd):
+            if watched is not None:
+                os.close(watched)
         # Descendants that outlived the program (or held its pipes) must not outlive the job.
         self._signal_group(_signal.SIGKILL)
         assert returncode is not None

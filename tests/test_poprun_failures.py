@@ -3,11 +3,27 @@ instance that left early named instead of the one mpiexec then killed."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import PYTHON, ROOT, poprun
+from tests.helpers import (
+    OPENMPI_LIBMPI,
+    OPENMPI_MPIEXEC,
+    POPRUN,
+    PYTHON,
+    ROOT,
+    poprun,
+    processes_matching,
+    wait_no_processes,
+)
 
 pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -33,3 +49,38 @@ def test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting() -> No
     assert re.search(r"^poprun: instance\(s\) 0 on \S+ left early: exited with status 0 while instance\(s\) 1 "
                      r"still ran, .* without MPI_Finalize", result.stderr, re.MULTILINE), result.stderr
     assert "instance 1 on" not in result.stderr.splitlines()[0]
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once(mpi: str) -> None:
+    """Killing the process that started an instance (MPICH's hydra_pmi_proxy, Open MPI's prted)
+    ends the job at once, saying so, instead of when MPI later fails."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    args, env = (["--mpi", str(OPENMPI_MPIEXEC)], {"MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)}) if mpi == "openmpi" \
+        else ([], {})
+    proc = subprocess.Popen([*POPRUN, *args, "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env}, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        started = 0
+        while started < 2:  # ordered by the instances' own messages
+            line = proc.stdout.readline()
+            assert line, proc.communicate(timeout=30)
+            started += "started" in line
+        # Instance 0's shim: a Python running instance.py (mpiexec's own command line names it too).
+        shim = next(int(p.split(":")[0]) for p in processes_matching(marker)
+                    if p.split(": ", 1)[1].startswith(f"{PYTHON} -S ") and "instance.py 0 " in p)
+        launcher = int(Path(f"/proc/{shim}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        start = time.monotonic()
+        os.kill(launcher, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and took < 5, (took, stderr)
+    # Both instances of this host were started by that process; either may report it first.
+    assert re.search(rf"^poprun: instance [01] on {socket.gethostname()} failed: .*\n.*\n    the MPI launcher's "
+                     rf"process that started instance [01] on {socket.gethostname()} \(PID {launcher}\) died; the "
+                     r"instance was stopped$", stderr, re.MULTILINE), stderr
+    assert wait_no_processes(marker) == []
