@@ -20,6 +20,47 @@ VIPU_FLAGS = (
 )
 
 
+#: The most instances poprun starts, and the bound of every other count (replicas, IPUs per
+#: replica, hosts): 2**16, 64 times Graphcore's largest system (1024 IPUs, one instance each at
+#: most) and more than a Linux host's default pid_max (32768) allows on one machine. poprun holds
+#: a connection and a few hundred bytes of plan per instance, so the bound also keeps its memory
+#: and a --dry-run's time small (65536 instances: ~2 s).
+MAX_COUNT = 65536
+#: Counts are shown by their first digits past this many (a 100000-digit value is one short line).
+SHOWN_DIGITS = 20
+
+
+class Count(click.IntRange):
+    """Every count option's type (``--num-instances``, ``--num-replicas``, ...; an index too):
+    plain decimal digits only, where ``int`` would also take ``2_0``, `` 2`` or a fullwidth 2; at least
+    ``min``, at most ``max``, checked before the number is used (a value past ``max`` says
+    ``beyond``, e.g. "is more than poprun can start")."""
+
+    name = "count"
+
+    def __init__(self, min: int, max: int = MAX_COUNT, beyond: str = "is more than poprun supports") -> None:
+        super().__init__(min=min, max=max)
+        self.beyond = beyond
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(text, str):  # from a config file: true, 2.5, ...
+            self.fail(f"{value!r} is not a whole number", param, ctx)
+        digits = text[1:] if text.startswith("-") else text
+        shown = text if len(text) <= SHOWN_DIGITS else text[:SHOWN_DIGITS] + "..."
+        if not (digits.isascii() and digits.isdigit()):
+            self.fail(f"{shown!r} is not a whole number in plain decimal digits (0-9), e.g. 4", param, ctx)
+        assert self.min is not None and self.max is not None
+        # Beyond a few digits only the sign matters (and int() of 5000 digits would fail).
+        big = len(digits.lstrip("0")) > len(str(self.max))
+        number = (-1 if text.startswith("-") else 1) * (self.max + 1 if big else int(digits))
+        if number > self.max:
+            self.fail(f"{shown} {self.beyond} (at most {self.max})", param, ctx)
+        if number < self.min:
+            self.fail(f"{shown} is not in the range {self._describe_range()}", param, ctx)
+        return number
+
+
 class YesNo(click.types.BoolParamType):
     """PopRun's ``yes``/``no`` values: click's boolean words (also true/false, on/off, 1/0), shown
     as YES|NO in the help, and an error that says what is valid."""
@@ -31,6 +72,47 @@ class YesNo(click.types.BoolParamType):
         if state is None:
             self.fail(f"{value!r} is not yes or no", param, ctx)
         return state
+
+
+#: Other launchers' options people type out of habit (mpirun/mpiexec, horovodrun, torchrun), and
+#: what poprun calls them. Click reads ``-np`` as ``-n`` followed by ``p``.
+FOREIGN_OPTIONS = {
+    **dict.fromkeys(("-np", "-n", "--np", "--n", "-c"), "--num-instances N"),
+    **dict.fromkeys(("-N", "--npernode", "-npernode", "--nproc-per-node", "--nproc_per_node", "-ppn"),
+                    "--num-instances N, the total over all hosts"),
+    **dict.fromkeys(("-host", "-hosts", "--hosts", "--nnodes"), "-H/--host LIST"),
+    **dict.fromkeys(("-f", "-hostfile", "--hostfile", "-machinefile", "--machinefile"), "--host-file FILE"),
+}
+
+
+class PoprunCommand(click.Command):
+    """A click command whose unknown-option error names poprun's option for another launcher's."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list it is given
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            token = _typed(exc.option_name, given)
+            hint = FOREIGN_OPTIONS.get(token) or FOREIGN_OPTIONS.get(exc.option_name)
+            if not hint:
+                raise
+            shown = token if token in FOREIGN_OPTIONS else exc.option_name
+            raise click.NoSuchOption(shown, f"No such option {shown!r} (poprun's option is {hint}).",
+                                     ctx=exc.ctx) from None
+
+
+def _typed(option: str, args: list[str]) -> str:
+    """The word of ``args`` that click's unknown ``option`` came from: ``-np`` for ``-n``, and
+    ``-hostfile`` for ``-o`` (click reads it as ``-h`` ``-o`` ``-s`` ...)."""
+    for arg in args:
+        if arg == "--":
+            break
+        word = arg.split("=", 1)[0]
+        short = not option.startswith("--") and word.startswith("-") and not word.startswith("--")
+        if word == option or (short and option[1:] in word[1:]):
+            return word
+    return option
 
 
 def vipu_options(func: Any) -> Any:
@@ -50,6 +132,7 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 
 
 @click.command(
+    cls=PoprunCommand,
     context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"],
                       "max_content_width": 100},
     epilog="Every instance gets POPDIST_* (see popdist_py), RANK, WORLD_SIZE, LOCAL_RANK and "
@@ -57,11 +140,12 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
            "Exit status: 0 when every instance succeeds, else the first failing instance's status "
            "(128+N for signal N).",
 )
-@click.option("--num-instances", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+@click.option("--num-instances", type=Count(1, beyond="is more than poprun can start"), default=1, show_default=True,
+              metavar="N",
               help="Processes to start.")
-@click.option("--num-replicas", type=click.IntRange(min=1), metavar="N",
+@click.option("--num-replicas", type=Count(1), metavar="N",
               help="Total replicas, divided evenly among the instances (default: one per instance).")
-@click.option("--ipus-per-replica", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+@click.option("--ipus-per-replica", type=Count(1), default=1, show_default=True, metavar="N",
               help="Devices per replica (given to instances as POPDIST_NUM_IPUS_PER_REPLICA).")
 @click.option("-H", "--host", metavar="LIST",
               help="Hosts to run on: 'a,b' or ranges 'node[0-2,4]'. Instances are spread evenly. "
@@ -75,7 +159,8 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.option("--mpi-local-args", metavar="ARGS", help="Extra arguments for every instance's app context.")
 @click.option("--instance-mpi-local-args", multiple=True, metavar="I:ARGS",
               help="Extra app-context arguments for instance I only (repeatable).")
-@click.option("--only-output-from-instance", type=click.IntRange(min=0), metavar="I",
+@click.option("--only-output-from-instance", type=Count(0, MAX_COUNT - 1, "is past the last instance poprun can start"),
+              metavar="I",
               help="Show only instance I's output (failures of others are still summarised).")
 @click.option("--print-topology", type=YesNo(), default="no", show_default=True,
               help="Print hosts -> instances -> replicas.")

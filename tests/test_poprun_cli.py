@@ -34,13 +34,24 @@ BAD_INPUTS = [
      "--num-replicas 4 cannot be divided evenly among --num-instances 3"),
     (["--num-instances", "3", "-H", "a,b"], "--num-instances 3 cannot be spread evenly over 2 hosts (a, b)"),
     (["-H", "a", "--host-file", "hosts.txt"], "--host and --host-file exclude each other"),
-    (["--num-instances", "0"], "0 is not in the range x>=1"),
-    (["--num-replicas", "-2"], "-2 is not in the range x>=1"),
-    (["--ipus-per-replica", "0"], "0 is not in the range x>=1"),
-    (["--num-instances", "two"], "Invalid value for '--num-instances': 'two' is not a valid integer"),
+    (["--num-instances", "0"], "0 is not in the range 1<=x<=65536"),
+    (["--num-replicas", "-2"], "-2 is not in the range 1<=x<=65536"),
+    (["--ipus-per-replica", "0"], "0 is not in the range 1<=x<=65536"),
+    (["--num-instances", "two"], "Invalid value for '--num-instances': 'two' is not a whole number in plain decimal"),
+    # Counts are plain decimal digits (int() alone would read '2_0' as 20, and a fullwidth 2 as 2) ...
+    (["--num-instances", "2_0"], ("Invalid value for '--num-instances': '2_0' is not a whole number in plain "
+                                  "decimal digits (0-9), e.g. 4")),
+    (["--num-replicas", "\uff12"], "'\uff12' is not a whole number in plain decimal digits"),
+    (["--num-instances", "+2"], "'+2' is not a whole number"),
+    # ... within bounds checked before anything is built (these ran out of memory).
+    (["--num-instances", "1000000000"],
+     "Invalid value for '--num-instances': 1000000000 is more than poprun can start (at most 65536)"),
+    (["--num-instances", "9" * 100_000], "99999999999999999999... is more than poprun can start (at most 65536)"),
+    (["--num-replicas", "65537"], "65537 is more than poprun supports (at most 65536)"),
+    (["--only-output-from-instance", "65536"], "65536 is past the last instance poprun can start (at most 65535)"),
     (["--num-instances", "2", "--only-output-from-instance", "2"],
      "--only-output-from-instance 2 is outside the instances 0..1"),
-    (["--only-output-from-instance", "-1"], "-1 is not in the range x>=0"),
+    (["--only-output-from-instance", "-1"], "-1 is not in the range 0<=x<=65535"),
     (["--host-file", "{unreadable}"], "Invalid value for '--host-file': File '{unreadable}' does not exist."),
     (["--host-file", "."], "Invalid value for '--host-file': File '.' is a directory."),
     (["-H", ","], "host list ',' names no hosts"),
@@ -60,11 +71,19 @@ BAD_INPUTS = [
     (["--import-config", "{unreadable}"], "Invalid value for '--import-config': File '{unreadable}' does not exist."),
     (["--export-config", "."], "Invalid value for '--export-config': File '.' is a directory."),
     (["--no-such-option"], "No such option '--no-such-option'"),
+    # Other launchers' options name poprun's (click reads -np as -n, -hostfile as -h -o ...).
+    (["-np", "2"], "No such option '-np' (poprun's option is --num-instances N)."),
+    (["-n", "2"], "No such option '-n' (poprun's option is --num-instances N)."),
+    (["--np=2"], "No such option '--np' (poprun's option is --num-instances N)."),
+    (["--nproc_per_node", "2"], "No such option '--nproc_per_node' (poprun's option is --num-instances N, the total"),
+    (["--nproc-per-node=2"], "No such option '--nproc-per-node' (poprun's option is --num-instances N, the total"),
+    (["-N", "2"], "No such option '-N' (poprun's option is --num-instances N, the total over all hosts)."),
+    (["-hostfile", "hosts.txt"], "No such option '-hostfile' (poprun's option is --host-file FILE)."),
     (["--dry-run=yes"], "Option '--dry-run' does not take a value"),
 ]
 
 
-@pytest.mark.parametrize("args,message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+@pytest.mark.parametrize("args,message", BAD_INPUTS, ids=[" ".join(a)[:40] for a, _ in BAD_INPUTS])
 def test_bad_input_is_one_clear_line_and_status_2(args: list[str], message: str, unreadable_file: str,
                                                   tmp_path: Path) -> None:
     (tmp_path / "hosts.txt").write_text("a\n")
@@ -240,8 +259,8 @@ def test_help_lists_every_option_with_its_default() -> None:
                    "-h, --help"):
         assert option in result.stdout, option
     text = " ".join(result.stdout.split())  # unwrapped
-    assert "Processes to start. [default: 1; x>=1]" in text
-    assert "(default: one per instance). [x>=1]" in text
+    assert "Processes to start. [default: 1; 1<=x<=65536]" in text
+    assert "(default: one per instance). [1<=x<=65536]" in text
     assert "Bind instances to NUMA nodes. [default: no]" in text
 
 

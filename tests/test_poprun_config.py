@@ -85,8 +85,13 @@ def test_vipu_options_from_a_file_are_warned_about(tmp_path: Path) -> None:
     ('{"num-instance": 2}', ("Invalid value for '--import-config': '{path}' has unknown option(s) 'num-instance'; "
                              "known options are: executable-cache-path, host, ")),
     ('{"dry-run": true}', "has unknown option(s) 'dry-run'"),
-    ('{"num-instances": "two"}', "config file '{path}': 'num-instances': 'two' is not a valid integer"),
-    ('{"num-instances": 0}', "config file '{path}': 'num-instances': 0 is not in the range x>=1."),
+    ('{"num-instances": "two"}', "config file '{path}': 'num-instances': 'two' is not a whole number in plain decimal"),
+    ('{"num-instances": "2_0"}', "config file '{path}': 'num-instances': '2_0' is not a whole number in plain decimal"),
+    ('{"num-instances": 2.5}', "config file '{path}': 'num-instances': 2.5 is not a whole number"),
+    ('{"num-replicas": true}', "config file '{path}': 'num-replicas': True is not a whole number"),
+    ('{"num-instances": 1000000000}',
+     "config file '{path}': 'num-instances': 1000000000 is more than poprun can start (at most 65536)"),
+    ('{"num-instances": 0}', "config file '{path}': 'num-instances': 0 is not in the range 1<=x<=65536"),
     ('{"print-topology": 3}', "config file '{path}': 'print-topology': 3 is not yes or no"),
     ('{"instance-mpi-local-args": "1:-x A"}',
      "'{path}': 'instance-mpi-local-args' must be a list (the option is repeatable), got \"1:-x A\""),
@@ -109,4 +114,4 @@ def test_a_bad_value_on_the_command_line_is_blamed_on_the_command_line(tmp_path:
     config.write_text('{"num-instances": 2}')
     result = poprun("--import-config", str(config), "--num-instances", "0", "/bin/true")
     assert result.returncode == 2
-    assert result.stderr == "poprun: error: Invalid value for '--num-instances': 0 is not in the range x>=1.\n"
+    assert result.stderr == "poprun: error: Invalid value for '--num-instances': 0 is not in the range 1<=x<=65536\n"
