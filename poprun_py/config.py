@@ -19,6 +19,8 @@ from click.core import ParameterSource
 
 #: Options about config handling or about this one run, never stored in a config file.
 META_OPTIONS = {"import_config", "export_config", "overwrite_config", "dry_run"}
+#: A config file holds a dozen options: anything larger is a mistake (and is not read past this).
+MAX_CONFIG_BYTES = 1 << 20
 #: ``ctx.meta`` key of the imported file's path.
 IMPORTED = "poprun.import_config"
 
@@ -34,11 +36,18 @@ def read(path: str, params: dict[str, click.Option]) -> dict[str, Any]:
     """The file at ``path`` as a ``default_map`` (parameter names to values); BadParameter if it
     is not a JSON object of known options, each with a list exactly when the option is repeatable."""
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise click.BadParameter(f"{path!r} cannot be read: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = read_text(path, MAX_CONFIG_BYTES, "1 MiB; a config file holds a few options")
+    except ValueError as exc:
+        raise click.BadParameter(f"{path!r} {exc}") from None
+    if not text.strip():
+        raise click.BadParameter(f"{path!r} is empty; it must hold a JSON object of option names to values")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise click.BadParameter(f"{path!r} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise click.BadParameter(f"{path!r} nests lists or objects too deeply; options need an object "
+                                 "whose values are single values or lists of them") from None
     if not isinstance(data, dict):
         raise click.BadParameter(f"{path!r} must hold a JSON object of option names to values")
     unknown = sorted(set(data) - set(params))
@@ -50,12 +59,48 @@ def read(path: str, params: dict[str, click.Option]) -> dict[str, Any]:
         if value is None:
             continue  # the option's own default
         param = params[key]
-        if isinstance(value, list) != param.multiple or isinstance(value, dict):
-            shape = "a list (the option is repeatable)" if param.multiple else "a single value, not a list or object"
-            raise click.BadParameter(f"{path!r}: {key!r} must be {shape}, got {json.dumps(value)}")
+        if (isinstance(value, list) != param.multiple or isinstance(value, dict)
+                or (isinstance(value, list) and any(isinstance(item, (list, dict)) for item in value))):
+            shape = ("a list of single values (the option is repeatable)" if param.multiple
+                     else "a single value, not a list or object")
+            got = json.dumps(value)
+            got = got if len(got) <= 60 else got[:60] + "..."
+            raise click.BadParameter(f"{path!r}: {key!r} must be {shape}, got {got}")
         assert param.name is not None
         defaults[param.name] = value
     return defaults
+
+
+def read_text(path: str, limit: int, limit_text: str) -> str:
+    """The UTF-8 text of the file at ``path``, read in bounded time and memory: at most ``limit``
+    bytes (``/dev/zero`` is refused, not read for ever) and a FIFO nobody writes to reads as
+    empty instead of waiting. ValueError (a message to follow the path) if it cannot be read, is
+    larger than ``limit`` ("is larger than ``limit_text``"), or is not UTF-8 text."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO does not wait
+        try:
+            os.set_blocking(fd, True)
+            chunks, size = [], 0
+            while size <= limit:
+                chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise ValueError(f"cannot be read: {exc.strerror or exc}") from None
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise ValueError(f"is larger than {limit_text}")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\0" in data:
+        raise ValueError("is binary or UTF-16, not text: save it as UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): "
+                         "save it as UTF-8") from None
 
 
 def load(ctx: click.Context, path: str) -> None:

@@ -4,6 +4,7 @@ defaults, so whatever the command line gives wins; a bad file is one clear line.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def test_vipu_options_from_a_file_are_warned_about(tmp_path: Path) -> None:
     ('{"num-instances": 0}', "config file '{path}': 'num-instances': 0 is not in the range 1<=x<=65536"),
     ('{"print-topology": 3}', "config file '{path}': 'print-topology': 3 is not yes or no"),
     ('{"instance-mpi-local-args": "1:-x A"}',
-     "'{path}': 'instance-mpi-local-args' must be a list (the option is repeatable), got \"1:-x A\""),
+     "'{path}': 'instance-mpi-local-args' must be a list of single values (the option is repeatable), got \"1:-x A\""),
     ('{"host": ["a", "b"]}', "'{path}': 'host' must be a single value, not a list or object, got [\"a\", \"b\"]"),
     ('[1, 2]', "Invalid value for '--import-config': '{path}' must hold a JSON object of option names to values"),
     ('{"num-instances": 2,', "Invalid value for '--import-config': '{path}' is not valid JSON: "),
@@ -115,3 +116,35 @@ def test_a_bad_value_on_the_command_line_is_blamed_on_the_command_line(tmp_path:
     result = poprun("--import-config", str(config), "--num-instances", "0", "/bin/true")
     assert result.returncode == 2
     assert result.stderr == "poprun: error: Invalid value for '--num-instances': 0 is not in the range 1<=x<=65536\n"
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("binary", bytes(range(256)) * 8, "is binary or UTF-16, not text: save it as UTF-8"),
+    ("utf16", '{"num-instances": 2}'.encode("utf-16"), "is binary or UTF-16, not text: save it as UTF-8"),
+    ("latin1", '{"host": "n\xe9"}'.encode("latin-1"), "is not UTF-8 text (byte 0xe9 at offset 11): save it as UTF-8"),
+    ("deep", b"[" * 100_000, "nests lists or objects too deeply"),
+    ("deep-value", b'{"host": ' + b"[" * 100_000, "nests lists or objects too deeply"),
+    ("nested-list", b'{"instance-mpi-local-args": [["0:-x A"]]}', "must be a list of single values"),
+    ("huge", b'{"host": "' + b"a" * (100 << 20) + b'"}', "is larger than 1 MiB"),
+    ("empty", b"", "is empty; it must hold a JSON object"),
+    ("dev-zero", None, "is larger than 1 MiB"),
+    ("fifo", None, "is empty; it must hold a JSON object"),
+])
+def test_config_files_that_are_not_small_json_text(tmp_path: Path, name: str, content: bytes | None,
+                                                   message: str) -> None:
+    """Each is one line, quickly: the file is read up to 1 MiB + 1 byte, decoded as UTF-8, parsed
+    without recursing without end; a FIFO nobody writes to reads as empty instead of blocking."""
+    config = tmp_path / f"{name}.json"
+    if name == "dev-zero":
+        config.symlink_to("/dev/zero")
+    elif name == "fifo":
+        os.mkfifo(config)
+    else:
+        assert content is not None
+        config.write_bytes(content)
+    result = poprun("--import-config", str(config), "/bin/true", timeout=20)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert lines == [f"poprun: error: Invalid value for '--import-config': '{config}' {message}"] or (
+        len(lines) == 1 and lines[0].startswith(f"poprun: error: Invalid value for '--import-config': '{config}'")
+        and message in lines[0]), result.stderr[-2000:]
