@@ -1,9 +1,11 @@
 """Host lists and the job plan, without launching anything."""
 
+import os
+
 import pytest
 
 from poprun_py.errors import PlanError
-from poprun_py.hosts import expand_hosts, read_host_file
+from poprun_py.hosts import count_hosts, expand_hosts, read_host_file
 from poprun_py.plan import JobPlan
 
 
@@ -57,3 +59,34 @@ def test_large_plan_is_described_by_its_ends():
     with pytest.raises(PlanError) as error:
         JobPlan(4095, 4095, hosts=plan.hosts)
     assert len(str(error.value)) < 200 and "... 1016 more ..., n1022, n1023" in str(error.value)
+
+
+def test_host_lists_are_counted_before_they_are_expanded():
+    assert count_hosts("n[0-99999999],m[1-2]x[01-03]") == 100_000_006
+    assert len(expand_hosts("n[0-65535]")) == 65536
+    with pytest.raises(PlanError, match=r"host list 'n\[0-65536\]' names 65537 hosts, more than poprun runs on "
+                                        r"\(at most 65536"):
+        expand_hosts("n[0-65536]")
+    with pytest.raises(PlanError, match=r"is not 'N' or 'N-M' with non-negative integers \(at most 18 digits\)"):
+        expand_hosts("n[0-" + "9" * 5000 + "]")
+
+
+def test_host_files_are_read_in_bounded_time_and_memory(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody writes: reads as empty instead of waiting
+    with pytest.raises(PlanError, match="lists no hosts"):
+        read_host_file(fifo)
+    with pytest.raises(PlanError, match=r"host file '/dev/zero' is larger than 16 MiB"):
+        read_host_file("/dev/zero")
+    many = tmp_path / "many"
+    many.write_text("n[0-99999]\n" * 20)
+    with pytest.raises(PlanError, match=r"names 2000000 hosts, more than poprun runs on \(at most 65536"):
+        read_host_file(many)
+    lines = tmp_path / "lines"
+    lines.write_text("\n" * (1 << 20 | 1))
+    with pytest.raises(PlanError, match=r"has more than 1048576 lines"):
+        read_host_file(lines)
+    binary = tmp_path / "binary"
+    binary.write_bytes("a\n".encode("utf-16"))
+    with pytest.raises(PlanError, match=r"is binary or UTF-16, not text"):
+        read_host_file(binary)

@@ -58,6 +58,11 @@ BAD_INPUTS = [
     (["-H", "node[3-1]"], "host range '3-1' in 'node[3-1]' runs backwards"),
     (["-H", "node[a-b]"], "host range 'a-b' in 'node[a-b]' is not 'N' or 'N-M'"),
     (["-H", "node[0-1"], "host list 'node[0-1' has unbalanced brackets"),
+    # Host lists are counted before they are expanded; host files are read up to 16 MiB.
+    (["-H", "n[0-99999999]"],
+     "host list 'n[0-99999999]' names 100000000 hosts, more than poprun runs on (at most 65536, one instance"),
+    (["-H", "n[0-9]x[0-99999]"], "names 1000000 hosts, more than poprun runs on (at most 65536"),
+    (["--host-file", "/dev/zero"], "host file '/dev/zero' is larger than 16 MiB"),
     (["--num-instances", "2", "--instance-mpi-local-args", "one:-env A 1"],
      "--instance-mpi-local-args 'one:-env A 1' is not of the form I:ARGS"),
     (["--num-instances", "2", "--instance-mpi-local-args", "-env A 1"], "is not of the form I:ARGS"),
