@@ -29,6 +29,12 @@ class ProgramError(Exception):
 def launch(options: dict) -> int:
     """Run the job ``options`` describe (as click would parse them); its exit status."""
     log.configure(options["verbose"])
+    grace = os.environ.get(environment.KILL_GRACE)
+    if grace is not None:  # every shim reads it: one line here rather than a warning from each
+        from poprun_py.shim_pump import bad_grace, grace_seconds
+
+        if grace_seconds(grace) is None:
+            raise PlanError(bad_grace(grace))
 
     from poprun_py.mpi import (
         CommandSpec,

@@ -24,6 +24,23 @@ RELEASE_WAIT_SECONDS = 10.0
 CONTROL, STDOUT, STDERR, EXITED, LAUNCHER = 0, 1, 2, 3, 4
 
 
+def grace_seconds(text: str) -> float | None:
+    """``POPRUN_KILL_GRACE``'s value as seconds, or None when it is not a finite number >= 0.
+    poprun refuses a bad value before starting anything; a shim started some other way warns and
+    uses the default."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 <= value < float("inf") else None  # nan fails both comparisons
+
+
+def bad_grace(text: str) -> str:
+    """The one line that says ``POPRUN_KILL_GRACE=text`` is wrong."""
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    return f"{environment.KILL_GRACE}={shown!r} is not a number of seconds (>= 0)"
+
+
 class _Leave(Exception):
     """Raised by a signal handler to end the wait for RELEASE."""
 
@@ -32,7 +49,12 @@ class Pump:
     def __init__(self, index: int, control: _socket.socket | None) -> None:
         self.index = index
         self.control = control
-        self.grace = float(os.environ.get(environment.KILL_GRACE, protocol.DEFAULT_GRACE))
+        text = os.environ.get(environment.KILL_GRACE)
+        grace = protocol.DEFAULT_GRACE if text is None else grace_seconds(text)
+        if grace is None:
+            os.write(2, f"poprun: warning: {bad_grace(str(text))}; using {protocol.DEFAULT_GRACE:g}\n".encode())
+            grace = protocol.DEFAULT_GRACE
+        self.grace = grace
         self.pid: int | None = None
         self.kill_at: float | None = None
         self.last_sent = time.monotonic()
