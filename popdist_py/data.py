@@ -24,6 +24,7 @@ everything answers as one instance with one replica, i.e. no sharding.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator, Sequence, Sized
 from typing import Any, Literal, TypeVar, get_args, overload
 
@@ -34,6 +35,7 @@ from popdist_py.api import getInstanceIndex, getNumInstances, getNumLocalReplica
 from popdist_py.env import Topology, read_topology
 
 __all__ = [
+    "TORCH_RANDPERM_MAX_N",
     "DistributedSampler",
     "global_batch_size",
     "instance_batch_slice",
@@ -43,6 +45,7 @@ __all__ = [
     "shard_indices",
     "shuffle_buffer_size",
     "split_for_replicas",
+    "torch_randperm",
 ]
 
 #: How a dataset is cut into shards: every k-th sample (``strided``) or consecutive blocks.
@@ -75,10 +78,64 @@ def _length(dataset_or_length: object) -> int:
     )
 
 
+#: torch's ``randperm`` on the CPU uses the swap pass below only for ``n`` under this
+#: (``std::numeric_limits<uint32_t>::max() / 20``); from it on, another algorithm on 64-bit draws.
+TORCH_RANDPERM_MAX_N = 0xFFFFFFFF // 20
+
+#: The seeds torch's ``Generator.manual_seed`` accepts: an int64 or a uint64.
+_TORCH_SEEDS = range(-(2**63), 2**64)
+
+
+def _mt19937(seed: int) -> np.random.MT19937:
+    """An MT19937 seeded as torch's (and the reference ``init_genrand``): from the low 32 bits of ``seed``.
+
+    numpy's ``MT19937(seed)`` seeds through a SeedSequence instead, so the state is built here and
+    set through the public ``state`` setter; ``pos=624`` makes the first draw regenerate the key.
+    """
+    key = [seed & 0xFFFFFFFF]
+    for j in range(1, 624):
+        key.append((1812433253 * (key[-1] ^ (key[-1] >> 30)) + j) & 0xFFFFFFFF)
+    generator = np.random.MT19937()
+    generator.state = {"bit_generator": "MT19937", "state": {"key": np.array(key, dtype=np.uint32), "pos": 624}}
+    return generator
+
+
+def torch_randperm(n: int, seed: int) -> np.ndarray:
+    """``torch.randperm(n, generator=g).tolist()`` after ``g.manual_seed(seed)``, on the CPU, without torch.
+
+    torch (``randperm_cpu``) swaps ``r[i]`` with ``r[i + z]``, ``z = next32() % (n - i)``, for
+    ``i = 0 .. n-2`` over ``r = 0 .. n-1``, where ``next32`` is its mt19937 seeded with the low 32
+    bits of ``seed`` (any ``seed`` torch accepts, negative ones as their two's complement). The
+    n-1 draws are made at once; the swaps are a plain loop (about 0.5 s for n = 10**6).
+    ``n >= TORCH_RANDPERM_MAX_N`` (214748364) raises ValueError: torch uses another algorithm there,
+    which is not reproduced. A seed outside torch's ``[-2**63, 2**64)`` raises ValueError, as torch.
+    """
+    n, seed = validate.integer("n", n, 0), validate.integer("seed", seed)
+    if n >= TORCH_RANDPERM_MAX_N:
+        raise ValueError(
+            f"shuffling n={n} samples is not supported: torch's randperm order is reproduced only for "
+            f"n < {TORCH_RANDPERM_MAX_N}"
+        )
+    if seed not in _TORCH_SEEDS:
+        raise ValueError(f"seed + epoch = {seed} is outside the seeds torch accepts, [-2**63, 2**64)")
+    if n < 2:
+        return np.arange(n, dtype=np.int64)
+    words = _mt19937(seed).random_raw(n - 1)  # raw 32-bit outputs, as uint64
+    targets = (words % np.arange(n, 1, -1, dtype=np.uint64) + np.arange(n - 1, dtype=np.uint64)).tolist()
+    order = list(range(n))
+    for i, j in enumerate(targets):
+        order[i], order[j] = order[j], order[i]
+    return np.array(order, dtype=np.int64)
+
+
 def _order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    """The dataset order before sharding: the same on every instance, which keeps shards disjoint."""
+    """The dataset order before sharding: the same on every instance, which keeps shards disjoint.
+
+    Shuffled, it is torch's ``randperm(n)`` from ``seed + epoch`` (``torch_randperm``), as in
+    torch's ``DistributedSampler``.
+    """
     if shuffle:
-        return np.random.default_rng(seed + epoch).permutation(n).astype(np.int64, copy=False)
+        return torch_randperm(n, seed + epoch)
     return np.arange(n, dtype=np.int64)
 
 
@@ -111,11 +168,22 @@ def _common(
 ) -> tuple[int, int, int, bool, bool]:
     return (
         validate.integer("n", n, 0),
-        validate.integer("seed", seed, 0),  # numpy's generators reject negative seeds
+        validate.integer("seed", seed),  # any int, as torch: the shuffle uses its low 32 bits
         validate.integer("epoch", epoch, 0),
-        validate.flag("shuffle", shuffle),
-        validate.flag("drop_last", drop_last),
+        _flag("shuffle", shuffle),
+        _flag("drop_last", drop_last),
     )
+
+
+def _flag(name: str, value: object) -> bool:
+    """True or False, or the integers 0 and 1 that torch programs also pass (``shuffle=1``)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        if value in (0, 1):
+            return bool(value)
+        raise ValueError(f"{name}={value!r} is invalid: it must be True, False, 0 or 1")
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True, False, 0 or 1, got {value!r} of type {type(value).__name__}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,8 +204,9 @@ def shard_indices(
     """The int64 indices of shard ``index`` of ``num_shards`` (default: this instance of all instances).
 
     Same contract as ``DistributedSampler``: ``ceil(n/k)`` indices per shard, padded by repeating
-    the head of the list, or ``floor(n/k)`` with ``drop_last`` (tail cut). Shuffling permutes with
-    ``np.random.default_rng(seed + epoch)`` before sharding, identically on every instance.
+    the head of the list, or ``floor(n/k)`` with ``drop_last`` (tail cut). Shuffling permutes as
+    torch's ``randperm`` from ``seed + epoch`` (``torch_randperm``: any int seed, ``n < 214748364``)
+    before sharding, identically on every instance.
     ``layout`` picks ``indices[index::k]`` ("strided", torch) or the ``index``-th block ("contiguous").
     """
     n, seed, epoch, shuffle, drop_last = _common(n, seed, epoch, shuffle, drop_last)
@@ -179,6 +248,12 @@ class DistributedSampler:
     Defaults shard by instance: each instance feeds all its local replicas from its shard, so the
     instance, not the replica, is the unit of data loading. Pass it as ``DataLoader(sampler=...)``
     and call ``set_epoch(epoch)`` every epoch, or every epoch repeats the same order.
+
+    The order is torch's, shuffled too: ``randperm`` from ``seed + epoch`` is reproduced exactly
+    (``torch_randperm``). Shuffling a dataset of 214748364 samples or more raises ValueError at
+    construction, since torch switches algorithm there (no fallback). ``shuffle`` and ``drop_last``
+    take bools or 0/1; ``seed`` any int (torch uses the low 32 bits of ``seed + epoch``; a sum
+    outside torch's ``[-2**63, 2**64)`` raises ValueError at iteration, as torch does).
     """
 
     def __init__(
@@ -195,12 +270,14 @@ class DistributedSampler:
                                                 getNumInstances() if num_replicas is None else num_replicas)
         self.rank: int = validate.index("rank", getInstanceIndex() if rank is None else rank, "num_replicas",
                                         self.num_replicas)
-        self.shuffle: bool = validate.flag("shuffle", shuffle)
-        self.seed: int = validate.integer("seed", seed, 0)
-        self.drop_last: bool = validate.flag("drop_last", drop_last)
+        self.shuffle: bool = _flag("shuffle", shuffle)
+        self.seed: int = validate.integer("seed", seed)
+        self.drop_last: bool = _flag("drop_last", drop_last)
         self.epoch: int = 0
         # Fixed now, as torch does: every rank must agree on the length for the whole run.
         self._n: int = _length(dataset_or_length)
+        if self.shuffle and self._n >= TORCH_RANDPERM_MAX_N:
+            torch_randperm(self._n, self.seed)  # raises now, not at the first epoch
         self.num_samples: int = _per_shard(self._n, self.num_replicas, self.drop_last)
         self.total_size: int = self.num_samples * self.num_replicas
 

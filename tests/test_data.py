@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from popdist_py.data import (
+    TORCH_RANDPERM_MAX_N,
     DistributedSampler,
     global_batch_size,
     instance_batch_slice,
@@ -20,6 +21,7 @@ from popdist_py.data import (
     shard_indices,
     shuffle_buffer_size,
     split_for_replicas,
+    torch_randperm,
 )
 
 PROPS = settings(max_examples=150, deadline=None)
@@ -41,11 +43,50 @@ def instance_1_of_2(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POPDIST_REPLICA_INDEX_OFFSET", "4")
 
 
+class MT19937:
+    """The reference Mersenne Twister (Matsumoto & Nishimura's mt19937ar.c), in plain Python.
+
+    ``init_genrand`` seeding and ``genrand_int32`` output: the generator torch's CPU Generator
+    wraps (``at::mt19937``, seeded with the low 32 bits of ``manual_seed``'s value).
+    """
+
+    N, M = 624, 397
+
+    def __init__(self, seed: int) -> None:
+        self.mt = [seed & 0xFFFFFFFF]
+        for i in range(1, self.N):
+            self.mt.append((1812433253 * (self.mt[i - 1] ^ (self.mt[i - 1] >> 30)) + i) & 0xFFFFFFFF)
+        self.mti = self.N
+
+    def next32(self) -> int:
+        mt = self.mt
+        if self.mti >= self.N:
+            for kk in range(self.N):
+                y = (mt[kk] & 0x80000000) | (mt[(kk + 1) % self.N] & 0x7FFFFFFF)
+                mt[kk] = mt[(kk + self.M) % self.N] ^ (y >> 1) ^ (0x9908B0DF if y & 1 else 0)
+            self.mti = 0
+        y = mt[self.mti]
+        self.mti += 1
+        y ^= y >> 11
+        y ^= (y << 7) & 0x9D2C5680
+        y ^= (y << 15) & 0xEFC60000
+        return y ^ (y >> 18)
+
+
+def reference_randperm(n: int, seed: int) -> list[int]:
+    """torch's CPU ``randperm`` for small n (``randperm_cpu``): a swap pass driven by mt19937."""
+    generator, r = MT19937(seed), list(range(n))
+    for i in range(n - 1):
+        z = generator.next32() % (n - i)
+        r[i], r[i + z] = r[i + z], r[i]
+    return r
+
+
 def torch_reference(n: int, k: int, rank: int, shuffle: bool, seed: int, epoch: int, drop_last: bool) -> list[int]:
-    """torch.utils.data.DistributedSampler's algorithm (peers.md 2.4), numpy's permutation for randperm."""
+    """torch.utils.data.DistributedSampler's algorithm (peers.md 2.4), with the reference randperm."""
     num_samples = math.ceil((n - k) / k) if drop_last and n % k != 0 else math.ceil(n / k)
     total_size = num_samples * k
-    indices = np.random.default_rng(seed + epoch).permutation(n).tolist() if shuffle else list(range(n))
+    indices = reference_randperm(n, seed + epoch) if shuffle else list(range(n))
     if not drop_last:
         padding_size = total_size - len(indices)
         if padding_size <= len(indices):
@@ -85,7 +126,7 @@ def test_contiguous_blocks() -> None:
 
 
 def test_shuffle_uses_seed_plus_epoch() -> None:
-    perm = np.random.default_rng(7 + 3).permutation(12)
+    perm = np.array(reference_randperm(12, 7 + 3))
     assert shard_indices(12, 4, 1, shuffle=True, seed=7, epoch=3).tolist() == perm[1::4].tolist()
     # seed 8 epoch 2 is the same stream as seed 7 epoch 3, as in torch
     assert shard_indices(12, 4, 1, shuffle=True, seed=8, epoch=2).tolist() == perm[1::4].tolist()
@@ -111,23 +152,96 @@ def test_sampler_yields_plain_ints_and_reshuffles_per_epoch() -> None:
     sampler = DistributedSampler(range(40), num_replicas=2, rank=0, seed=5)
     first = list(sampler)
     assert all(type(i) is int for i in first)
-    assert first == np.random.default_rng(5).permutation(40)[0::2].tolist()
+    assert first == reference_randperm(40, 5)[0::2]
     assert list(sampler) == first  # no set_epoch: the same order again, as torch
     sampler.set_epoch(1)
     assert sampler.epoch == 1
     second = list(sampler)
-    assert second == np.random.default_rng(6).permutation(40)[0::2].tolist()
+    assert second == reference_randperm(40, 6)[0::2]
     assert second != first
 
 
 def test_sampler_default_shuffles() -> None:
-    assert list(DistributedSampler(30, 1, 0)) == np.random.default_rng(0).permutation(30).tolist()
+    assert list(DistributedSampler(30, 1, 0)) == reference_randperm(30, 0)
 
 
 def test_sampler_accepts_numpy_integers() -> None:
     sampler = DistributedSampler(np.int64(9), np.int32(2), np.int64(1), shuffle=False)
     assert (sampler.num_replicas, sampler.rank, list(sampler)) == (2, 1, [1, 3, 5, 7, 0])
     assert type(sampler.rank) is int
+
+
+# ------------------------------------------------------------------------------------------
+# torch's shuffled order
+
+
+def test_reference_mt19937_is_the_standard_stream() -> None:
+    # mt19937ar's default seed 5489: its published first outputs, and C++'s [rand.predef]
+    # requirement that the 10000th output of a default-constructed std::mt19937 is 4123659995
+    generator = MT19937(5489)
+    first = [generator.next32() for _ in range(5)]
+    assert first == [3499211612, 581869302, 3890346734, 3586334585, 545404204]
+    for _ in range(10000 - 6):
+        generator.next32()
+    assert generator.next32() == 4123659995
+
+
+def test_torch_randperm_published_torch_outputs() -> None:
+    # torch.Generator().manual_seed(s); torch.randperm(10, generator=g).tolist(), as published
+    known = {
+        0: [4, 1, 7, 5, 3, 9, 0, 8, 6, 2],
+        1: [5, 6, 1, 2, 0, 8, 9, 3, 7, 4],
+        42: [2, 6, 1, 8, 4, 5, 0, 9, 3, 7],
+        (1 << 32) + 1: [5, 6, 1, 2, 0, 8, 9, 3, 7, 4],  # only the low 32 bits seed mt19937
+        (1 << 53) - 1: [1, 4, 6, 2, 0, 5, 8, 7, 9, 3],
+    }
+    for seed, expected in known.items():
+        assert torch_randperm(10, seed).tolist() == expected
+        assert reference_randperm(10, seed) == expected
+    sampler = DistributedSampler(10, 1, 0, seed=0)
+    assert list(sampler) == known[0]
+    sampler.set_epoch(1)
+    assert list(sampler) == known[1]
+    assert list(DistributedSampler(10, 2, 1, seed=42)) == known[42][1::2]
+
+
+def test_torch_randperm_small_and_dtype() -> None:
+    assert torch_randperm(0, 3).tolist() == [] and torch_randperm(1, 3).tolist() == [0]
+    assert torch_randperm(2, 3).dtype == np.int64 and sorted(torch_randperm(2, 3).tolist()) == [0, 1]
+    assert torch_randperm(10, -(2**63)).tolist() == reference_randperm(10, 0)  # low 32 bits are 0
+
+
+def test_negative_seed_is_its_low_32_bits() -> None:
+    # torch.manual_seed(-1) takes the int64 as uint64 2**64 - 1, whose low 32 bits seed mt19937
+    sampler = DistributedSampler(10, 1, 0, seed=-1)
+    assert sampler.seed == -1
+    assert list(sampler) == [1, 4, 6, 2, 0, 5, 8, 7, 9, 3] == torch_randperm(10, 2**32 - 1).tolist()
+    sampler.set_epoch(1)  # seed + epoch = 0
+    assert list(sampler) == [4, 1, 7, 5, 3, 9, 0, 8, 6, 2]
+    assert shard_indices(10, 2, 0, shuffle=True, seed=-3, epoch=2).tolist() == [1, 6, 0, 8, 9]
+
+
+def test_flags_accept_0_and_1_like_torch() -> None:
+    sampler = DistributedSampler(10, 3, 1, shuffle=1, drop_last=0)
+    assert (sampler.shuffle, sampler.drop_last) == (True, False)
+    assert type(sampler.shuffle) is bool and len(sampler) == 4
+    assert list(sampler) == torch_reference(10, 3, 1, True, 0, 0, False)
+    unshuffled = DistributedSampler(10, 3, 1, shuffle=0, drop_last=1)
+    assert (unshuffled.shuffle, unshuffled.drop_last, list(unshuffled)) == (False, True, [1, 4, 7])
+    assert shard_indices(10, 3, 1, shuffle=np.int64(0), drop_last=np.uint8(1)).tolist() == [1, 4, 7]
+    assert shard_indices(10, 3, 1, shuffle=np.bool_(False)).tolist() == [1, 4, 7, 0]
+
+
+def test_largest_shuffled_length_is_accepted() -> None:
+    sampler = DistributedSampler(TORCH_RANDPERM_MAX_N - 1, 1000, 999)  # constructed, not iterated
+    assert len(sampler) == -(-(TORCH_RANDPERM_MAX_N - 1) // 1000)
+    assert len(DistributedSampler(TORCH_RANDPERM_MAX_N, 1000, 0, shuffle=False)) == 214749
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(min_value=0, max_value=700), seed=st.integers(min_value=-(2**63), max_value=2**64 - 1))
+def test_torch_randperm_equals_reference(n: int, seed: int) -> None:
+    assert torch_randperm(n, seed).tolist() == reference_randperm(n, seed)
 
 
 # ------------------------------------------------------------------------------------------
@@ -148,7 +262,7 @@ def test_shard_list_tuple_and_other_sequences() -> None:
     assert shard(tuple("abcdefg"), 2, 1, drop_last=True) == ["b", "d", "f"]
     assert shard(range(100, 107), 2, 0, layout="contiguous") == [100, 101, 102, 103]
     assert shard("abcdef", 3, 2) == ["c", "f"]
-    perm = np.random.default_rng(3).permutation(6)
+    perm = reference_randperm(6, 1 + 2)
     assert shard(list(range(10, 16)), 2, 0, shuffle=True, seed=1, epoch=2) == [10 + int(i) for i in perm[0::2]]
 
 
@@ -282,10 +396,25 @@ TOPO = dict(num_total_replicas=4, num_local_replicas=2, replica_index_offset=2)
         (lambda: shard_indices(10, True, 0), TypeError, r"num_shards must be an integer, got True"),
         (lambda: shard_indices(10, 2, np.bool_(True)), TypeError, r"index must be an integer, got .*True"),
         (lambda: shard_indices(10, 2, "1"), TypeError, r"index must be an integer, got '1' of type str"),
-        (lambda: shard_indices(10, 2, 0, seed=-1), ValueError, r"seed=-1 .*>= 0"),
+        (lambda: shard_indices(10, 2, 0, shuffle=True, seed=2**64), ValueError,
+         r"seed \+ epoch = 18446744073709551616 is outside the seeds torch accepts"),
+        (lambda: shard_indices(10, 2, 0, shuffle=True, seed=-(2**63) - 1), ValueError, r"outside the seeds torch"),
         (lambda: shard_indices(10, 2, 0, epoch=-3), ValueError, r"epoch=-3 .*>= 0"),
-        (lambda: shard_indices(10, 2, 0, shuffle=1), TypeError, r"shuffle must be True or False, got 1 of type int"),
-        (lambda: shard_indices(10, 2, 0, drop_last="no"), TypeError, r"drop_last must be True or False, got 'no'"),
+        (lambda: shard_indices(10, 2, 0, shuffle=2), ValueError,
+         r"shuffle=2 is invalid: it must be True, False, 0 or 1"),
+        (lambda: shard_indices(10, 2, 0, drop_last="no"), TypeError,
+         r"drop_last must be True, False, 0 or 1, got 'no' of type str"),
+        (lambda: DistributedSampler(10, 2, 0, shuffle="yes"), TypeError,
+         r"shuffle must be True, False, 0 or 1, got 'yes' of type str"),
+        (lambda: DistributedSampler(10, 2, 0, shuffle=2), ValueError, r"shuffle=2 is invalid"),
+        (lambda: DistributedSampler(10, 2, 0, drop_last=-1), ValueError, r"drop_last=-1 is invalid"),
+        (lambda: DistributedSampler(10, 2, 0, drop_last=None), TypeError, r"drop_last must be .*got None"),
+        (lambda: DistributedSampler(10, 2, 0, shuffle=1.0), TypeError, r"shuffle must be .*got 1.0 of type float"),
+        (lambda: DistributedSampler(TORCH_RANDPERM_MAX_N, 2, 0), ValueError,
+         r"shuffling n=214748364 samples is not supported: .*only for n < 214748364"),
+        (lambda: shard_indices(TORCH_RANDPERM_MAX_N, 2, 0, shuffle=True), ValueError, r"shuffling n=214748364"),
+        (lambda: torch_randperm(-1, 0), ValueError, r"n=-1 .*>= 0"),
+        (lambda: torch_randperm(3, 0.5), TypeError, r"seed must be an integer, got 0.5"),
         (lambda: shard_indices(10, 2, 0, layout="blocks"), ValueError, r"layout='blocks' .*'strided', 'contiguous'"),
         (lambda: DistributedSampler(10, 4, 4), ValueError,
          r"rank=4 is outside the valid range \[0, 3\] for num_replicas=4"),
@@ -329,7 +458,7 @@ def test_errors_name_the_value(call, exc: type[Exception], pattern: str) -> None
 
 sizes = st.integers(min_value=0, max_value=120)
 counts = st.integers(min_value=1, max_value=6)
-seeds = st.integers(min_value=0, max_value=2**32)
+seeds = st.integers(min_value=-(2**40), max_value=2**40)
 epochs = st.integers(min_value=0, max_value=50)
 
 
@@ -453,7 +582,7 @@ def test_shuffle_identical_across_ranks_and_different_across_epochs(n: int, k: i
         return out
 
     now, later = interleaved(epoch), interleaved(epoch + 1)
-    perm = np.random.default_rng(seed + epoch).permutation(n)
+    perm = torch_randperm(n, seed + epoch)
     np.testing.assert_array_equal(now, perm[: len(now)])
     assert len(np.unique(now)) == len(now)
     assert not np.array_equal(now, later)
