@@ -22,6 +22,8 @@ DRAIN_SECONDS = 1.0
 RELEASE_WAIT_SECONDS = 10.0
 #: Keys of the descriptors the loop watches.
 CONTROL, STDOUT, STDERR, EXITED, LAUNCHER = 0, 1, 2, 3, 4
+#: How long the shim keeps ending descendants that escaped the program's process group.
+ESCAPED_SECONDS = 2.0
 
 
 def grace_seconds(text: str) -> float | None:
@@ -208,9 +210,51 @@ class Pump:
         for watched in (exit_fd, launcher_fd):
             if watched is not None:
                 os.close(watched)
-        # Descendants that outlived the program (or held its pipes) must not outlive the job.
+        # Descendants that outlived the program (or held its pipes) must not outlive the job:
+        # its process group, and daemons that left the group (setsid).
         self._signal_group(_signal.SIGKILL)
+        end_escaped(self.index)
         assert returncode is not None
         if returncode < 0:
             return 128 - returncode, -returncode
         return returncode, None
+
+
+def end_escaped(index: int) -> None:
+    """SIGKILL the program's descendants that left its process group (a daemon started with
+    fork, setsid, fork): they still hold mpiexec's pipes, so the job would never end. They are
+    found by the environment they inherited: this job's control address and this instance's
+    index. Repeats until none is left (each death can let more be found), for at most
+    ESCAPED_SECONDS."""
+    marks = (f"{environment.CONTROL}={os.environ.get(environment.CONTROL, '')}\0".encode(),
+             f"{environment.INSTANCE_INDEX}={index}\0".encode())
+    me = os.getpid()
+    deadline = time.monotonic() + ESCAPED_SECONDS
+    while time.monotonic() < deadline:
+        found = [pid for pid in _marked(marks) if pid != me]
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, _signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)
+
+
+def _marked(marks: tuple[bytes, ...]) -> list[int]:
+    """Live processes whose environment holds every one of ``marks``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = b"\0" + f.read()
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone, or not ours to read
+        if state != b"Z" and all(b"\0" + mark in environ for mark in marks):
+            found.append(int(name))
+    return found

@@ -84,3 +84,32 @@ def test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once(mpi: str) -> N
                      rf"process that started instance [01] on {socket.gethostname()} \(PID {launcher}\) died; the "
                      r"instance was stopped$", stderr, re.MULTILINE), stderr
     assert wait_no_processes(marker) == []
+
+
+@pytest.mark.parametrize("mode,status", [("ok", 0), ("fail", 3)])
+def test_daemons_left_by_the_program_end_with_the_job(mode: str, status: int) -> None:
+    """A daemon (setsid, out of the program's process group) holds mpiexec's pipes: without care
+    the job never ends after success, and the daemon survives a failure."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    result = poprun("--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker, mode, timeout=60)
+    assert result.returncode == status, result.stderr
+    assert wait_no_processes(marker) == []
+
+
+def test_daemons_end_when_poprun_is_interrupted() -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker,
+                             "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        started = 0
+        while started < 2:  # each instance has left its daemon when it says it started
+            line = proc.stdout.readline()
+            assert line, proc.communicate(timeout=30)
+            started += "started" in line
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert wait_no_processes(marker) == []

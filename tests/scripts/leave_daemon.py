@@ -1,0 +1,22 @@
+"""Leave a daemon behind (fork, setsid, fork: out of the program's process group and session),
+then: ``ok`` exit 0; ``fail`` instance 1 exits 3, the others wait; ``wait`` sleep until stopped.
+
+    leave_daemon.py MARKER ok|fail|wait
+"""
+
+import os
+import sys
+import time
+
+mode = sys.argv[2]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(120)  # the daemon; its command line carries the marker
+    os._exit(0)
+os.wait()
+print(f"instance {os.environ['POPDIST_INSTANCE_INDEX']} started", flush=True)
+if mode == "fail" and os.environ["POPDIST_INSTANCE_INDEX"] == "1":
+    sys.exit(3)
+if mode in ("fail", "wait"):
+    time.sleep(120)
