@@ -29,6 +29,11 @@ def run(argv: list[str]) -> int:
     except ProgramError as exc:
         _error(str(exc))
         return exc.status
+    except BrokenPipeError:
+        # Whoever read our output stopped reading (``poprun --dry-run | head``): nothing to report,
+        # and the interpreter must not complain when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # as a process killed by SIGPIPE
     except OSError as exc:  # mpiexec itself cannot be started (E2BIG, EACCES, ...)
         _error(f"cannot start mpiexec: {exc.strerror or exc}")
         return 1

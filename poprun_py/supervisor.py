@@ -495,7 +495,7 @@ class Supervisor:
             lines.append(f"poprun: {reason}")
         stopped = [s.index for s in self.instances if s.stopped_by_poprun and not s.lost and s not in also]
         if stopped:
-            lines.append(f"poprun: stopped instance(s) {', '.join(map(str, stopped))}")
+            lines.append(f"poprun: stopped instance(s) {_ranges(stopped)}")
         self.sinks[2].write(("\n".join(lines) + "\n").encode())
         self.sinks[2].flush()
 

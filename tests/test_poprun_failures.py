@@ -113,3 +113,18 @@ def test_daemons_end_when_poprun_is_interrupted() -> None:
         proc.kill()
     assert proc.returncode == 130
     assert wait_no_processes(marker) == []
+
+
+def test_a_reader_that_stops_reading_is_not_an_error() -> None:
+    """``poprun --dry-run ... | head -1``: the closed pipe ends poprun quietly, as SIGPIPE would."""
+    proc = subprocess.Popen([*POPRUN, "--dry-run", "--num-instances", "2000", "/bin/true"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline()
+        proc.stdout.close()  # the reader goes away with most of the output unread
+        stderr = proc.stderr.read()
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 141 and stderr == b""

@@ -105,7 +105,7 @@ def test_failing_instance_stops_the_others(action: str, status: int, word: str) 
     assert elapsed < 8, f"teardown took {elapsed:.1f}s"
     assert "instance 2 on " in result.stderr and word in result.stderr
     assert "    about to fail" in result.stderr  # the tail of its stderr is in the summary
-    assert "stopped instance(s) 0, 1, 3" in result.stderr
+    assert "stopped instance(s) 0-1, 3" in result.stderr
     assert wait_no_processes(marker) == []
 
 
