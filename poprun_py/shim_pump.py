@@ -60,6 +60,7 @@ class Pump:
         self.pid: int | None = None
         self.kill_at: float | None = None
         self.last_sent = time.monotonic()
+        self.started = time.time()
         #: Why the shim stopped its program by itself (its launcher died), for the exit report.
         self.reason: str | None = None
 
@@ -214,6 +215,10 @@ class Pump:
         # its process group, and daemons that left the group (setsid).
         self._signal_group(_signal.SIGKILL)
         end_escaped(self.index)
+        if self.kill_at is not None:  # stopped: MPICH's segments of its killed processes stay behind
+            from poprun_py import leftovers
+
+            leftovers.remove_unused(leftovers.SHARED_MEMORY, self.started)
         assert returncode is not None
         if returncode < 0:
             return 128 - returncode, -returncode

@@ -119,6 +119,7 @@ class Supervisor:
 
     # ---------------------------------------------------------------- set-up
     def run(self) -> int:
+        started = time.time()
         server, address = control.listen(self.listen_address, backlog=len(self.instances) + 8)
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
@@ -144,6 +145,7 @@ class Supervisor:
             for sig, handler in previous_handlers.items():
                 _signal.signal(sig, handler)
             self._kill_leftovers()
+            self._remove_files_left(started)
             if self.mpiexec is not None:
                 self.mpiexec.close()
             server.close()
@@ -409,6 +411,16 @@ class Supervisor:
             if state.connection is not None:
                 state.connection.close()
                 state.connection = None
+
+    def _remove_files_left(self, since: float) -> None:
+        """What killed MPICH processes of this job left on this host (see poprun_py.leftovers)."""
+        if self.teardown_started is None and self.interrupted is None:
+            return  # a job that ended by itself cleaned up after itself
+        from poprun_py import leftovers
+
+        for place in (leftovers.HYDRA_TOPOLOGY, leftovers.SHARED_MEMORY):
+            for path in leftovers.remove_unused(place, since):
+                log.debug("removed %s, left by the job's killed processes", path)
 
     # ---------------------------------------------------------------- result
     def _finish(self) -> int:

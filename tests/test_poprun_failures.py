@@ -128,3 +128,17 @@ def test_a_reader_that_stops_reading_is_not_an_error() -> None:
     finally:
         proc.kill()
     assert proc.returncode == 141 and stderr == b""
+
+
+def _mpich_files() -> set[str]:
+    shared = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
+    return shared | {f"/tmp/{n}" for n in os.listdir("/tmp") if n.startswith("hydra_hwloc_xmlfile_")}
+
+
+def test_files_of_killed_mpi_processes_are_removed() -> None:
+    """MPICH's shared-memory segments (megabytes each) and Hydra's topology file stay behind when
+    their processes are killed in a teardown; poprun removes the ones its job left."""
+    before = _mpich_files()
+    result = poprun("--num-instances", "3", PYTHON, str(SCRIPTS / "fail_in_mpi.py"), timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert _mpich_files() - before == set()

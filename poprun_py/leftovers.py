@@ -1,0 +1,77 @@
+"""Files MPICH leaves behind when its processes are killed, and their removal.
+
+A rank killed during a teardown never unlinks its shared-memory segments (``/dev/shm/
+mpich_shm_*``, megabytes each), and a killed Hydra proxy never removes its topology file
+(``/tmp/hydra_hwloc_xmlfile_*``). After a job, a file is removed only when it is this user's,
+was created since the job started, and no live process has it open or mapped: so the files
+of other jobs running on the host are left alone. (A file that another job has created but not
+yet mapped, a window of microseconds inside MPI_Init, is the one case this cannot tell apart.)
+
+Built-in modules only: the per-instance shim uses it.
+"""
+
+from __future__ import annotations
+
+import os
+
+SHARED_MEMORY = ("/dev/shm", "mpich_shm_")
+HYDRA_TOPOLOGY = ("/tmp", "hydra_hwloc_xmlfile_")
+
+
+def remove_unused(place: tuple[str, str], since: float) -> list[str]:
+    """Remove the files named ``prefix*`` in ``directory`` (``place``) that are this user's, were
+    modified at or after ``since`` (a ``time.time()``), and are not in use; the paths removed."""
+    directory, prefix = place
+    me = os.geteuid()
+    candidates = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid == me and info.st_mtime >= since:
+            candidates.append(path)
+    if not candidates:
+        return []
+    busy = _in_use(set(candidates))
+    removed = []
+    for path in candidates:
+        if path in busy:
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _in_use(paths: set[str]) -> set[str]:
+    """Which of ``paths`` some live process has open or mapped (from /proc)."""
+    busy: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target in paths:
+                    busy.add(target)
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    path = line.rstrip("\n").partition("/")[2]
+                    if path and "/" + path in paths:
+                        busy.add("/" + path)
+        except OSError:
+            continue  # gone, or not ours to read
+    return busy
