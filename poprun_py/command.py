@@ -177,6 +177,13 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.option("--overwrite-config", is_flag=True, help="Allow --export-config to replace a file.")
 @click.option("--mpi", metavar="PATH",
               help="The mpiexec to use (MPICH or Open MPI). Default: next to this Python, then PATH.")
+@click.option("--max-restarts", type=Count(0, beyond="is more restarts than poprun makes"), default=0,
+              show_default=True, metavar="N",
+              help="When an instance fails, stop the job and start it again, up to N times; instances get "
+                   "POPDIST_RESTART_COUNT (and TORCHELASTIC_RESTART_COUNT) to resume from a checkpoint.")
+@click.option("--error-file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="When the job fails, write the failure to FILE as JSON: instance, host, status, signal, "
+                   "time, reason, restart and the last lines of its stderr.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact mpiexec command; start nothing.")
 @click.option("-v", "--verbose", count=True, help="-v: progress; -vv: debug.")
 @vipu_options

@@ -81,6 +81,10 @@ HOST_SUBNET = _define("POPRUN_HOST_SUBNET", "poprun", "the shim",
                       "--host-subnet: each host's shim keeps MPI on its interface in it")
 PROGRAM = _define("POPRUN_PROGRAM", "poprun", "the shim",
                   "large jobs: the program and its arguments, hex-encoded (see protocol.encode_argv)")
+RESTART_COUNT = _define("POPDIST_RESTART_COUNT", "poprun", "the program",
+                        "how often the job was restarted (--max-restarts): resume from a checkpoint when > 0")
+TORCHELASTIC_RESTART_COUNT = _define("TORCHELASTIC_RESTART_COUNT", "poprun", "the program",
+                                     "the same, under torchrun's name")
 UNBUFFERED = _define("PYTHONUNBUFFERED", "poprun, unless set", "Python",
                      "1: a Python program's output reaches poprun line by line")
 

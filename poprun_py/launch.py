@@ -100,14 +100,41 @@ def launch(options: dict) -> int:
             log.info("the command line would be too long: hosts and app contexts are in %s", ", ".join(written))
         return built.argv(paths)
 
-    supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command,
-                            show_instance=only, listen_address=callback or "127.0.0.1",
-                            remote_hosts=frozenset(remote))
+    restarts = options["max_restarts"]
     try:
-        return supervisor.run()
+        for restart in range(restarts + 1):
+            spec.job_env[environment.RESTART_COUNT] = str(restart)
+            spec.job_env[environment.TORCHELASTIC_RESTART_COUNT] = str(restart)
+            supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command,
+                                    show_instance=only, listen_address=callback or "127.0.0.1",
+                                    remote_hosts=frozenset(remote))
+            status = supervisor.run()
+            report = supervisor.failure_report() if status else None
+            if report is not None and options["error_file"]:
+                _write_error_file(options["error_file"], {**report, "restart": restart})
+            if status == 0 or supervisor.interrupted is not None or restart == restarts:
+                return status
+            sys.stderr.write(f"poprun: restarting the job ({restart + 1} of {restarts} restart(s)): "
+                             f"{report['reason'] if report else f'exit status {status}'}\n")
+            sys.stderr.flush()
+        return status
     finally:
         for path in written:
             os.unlink(path)
+
+
+def _write_error_file(path: str, report: dict[str, object]) -> None:
+    """--error-file: the failure as one JSON object, written to a temporary file and renamed."""
+    import json
+
+    temporary = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(temporary, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+        os.replace(temporary, path)
+    except OSError as exc:
+        log.warning("cannot write the error file %s: %s", path, exc.strerror or exc)
 
 
 def _with_control(spec: CommandSpec, control_address: str) -> CommandSpec:

@@ -74,6 +74,7 @@ class Failure:
         self.index = index
         self.status = status
         self.description = description
+        self.at = time.time()
 
 
 def signal_name(signum: int) -> str:
@@ -510,6 +511,26 @@ class Supervisor:
             lines.append(f"poprun: stopped instance(s) {_ranges(stopped)}")
         self.sinks[2].write(("\n".join(lines) + "\n").encode())
         self.sinks[2].flush()
+
+    def failure_report(self) -> dict[str, object] | None:
+        """The first failure, for --error-file and the restart message: which instance, where, its
+        status or signal, when, one line saying why, and the last lines of its stderr."""
+        if self.failure is None or self.failure.index is None:
+            return None
+        state = self.instances[self.failure.index]
+        import datetime
+
+        reason = (self._lost_host(state) or self._left_early(state)
+                  or f"instance {state.index} on {state.host} failed: {self.failure.description}")
+        return {
+            "instance": state.index,
+            "host": state.host,
+            "status": self.failure.status,
+            "signal": signal_name(state.signal) if state.signal else None,
+            "time": datetime.datetime.fromtimestamp(self.failure.at, datetime.UTC).isoformat(),
+            "reason": reason,
+            "stderr_tail": [line.decode(errors="replace") for line in state.output.stderr_tail],
+        }
 
     def _left_early(self, state: InstanceState) -> str | None:
         """When the launcher killed an instance (no exit report) after others had exited with status 0

@@ -3,6 +3,7 @@ instance that left early named instead of the one mpiexec then killed."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -142,3 +143,44 @@ def test_files_of_killed_mpi_processes_are_removed() -> None:
     result = poprun("--num-instances", "3", PYTHON, str(SCRIPTS / "fail_in_mpi.py"), timeout=60)
     assert result.returncode == 3, result.stderr
     assert _mpich_files() - before == set()
+
+
+def test_a_restarted_job_resumes_from_its_checkpoint_and_ends_as_if_it_never_failed(tmp_path) -> None:
+    """--max-restarts: instance 1 dies mid-epoch; the job restarts with POPDIST_RESTART_COUNT=1,
+    resumes from the last checkpoint, and ends with the weights of a run that never failed."""
+    job = ["--num-instances", "2", "--num-replicas", "4"]
+    train = ["--epochs", "3", "--rts"]
+    clean = poprun(*job, PYTHON, str(ROOT / "examples" / "mnist_rts.py"), *train,
+                   "--checkpoint", str(tmp_path / "clean.npz"), timeout=120)
+    assert clean.returncode == 0, clean.stderr
+    report = tmp_path / "error.json"
+    crashed = poprun("--max-restarts", "1", "--error-file", str(report), *job,
+                     PYTHON, str(SCRIPTS / "mnist_fail_once.py"), *train,
+                     "--checkpoint", str(tmp_path / "crashed.npz"), timeout=120)
+    assert crashed.returncode == 0, crashed.stderr
+    assert "poprun: restarting the job (1 of 1 restart(s)): instance 1 on " in crashed.stderr
+    assert "killed by SIGKILL" in crashed.stderr and "resumed from" in crashed.stderr
+    final = re.compile(r"^\[\d\] final: .*$", re.MULTILINE)
+    assert sorted(final.findall(crashed.stdout)) == sorted(final.findall(clean.stdout)) != []
+    failure = json.loads(report.read_text())
+    assert (failure["instance"], failure["signal"], failure["status"], failure["restart"]) == (1, "SIGKILL", 137, 0)
+
+
+def test_an_interrupted_job_is_not_restarted() -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([*POPRUN, "--max-restarts", "3", "--num-instances", "2", PYTHON,
+                             str(SCRIPTS / "behave.py"), marker],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        started = 0
+        while started < 2:
+            line = proc.stdout.readline()
+            assert line, proc.communicate(timeout=30)
+            started += "started" in line
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "restarting" not in stderr, stderr
+    assert wait_no_processes(marker) == []
