@@ -85,6 +85,7 @@ def launch(options: dict) -> int:
         _print_dry_run(plan, launcher, build_command(launcher, plan, _with_control(spec, "<poprun-address>:<port>")))
         return 0
 
+    _check_open_files(plan.instances_per_host)
     from poprun_py.supervisor import Supervisor
 
     written: list[str] = []
@@ -121,6 +122,30 @@ def launch(options: dict) -> int:
     finally:
         for path in written:
             os.unlink(path)
+
+
+#: Descriptors MPICH's proxy holds per process it starts (stdin, stdout and stderr pipes, the PMI
+#: socket), measured; poprun itself holds one socket per instance. Plus a margin for the rest.
+FILES_PER_LOCAL_INSTANCE = 4
+FILES_MARGIN = 64
+
+
+def _check_open_files(per_host: int) -> None:
+    """A host's instances must fit the open-file limit of mpiexec's proxy there (and of poprun):
+    raise the soft limit to the hard one, and refuse, naming both numbers, a job that would
+    still fail minutes into its start with "Too many open files"."""
+    need = FILES_PER_LOCAL_INSTANCE * per_host + FILES_MARGIN
+    if need <= 1024:  # every system allows this much: no need to ask
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise PlanError(f"{per_host} instances on one host need about {need} open files in mpiexec's process "
+                        f"there, more than this system allows ({hard}, ulimit -Hn); start fewer instances per "
+                        "host, or raise the limit")
+    if soft != resource.RLIM_INFINITY and soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # mpiexec and its proxies inherit it
 
 
 def _write_error_file(path: str, report: dict[str, object]) -> None:

@@ -184,3 +184,19 @@ def test_an_interrupted_job_is_not_restarted() -> None:
         proc.kill()
     assert proc.returncode == 130 and "restarting" not in stderr, stderr
     assert wait_no_processes(marker) == []
+
+
+def test_a_job_that_cannot_fit_the_open_file_limit_is_refused_before_it_starts() -> None:
+    """mpiexec's proxy holds about 4 descriptors per instance it starts: 1000 instances on a host
+    whose hard limit is 2048 would fail minutes in with 'Too many open files'."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, 2048))
+
+    result = subprocess.run([*POPRUN, "--num-instances", "1000", "/bin/true"], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT, preexec_fn=low_limit)
+    assert result.returncode == 2
+    assert result.stderr == ("poprun: error: 1000 instances on one host need about 4064 open files in mpiexec's "
+                             "process there, more than this system allows (2048, ulimit -Hn); start fewer "
+                             "instances per host, or raise the limit\n")
