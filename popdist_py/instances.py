@@ -100,25 +100,22 @@ def _normalise(instances: int | Iterable[int], scope: Scope, nested: bool) -> tu
 
 
 def _subset(parent: Scope, wanted: tuple[int, ...], timeout: float | None) -> Scope:
-    """The scope of ``wanted`` (members of ``parent``), after the members agreed on the set.
+    """The scope of ``wanted`` (members of ``parent``, which agreed on the set already).
 
     A proper subset gets its own communicator, created once, collectively over the members only.
     """
-    ranks = [parent.rank_of(i) for i in wanted]
-    what = "execute_on_instances"
-    agreement.agree(parent.comm, what, (wanted,), timeout=timeout, describe_rank=parent.describe,
-                    fields=("instance set",), ranks=ranks)
     if len(wanted) == parent.size:
         return parent
     key = (id(parent.comm), wanted)
     scope = _groups.get(key)
     if scope is None:
+        ranks = [parent.rank_of(i) for i in wanted]
         group = parent.comm.Get_group().Incl(ranks)
         try:
             comm = parent.comm.Create_group(group, _GROUP_TAG)
         finally:
             group.Free()
-        agreement.prepare(comm, timeout=timeout, what=what)
+        agreement.prepare(comm, timeout=timeout, what="execute_on_instances")
         scope = Scope(comm, wanted, parent.me)
         _groups[key] = scope
     return scope
@@ -127,18 +124,26 @@ def _subset(parent: Scope, wanted: tuple[int, ...], timeout: float | None) -> Sc
 def execute_on_instances(instances: int | Iterable[int], func: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
     """Run ``func(*args, **kwargs)`` only on ``instances``; return its result there, None elsewhere.
 
-    Every instance calls it (those not listed return at once, without communicating). Inside
-    ``func`` collectives and ``synchronize()`` involve only the listed instances, which
-    agree first (a different set, or a member that never comes, is an error naming them). Nested
+    Every instance of the enclosing scope (the whole job, or the enclosing
+    ``execute_on_instances``' set) calls it: they first agree on the set, so a different set on
+    some instance raises CollectiveMismatchError on every one of them, naming each instance's
+    set, and an instance that never comes is named after the timeout; the communicator stays
+    usable after a mismatch. Those not listed then return None. Inside ``func`` collectives and
+    ``synchronize()`` involve only the listed instances. Nested
     calls work: the inner set must be part of the outer one. The sub-communicator is created
     once per set with ``MPI_Comm_create_group`` (collective over the members only) and reused.
-    The members' agreement is bounded by ``POPDIST_COLLECTIVE_TIMEOUT`` (every keyword argument
+    The agreement is bounded by ``POPDIST_COLLECTIVE_TIMEOUT`` (every keyword argument
     goes to ``func``). Do not call it concurrently from several threads of one instance.
     """
     with _stack_lock:
         nested = bool(_stack)
     parent = current_scope()
     wanted = _normalise(instances, parent, nested)
+    if parent.comm is not None:
+        # Over the whole enclosing scope, not only the listed instances: an instance that is not
+        # in its own set may be in another instance's, and must say so rather than leave it waiting.
+        agreement.agree(parent.comm, "execute_on_instances", (wanted,), describe_rank=parent.describe,
+                        fields=("instance set",))
     if parent.me not in wanted:
         return None
     scope = parent if parent.comm is None else _subset(parent, wanted, None)

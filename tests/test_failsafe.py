@@ -138,12 +138,13 @@ def test_execute_on_a_subset_of_three_instances() -> None:
 
 
 def test_different_instance_sets_are_reported() -> None:
-    job = run_job("subset_mismatch", 3, env={"POPDIST_COLLECTIVE_TIMEOUT": "1"})
+    job = run_job("subset_mismatch", 3, env={"POPDIST_COLLECTIVE_TIMEOUT": "60"})
     assert job.returncode == 0, job.output
-    assert ("instance 0: error: CollectiveMismatchError: execute_on_instances: instance sets differ between "
-            "instances: instance 0 (0, 2), instance 2 (0, 1, 2)") in job.output
-    assert ("instance 2: error: CollectiveTimeoutError: execute_on_instances: timed out after 1 s waiting for "
-            "instance 1") in job.output
+    for i in range(3):  # every instance, promptly (the timeout is 60 s), also instance 1 outside its own set
+        assert (f"instance {i}: error: CollectiveMismatchError: execute_on_instances: instance sets differ between "
+                "instances: instance 0 (0, 2), instance 1 (0, 2), instance 2 (0, 1, 2)") in job.output
+    assert job.elapsed < 30, job.output
+    assert "instance 0: world usable afterwards 3.0" in job.output
 
 
 def test_collectives_after_finalize_raise() -> None:

@@ -234,6 +234,27 @@ def test_execute_on_instances_rejects_bad_indices() -> None:
     if rank == 0:
         with pytest.raises(ValueError, match=r"invalid instance indices \[1\]: only instances 0 run the enclosing"):
             popdist_py.execute_on_instances({0}, inner)
+    else:  # every instance takes part in the agreement on the set {0}
+        assert popdist_py.execute_on_instances({0}, inner) is None
+
+
+@pytest.mark.mpi(min_size=3)
+def test_different_instance_sets_are_a_mismatch_on_every_instance() -> None:
+    """Instance 1 is in instance 2's set but not in its own: it must say so, not leave 2 waiting."""
+    rank, n = rank_size()
+    wanted = {0, 1, 2} if rank == 2 else {0, 2}
+    others = ", ".join(f"instance {i} (0, 2)" for i in range(3, n))
+    expected = ("execute_on_instances: instance sets differ between instances: instance 0 (0, 2), "
+                "instance 1 (0, 2), instance 2 (0, 1, 2)" + (f", {others}" if others else ""))
+    calls = []
+    with pytest.raises(CollectiveMismatchError) as info:
+        popdist_py.execute_on_instances(wanted, calls.append, rank)
+    assert str(info.value) == expected
+    assert calls == []
+    # The world communicator (and its check communicator) is still usable, also for subsets.
+    assert popdist_py.allreduce(np.ones(1))[0] == n
+    assert popdist_py.execute_on_instances({0, 2}, lambda: int(popdist_py.allreduce(np.ones(1))[0])) == (
+        2 if rank in (0, 2) else None)
 
 
 @pytest.mark.mpi(min_size=3)

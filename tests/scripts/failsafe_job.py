@@ -13,8 +13,8 @@ ok           collectives on every instance, normal exit                  -> stat
 mismatch     shapes differ between instances; each prints its error      -> status 0
 late         instance 1 never calls allreduce (uncaught timeout on the others ends the job, status 1)
 subset       execute_on_instances({0, 2}) with collectives inside (3 instances)
-subset_mismatch  instance 2 asks for {0, 1, 2}, the others for {0, 2} (3 instances; use a short
-             POPDIST_COLLECTIVE_TIMEOUT): 0 reports the mismatch, 2 a timeout naming instance 1
+subset_mismatch  instance 2 asks for {0, 1, 2}, the others for {0, 2} (3 instances): every
+             instance reports the mismatch, then an allreduce over all of them still works
 finalize     init(), finalize(), then a collective                       -> RuntimeError, status 1
 """
 
@@ -118,6 +118,7 @@ def main(mode: str) -> None:
             say(f"error: {type(exc).__name__}: {exc}")
         else:
             say("no error")
+        say("world usable afterwards", popdist_py.allreduce(np.ones(1))[0])
     elif mode == "finalize":
         popdist_py.finalize()
         say("finalized")
