@@ -80,6 +80,46 @@ def test_auto_rule_without_affinity(clean_env: pytest.MonkeyPatch, executor: str
         assert rt.executor == "threads"
 
 
+def test_replica_counts_are_bounded(clean_env: pytest.MonkeyPatch, executor: str) -> None:
+    if executor != "threads":
+        pytest.skip("independent of the module's executor")
+    cores(clean_env, 16)
+    before = threading.active_count()
+    with pytest.raises(ValueError, match=r"^replication=100000 makes 100000 replicas in one process, more than "
+                                         r"65536: use fewer replicas or more instances$"):
+        Runtime(replication=100000)
+    with pytest.raises(ValueError, match=r"the threads executor runs at most 1024 local replicas \(one thread "
+                                         r"each\), not 1025"):
+        Runtime(replication=1025, executor="threads")
+    assert threading.active_count() == before
+    with Runtime(replication=1025) as rt:  # auto: cooperative above the threads' limit
+        assert rt.executor == "cooperative"
+
+
+def test_a_failed_thread_start_stops_the_started_threads(monkeypatch: pytest.MonkeyPatch, executor: str) -> None:
+    if executor != "threads":
+        pytest.skip("independent of the module's executor")
+    before = threading.active_count()
+    real_start = threading.Thread.start
+    calls = []
+
+    def start(self: threading.Thread) -> None:
+        calls.append(self.name)
+        if len(calls) > 3:
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(RuntimeError, match=r"^could not start replica thread 4 of the 7 that 8 local replicas need "
+                                           r"\(can't start new thread\); the 3 started were stopped"):
+        Runtime(replication=8, executor="threads")
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    assert threading.active_count() == before  # shutdown() joined them
+    with Runtime(replication=4, executor="threads", timeout=30) as rt:  # the next runtime works
+        got = rt.run(lambda ctx, x: ops.replicated_all_reduce(x), np.ones((4, 1)))
+        assert got.tolist() == [[4.0]] * 4
+
+
 def test_environment_override_and_argument_precedence(clean_env: pytest.MonkeyPatch, executor: str) -> None:
     cores(clean_env, 16)
     clean_env.setenv(ENV, f"  {executor.upper()} ")

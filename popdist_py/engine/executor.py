@@ -5,9 +5,10 @@ cores (numpy releases the GIL in its kernels), but every collective then costs e
 replica an OS wake-up and a GIL hand-off (tens of microseconds). ``cooperative``
 (:mod:`.cooperative`) runs them one at a time as greenlets on the calling thread: a collective
 costs a few greenlet switches, and a replica that can never arrive is detected at once, but
-replicas never compute in parallel. ``auto`` picks threads when L > 1 and this instance has at
-least 2 cores to itself (the CPUs it may run on, divided by the instances on its host:
-``LOCAL_WORLD_SIZE`` from poprun, default 1), else cooperative. With L == 1 neither is used:
+replicas never compute in parallel. ``auto`` picks threads when 1 < L <= 1024
+(:data:`.pool.MAX_THREADS`) and this instance has at least 2 cores to itself (the CPUs it may
+run on, divided by the instances on its host: ``LOCAL_WORLD_SIZE`` from poprun, default 1),
+else cooperative. With L == 1 neither is used:
 the step runs directly on the calling thread.
 
 Both executors have the interface :class:`ReplicaExecutor`.
@@ -96,7 +97,9 @@ def choose(requested: str | None, num_local_replicas: int) -> str:
             raise ValueError(f"{ENV}={raw!r} is not one of {', '.join(EXECUTORS)}")
     if name != AUTO:
         return name
+    from popdist_py.engine.pool import MAX_THREADS
+
     cores = cores_per_instance()
-    chosen = THREADS if num_local_replicas > 1 and cores >= 2 else COOPERATIVE
+    chosen = THREADS if 1 < num_local_replicas <= MAX_THREADS and cores >= 2 else COOPERATIVE
     log.debug("executor auto -> %s (L=%d, %d core(s) for this instance)", chosen, num_local_replicas, cores)
     return chosen

@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 
 _STOP = object()
 
+#: Most local replicas the threads executor runs (one OS thread each): ``auto`` picks the
+#: cooperative executor above it and ``executor="threads"`` is refused. Beyond it every
+#: collective would wake over a thousand threads, and the OS limits on threads come near.
+MAX_THREADS = 1024
+
 
 class ReplicaPool:
     """The threads executor (:class:`.executor.ReplicaExecutor`): replica 0 on the caller's thread,
@@ -34,11 +39,25 @@ class ReplicaPool:
         self._pending = 0
         self._task: object = None
         self._closed = False
-        self._threads = [
-            threading.Thread(target=self._worker, args=(i,), name=f"{name}-{i}", daemon=True) for i in range(1, size)
-        ]
-        for t in self._threads:
-            t.start()
+        if size > MAX_THREADS:
+            raise ValueError(
+                f"the threads executor runs at most {MAX_THREADS} local replicas (one thread each), not {size}: "
+                'use executor="cooperative" (or "auto")'
+            )
+        self._threads: list[threading.Thread] = []
+        for i in range(1, size):
+            t = threading.Thread(target=self._worker, args=(i,), name=f"{name}-{i}", daemon=True)
+            try:
+                t.start()
+            except RuntimeError as exc:  # "can't start new thread": the OS's limit on threads
+                started = len(self._threads)
+                self.shutdown()
+                raise RuntimeError(
+                    f"could not start replica thread {i} of the {size - 1} that {size} local replicas need "
+                    f"({exc}); the {started} started were stopped: use fewer local replicas or "
+                    'executor="cooperative"'
+                ) from exc
+            self._threads.append(t)
 
     def _worker(self, index: int) -> None:
         go = self._go[index]
@@ -84,7 +103,7 @@ class ReplicaPool:
             return
         self._closed = True
         self._task = _STOP
-        for i in range(1, self.size):
+        for i in range(1, len(self._threads) + 1):  # the workers started (all but after a failed start)
             self._go[i].release()
         for t in self._threads:
             if t is not threading.current_thread():

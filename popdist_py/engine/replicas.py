@@ -76,7 +76,7 @@ def resolve(replication: int | None, comm: Any) -> tuple[int, int, int, Any]:
                 f"replication={r} cannot be split evenly over the communicator's {size} instances "
                 f"(use a multiple of {size})"
             )
-        return r, r // size, rank, comm
+        return r, _local(r // size, f"replication={r} over {size} instances"), rank, comm
     if replication is None:
         if topo.num_instances > 1:
             from popdist_py.world import world
@@ -91,7 +91,20 @@ def resolve(replication: int | None, comm: Any) -> tuple[int, int, int, Any]:
             f"(POPDIST_NUM_TOTAL_REPLICAS={topo.num_total_replicas}, POPDIST_NUM_LOCAL_REPLICAS="
             f"{topo.num_local_replicas}): use Runtime() to take the replication from poprun"
         )
-    return r, r, 0, None
+    return r, _local(r, f"replication={r}"), 0, None
+
+
+#: Most replicas one process (instance) runs: poprun's own limit on --num-replicas.
+MAX_LOCAL_REPLICAS = 65536
+
+
+def _local(L: int, what: str) -> int:
+    if L > MAX_LOCAL_REPLICAS:
+        raise ValueError(
+            f"{what} makes {L} replicas in one process, more than {MAX_LOCAL_REPLICAS}: "
+            "use fewer replicas or more instances"
+        )
+    return L
 
 
 __all__ = ["ReplicaPlacement", "resolve"]

@@ -72,10 +72,11 @@ class Runtime:
             releases the GIL), but each collective costs every waiting replica an OS wake-up and
             a GIL hand-off (tens of us). ``"cooperative"``: greenlets on the calling thread, one
             at a time; a collective costs a few greenlet switches, and a replica that can never
-            arrive is reported at once. ``"auto"``: threads when L > 1 and this instance has at
+            arrive is reported at once. ``"auto"``: threads when 1 < L <= 1024 and this instance has at
             least 2 cores to itself (CPU affinity divided by ``$LOCAL_WORLD_SIZE``, the
             instances poprun put on this host), else cooperative. Same results and errors
-            either way; with L == 1 the step runs directly on the calling thread.
+            either way; with L == 1 the step runs directly on the calling thread. One process runs
+            at most 65536 replicas, the threads executor at most 1024 (an error names the limit).
 
     Every instance must create its runtimes, variables and collectives in the same order.
     """
@@ -94,15 +95,15 @@ class Runtime:
         self._placement = ReplicaPlacement(R, L, index)
         self._timeout_arg = timeout
         seconds = deadline.collective_timeout(timeout)
-        self._transport: Transport | None = None
-        if self._placement.num_instances > 1:
-            self._transport = Transport(comm, self._placement.describe_instance, seconds)
         self._pool: ReplicaExecutor
         waits: Waits
-        if self._executor == THREADS:
+        if self._executor == THREADS:  # first: it may fail (thread limits), and then stops what it started
             self._pool, waits = ReplicaPool(L, name=f"replica@{self._placement.offset}"), ThreadWaits(L)
         else:
             self._pool = waits = CooperativePool(L)
+        self._transport: Transport | None = None
+        if self._placement.num_instances > 1:
+            self._transport = Transport(comm, self._placement.describe_instance, seconds)
         self._dispatcher = Dispatcher(self._placement, self._transport, waits, seconds)
         self._contexts = [StepContext(self, self._dispatcher, i) for i in range(L)]
         # the finalizer holds the pool: neither pool may reference the runtime between runs
