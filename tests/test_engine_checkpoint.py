@@ -253,6 +253,7 @@ def test_killed_during_save_leaves_the_old_checkpoint(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     good = path.read_bytes()
     expect = re.search(r"final-sha256 (\w+)", first.stdout).group(1)  # type: ignore[union-attr]
+    (tmp_path / "spill").mkdir()  # POPDIST_REMOTE_DIR must exist
     for _attempt in range(3):
         proc = subprocess.Popen([PYTHON, SCRIPT, "--replicas", "2", "--rts", "--steps", "1", "--big-mb", "300",
                                  "--save", str(path)],

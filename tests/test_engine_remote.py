@@ -94,7 +94,26 @@ def test_remote_replica_sharded_variable(R: int) -> None:
         assert np.array_equal(rt.get_tensor_data(w), np.zeros((5, 6)))  # w - 1 * w
 
 
+def test_a_missing_directory_is_an_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(FileNotFoundError, match=rf"^Runtime\(remote_dir=\.\.\.\): directory '{missing}' does not "
+                                                r"exist \(create it first\)$"):
+        Runtime(replication=2, remote_dir=missing)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        Runtime(replication=2, remote_dir=tmp_path / "file")
+    monkeypatch.setenv("POPDIST_REMOTE_DIR", str(missing))
+    with Runtime(replication=2) as rt:
+        with pytest.raises(FileNotFoundError, match=rf"remote_buffer\(path=\.\.\.\): directory '{missing}'"):
+            rt.remote_buffer((3,), np.float32, location="file", path=missing)
+        with pytest.raises(FileNotFoundError, match=rf"^\$POPDIST_REMOTE_DIR: directory '{missing}' does not"):
+            rt.remote_buffer((3,), np.float32, location="file")
+    assert not (tmp_path / "no").exists()  # nothing was created
+
+
 def test_file_backed_buffers_are_memory_mapped_and_removed(tmp_path: Path) -> None:
+    (tmp_path / "spill").mkdir()
+    (tmp_path / "elsewhere").mkdir()
     with Runtime(replication=2, remote_dir=tmp_path / "spill") as rt:
         buf = rt.remote_buffer((1000,), np.float32, entries=3, location="file")
         assert buf.location == "file" and buf.path is not None and buf.path.parent == tmp_path / "spill"

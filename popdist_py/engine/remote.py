@@ -212,32 +212,39 @@ def _cleanup(buffers: list[RemoteBuffer], tmpdir: list[str]) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _existing_dir(d: Path, what: str) -> Path:
+    """``d``, which must be an existing directory: it is never created (a typo would silently
+    become a new directory tree)."""
+    if not d.is_dir():
+        state = "is not a directory" if d.exists() else "does not exist"
+        raise FileNotFoundError(f"{what}: directory {str(d)!r} {state} (create it first)")
+    return d
+
+
 class RemoteBuffers:
     """The remote buffers of one runtime and the directory their files go to."""
 
     def __init__(self, num_local_replicas: int, instance: int, directory: str | os.PathLike[str] | None) -> None:
         self.num_local_replicas = num_local_replicas
         self.instance = instance
-        self.directory = Path(directory) if directory is not None else None
+        self.directory = (_existing_dir(Path(directory), "Runtime(remote_dir=...)")
+                          if directory is not None else None)
         self.buffers: list[RemoteBuffer] = []
         self._tmpdir: list[str] = []  # created by us, removed on close
         self._finalizer = weakref.finalize(self, _cleanup, self.buffers, self._tmpdir)
 
     def _dir(self, path: str | os.PathLike[str] | None) -> Path:
         if path is not None:
-            d = Path(path)
-        elif self.directory is not None:
-            d = self.directory
-        elif os.environ.get(REMOTE_DIR_ENV):
-            d = Path(os.environ[REMOTE_DIR_ENV])
-        else:
-            if not self._tmpdir:
-                _remove_orphans()
-                prefix = f"{_PREFIX}{socket.gethostname()}-p{os.getpid()}-i{self.instance}-"
-                self._tmpdir.append(tempfile.mkdtemp(prefix=prefix))
-            return Path(self._tmpdir[0])
-        d.mkdir(parents=True, exist_ok=True)
-        return d
+            return _existing_dir(Path(path), "remote_buffer(path=...)")
+        if self.directory is not None:
+            return _existing_dir(self.directory, "Runtime(remote_dir=...)")
+        if os.environ.get(REMOTE_DIR_ENV):
+            return _existing_dir(Path(os.environ[REMOTE_DIR_ENV]), f"${REMOTE_DIR_ENV}")
+        if not self._tmpdir:
+            _remove_orphans()
+            prefix = f"{_PREFIX}{socket.gethostname()}-p{os.getpid()}-i{self.instance}-"
+            self._tmpdir.append(tempfile.mkdtemp(prefix=prefix))
+        return Path(self._tmpdir[0])
 
     def create(self, shape: Any, dtype: Any, entries: int, location: str, path: str | os.PathLike[str] | None
                ) -> RemoteBuffer:

@@ -65,8 +65,9 @@ class Runtime:
             runtime over a sub-communicator. Default: ``popdist_py.world.world()`` when needed.
         timeout: seconds a collective waits for missing replicas or instances (default:
             ``$POPDIST_COLLECTIVE_TIMEOUT``, else 600).
-        remote_dir: directory for file-backed remote buffers (default ``$POPDIST_REMOTE_DIR``,
-            else a private temporary directory); their files are deleted on ``close()``.
+        remote_dir: existing directory for file-backed remote buffers (default
+            ``$POPDIST_REMOTE_DIR``, else a private temporary directory); their files are deleted
+            on ``close()``. A directory that does not exist is an error naming it (never created).
         executor: how the L local replicas run (default ``$POPDIST_ENGINE_EXECUTOR``, else
             ``"auto"``; ``rt.executor`` tells the choice). ``"threads"``: in parallel (numpy
             releases the GIL), but each collective costs every waiting replica an OS wake-up and
