@@ -123,3 +123,22 @@ def test_comm_group_variable() -> None:
     with Runtime(replication=4) as rt:
         v = rt.variable(np.array([1.0, 2.0]), replica_grouping=CommGroup.orthogonal(2), retrieval_mode="all_replicas")
         assert rt.get_tensor_data(v).tolist() == [1.0, 2.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "data, dtype, shown",
+    [
+        ("abc", None, "<U3 (str)"),
+        (["a", "bc"], None, "<U2 (str)"),
+        (b"abc", None, "|S3 (bytes)"),
+        ([1, "a", None], None, "object (object)"),
+        (np.array(["2024-01-01"], dtype="datetime64[D]"), None, "datetime64[D] (datetime)"),
+        ([1.0, 2.0], str, "<U0 (str)"),
+    ],
+)
+def test_non_numeric_dtypes_are_refused_in_one_line(data: object, dtype: object, shown: str) -> None:
+    with Runtime(replication=2) as rt:
+        with pytest.raises(TypeError) as info:
+            rt.variable(data, dtype=dtype, name="x")
+        assert str(info.value) == f"variable 'x': dtype {shown} is not supported (use a numeric or bool dtype)"
+        assert rt.variable(np.array([True, False])).dtype == np.bool_  # bool stays accepted

@@ -37,14 +37,19 @@ def host_shape(grouping: ReplicaGrouping, shape: tuple[int, ...]) -> tuple[int, 
     return (grouping.num_groups, *shape) if grouping.num_groups > 1 else shape
 
 
+#: dtype kinds that are not numbers (object and structured dtypes are refused as well).
+_NOT_NUMERIC = {"U": "str", "S": "bytes", "V": "void/raw bytes", "O": "object", "M": "datetime", "m": "timedelta"}
+
+
 def as_host_array(data: Any, dtype: Any, what: str) -> np.ndarray:
     """``data`` as an array of ``dtype`` (same-kind casts only: float64 -> float32 is fine, float -> int is not)."""
     arr = np.asarray(data)
     if dtype is None:
         dtype = arr.dtype
     dtype = np.dtype(dtype)
-    if dtype.hasobject or dtype.fields is not None:
-        raise TypeError(f"{what}: dtype {dtype} is not supported (use a numeric or bool dtype)")
+    if dtype.hasobject or dtype.fields is not None or dtype.kind in _NOT_NUMERIC:
+        kind = f" ({_NOT_NUMERIC[dtype.kind]})" if dtype.kind in _NOT_NUMERIC else ""
+        raise TypeError(f"{what}: dtype {dtype}{kind} is not supported (use a numeric or bool dtype)")
     if arr.dtype != dtype:
         if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
             raise TypeError(f"{what}: cannot convert data of dtype {arr.dtype} to {dtype}")
