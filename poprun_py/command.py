@@ -162,6 +162,14 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.option("--only-output-from-instance", type=Count(0, MAX_COUNT - 1, "is past the last instance poprun can start"),
               metavar="I",
               help="Show only instance I's output (failures of others are still summarised).")
+@click.option("--log-dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Also write each instance's raw output to DIR/instance-<i>/stdout.log and stderr.log "
+                   "(DIR is created if its parent exists; a restarted job appends).")
+@click.option("--tee", type=YesNo(), default="yes", show_default=True,
+              help="With --log-dir, still show the output here; no: only in the files.")
+@click.option("--prefix-timestamp", type=YesNo(), default="no", show_default=True,
+              help="Start every output line with the local time poprun received its first byte: "
+                   "'[i] 2026-11-23 01:02:03.456 text'.")
 @click.option("--print-topology", type=YesNo(), default="no", show_default=True,
               help="Print hosts -> instances -> replicas.")
 @click.option("--numa-aware", type=YesNo(), default="no", show_default=True, help="Bind instances to NUMA nodes.")

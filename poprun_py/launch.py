@@ -53,6 +53,10 @@ def launch(options: dict) -> int:
     only = options["only_output_from_instance"]
     if only is not None and only >= plan.num_instances:
         raise PlanError(f"--only-output-from-instance {only} is outside the instances 0..{plan.num_instances - 1}")
+    if options["log_dir"] is not None or not options["tee"]:
+        from poprun_py.output import check_log_options
+
+        check_log_options(options["log_dir"], options["tee"], plan.num_instances, create=not options["dry_run"])
     # A dry run asks no resolver: the address remote hosts call back on is shown as a placeholder.
     remote = _remote_hosts(hosts, resolve=not options["dry_run"])
     callback = _callback_address(hosts, remote, options["host_subnet"], resolve=not options["dry_run"])
@@ -86,6 +90,7 @@ def launch(options: dict) -> int:
         return 0
 
     _check_open_files(plan.instances_per_host)
+    from poprun_py.output import OutputOptions
     from poprun_py.supervisor import Supervisor
 
     written: list[str] = []
@@ -108,7 +113,9 @@ def launch(options: dict) -> int:
             spec.job_env[environment.TORCHELASTIC_RESTART_COUNT] = str(restart)
             supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command,
                                     show_instance=only, listen_address=callback or "127.0.0.1",
-                                    remote_hosts=frozenset(remote))
+                                    remote_hosts=frozenset(remote),
+                                    output=OutputOptions(options["log_dir"], options["tee"],
+                                                         options["prefix_timestamp"], append=restart > 0))
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
             if report is not None and options["error_file"]:

@@ -1,49 +1,410 @@
-"""Per-instance line assembly and tagging: ``[i] `` before every line, whole lines only."""
+"""Per-instance output: tagged ``[i] ``, streamed as it arrives, never two instances on one line.
+
+Every line an instance writes reaches poprun's stdout or stderr with its tag (``[i] ``; with
+``--prefix-timestamp``, ``[i] 2026-11-23 01:02:03.456 ``: local time, to the millisecond, at
+which poprun received the line's first byte). Output is passed on as it arrives: a partial line,
+or a progress bar redrawn with carriage returns, shows at once rather than at its newline.
+
+**Interleaving rule.** Each sink (poprun's stdout, its stderr; ``Sink``) has at most one owner:
+the instance whose unfinished line is the sink's current line. An instance's output is written
+at once when the sink's current line is empty or its own; otherwise it is held, in order, until
+the owner reaches a break: a newline, or a carriage return (a progress bar's redraw, after which
+poprun adds a newline so the bar's last state stays on its own line). At each break of the owner
+the waiting instances go first, in the order they began waiting, so one instance cannot keep the
+line to itself, while a long line that is still streaming is never cut. Bounded fallback: when
+the owner has written nothing for ``HOLD_SECONDS`` while others wait (checked by ``Sink.tick``,
+which the supervisor calls every 0.1 s), or a waiting instance holds more than ``HOLD_BYTES``,
+poprun ends the owner's line with a newline of its own; the owner's next bytes then start a new
+tagged line. poprun's own messages (``Sink.write``) end an open line the same way first.
+
+**Carriage returns.** A ``\\r`` inside a line is passed on and the tag is written again lazily,
+before the next printable byte (``\\r[i] 50%``), so a redrawn bar keeps its tag. A ``\\r`` that
+would not move the cursor (at the start of a line, or after another ``\\r``) is dropped, and
+one followed by a newline adds no tag, so binary output full of ``\\r`` costs no extra tags.
+
+``--log-dir DIR`` writes each instance's streams, raw (no tags), unbuffered, to
+``DIR/instance-<i>/stdout.log`` and ``stderr.log`` (a restarted job appends); ``--tee no``
+keeps them off the terminal.
+"""
 
 from __future__ import annotations
+
+import os
+import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
     from typing import BinaryIO
 
 TAIL_LINES = 20
+#: The stderr tail keeps at most this much of one line (its end).
+TAIL_LINE_BYTES = 1 << 16
+#: How long the owner of an unfinished line may write nothing while others wait, before poprun
+#: ends its line.
+HOLD_SECONDS = 1.0
+#: How much an instance may have held back before poprun ends the line it waits for.
+HOLD_BYTES = 8 << 20
+#: Log files of every instance are opened by poprun: file descriptors per instance, and spare.
+LOG_FILES_PER_INSTANCE = 2
+LOG_FILES_MARGIN = 64
+
+# Where one instance's stream stands on its sink.
+START = 0  # at the start of a line: nothing of it written, its tag not yet
+OPEN = 1  # the tag and some of the line written
+REDRAW = 2  # a carriage return written: the tag is due again before the next printable byte
+
+
+class OutputOptions:
+    """How instances' output is shown and kept: ``--log-dir``, ``--tee``, ``--prefix-timestamp``;
+    ``append``: log files are added to (a restarted job) rather than started afresh."""
+
+    def __init__(self, log_dir: str | None = None, tee: bool = True, timestamps: bool = False,
+                 append: bool = False) -> None:
+        self.log_dir = log_dir
+        self.tee = tee
+        self.timestamps = timestamps
+        self.append = append
+
+
+class Stream:
+    """One instance's stdout or stderr on its sink: its line state and what is held back."""
+
+    def __init__(self, tag: bytes, timestamps: bool) -> None:
+        self.tag = tag
+        self.timestamps = timestamps
+        self.state = START
+        self.held: list[tuple[float, bytes]] = []  # (time received, bytes) not yet written
+        self.held_bytes = 0
+        self.queued = False
+        self.finished = False  # the instance has ended: its last line is ended once written
+        self.waiting_since = 0.0  # time.monotonic() when it began waiting
+        self._second = -1
+        self._stamp = ""
+
+    def prefix(self, received: float) -> bytes:
+        if not self.timestamps:
+            return self.tag
+        second = int(received)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return self.tag + f"{self._stamp}.{int((received - second) * 1000):03d} ".encode()
+
+    def render(self, out: bytearray, until_break: bool) -> None:
+        """Move held bytes to ``out``, tagged; with ``until_break``, stop after the first newline or
+        carriage return (``\\r\\n`` counts as one)."""
+        while self.held:
+            received, data = self.held[0]
+            end = _first_break(data) if until_break else -1
+            if 0 <= end < len(data) - 1:
+                self.held[0] = (received, data[end + 1:])
+                data = data[:end + 1]
+            else:
+                del self.held[0]
+            self.held_bytes -= len(data)
+            self._render(received, data, out)
+            if end >= 0:
+                return
+
+    def _render(self, received: float, data: bytes, out: bytearray) -> None:
+        if b"\r" not in data:
+            self._render_lines(self.prefix(received), data, out)
+            return
+        pieces = data.split(b"\n")
+        last = len(pieces) - 1
+        for k, piece in enumerate(pieces):
+            if piece:
+                for j, segment in enumerate(piece.split(b"\r")):
+                    if j and self.state == OPEN:
+                        out += b"\r"
+                        self.state = REDRAW
+                    if segment:
+                        if self.state != OPEN:
+                            out += self.prefix(received)
+                            self.state = OPEN
+                        out += segment
+            if k < last:
+                if self.state == START:
+                    out += self.prefix(received)  # an empty line is tagged too
+                out += b"\n"
+                self.state = START
+
+
+    def _render_lines(self, prefix: bytes, data: bytes, out: bytearray) -> None:
+        """``_render`` for data without carriage returns: whole lines tagged in one pass."""
+        first, newline, rest = data.partition(b"\n")
+        if first:
+            if self.state != OPEN:
+                out += prefix
+                self.state = OPEN
+            out += first
+        if not newline:
+            return
+        if self.state == START:
+            out += prefix  # an empty line is tagged too
+        out += b"\n"
+        self.state = START
+        if not rest:
+            return
+        ends = rest.endswith(b"\n")
+        out += prefix
+        out += (rest[:-1] if ends else rest).replace(b"\n", b"\n" + prefix)
+        if ends:
+            out += b"\n"
+        else:
+            self.state = OPEN
+
+
+class Sink:
+    """poprun's stdout or stderr, shared by every instance: who owns its current line, who waits
+    (see the module's interleaving rule). ``write``/``flush`` are for poprun's own output."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.owner: Stream | None = None
+        self.queue: list[Stream] = []
+        self.active = 0.0  # time.monotonic() when the owner last wrote
+        self.broken = False  # our reader went away (e.g. `| head`): instances' output is dropped
+
+    # ---------------------------------------------------------------- poprun's own output
+    def write(self, data: bytes) -> None:
+        out = bytearray()
+        if self.owner is not None:
+            self._end_line(out)
+        self.file.write(bytes(out) + data)
+        out.clear()
+        self._pump(out)
+        if out:
+            self.file.write(out)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    # ---------------------------------------------------------------- instances' output
+    def offer(self, stream: Stream, received: float, data: bytes) -> None:
+        """``stream`` has ``data``: write what the rule allows now, hold the rest."""
+        if self.broken:
+            return
+        stream.held.append((received, data))
+        stream.held_bytes += len(data)
+        out = bytearray()
+        if self.owner is not stream and not stream.queued:
+            stream.queued = True
+            stream.waiting_since = time.monotonic()
+            self.queue.append(stream)
+        if self.owner is not None and self.owner is not stream and stream.held_bytes > HOLD_BYTES:
+            self._end_line(out)
+        self._pump(out)
+        self._emit(out)
+
+    def tick(self) -> None:
+        """End the owner's line if it has written nothing for HOLD_SECONDS while others wait."""
+        if self.owner is None or not self.queue or self.broken:
+            return
+        now = time.monotonic()
+        if now - max(self.active, self.queue[0].waiting_since) >= HOLD_SECONDS:
+            out = bytearray()
+            self._end_line(out)
+            self._pump(out)
+            self._emit(out)
+
+    def finish(self, stream: Stream) -> None:
+        """The instance is done: what it holds is written in its turn (at once if the line is free),
+        and its last line is ended. Another instance's line is not cut for it."""
+        stream.finished = True
+        out = bytearray()
+        if self.owner is stream and not stream.held:
+            self._end_line(out)
+        self._pump(out)
+        self._emit(out)
+
+    def _end_line(self, out: bytearray) -> None:
+        assert self.owner is not None
+        out += b"\n"
+        self.owner.state = START
+        self.owner = None
+
+    def _pump(self, out: bytearray) -> None:
+        while True:
+            owner = self.owner
+            if owner is not None:
+                if not owner.held:
+                    return
+                owner.render(out, until_break=bool(self.queue))  # waiting instances go first
+                self.active = time.monotonic()
+                if owner.finished and not owner.held:  # an ended instance's last line
+                    if owner.state != START:
+                        out += b"\n"
+                        owner.state = START
+                    self.owner = None
+                    continue
+                if owner.state == OPEN or (owner.state == REDRAW and not self.queue):
+                    return  # its line is still open (and all it had is written)
+                if owner.state == REDRAW:  # a redraw while others wait: the bar keeps its line
+                    out += b"\n"
+                    owner.state = START
+                self.owner = None
+                if owner.held:
+                    owner.queued = True
+                    owner.waiting_since = time.monotonic()
+                    self.queue.append(owner)
+            elif self.queue:
+                stream = self.queue.pop(0)
+                stream.queued = False
+                stream.render(out, until_break=False)
+                if stream.finished and stream.state != START:
+                    out += b"\n"
+                    stream.state = START
+                elif stream.state != START:
+                    self.owner = stream
+                    self.active = time.monotonic()
+            else:
+                return
+
+    def _emit(self, out: bytearray) -> None:
+        if not out:
+            return
+        try:
+            self.file.write(out)
+            self.file.flush()
+        except (BrokenPipeError, ValueError):
+            self.broken = True  # keep supervising; nothing more is shown
+            self.owner = None
+            for stream in self.queue:
+                stream.held.clear()
+                stream.queued = False
+            self.queue.clear()
 
 
 class InstanceOutput:
-    """Assembles one instance's two streams into lines and keeps the tail of its stderr."""
+    """One instance's two streams: to the sinks (tagged), to its log files (raw), and the tail of
+    its stderr for the failure summary."""
 
-    def __init__(self, index: int, show: bool, sinks: dict[int, BinaryIO]) -> None:
-        self.tag = f"[{index}] ".encode()
-        self.show = show
+    def __init__(self, index: int, show: bool, sinks: dict[int, Sink],
+                 options: OutputOptions | None = None) -> None:
+        options = options or OutputOptions()
+        self.index = index
+        self.show = show and options.tee
         self.sinks = sinks
-        self.partial = {1: bytearray(), 2: bytearray()}
+        tag = f"[{index}] ".encode()
+        self.streams = {number: Stream(tag, options.timestamps) for number in sinks}
+        self.timestamps = options.timestamps
         self.stderr_tail: list[bytes] = []  # the last TAIL_LINES lines
+        self._tail_line = bytearray()
+        self.logs: dict[int, int] = {}  # stream -> file descriptor
+        self.log_directory = ""
+        if options.log_dir is not None:
+            self.log_directory = os.path.join(options.log_dir, f"instance-{index}")
+            self._open_logs(options.append)
 
     def feed(self, stream: int, data: bytes) -> None:
-        buffer = self.partial[stream]
-        buffer += data
-        end = buffer.rfind(b"\n")
-        if end < 0:
-            return
-        lines = bytes(buffer[: end + 1]).splitlines(keepends=True)
-        del buffer[: end + 1]
-        self._emit(stream, lines)
+        if stream in self.logs:
+            self._log(stream, data)
+        if stream == 2:
+            self._tail(data)
+        if self.show:
+            self.sinks[stream].offer(self.streams[stream], time.time() if self.timestamps else 0.0, data)
 
     def flush(self) -> None:
-        """End of the instance: a last line without a newline still gets one."""
-        for stream, buffer in self.partial.items():
-            if buffer:
-                self._emit(stream, [bytes(buffer) + b"\n"])
-                buffer.clear()
-
-    def _emit(self, stream: int, lines: list[bytes]) -> None:
-        if stream == 2:
-            self.stderr_tail.extend(line.rstrip(b"\n") for line in lines)
-            del self.stderr_tail[:-TAIL_LINES]
+        """End of the instance: everything held is written, a last line without a newline still
+        gets one, and the log files are closed."""
+        if self._tail_line:
+            self._tail(b"\n")
         if self.show:
-            sink = self.sinks[stream]
+            for number, stream in self.streams.items():
+                self.sinks[number].finish(stream)
+        for fd in self.logs.values():
+            os.close(fd)
+        self.logs.clear()
+
+    def _tail(self, data: bytes) -> None:
+        line = self._tail_line
+        line += data
+        if b"\n" not in data:
+            del line[:-TAIL_LINE_BYTES]
+            return
+        *complete, rest = bytes(line).split(b"\n")
+        self.stderr_tail.extend(_as_shown(text[-TAIL_LINE_BYTES:]) for text in complete[-TAIL_LINES:])
+        del self.stderr_tail[:-TAIL_LINES]
+        line[:] = rest[-TAIL_LINE_BYTES:]
+
+    def _open_logs(self, append: bool) -> None:
+        directory = self.log_directory
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            for number, name in ((1, "stdout.log"), (2, "stderr.log")):
+                self.logs[number] = os.open(os.path.join(directory, name), flags, 0o666)
+        except OSError as exc:
+            self._log_failed(exc)
+
+    def _log(self, stream: int, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.logs[stream], view):]
+        except OSError as exc:
+            self._log_failed(exc)
+
+    def _log_failed(self, exc: OSError) -> None:
+        from poprun_py import log
+
+        log.warning("instance %d's output is no longer written to %s: %s", self.index, self.log_directory,
+                    exc.strerror or exc)
+        for fd in self.logs.values():
+            os.close(fd)
+        self.logs.clear()
+
+
+def _first_break(data: bytes) -> int:
+    """Index of the end of the first newline or carriage return (of ``\\r\\n``: the newline); -1: none."""
+    newline, carriage = data.find(b"\n"), data.find(b"\r")
+    if carriage < 0 or 0 <= newline < carriage:
+        return newline
+    return carriage + 1 if data[carriage + 1:carriage + 2] == b"\n" else carriage
+
+
+def _as_shown(line: bytes) -> bytes:
+    """What a terminal shows of a line redrawn with carriage returns: its last non-empty part."""
+    if b"\r" not in line:
+        return line
+    parts = [part for part in line.split(b"\r") if part]
+    return parts[-1] if parts else b""
+
+
+def check_log_options(log_dir: str | None, tee: bool, num_instances: int, create: bool) -> None:
+    """``--log-dir``/``--tee``, before anything starts: one line (PlanError) when they cannot work.
+    DIR is created when its parent exists (unless ``create`` is false: a dry run); poprun's
+    open-file limit is raised for the two log files of every instance."""
+    from poprun_py.errors import PlanError
+
+    if log_dir is None:
+        if not tee:
+            raise PlanError("--tee no hides every instance's output: give --log-dir DIR too, to keep it in files")
+        return
+    path = os.path.abspath(log_dir)
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PlanError(f"--log-dir {log_dir!r} is not writable")
+    elif os.path.lexists(path):
+        raise PlanError(f"--log-dir {log_dir!r} exists and is not a directory")
+    else:
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            raise PlanError(f"--log-dir {log_dir!r}: its parent directory {parent!r} does not exist "
+                            "(poprun creates only the last directory of the path)")
+        if create:
             try:
-                sink.write(b"".join(self.tag + line for line in lines))
-                sink.flush()
-            except (BrokenPipeError, ValueError):
-                self.show = False  # our reader went away (e.g. `| head`); keep supervising
+                os.mkdir(path)
+            except OSError as exc:
+                raise PlanError(f"--log-dir {log_dir!r} cannot be created: {exc.strerror or exc}") from None
+    need = LOG_FILES_PER_INSTANCE * num_instances + num_instances + LOG_FILES_MARGIN
+    if need > 1024:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and need > hard:
+            raise PlanError(f"--log-dir with {num_instances} instances needs about {need} open files in poprun, "
+                            f"more than this system allows ({hard}, ulimit -Hn)")
+        if soft != resource.RLIM_INFINITY and soft < need:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

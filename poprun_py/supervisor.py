@@ -15,7 +15,7 @@ import sys
 import time
 
 from poprun_py import control, log, protocol
-from poprun_py.output import InstanceOutput
+from poprun_py.output import InstanceOutput, OutputOptions, Sink
 from poprun_py.plan import LOCAL_HOST
 from poprun_py.process import Process
 from poprun_py.watch import Watch
@@ -97,10 +97,12 @@ class Supervisor:
     def __init__(self, num_instances: int, hosts: list[str], build_command: Callable[[str], list[str]],
                  show_instance: int | None = None, listen_address: str = "127.0.0.1",
                  remote_hosts: frozenset[str] = frozenset(),
-                 stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> None:
-        self.sinks = {1: stdout or sys.stdout.buffer, 2: stderr or sys.stderr.buffer}
+                 stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
+                 output: OutputOptions | None = None) -> None:
+        # Shared by every instance: who owns the current line of each (see poprun_py.output).
+        self.sinks = {1: Sink(stdout or sys.stdout.buffer), 2: Sink(stderr or sys.stderr.buffer)}
         self.instances = [
-            InstanceState(i, hosts[i], InstanceOutput(i, show_instance in (None, i), self.sinks))
+            InstanceState(i, hosts[i], InstanceOutput(i, show_instance in (None, i), self.sinks, output))
             for i in range(num_instances)
         ]
         self.build_command = build_command
@@ -170,6 +172,8 @@ class Supervisor:
                 self._teardown()
             self._escalate()
             self._check_silence()
+            for sink in self.sinks.values():
+                sink.tick()  # a line that another instance has waited on too long is ended
             if mpiexec_done_at is None and self.mpiexec.poll() is not None:
                 mpiexec_done_at = time.monotonic()
                 log.info("mpiexec exited with status %s", self.mpiexec.returncode)
