@@ -12,14 +12,17 @@ more than one instance, these hooks are installed:
   thread that died may never reach a collective its peers are waiting in; to keep a thread's
   failure local, catch it in the thread or set your own ``threading.excepthook`` after ``init()``.
   (``SystemExit`` in a thread only ends that thread, as in plain Python.)
-* ``sys.exit`` (and the ``exit``/``quit`` builtins): the main thread's exit status is recorded.
-  An ``atexit`` handler, registered when popdist_py is imported so that it runs after the
-  handlers registered later, then ends a process exiting with a non-zero status N the same
-  way (status N, no ``MPI_Finalize``, which could block for ever waiting for the peers). A
-  ``SystemExit`` that is caught and dropped is forgotten again. Limitation: ``raise
-  SystemExit(N)`` written directly bypasses ``sys.exit`` and is not seen; such an instance
-  finalises normally, and peers waiting for it in a popdist_py collective report it after the
-  collective timeout.
+* ``sys.exit``, the ``exit``/``quit`` builtins and ``raise SystemExit(N)``: the main thread's
+  exit status is recorded. Python (3.11) hands no hook the status of a ``SystemExit`` that ends
+  the program, so the builtin name ``SystemExit`` becomes :class:`InstanceExit`, a subclass that
+  records its status when created; ``except SystemExit`` still catches it. An ``atexit``
+  handler, registered when popdist_py is imported so that it runs after the handlers registered
+  later, then ends a process exiting with a non-zero status N the same way (status N, no
+  ``MPI_Finalize``, which could block for ever waiting for the peers). A ``SystemExit`` that is
+  caught and dropped is forgotten again. Only a ``SystemExit`` raised by C code (a ``sys.exit``
+  bound before ``init()``, as ``from sys import exit`` does, or ``_thread.exit``) is a plain
+  one: it is not recorded, and ``except SystemExit`` written after ``init()`` does not catch it
+  (``except BaseException`` does).
 * A normal exit (status 0) finalises MPI as usual (mpi4py does it at the very end).
 
 In an interactive session (``python -i``) exceptions do not end the process.
@@ -43,7 +46,7 @@ ABORT_GRACE = 0.25
 
 _installed = False
 _lock = threading.Lock()
-#: (token, status) of the SystemExit raised by the main thread's sys.exit, until it is dropped.
+#: (token, status) of the last SystemExit created by the main thread, until it is dropped.
 _pending: tuple[int, int] | None = None
 _counter = 0
 _previous_excepthook = sys.excepthook
@@ -59,10 +62,22 @@ def exit_status(code: Any) -> int:
     return 1
 
 
-class InstanceExit(SystemExit):
-    """Raised by the wrapped ``sys.exit``; forgets its recorded status when caught and dropped."""
+_BUILTIN_SYSTEM_EXIT = SystemExit
+
+
+class InstanceExit(_BUILTIN_SYSTEM_EXIT):
+    """``SystemExit`` that records its status for :func:`_at_exit` when the main thread creates it
+    (by ``sys.exit``, ``exit`` or ``raise SystemExit``), and forgets it when caught and dropped."""
 
     _token = 0
+
+    def __init__(self, *args: Any) -> None:
+        global _counter, _pending
+        super().__init__(*args)
+        if threading.current_thread() is threading.main_thread():
+            _counter += 1
+            self._token = _counter
+            _pending = (_counter, exit_status(self.code))
 
     def __del__(self) -> None:
         global _pending
@@ -75,19 +90,9 @@ class InstanceExit(SystemExit):
             _pending = None
 
 
-def _make_exit(code: Any) -> InstanceExit:
-    global _counter, _pending
-    exc = InstanceExit(code)
-    if threading.current_thread() is threading.main_thread():
-        _counter += 1
-        exc._token = _counter
-        _pending = (_counter, exit_status(code))
-    return exc
-
-
 def _exit(status: Any = None, /) -> NoReturn:
     """``sys.exit`` that records the main thread's exit status for :func:`_at_exit`."""
-    raise _make_exit(status)
+    raise InstanceExit(status)
 
 
 class _Quitter:
@@ -105,7 +110,7 @@ class _Quitter:
             sys.stdin.close()
         except Exception:
             pass
-        raise _make_exit(code)
+        raise InstanceExit(code)
 
 
 def _flush() -> None:
@@ -189,6 +194,7 @@ def install() -> None:
         sys.excepthook = _excepthook
         threading.excepthook = _threading_excepthook
         sys.exit = _exit
+        builtins.SystemExit = InstanceExit  # type: ignore[misc]
         for name in ("exit", "quit"):
             original = getattr(builtins, name, None)
             if original is not None and not isinstance(original, _Quitter):

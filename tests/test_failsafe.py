@@ -88,8 +88,9 @@ def test_uncaught_exception_in_a_thread_aborts_the_job() -> None:
     assert "ZeroDivisionError" in job.output and "worker" in job.output
 
 
-def test_sys_exit_status_ends_the_job_with_that_status() -> None:
-    job = run_job("exit3")
+@pytest.mark.parametrize("mode", ["exit3", "raise_exit3"])
+def test_sys_exit_status_ends_the_job_with_that_status(mode: str) -> None:
+    job = run_job(mode)
     assert job.returncode == 3, job.output
     assert job.elapsed < 5, f"took {job.elapsed:.1f}s\n{job.output}"
     assert "instance 1: last words before exit 3" in job.output
@@ -97,8 +98,9 @@ def test_sys_exit_status_ends_the_job_with_that_status() -> None:
     assert "instance 0: done" not in job.output
 
 
-def test_a_caught_sys_exit_is_forgotten() -> None:
-    job = run_job("exit_caught")
+@pytest.mark.parametrize("mode", ["exit_caught", "raise_exit_caught"])
+def test_a_caught_sys_exit_is_forgotten(mode: str) -> None:
+    job = run_job(mode)
     assert job.returncode == 0, job.output
     assert "instance 1: caught SystemExit 3" in job.output
     assert "instance 0: done" in job.output and "instance 1: done" in job.output

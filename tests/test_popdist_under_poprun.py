@@ -31,6 +31,7 @@ def test_popdist_api_values_per_instance() -> None:
     ("raise_reduce", 1, "RuntimeError: boom from instance 1"),
     ("thread", 1, "ZeroDivisionError"),
     ("exit3", 3, "exit status 3"),
+    ("raise_exit3", 3, "exit status 3"),
 ])
 def test_failures_end_the_job_fast_with_their_status(mode: str, status: int, evidence: str) -> None:
     marker = f"--marker={uuid.uuid4().hex}"

@@ -9,6 +9,8 @@ raise_reduce instance 1 raises while the others wait in an allreduce     -> job 
 thread       instance 1 has an uncaught exception in a thread             -> job aborts, status 1
 exit3        instance 1 calls sys.exit(3) while the others wait          -> job status 3
 exit_caught  instance 1 catches its sys.exit(3), then ends normally      -> status 0
+raise_exit3  instance 1 writes `raise SystemExit(3)` while the others wait -> job status 3
+raise_exit_caught  instance 1 catches its `raise SystemExit(3)`, ends normally -> status 0
 ok           collectives on every instance, normal exit                  -> status 0
 mismatch     shapes differ between instances; each prints its error      -> status 0
 late         instance 1 never calls allreduce (uncaught timeout on the others ends the job, status 1)
@@ -40,8 +42,8 @@ def say(*parts: object) -> None:
 def main(mode: str) -> None:
     popdist_py.init()
     n = COMM.Get_size()
-    if mode in ("raise", "raise_reduce", "thread", "exit3", "exit_caught"):
-        if mode == "exit3" and RANK == 1:
+    if mode in ("raise", "raise_reduce", "thread", "exit3", "exit_caught", "raise_exit3", "raise_exit_caught"):
+        if mode in ("exit3", "raise_exit3") and RANK == 1:
             import atexit
 
             atexit.register(say, "atexit handler ran")  # registered after popdist_py: runs first
@@ -57,9 +59,16 @@ def main(mode: str) -> None:
                 time.sleep(30)
             if mode == "exit3":
                 sys.exit(3)
+            if mode == "raise_exit3":
+                raise SystemExit(3)
             if mode == "exit_caught":
                 try:
                     sys.exit(3)
+                except SystemExit as exc:
+                    say("caught SystemExit", exc.code)
+            if mode == "raise_exit_caught":
+                try:
+                    raise SystemExit(3)
                 except SystemExit as exc:
                     say("caught SystemExit", exc.code)
         if mode == "raise_reduce":
