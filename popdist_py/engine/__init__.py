@@ -52,7 +52,7 @@ error on every participant instead of hanging.
 
 Errors (:mod:`.errors`, all exported here): CollectiveError and its kinds
 CollectiveMismatchError, CollectiveTimeoutError, InstancesDisagreeError, StepAborted and
-PeerAborted; CheckpointError (a ValueError) from ``load``.
+PeerAborted (with its kind PeerClosed); CheckpointError (a ValueError) from ``load``.
 """
 
 from popdist_py.engine import ops
@@ -64,6 +64,7 @@ from popdist_py.engine.errors import (
     CollectiveTimeoutError,
     InstancesDisagreeError,
     PeerAborted,
+    PeerClosed,
     StepAborted,
 )
 from popdist_py.engine.grouping import CommGroup, CommGroupType, ReplicaGrouping
@@ -82,6 +83,7 @@ __all__ = [
     "CommGroupType",
     "InstancesDisagreeError",
     "PeerAborted",
+    "PeerClosed",
     "RemoteBuffer",
     "ReplicaGrouping",
     "Runtime",

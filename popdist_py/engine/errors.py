@@ -23,6 +23,11 @@ class PeerAborted(CollectiveError):
     """Another instance abandoned its step (an exception there) while this one waited for it."""
 
 
+class PeerClosed(PeerAborted):
+    """Another instance closed its Runtime (or ended) while this one waited for it in a collective:
+    a step there ended without the collective this instance is in."""
+
+
 class InstancesDisagreeError(CollectiveMismatchError):
     """The instances disagreed about a collective (or about where the step ends).
 
@@ -42,5 +47,6 @@ __all__ = [
     "CollectiveTimeoutError",
     "InstancesDisagreeError",
     "PeerAborted",
+    "PeerClosed",
     "StepAborted",
 ]

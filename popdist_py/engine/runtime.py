@@ -51,6 +51,10 @@ from popdist_py.engine.variables import (
 
 log = logging.getLogger(__name__)
 
+#: How long ``close()`` waits for the other instances to close theirs before it keeps the
+#: communicator instead of freeing it (runtimes usually close within moments of each other).
+FAREWELL_WAIT = 2.0
+
 
 class Runtime:
     """L local replicas in this process; R = I x L global replicas over I instances.
@@ -109,6 +113,10 @@ class Runtime:
         self._contexts = [StepContext(self, self._dispatcher, i) for i in range(L)]
         # the finalizer holds the pool: neither pool may reference the runtime between runs
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
+        # Peers waiting for this instance in a collective are told at once when this runtime
+        # closes, is collected, or the interpreter exits: a step here ended without that collective.
+        self._farewell = (weakref.finalize(self, _say_closed, self._transport, self._dispatcher)
+                          if self._transport is not None else None)
         self._variables = VariableRegistry()
         self._remote = RemoteBuffers(L, index, remote_dir)
         self._run_lock = threading.Lock()
@@ -547,7 +555,11 @@ class Runtime:
         self._finalizer()
         self._remote.close()
         if self._transport is not None:
-            self._transport.close(free=self._broken is None)
+            assert self._farewell is not None
+            self._farewell.detach()  # said here instead, waiting for the peers' (to free the communicator)
+            wait = min(self._transport.timeout, FAREWELL_WAIT) if self._broken is None else 0.0
+            in_step = self._transport.farewell(self._dispatcher.seq, wait)
+            self._transport.close(free=in_step)
 
     def __enter__(self) -> Runtime:
         return self
@@ -560,6 +572,12 @@ class Runtime:
             f"Runtime(replication_factor={self.replication_factor}, instance_replication_factor="
             f"{self.instance_replication_factor}, replica_index_offset={self.replica_index_offset})"
         )
+
+
+def _say_closed(transport: Transport, dispatcher: Dispatcher) -> None:
+    """Tell the other instances this runtime (never closed) takes part in no further collective."""
+    if not transport.MPI.Is_finalized():
+        transport.farewell(dispatcher.seq, wait=0.0)
 
 
 __all__ = ["Runtime"]

@@ -33,6 +33,7 @@ from popdist_py.engine.errors import (
     CollectiveTimeoutError,
     InstancesDisagreeError,
     PeerAborted,
+    PeerClosed,
 )
 from poprun_py.environment import COLLECTIVE_TIMEOUT
 
@@ -45,7 +46,9 @@ TAG_DATA = 12
 TAG_GATHER = 13
 STATUS_OK = 0
 STATUS_ABORT = 1
+STATUS_CLOSED = 2
 _OK = np.int64(STATUS_OK).tobytes()
+_CLOSED = np.int64(STATUS_CLOSED).tobytes()
 
 #: Requests abandoned by failed collectives (each keeps its buffer alive). Never freed: MPI may
 #: still read a send buffer after its request is freed, so they stay for the life of the process.
@@ -171,6 +174,11 @@ class Transport:
         for p, got in zip(self.peers, channel.recv_headers, strict=True):
             if got == expect:
                 continue
+            if got[24:32] == _CLOSED:
+                raise PeerClosed(
+                    f"{describe()[0]}: {self.describe(p)} closed its Runtime while this instance waited for it "
+                    "(a step there ended without this collective)"
+                )
             if got[24:32] != _OK:
                 what = describe()[0]
                 raise PeerAborted(
@@ -265,11 +273,37 @@ class Transport:
             "(an instance gave up on this collective or stopped)"
         )
 
-    def send_abort(self, seq: int) -> None:
-        """Tell every peer that this instance abandoned its step, so none waits for the timeout."""
-        hdr = np.array([seq, -1, 0, STATUS_ABORT], dtype=np.int64).view(np.uint8)
+    def send_abort(self, seq: int, status: int = STATUS_ABORT) -> None:
+        """Tell every peer that this instance abandoned its step (or, with ``STATUS_CLOSED``, that it
+        will take part in no further collective), so none waits for the timeout. A peer that never
+        looks again simply never receives it."""
+        hdr = np.array([seq, -1, 0, status], dtype=np.int64).view(np.uint8)
         for p in self.peers:
             self._orphans.append(self.comm.Isend(hdr, p, TAG_HEADER))  # the request keeps hdr alive
+
+    def farewell(self, seq: int, wait: float) -> bool:
+        """Tell every peer this instance takes part in no further collective (a peer waiting in one
+        raises :class:`PeerClosed` at once), then wait up to ``wait`` seconds for every peer's own
+        farewell. True when all came: no message of this communicator is left unreceived, so it
+        can be freed (MPI reuses a freed communicator's context, and a stray message would match a
+        later runtime's receive)."""
+        self.send_abort(seq, STATUS_CLOSED)
+        if wait <= 0:
+            return False
+        MPI = self.MPI
+        bufs = [np.zeros(HDR_BYTES, np.uint8) for _ in self.peers]
+        reqs = [self.comm.Irecv([b, MPI.BYTE], p, TAG_HEADER) for p, b in zip(self.peers, bufs, strict=True)]
+        try:
+            arrived = poll(lambda: MPI.Request.Testall(reqs), time.monotonic() + wait)
+        except MPI.Exception:  # a longer message: that peer is in a collective, not closing
+            arrived = False
+        if not arrived:
+            for r in reqs:
+                _withdraw(r)
+            self._orphans.extend(reqs)
+            log.debug("not every instance closed its runtime within %g s; its communicator is kept", wait)
+            return False
+        return all(b.data[24:32] == _CLOSED for b in bufs)
 
     # -- host-side collectives for variables ----------------------------------------------------------
     def allgatherv(self, send: np.ndarray, counts: Sequence[int], recv: np.ndarray, what: str) -> None:

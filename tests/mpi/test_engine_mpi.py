@@ -7,6 +7,7 @@ must be bitwise identical for every split (1xR, 2xR/2, ...).
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from popdist_py.engine import CommGroup, InstancesDisagreeError, PeerAborted, Runtime, ops
+from popdist_py.engine import CommGroup, InstancesDisagreeError, PeerAborted, PeerClosed, Runtime, ops
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from tests.engine_helpers import instances, load_script, valid_groupings, world
 
@@ -257,6 +258,39 @@ def test_exception_on_one_instance_releases_the_others_at_once() -> None:
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("then", ["close", "collect"])
+def test_a_step_that_skips_a_collective_is_named_when_that_instance_is_done(then: str) -> None:
+    with instances(2) as comm:
+        if comm is None:
+            return
+        rt = Runtime(replication=4, comm=comm, timeout=60)
+        skips = rt.instance_index == 1
+
+        def step(ctx):  # type: ignore[no-untyped-def]
+            if not skips:
+                ops.replicated_all_reduce(np.ones(3))
+
+        if skips:
+            rt.run(step)  # finishes without the collective, then is done with its runtime
+            if then == "close":
+                rt.close()
+            else:
+                del rt
+                gc.collect()  # collected (or the interpreter exits): the same notice
+            return
+        t = time.monotonic()
+        with pytest.raises(PeerClosed) as info:
+            rt.run(step)
+        assert time.monotonic() - t < 20  # not the 60 s timeout
+        msg = str(info.value)
+        assert "replicated_all_reduce #1" in msg
+        assert "instance 1 (replicas 2-3) closed its Runtime while this instance waited for it" in msg
+        with pytest.raises(CollectiveError, match="create a new Runtime"):
+            rt.run(step)
+        rt.close()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_instance_that_never_arrives_is_named() -> None:
     with instances(2) as comm:
         if comm is None:
@@ -269,11 +303,15 @@ def test_instance_that_never_arrives_is_named() -> None:
                     ops.replicated_all_reduce(np.ones(3))
 
             if late:
-                rt.run(step)  # finishes without the collective
+                rt.run(step)  # finishes without the collective, keeps its runtime open until told
+                comm.recv(source=0, tag=GAVE_UP)
             else:
                 t = time.monotonic()
-                with pytest.raises(CollectiveTimeoutError) as info:
-                    rt.run(step)
+                try:
+                    with pytest.raises(CollectiveTimeoutError) as info:
+                        rt.run(step)
+                finally:
+                    comm.send(None, dest=1, tag=GAVE_UP)
                 assert 0.9 < time.monotonic() - t < 20
                 msg = str(info.value)
                 assert "instance 1 (replicas 2-3) did not arrive within 1 s" in msg
