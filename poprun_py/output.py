@@ -12,8 +12,10 @@ the owner reaches a break: a newline, or a carriage return (a progress bar's red
 poprun adds a newline so the bar's last state stays on its own line). At each break of the owner
 the waiting instances go first, in the order they began waiting, so one instance cannot keep the
 line to itself, while a long line that is still streaming is never cut. Bounded fallback: when
-the owner has written nothing for ``HOLD_SECONDS`` while others wait (checked by ``Sink.tick``,
-which the supervisor calls every 0.1 s), or a waiting instance holds more than ``HOLD_BYTES``,
+the owner has written nothing for ``HOLD_SECONDS`` while others wait, or has kept one waiting
+for ``MAX_WAIT_SECONDS`` however busy it is (a line of dots that never ends; both checked by
+``Sink.tick``, which the supervisor calls every 0.1 s), or a waiting instance holds more than
+``HOLD_BYTES``,
 poprun ends the owner's line with a newline of its own; the owner's next bytes then start a new
 tagged line. poprun's own messages (``Sink.write``) end an open line the same way first.
 
@@ -42,8 +44,10 @@ TAIL_LINE_BYTES = 1 << 16
 #: How long the owner of an unfinished line may write nothing while others wait, before poprun
 #: ends its line.
 HOLD_SECONDS = 1.0
+#: The longest an instance waits for another's unfinished line, even one still being written.
+MAX_WAIT_SECONDS = 5.0
 #: How much an instance may have held back before poprun ends the line it waits for.
-HOLD_BYTES = 8 << 20
+HOLD_BYTES = 64 << 20
 #: Log files of every instance are opened by poprun: file descriptors per instance, and spare.
 LOG_FILES_PER_INSTANCE = 2
 LOG_FILES_MARGIN = 64
@@ -198,11 +202,13 @@ class Sink:
         self._emit(out)
 
     def tick(self) -> None:
-        """End the owner's line if it has written nothing for HOLD_SECONDS while others wait."""
+        """End the owner's line if it has written nothing for HOLD_SECONDS while others wait, or
+        has kept one waiting MAX_WAIT_SECONDS."""
         if self.owner is None or not self.queue or self.broken:
             return
         now = time.monotonic()
-        if now - max(self.active, self.queue[0].waiting_since) >= HOLD_SECONDS:
+        waited = now - self.queue[0].waiting_since
+        if waited >= MAX_WAIT_SECONDS or min(waited, now - self.active) >= HOLD_SECONDS:
             out = bytearray()
             self._end_line(out)
             self._pump(out)
