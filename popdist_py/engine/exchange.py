@@ -67,9 +67,7 @@ class Signature(NamedTuple):
     meta_shape: tuple[int, ...] | None = None
 
     def describe(self) -> str:
-        g = self.group
-        parts = [f"dtype={np.dtype(self.dtype).name}", f"shape={self.shape}",
-                 f"group=(stride={g.stride}, group_size={g.group_size})"]
+        parts = [f"dtype={np.dtype(self.dtype).name}", f"shape={self.shape}", f"group=({self.group.describe()})"]
         if self.kind == ALL_GATHER:
             parts.insert(0, f"axis={self.axis}")
         else:
@@ -80,10 +78,9 @@ class Signature(NamedTuple):
 
     def agree_signature(self, index: int) -> tuple:
         """(signature, field names) in the form ``agreement.agree`` reports."""
-        g = self.group
         rts = "" if self.meta_shape is None else f" (RTS, full shape {self.meta_shape})"
         values = (f"{self.kind}{rts} #{index} of the step", self.op, np.dtype(self.dtype).name, self.shape,
-                  f"stride={g.stride}, group_size={g.group_size}", self.axis)
+                  self.group.describe(), self.axis)
         return values, ("collective", "op", "dtype", "shape", "group", "axis")
 
 

@@ -2,13 +2,18 @@
 
 A grouping splits the ``N`` global replicas into ``N / group_size`` equal groups whose members are
 ``stride`` apart: group ``g`` holds ``first(g) + k * stride`` for ``k < group_size``, with
-``first(g) = (g // stride) * stride * group_size + g % stride``. Groupings are pure values (no
-runtime state) so they can be compared, hashed and used as cache keys by the collectives.
+``first(g) = (g // stride) * stride * group_size + g % stride``. PopXL also allows *irregular*
+groupings (``from_assignments``): equal groups numbered by first appearance but without a constant
+stride, e.g. ``[0, 1, 1, 0]``; they carry their assignment, and every method below answers from it.
+A group's members are always in ascending replica order (the member order of every collective).
+Groupings are pure values (no runtime state) so they can be compared, hashed and used as cache
+keys by the collectives.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -19,13 +24,17 @@ from popdist_py import validate
 class ReplicaGrouping:
     """``stride``/``group_size`` partition of ``num_replicas`` global replicas (PopXL's ReplicaGrouping).
 
-    Build it with :meth:`create` (or ``Runtime.replica_grouping``), which validates the values;
-    the constructor assumes they are valid.
+    Build it with :meth:`create` or :meth:`from_assignments` (or ``Runtime.replica_grouping``),
+    which validate the values; the constructor assumes they are valid. An irregular grouping has
+    ``irregular`` set to its assignment and ``is_const`` False; its ``stride`` is 1 only so that
+    records written as (stride, group_size) stay valid: it means nothing, use ``assignment``.
     """
 
     num_replicas: int
     stride: int = 1
     group_size: int = field(default=0)
+    #: The group of every replica when the groups have no constant stride; None for (stride, group_size) ones.
+    irregular: tuple[int, ...] | None = None
 
     @classmethod
     def create(cls, num_replicas: int, stride: int = 1, group_size: int | None = None) -> ReplicaGrouping:
@@ -56,22 +65,42 @@ class ReplicaGrouping:
         return cls(n, stride, group_size)
 
     @classmethod
-    def from_assignment(cls, assignment: list[int] | tuple[int, ...]) -> ReplicaGrouping:
-        """The grouping whose ``assignment`` this is; ValueError unless it has constant stride and size."""
-        a = [int(g) for g in assignment]
+    def from_assignments(cls, assignment: Sequence[int]) -> ReplicaGrouping:
+        """The grouping in which replica ``r`` is in group ``assignment[r]`` (PopXL's
+        ``replica_grouping_from_assignments``): groups of equal size, numbered 0, 1, ... in order of
+        first appearance. A constant-stride assignment gives the (stride, group_size) grouping,
+        any other an irregular one."""
+        a = _assignment_list(assignment)
         n = len(a)
-        if n == 0:
-            raise ValueError("assignment is empty")
-        size = a.count(0)
-        stride = next((r for r in range(1, n) if a[r] == 0), n) if size > 1 else 1
-        try:
-            rg = cls.create(n, stride, size)
-        except (TypeError, ValueError):
-            rg = None
-        if rg is None or rg.assignment != tuple(a):
+        sizes = [0] * n
+        seen = 0
+        for r, g in enumerate(a):
+            if g == seen:
+                seen += 1
+            elif not 0 <= g < seen:
+                raise ValueError(
+                    f"assignment {a}: replica {r} is in group {g}, but groups must be numbered 0, 1, ... in order "
+                    f"of first appearance (the next new group here is {seen})"
+                )
+            sizes[g] += 1
+        sizes = sizes[:seen]
+        if len(set(sizes)) > 1:
+            raise ValueError(f"assignment {a}: the groups differ in size ({dict(enumerate(sizes))}); "
+                             "every group must have the same number of replicas")
+        regular = _regular(a)
+        if regular is not None:
+            return regular
+        return cls(n, 1, sizes[0], tuple(a))
+
+    @classmethod
+    def from_assignment(cls, assignment: Sequence[int]) -> ReplicaGrouping:
+        """The constant-stride grouping whose ``assignment`` this is (the older, singular name: for
+        irregular assignments use :meth:`from_assignments`); ValueError otherwise."""
+        rg = cls.from_assignments(assignment)
+        if rg.irregular is not None:
             raise ValueError(
-                f"assignment {a} is not a constant-stride grouping (groups must be numbered by first "
-                "appearance, equal in size and evenly strided)"
+                f"assignment {list(rg.irregular)} is not a constant-stride grouping; "
+                "ReplicaGrouping.from_assignments (plural) builds irregular groupings"
             )
         return rg
 
@@ -82,55 +111,107 @@ class ReplicaGrouping:
 
     @property
     def is_const(self) -> bool:
-        """Always True: only constant-stride groupings are representable (PopXL's ``is_const``)."""
-        return True
+        """True for a (stride, group_size) grouping, False for an irregular one (PopXL's ``is_const``)."""
+        return self.irregular is None
 
     @property
-    def key(self) -> tuple[int, int, int]:
+    def key(self) -> tuple:
         """What identifies the grouping (used in collective signatures)."""
+        if self.irregular is not None:
+            return (self.num_replicas, self.irregular)
         return (self.num_replicas, self.stride, self.group_size)
 
     @cached_property
     def assignment(self) -> tuple[int, ...]:
         """Group index of every global replica (PopXL's ``assignment``)."""
+        if self.irregular is not None:
+            return self.irregular
         return tuple(self.group_of(r) for r in range(self.num_replicas))
 
     @cached_property
     def groups(self) -> tuple[tuple[int, ...], ...]:
         """Members of every group, in member order."""
+        if self.irregular is not None:
+            out: list[list[int]] = [[] for _ in range(self.num_groups)]
+            for r, g in enumerate(self.irregular):
+                out[g].append(r)
+            return tuple(tuple(m) for m in out)
         return tuple(self.members(g) for g in range(self.num_groups))
+
+    @cached_property
+    def _positions(self) -> tuple[int, ...]:
+        """Irregular groupings: each replica's index in its group."""
+        pos = [0] * self.num_replicas
+        for members in self.groups:
+            for k, r in enumerate(members):
+                pos[r] = k
+        return tuple(pos)
 
     def group_of(self, replica: int) -> int:
         s, g = self.stride, self.group_size
         self._check_replica(replica)
+        if self.irregular is not None:
+            return self.irregular[replica]
         return replica % s + s * (replica // (s * g))
 
     def index_in_group(self, replica: int) -> int:
         """Position of ``replica`` among its group's members (0 for the group's first replica)."""
         self._check_replica(replica)
+        if self.irregular is not None:
+            return self._positions[replica]
         return (replica - self.first(self.group_of(replica))) // self.stride
 
     def first(self, group: int) -> int:
         """The group's first (lowest) replica: the one ``one_per_group`` retrieval reads."""
         self._check_group(group)
+        if self.irregular is not None:
+            return self.groups[group][0]
         s, g = self.stride, self.group_size
         return (group // s) * s * g + group % s
 
     def member(self, group: int, k: int) -> int:
         validate.index("member index", k, "group_size", self.group_size)
+        if self.irregular is not None:
+            self._check_group(group)
+            return self.groups[group][k]
         return self.first(group) + k * self.stride
 
     def members(self, group: int) -> tuple[int, ...]:
+        if self.irregular is not None:
+            self._check_group(group)
+            return self.groups[group]
         f = self.first(group)
         return tuple(f + k * self.stride for k in range(self.group_size))
+
+    def split(self, size: int) -> ReplicaGrouping:
+        """The grouping whose groups are the runs of ``size`` consecutive members of this one's groups
+        (``size`` divides the group size): a sharding domain. (stride, G) gives (stride, size)."""
+        k = validate.count("size", size)
+        if self.group_size % k:
+            raise ValueError(f"size={k} must divide the group size {self.group_size} of {self}")
+        if self.irregular is None:
+            return ReplicaGrouping.create(self.num_replicas, self.stride if k > 1 else 1, k)
+        sub = [0] * self.num_replicas
+        for g, members in enumerate(self.groups):
+            for j, r in enumerate(members):
+                sub[r] = g * (self.group_size // k) + j // k
+        return ReplicaGrouping.from_assignments(_renumber(sub))
 
     def transpose(self) -> ReplicaGrouping:
         """The orthogonal grouping: replicas that share a group here are in different groups there.
 
         Defined (as in PopART) when stride == 1 or stride * group_size == N; otherwise the result
-        would not have a constant stride, which this engine does not represent.
+        would not have a constant stride, which this engine does not represent for (stride,
+        group_size) groupings. An irregular grouping's transpose groups the k-th members of all its
+        groups together (PopXL's group-matrix transpose), irregular or not.
         """
         n, s, g = self.num_replicas, self.stride, self.group_size
+        if self.irregular is not None:
+            t = [0] * n
+            for members in self.groups:
+                for k, r in enumerate(members):
+                    t[r] = k
+            return ReplicaGrouping.from_assignments(_renumber(t))
         if s == 1:
             return ReplicaGrouping.create(n, g, n // g)
         if s * g == n:
@@ -143,6 +224,12 @@ class ReplicaGrouping:
     def to_comm_group(self) -> CommGroup:
         return CommGroup.from_replica_grouping(self)
 
+    def describe(self) -> str:
+        """The grouping's parameters as ``stride=.., group_size=..`` (irregular: its assignment)."""
+        if self.irregular is not None:
+            return f"assignment={list(self.irregular)}"
+        return f"stride={self.stride}, group_size={self.group_size}"
+
     def _check_replica(self, replica: int) -> None:
         validate.index("replica", replica, "num_replicas", self.num_replicas)
 
@@ -150,10 +237,41 @@ class ReplicaGrouping:
         validate.index("group", group, "num_groups", self.num_groups)
 
     def __repr__(self) -> str:
-        return f"ReplicaGrouping(num_replicas={self.num_replicas}, stride={self.stride}, group_size={self.group_size})"
+        if self.irregular is not None:
+            return f"ReplicaGrouping(num_replicas={self.num_replicas}, assignment={list(self.irregular)})"
+        return (f"ReplicaGrouping(num_replicas={self.num_replicas}, stride={self.stride}, "
+                f"group_size={self.group_size}, num_groups={self.num_groups})")
 
     def __str__(self) -> str:
         return repr(self)
+
+
+def _assignment_list(assignment: Sequence[int]) -> list[int]:
+    """``assignment`` as a non-empty list of ints; TypeError/ValueError naming it otherwise."""
+    if isinstance(assignment, (str, bytes)) or not (isinstance(assignment, Sequence) or hasattr(assignment, "tolist")):
+        raise TypeError(f"assignment must be a sequence of group indices (one per replica), got {assignment!r}")
+    values = assignment.tolist() if hasattr(assignment, "tolist") else list(assignment)
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"assignment {assignment!r} is empty: it needs one group index per replica")
+    return [validate.integer("assignment entry", g) for g in values]
+
+
+def _regular(a: list[int]) -> ReplicaGrouping | None:
+    """The (stride, group_size) grouping with assignment ``a`` (a valid assignment), if there is one."""
+    n = len(a)
+    size = a.count(0)
+    stride = next((r for r in range(1, n) if a[r] == 0), n) if size > 1 else 1
+    try:
+        rg = ReplicaGrouping.create(n, stride, size)
+    except (TypeError, ValueError):
+        return None
+    return rg if rg.assignment == tuple(a) else None
+
+
+def _renumber(groups: list[int]) -> list[int]:
+    """Group labels renumbered 0, 1, ... in order of first appearance."""
+    order: dict[int, int] = {}
+    return [order.setdefault(g, len(order)) for g in groups]
 
 
 def _divisors(n: int) -> list[int]:
@@ -219,6 +337,8 @@ class CommGroup:
         """Reverse mapping: G == 1 -> Ungrouped, G == N -> All, stride == N / G -> Orthogonal(G),
         stride == 1 -> Consecutive(G); anything else has no CommGroup (ValueError)."""
         n, s, g = rg.num_replicas, rg.stride, rg.group_size
+        if rg.irregular is not None:
+            raise ValueError(f"{rg} has no CommGroup equivalent: it is irregular (no constant stride)")
         if g == 1:
             return cls.none()
         if g == n:

@@ -163,9 +163,15 @@ class Runtime:
         """A grouping of the R global replicas (PopXL's ``ir.replica_grouping``)."""
         return ReplicaGrouping.create(self.replication_factor, stride, group_size)
 
+    def replica_grouping_from_assignments(self, assignment: Sequence[int]) -> ReplicaGrouping:
+        """The grouping with replica ``r`` in group ``assignment[r]`` (PopXL's
+        ``ir.replica_grouping_from_assignments``): equal groups numbered in order of first
+        appearance, with a constant stride or irregular (e.g. ``[0, 1, 1, 0]``)."""
+        return self.resolve_group(ReplicaGrouping.from_assignments(assignment))
+
     def replica_grouping_from_assignment(self, assignment: Sequence[int]) -> ReplicaGrouping:
-        rg = ReplicaGrouping.from_assignment(list(assignment))
-        return self.resolve_group(rg)
+        """The older, singular name: constant-stride assignments only (ValueError otherwise)."""
+        return self.resolve_group(ReplicaGrouping.from_assignment(assignment))
 
     def resolve_group(self, group: Group) -> ReplicaGrouping:
         """A ``group`` argument (a ReplicaGrouping of R replicas, a CommGroup, or None for all

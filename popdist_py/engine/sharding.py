@@ -12,7 +12,8 @@ Domains. A variable with replica grouping ``rg`` (stride ``t``, group size ``G``
 ``shard_over = k`` (a divisor of ``G``; default ``G``) has its value repeat every ``k``
 consecutive group members, and member ``m`` of a group holds shard ``m % k`` (PopXL's rule).
 The ``k`` consecutive members that together hold one full copy form the sharding *domain*, the
-grouping ``(stride=t, group_size=k)``: it is the group every gather, reduce-scatter and slice of
+grouping ``(stride=t, group_size=k)`` (for an irregular grouping, the runs of ``k`` consecutive
+members of its groups: ``ReplicaGrouping.split``): it is the group every gather, reduce-scatter and slice of
 that variable uses, and a replica's shard index is its index in its domain group.
 ``CommGroup.consecutive(L)`` (PopART's per-instance domain) is ``shard_over=L`` on an ungrouped
 variable; sharding over all replicas of several instances is the default.
@@ -149,7 +150,7 @@ class ShardMeta:
         what = f"variable {self.name!r}" if self.name else "a tensor"
         d = self.domain
         return (f"shard of {what} with full shape {self.meta_shape} over {d.group_size} replica(s) "
-                f"(domain stride={d.stride}, group_size={d.group_size})")
+                f"(domain {d.describe()})")
 
 
 class ShardArray(np.ndarray):
@@ -194,6 +195,13 @@ def sharding_domain(
         d = shard_over if isinstance(shard_over, ReplicaGrouping) else shard_over.to_replica_grouping(R)
         if d.num_replicas != R:
             raise ValueError(f"{what}: sharding domain {d} is for {d.num_replicas} replicas, not {R}")
+        if not grouping.is_const or not d.is_const:  # irregular: compare the groups themselves
+            if G % d.group_size or grouping.split(d.group_size) != d:
+                raise ValueError(
+                    f"{what}: sharding domain {shard_over!r} does not split the variable's groups ({grouping}) "
+                    f"into runs of consecutive members; one that does is {grouping.split(_divisor(G, d.group_size))}"
+                )
+            return d
         if G % d.group_size or (d.group_size > 1 and d.stride != t):
             raise ValueError(
                 f"{what}: sharding domain {shard_over!r} does not split the variable's groups "
@@ -210,7 +218,12 @@ def sharding_domain(
                 f"{what}: shard_over={k} must divide the replica group size {G} of {grouping} "
                 f"(one of {divisors})"
             )
-    return ReplicaGrouping.create(R, t if k > 1 else 1, k)
+    return grouping.split(k)
+
+
+def _divisor(n: int, k: int) -> int:
+    """The largest divisor of ``n`` that is at most ``k``."""
+    return max(d for d in range(1, min(n, k) + 1) if n % d == 0)
 
 
 __all__ = ["ShardArray", "ShardLayout", "ShardMeta", "end_bounds", "meta_of", "sharding_domain", "spread"]
