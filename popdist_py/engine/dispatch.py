@@ -24,10 +24,11 @@ from popdist_py.engine.context import StepContext
 from popdist_py.engine.errors import CollectiveMismatchError, StepAborted
 from popdist_py.engine.exchange import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
 from popdist_py.engine.grouping import Group, ReplicaGrouping, replica_grouping_of
-from popdist_py.engine.reduce import reduction_op
+from popdist_py.engine.reduce import check_operands, reduction_op
 from popdist_py.engine.rendezvous import END, Rendezvous, Waits
 from popdist_py.engine.replicas import ReplicaPlacement
 from popdist_py.engine.transport import HDR_BYTES, HeaderChannel, Transport
+from popdist_py.op_names import SQUARE_ADD
 
 _END_HASH = int.from_bytes(hashlib.blake2b(b"end of step", digest_size=8).digest(), "little", signed=True)
 #: Validated collective signatures kept (each with its plan and buffers); cleared when full.
@@ -69,11 +70,13 @@ class Entry:
     identity at the rendezvous (equal signatures from different entries still match).
     """
 
-    __slots__ = ("hash", "plan", "sig")
+    __slots__ = ("hash", "plan", "sig", "square")
 
     def __init__(self, sig: Signature) -> None:
         self.sig = sig
         self.plan: Plan | None = None
+        #: square_add: each replica squares its input before depositing it (then the plan adds)
+        self.square = sig.op == SQUARE_ADD
         self.hash = int.from_bytes(hashlib.blake2b(repr(sig).encode(), digest_size=8).digest(), "little", signed=True)
 
 
@@ -147,6 +150,8 @@ class Dispatcher:
             entry = None
         if entry is None:
             entry = self._entry(key, kind, arr, op, group, axis, meta_shape)
+        if entry.square:
+            arr = np.square(arr)
         n = ctx.ncoll = ctx.ncoll + 1
         return self.rendezvous.arrive(ctx.local_index, (entry, arr, n), self.timeout)
 
@@ -179,8 +184,7 @@ class Dispatcher:
             op = ""
         else:
             op = reduction_op(op, kind)
-            if op == "mean" and dt.kind not in "fc":
-                raise TypeError(f"{kind}: op='mean' needs a floating-point input, got dtype {dt}")
+            check_operands(op, dt, kind)
             axis = 0
         entry = Entry(Signature(kind, op, dt.str, arr.shape, grouping, axis, meta_shape))
         if len(self._entries) >= _ENTRY_CACHE:

@@ -17,30 +17,56 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from popdist_py.op_names import TO_ENGINE
+from popdist_py.op_names import ARITHMETIC, ENGINE_OPS, LOGICAL, SQUARE_ADD, TO_ENGINE
 
 Node = tuple[int, int]
 
-#: Binary ufuncs for the reduction ops; mean is add followed by a division by the group size.
+#: Binary ufuncs for the reduction ops. mean is add followed by a division by the group size;
+#: square_add is add over inputs squared first (each by its own replica, before any combining),
+#: so every op keeps one fixed tree and split-independent bits.
 UFUNCS: dict[str, np.ufunc] = {
     "add": np.add,
     "mean": np.add,
     "mul": np.multiply,
     "min": np.minimum,
     "max": np.maximum,
+    SQUARE_ADD: np.add,
+    LOGICAL[0]: np.logical_and,
+    LOGICAL[1]: np.logical_or,
 }
-OPS = tuple(UFUNCS)
+assert tuple(UFUNCS) == ENGINE_OPS
+#: The arithmetic ops; :data:`ALL_OPS` adds PopXL's square_add, and, or.
+OPS = ARITHMETIC
+ALL_OPS = ENGINE_OPS
 
 
 def reduction_op(op: object, what: str = "reduction") -> str:
-    """The engine's name of reduction op ``op`` (one of :data:`OPS`, or an alias: ``sum`` is
+    """The engine's name of reduction op ``op`` (one of :data:`ALL_OPS`, or an alias: ``sum`` is
     ``add``, ``prod`` is ``mul``); ValueError naming ``what`` and the valid ops otherwise."""
     if isinstance(op, str):
         name = TO_ENGINE.get(op, op)
         if name in UFUNCS:
             return name
     raise ValueError(f"{what}: op={op!r} is not supported; use one of {', '.join(OPS)} "
-                     f"(or {', '.join(f'{a} for {b}' for a, b in TO_ENGINE.items())})")
+                     f"(or {', '.join(f'{a} for {b}' for a, b in TO_ENGINE.items())}), "
+                     f"{SQUARE_ADD} (the sum of squares), or on bool inputs {' or '.join(LOGICAL)}")
+
+
+def check_operands(op: str, dtype: np.dtype, what: str) -> None:
+    """TypeError naming ``what`` when ``op`` (an engine name) is not defined for ``dtype``."""
+    kind = dtype.kind
+    if op == "mean" and kind not in "fc":
+        raise TypeError(f"{what}: op='mean' needs a floating-point input, got dtype {dtype}")
+    if op in LOGICAL and kind != "b":
+        raise TypeError(f"{what}: op={op!r} is logical and takes bool inputs only (as PopXL's), got dtype {dtype}; "
+                        "compare first, e.g. x != 0")
+    if op == SQUARE_ADD and kind not in "iuf":
+        raise TypeError(f"{what}: op={SQUARE_ADD!r} needs an integer or floating-point input, got dtype {dtype}")
+
+
+def prepare(op: str, x: np.ndarray) -> np.ndarray:
+    """What a replica contributes to reduction ``op``: ``x`` itself, or for square_add its square."""
+    return np.square(x) if op == SQUARE_ADD else x
 
 
 def split(lo: int, hi: int) -> int:
@@ -163,7 +189,7 @@ def reduce_sequence(values: Sequence[np.ndarray], op: str = "add") -> np.ndarray
 
     def rec(lo: int, hi: int) -> np.ndarray:
         if hi - lo == 1:
-            return np.asarray(values[lo])
+            return prepare(op, np.asarray(values[lo]))
         mid = split(lo, hi)
         return ufunc(rec(lo, mid), rec(mid, hi))
 
