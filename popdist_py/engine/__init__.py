@@ -44,6 +44,11 @@ Replicated tensor sharding and remote buffers (PopXL's API):
         ops.remote_store(buf, 0, s1 - lr * ops.replica_sharded_slice(g1_mean))
     rt.save("ckpt.npz"); rt.load("ckpt.npz")               # restores under any split, RTS or not
 
+PopXL's other collectives: ops ``square_add``, ``and``, ``or``; ``ops.replicated_all_reduce_``
+(in place); ``ops.replicated_all_gather(x, output_shape="new_axis" | "concat" | "meta_shape" |
+"auto")``; ``ops.replicated_slice``; irregular groupings from
+``rt.replica_grouping_from_assignments([0, 1, 1, 0])``.
+
 Semantics worth knowing: all-reduce and all-gather results, and ``ctx[var]``, are read-only
 arrays (shared between local replicas where possible; copy to modify); float reductions follow
 a fixed tree over group members, so results are bitwise identical for any split of the replicas
