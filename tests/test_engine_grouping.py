@@ -209,5 +209,5 @@ def test_comm_group_invalid_size() -> None:
 def test_groupings_are_values() -> None:
     a, b = ReplicaGrouping.create(8, 2, 2), ReplicaGrouping.create(8, 2, 2)
     assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
-    assert repr(a) == "ReplicaGrouping(num_replicas=8, stride=2, group_size=2, num_groups=2)"
+    assert repr(a) == "ReplicaGrouping(num_replicas=8, stride=2, group_size=2, num_groups=4)"
     assert list(itertools.chain(*a.groups)) != list(range(8))
