@@ -4,12 +4,15 @@ tests/conftest.py)."""
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from popdist_py.engine import ReplicaGrouping
+import numpy as np
+
+from popdist_py.engine import ReplicaGrouping, Runtime
 
 
 def valid_groupings(n: int) -> list[ReplicaGrouping]:
@@ -52,3 +55,44 @@ def instances(count: int) -> Iterator[Any]:
         if comm != MPI.COMM_NULL:
             comm.Free()
         w.Barrier()
+
+
+@contextmanager
+def shared_dir() -> Iterator[Path]:
+    """A directory made by rank 0 that every rank uses (one host: the same file system)."""
+    w = world()
+    d = tempfile.mkdtemp(prefix="rts-mpi-") if w.rank == 0 else None
+    path = Path(w.bcast(d, root=0))
+    try:
+        yield path
+    finally:
+        w.Barrier()
+        if w.rank == 0:
+            for p in path.iterdir():
+                p.unlink()
+            path.rmdir()
+
+
+def splits(replicas: int) -> list[int]:
+    return [i for i in range(2, world().size + 1) if replicas % i == 0]
+
+
+def wild(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return (rng.standard_normal(shape) * 10.0 ** rng.integers(-4, 5, shape)).astype(np.float32)
+
+
+def on_every_split(replicas: int, body: Any) -> None:
+    """``body(rt)`` in one process, then on every split; results (lists of [L, ...] arrays) must match."""
+    with Runtime(replication=replicas) as rt:
+        expect = body(rt)
+    for count in splits(replicas):
+        with instances(count) as comm:
+            if comm is None:
+                continue
+            with Runtime(replication=replicas, comm=comm, timeout=60) as rt:
+                got = body(rt)
+                off, L = rt.replica_index_offset, rt.instance_replication_factor
+            assert len(got) == len(expect)
+            for i, (g, e) in enumerate(zip(got, expect, strict=True)):
+                e = e[off : off + L] if getattr(e, "ndim", 0) and e.shape[0] == replicas and g.shape[0] == L else e
+                assert g.shape == e.shape and g.tobytes() == e.tobytes(), f"result {i}, {count} instances"

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import ReplicaGrouping, Runtime, ops
-from tests.engine_helpers import instances, valid_groupings, world
-from tests.mpi.test_engine_rts import on_every_split, shared_dir, wild
+from tests.engine_helpers import instances, on_every_split, shared_dir, valid_groupings, wild, world
 
 #: Irregular assignments (no constant stride) per replica count.
 IRREGULAR = {4: [(0, 1, 1, 0)], 6: [(0, 1, 1, 0, 2, 2)],

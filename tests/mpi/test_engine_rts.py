@@ -8,60 +8,23 @@ by another.
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from popdist_py.engine import CheckpointError, CommGroup, ReplicaGrouping, Runtime, ops
-from tests.engine_helpers import instances, load_script, valid_groupings, world
+from tests.engine_helpers import (
+    instances,
+    load_script,
+    on_every_split,
+    shared_dir,
+    valid_groupings,
+    wild,
+    world,
+)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_checkpoint.py"
-
-
-@contextmanager
-def shared_dir() -> Iterator[Path]:
-    """A directory made by rank 0 that every rank uses (one host: the same file system)."""
-    w = world()
-    d = tempfile.mkdtemp(prefix="rts-mpi-") if w.rank == 0 else None
-    path = Path(w.bcast(d, root=0))
-    try:
-        yield path
-    finally:
-        w.Barrier()
-        if w.rank == 0:
-            for p in path.iterdir():
-                p.unlink()
-            path.rmdir()
-
-
-def splits(replicas: int) -> list[int]:
-    return [i for i in range(2, world().size + 1) if replicas % i == 0]
-
-
-def wild(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    return (rng.standard_normal(shape) * 10.0 ** rng.integers(-4, 5, shape)).astype(np.float32)
-
-
-def on_every_split(replicas: int, body: Any) -> None:
-    """``body(rt)`` in one process, then on every split; results (lists of [L, ...] arrays) must match."""
-    with Runtime(replication=replicas) as rt:
-        expect = body(rt)
-    for count in splits(replicas):
-        with instances(count) as comm:
-            if comm is None:
-                continue
-            with Runtime(replication=replicas, comm=comm, timeout=60) as rt:
-                got = body(rt)
-                off, L = rt.replica_index_offset, rt.instance_replication_factor
-            assert len(got) == len(expect)
-            for i, (g, e) in enumerate(zip(got, expect, strict=True)):
-                e = e[off : off + L] if getattr(e, "ndim", 0) and e.shape[0] == replicas and g.shape[0] == L else e
-                assert g.shape == e.shape and g.tobytes() == e.tobytes(), f"result {i}, {count} instances"
 
 
 @pytest.mark.mpi(min_size=2)
