@@ -1,0 +1,64 @@
+"""The engine's Trainer across instances (``mpiexec -n 2|3|4 python -m pytest --with-mpi``): every
+split of the replicas into instances, with replicated or sharded optimizer state (sharded within
+an instance, PopART's recipe, or across instances, which PopART could not do), gives the weights
+of one process bit for bit, and checkpoints move between splits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from popdist_py.engine import CommGroup, Runtime
+from popdist_py.engine.training import Trainer
+from tests.engine_helpers import instances, on_every_split, shared_dir, world
+from tests.test_engine_training import B0, OPTIMIZERS, STEPS, W0, X, Y, host_batch, linear_model, options
+
+
+def run_trainer(rt: Runtime, opt: str, accumulation: int, shard: Any, steps: range = range(STEPS)) -> Trainer:
+    R, L, off = rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset
+    micro = len(X[0]) // (R * accumulation)
+    trainer = Trainer(rt, {"W": W0, "b": B0}, linear_model, OPTIMIZERS[opt](), [(micro, 5), (micro, 3)],
+                      options(accumulation, shard))
+    for s in steps:  # this instance's replicas' share of the batch
+        mine = slice(off, off + L)
+        trainer.step(host_batch(X[s], R, accumulation)[:, mine], host_batch(Y[s], R, accumulation)[:, mine])
+    return trainer
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("opt", ["momentum", "adam", "lamb"])
+@pytest.mark.parametrize("shard", [None, True, "per-instance"])
+def test_trainer_weights_are_identical_for_every_split(opt: str, shard: Any) -> None:
+    def body(rt: Runtime) -> list[np.ndarray]:
+        domain = CommGroup.consecutive(rt.instance_replication_factor) if shard == "per-instance" else shard
+        weights = run_trainer(rt, opt, 2, domain).weights()
+        return [weights["W"], weights["b"]]
+
+    on_every_split(4, body)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_checkpoint_written_by_one_split_resumes_in_another() -> None:
+    with Runtime(replication=4) as rt:
+        expect = run_trainer(rt, "adam", 1, True).weights()
+    with shared_dir() as d:
+        path = d / "trainer.npz"
+        with Runtime(replication=4) as rt:  # one process, sharded state, one update
+            run_trainer(rt, "adam", 1, True, range(1))
+            if world().rank == 0:
+                rt.save(path)
+        world().Barrier()
+        with instances(2) as comm:
+            if comm is None:
+                return
+            with Runtime(replication=4, comm=comm, timeout=60) as rt:  # 2 instances, replicated state
+                trainer = run_trainer(rt, "adam", 1, None, range(0))
+                rt.load(path)
+                assert trainer.updates == 1
+                R, L, off = rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset
+                for s in range(1, STEPS):
+                    trainer.step(host_batch(X[s], R, 1)[:, off:off + L], host_batch(Y[s], R, 1)[:, off:off + L])
+                got = trainer.weights()
+        assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
