@@ -3,6 +3,7 @@ checkpoints, and bad input; every setting gives bitwise-identical weights."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, Runtime
-from popdist_py.engine.locations import TensorLocation, TrainingOptions
+from popdist_py.engine.locations import TensorLocation, TensorStorage, TileSet, TrainingOptions
 from popdist_py.engine.optimizers import LAMB, SGD, Adam, AdamW, Optimizer
 from popdist_py.engine.training import STEP_VARIABLE, PairwiseSum, Trainer, canonical_sum
 
@@ -50,7 +51,8 @@ def host_batch(x: np.ndarray, replicas: int, accumulation: int) -> np.ndarray:
 def options(accumulation: int = 1, shard: Any = None, **kw: Any) -> TrainingOptions:
     opts = TrainingOptions(accumulation_factor=accumulation, **kw)
     if shard is not None:
-        opts.optimizer_state_tensor_location_settings.location = TensorLocation(True, None if shard is True else shard)
+        opts.optimizer_state_tensor_location_settings.location = TensorLocation(
+            replicated_tensor_sharding=True, sharding_domain=None if shard is True else shard)
     return opts
 
 
@@ -105,13 +107,13 @@ def test_state_is_sharded_only_above_the_minimum_and_as_overridden() -> None:
     opts.optimizer_state_tensor_location_settings.min_elements_for_replicated_tensor_sharding = 10
     with Runtime(replication=4) as rt:
         trainer = Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01), [(4, 5), (4, 3)], opts)
-        assert trainer.placements["W"].domain is not None  # 15 elements
-        assert trainer.placements["b"].domain is None  # 3 elements
+        assert trainer.placements["W"].update_sharded  # 15 elements
+        assert not trainer.placements["b"].update_sharded  # 3 elements
         assert rt.state_nbytes()  # the runtime accounts for the state
     opts.tensor_location_settings_override = {"W/exp_avg": TensorLocation(), "W/exp_avg_sq": TensorLocation()}
     with Runtime(replication=4) as rt:
         trainer = Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01), [(4, 5), (4, 3)], opts)
-        assert trainer.placements["W"].domain is None
+        assert not trainer.placements["W"].update_sharded
 
 
 @pytest.mark.parametrize("saved_shard,loaded_shard", [(True, None), (None, True), (True, CommGroup.consecutive(2))])
@@ -156,10 +158,10 @@ def test_data_shapes_with_size_one_axes_left_out() -> None:
 @pytest.mark.parametrize("change,message", [
     (lambda o: setattr(o, "accumulation_factor", 0), "accumulation_factor"),
     (lambda o: setattr(o, "reduction", "avg"), r"reduction='avg' is not valid; use 'mean' or 'sum'"),
-    (lambda o: o.tensor_location_settings_override.update(W=TensorLocation(True)),
-     r"names 'W', which is not an optimizer state tensor of this trainer \(valid: W/exp_avg"),
+    (lambda o: o.tensor_location_settings_override.update(V=TensorLocation()),
+     r"names 'V', which is not a weight, optimizer state or accumulator of this trainer \(valid: 'W', 'W/exp_avg'"),
     (lambda o: setattr(o.optimizer_state_tensor_location_settings, "location",
-                       TensorLocation(True, CommGroup.consecutive(3))),
+                       TensorLocation(replicated_tensor_sharding=True, sharding_domain=CommGroup.consecutive(3))),
      r"replica_group_size=3 must divide the replication factor 4 \(one of \[1, 2, 4\]\)"),
 ])
 def test_bad_settings_are_one_clear_error_before_anything_changes(change: Any, message: str) -> None:
@@ -189,3 +191,173 @@ def test_canonical_sum_is_the_accumulators_order() -> None:
             acc.add(canonical_sum(values[start:start + block]))
         assert acc.total().tobytes() == canonical_sum(values).tobytes()
     assert STEP_VARIABLE == "trainer/step"
+
+
+# -- tensor locations: sharded weights (ZeRO-3), off chip, read ahead --------------------------------
+def located(accumulation: int = 1, *, state: str = "whole", weights: str = "whole", domain: Any = None,
+            **kw: Any) -> TrainingOptions:
+    """Options placing the optimizer state and the weights: "whole", "sharded", "off" (off chip),
+    "off-sharded", or "io" (off chip, sharded, read ahead)."""
+    opts = TrainingOptions(accumulation_factor=accumulation, **kw)
+    for settings, how in ((opts.optimizer_state_tensor_location_settings, state),
+                          (opts.weight_tensor_location_settings, weights)):
+        settings.location = TensorLocation(
+            storage=TensorStorage.OFF_CHIP if how.startswith(("off", "io")) else "on_chip",
+            replicated_tensor_sharding=how in ("sharded", "off-sharded", "io"), sharding_domain=domain,
+            load_tile_set=TileSet.IO if how == "io" else TileSet.COMPUTE)
+    return opts
+
+
+PLACEMENTS: list[dict[str, Any]] = [
+    dict(state="sharded"), dict(weights="sharded", state="sharded"), dict(weights="sharded"),
+    dict(weights="off", state="off"), dict(weights="io", state="io"), dict(weights="off-sharded"),
+    dict(weights="io", state="sharded")]
+
+
+@pytest.mark.parametrize("opt", ["momentum", "adam", "lamb"])
+def test_every_location_setting_gives_the_same_bits(opt: str, executor: str) -> None:
+    reference, _ = train(1, 1, opt)
+    for replicas, accumulation in ((2, 2), (4, 1)):
+        for how in PLACEMENTS:
+            weights, _ = train(replicas, accumulation, opt, located(accumulation, **how), executor)
+            for name in reference:
+                assert weights[name].tobytes() == reference[name].tobytes(), (replicas, how, name)
+    for how in PLACEMENTS:  # a domain of 2 of 4 replicas: scattered inside it, then reduced across
+        weights, _ = train(4, 1, opt, located(1, domain=CommGroup.consecutive(2), **how), executor)
+        assert all(weights[n].tobytes() == reference[n].tobytes() for n in reference), how
+
+
+def test_three_replicas_and_a_domain_of_three_agree_with_replicated() -> None:
+    """Not a power of two: a domain of 3 of 6 replicas is reduced over all replicas first."""
+    def run(opts: TrainingOptions, replicas: int) -> dict[str, np.ndarray]:
+        with Runtime(replication=replicas) as rt, \
+                Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01), [(2, 5), (2, 3)], opts) as trainer:
+            for s in range(STEPS):
+                trainer.step(host_batch(X[s][:2 * replicas], replicas, 1), host_batch(Y[s][:2 * replicas], replicas, 1))
+            return trainer.weights()
+
+    for replicas, domain in ((3, None), (6, CommGroup.consecutive(3))):
+        reference = run(located(), replicas)
+        for how in PLACEMENTS:
+            got = run(located(domain=domain, **how), replicas)
+            assert all(got[n].tobytes() == reference[n].tobytes() for n in reference), (replicas, how)
+
+
+def test_placements_follow_the_settings_minimums_and_overrides() -> None:
+    opts = located(weights="io", state="off-sharded")
+    opts.weight_tensor_location_settings.min_elements_for_off_chip = 10
+    opts.optimizer_state_tensor_location_settings.min_elements_for_replicated_tensor_sharding = 10
+    opts.tensor_location_settings_override["W/exp_avg_sq"] = TensorLocation(replicated_tensor_sharding=True)
+    opts.tensor_location_settings_override["W/exp_avg"] = TensorLocation(replicated_tensor_sharding="On")
+    with Runtime(replication=4) as rt, \
+            Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01), [(4, 5), (4, 3)], opts) as trainer:
+        w, b = trainer.placements["W"], trainer.placements["b"]
+        assert (w.weight.off_chip, w.weight.sharded, w.weight.read_ahead) == (True, True, True)  # 15 elements
+        assert (b.weight.off_chip, b.weight.sharded) == (False, True)  # 3 < 10 elements: on chip
+        assert not w.states["exp_avg"].off_chip and w.update_sharded  # overridden: on chip, still sharded
+        assert w.states["exp_avg"].describe() == "W/exp_avg: on chip, sharded over stride=1, group_size=4"
+        assert not b.update_sharded and b.states["exp_avg"].off_chip  # below the state's minimum for sharding
+        assert rt.state_nbytes()["file"] > 0
+
+
+def test_off_chip_state_is_not_resident_and_is_read_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    from popdist_py.engine import tensor_store
+
+    threads: set[str] = set()
+    load = tensor_store.TensorStore.load
+
+    def spy(self: Any, local_index: int) -> np.ndarray:
+        threads.add(threading.current_thread().name.split("_")[0])
+        return load(self, local_index)
+
+    monkeypatch.setattr(tensor_store.TensorStore, "load", spy)
+    big = {"W": np.ones((256, 64), np.float32), "b": np.zeros(64, np.float32)}
+
+    def model(p: dict[str, np.ndarray], x: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        return 0.0, {"W": np.full_like(p["W"], x.sum()), "b": np.zeros_like(p["b"])}
+
+    memory = {}
+    for how in ("whole", "io"):
+        with Runtime(replication=2) as rt, \
+                Trainer(rt, big, model, Adam(0.01), [(1,)], located(weights=how, state=how)) as trainer:
+            trainer.step(np.ones((2, 1), np.float32))
+            memory[how] = rt.state_nbytes()["memory"]
+    assert memory["io"] <= memory["whole"] // 10, memory
+    assert "read-ahead" in threads, threads
+
+
+def test_checkpoint_moves_between_location_settings(tmp_path: Path) -> None:
+    reference, _ = train(4, 1, "lamb")
+    path = tmp_path / "ck.npz"
+    with Runtime(replication=4) as rt, Trainer(rt, {"W": W0, "b": B0}, linear_model, OPTIMIZERS["lamb"](),
+                                               [(4, 5), (4, 3)], located(weights="io", state="io")) as trainer:
+        trainer.step(host_batch(X[0], 4, 1), host_batch(Y[0], 4, 1))
+        trainer.save(path, {"epoch": 1})
+    with Runtime(replication=2) as rt, Trainer(rt, {"W": np.zeros_like(W0), "b": B0}, linear_model,
+                                               OPTIMIZERS["lamb"](), [(4, 5), (4, 3)], located(2)) as trainer:
+        assert trainer.load(path) == {"epoch": 1}
+        assert trainer.updates == 1
+        for s in range(1, STEPS):
+            trainer.step(host_batch(X[s], 2, 2), host_batch(Y[s], 2, 2))
+        assert all(trainer.weights()[n].tobytes() == reference[n].tobytes() for n in reference)
+        state = trainer.optimizer_state()
+        assert set(state) == {"W/exp_avg", "W/exp_avg_sq", "b/exp_avg", "b/exp_avg_sq"}
+        assert state["W/exp_avg"].shape == W0.shape
+    manifest = np.load(path, allow_pickle=False)["__manifest__"][()]
+    assert '"optimizer": "LAMB"' in str(manifest)
+
+
+def test_weights_can_be_written_under_every_placement() -> None:
+    for how in ("whole", "sharded", "io"):
+        with Runtime(replication=2) as rt, Trainer(rt, {"W": W0, "b": B0}, linear_model, SGD(0.1),
+                                                   [(8, 5), (8, 3)], located(weights=how)) as trainer:
+            trainer.write_weights({"W": W0 * 2})
+            assert trainer.weights()["W"].tobytes() == (W0 * 2).tobytes()
+            with pytest.raises(ValueError, match="write_weights: 'V' is not a weight of this trainer"):
+                trainer.write_weights({"V": W0})
+
+
+def test_fused_buckets_equal_one_collective_per_tensor_for_every_layout() -> None:
+    for how in (dict(), dict(weights="sharded", state="sharded"), dict(state="io", domain=CommGroup.consecutive(2))):
+        one_each, _ = train(4, 1, "adam", located(fused_reduction_bytes=1, **how))
+        fused_, _ = train(4, 1, "adam", located(fused_reduction_bytes=1 << 20, **how))
+        assert all(one_each[n].tobytes() == fused_[n].tobytes() for n in fused_), how
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda o: setattr(o.accumulator_tensor_location_settings.location, "storage", "off_chip"),
+     "accumulator_tensor_location_settings.location: storage=OFF_CHIP is not supported for accumulators"),
+    (lambda o: setattr(o.accumulator_tensor_location_settings.location, "replicated_tensor_sharding", True),
+     "replicated_tensor_sharding is not supported for accumulators"),
+    (lambda o: setattr(o.weight_tensor_location_settings.location, "storage", "disk"),
+     r"location.storage='disk' is not valid: use TensorStorage.ON_CHIP, TensorStorage.OFF_CHIP"),
+    (lambda o: setattr(o.weight_tensor_location_settings.location, "load_tile_set", "fast"),
+     r"load_tile_set='fast' is not valid: use TileSet.COMPUTE, TileSet.IO"),
+    (lambda o: setattr(o.weight_tensor_location_settings, "min_elements_for_off_chip", -1),
+     r"weight_tensor_location_settings.min_elements_for_off_chip=-1 is invalid"),
+    (lambda o: o.tensor_location_settings_override.update({"W/exp_avg": TensorLocation()}),
+     "the optimizer state tensors of weight 'W' are sharded differently"),
+    (lambda o: o.tensor_location_settings_override.update(W=TensorLocation(
+        replicated_tensor_sharding=True, sharding_domain=CommGroup.consecutive(2))),
+     r"weight 'W' is sharded over stride=1, group_size=2 but its optimizer state over stride=1, group_size=4"),
+    (lambda o: setattr(o.weight_tensor_location_settings.location, "sharding_domain", CommGroup.orthogonal(2)),
+     r"sharding domain CommGroup\(Orthogonal, 2\) does not split"),
+    (lambda o: setattr(o, "reduction", "NoReduction"), r"reduction='NoReduction' is not valid"),
+])
+def test_bad_locations_are_one_clear_error_before_anything_changes(change: Any, message: str) -> None:
+    opts = located(state="sharded")
+    change(opts)
+    with Runtime(replication=4) as rt:
+        with pytest.raises((ValueError, TypeError), match=message):
+            Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01), [(4, 5), (4, 3)], opts)
+        assert len(rt.variables) == 0 and rt.state_nbytes() == {"memory": 0, "file": 0}
+
+
+def test_popart_spellings_are_accepted() -> None:
+    opts = TrainingOptions(reduction="Sum")
+    opts.weight_tensor_location_settings.location = TensorLocation("OffChip", "On", None, "IO")
+    with Runtime(replication=2) as rt, Trainer(rt, {"W": W0, "b": B0}, linear_model, SGD(0.1), [(8, 5), (8, 3)],
+                                               opts) as trainer:
+        assert trainer.op == "add"
+        described = trainer.placements["W"].weight.describe()
+        assert described == "W: off chip, read ahead, sharded over stride=1, group_size=2"

@@ -5,30 +5,44 @@ The user gives a per-replica function ``loss_and_grads(params, *micro_batch) -> 
 :meth:`Trainer.step` feeds host data shaped ``[batches_per_step, accumulation_factor, L,
 *micro_batch_shape]`` (size-1 axes optional, PopART's rule) and, per batch and replica:
 
-1. runs the function on each of the ``accumulation_factor`` micro-batches and accumulates the
+1. gathers the weights that are sharded (their full value exists only inside the step: ZeRO-3)
+   and loads those that are off chip (remote buffers in memory-mapped files; read ahead on a
+   background thread when ``load_tile_set`` is IO);
+2. runs the function on each of the ``accumulation_factor`` micro-batches and accumulates the
    gradients in a fixed order, the left-to-right pairwise tree of :func:`canonical_sum`;
-2. divides by the factor (``reduction="mean"``) and reduces the gradients across replicas (mean or
-   sum, PopART's ReductionType), in buckets of ``fused_reduction_bytes``: one collective per
-   bucket. A bucket of tensors whose optimizer state is sharded over all replicas is laid out
-   shard-major and reduce-scattered, so each replica receives only its shards (ZeRO-2);
-3. applies the optimizer: on the whole tensor when its state is replicated; on this replica's
-   shard of weight, gradient and state when the state is sharded, followed by an all-gather of
-   the weight (ZeRO-1/2). LAMB's norms are then exact sums over the shards.
+3. divides by the factor (``reduction="mean"``) and reduces the gradients across replicas (mean or
+   sum, PopART's ReductionType) in fused buckets of about ``fused_reduction_bytes``
+   (:mod:`.fused`): all-reduced whole, or, for weights updated on shards, reduce-scattered so
+   each replica receives only its shards (ZeRO-2);
+4. applies the optimizer weight by weight: on the whole tensor when the optimizer state is
+   whole, else on this replica's shard of weight, gradient and state, followed by an all-gather
+   of a weight that is stored whole (ZeRO-1/2). LAMB's norms are exact sums over the shards, one
+   collective per domain for all tensors. The next weight's off-chip state is read ahead while
+   this one is updated.
+
+Where each tensor lives follows PopART's tensor location settings (:mod:`.locations`):
+``TrainingOptions.weight_tensor_location_settings``, ``optimizer_state_tensor_location_settings``
+(storage on or off chip, replicated tensor sharding with a minimum element count, a sharding
+domain such as ``CommGroup.consecutive(L)`` or all replicas across instances) and per-tensor
+overrides by name; ``trainer.placements`` tells the outcome.
 
 Every choice above keeps results bitwise identical: reductions are elementwise over a fixed tree
-of replicas, optimizer updates are elementwise, so replicated and sharded state, fused and
-per-tensor reduction and any split into instances give the same weights bit for bit. Accumulating
-``A`` micro-batches of ``B`` samples equals one micro-batch of ``A * B`` samples bitwise when
-``loss_and_grads`` sums its per-sample gradients with :func:`canonical_sum` and ``A`` and ``B`` are
-powers of two (divisions by powers of two are exact).
+of replicas, optimizer updates are elementwise, so every location setting, fused and per-tensor
+reduction and any split into instances give the same weights bit for bit. Accumulating ``A``
+micro-batches of ``B`` samples equals one micro-batch of ``A * B`` samples bitwise when
+``loss_and_grads`` sums its per-sample gradients with :func:`canonical_sum` and ``B`` is a power
+of two (dividing by a power of two is exact, so ``(sum / B) / A`` rounds once, as ``sum / (A * B)``).
 
 The weights, each optimizer state tensor (``"<weight>/<state>"``) and the update count
-(``"trainer/step"``) are engine variables, so ``rt.save``/``rt.load`` checkpoint the training
-state and restore it under any split and any state placement.
+(``"trainer/step"``) are engine variables; :meth:`Trainer.save`/:meth:`Trainer.load` (or
+``rt.save``/``rt.load``) store them as full tensors, so a checkpoint restores under any split
+and any location setting.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,13 +50,17 @@ from typing import Any
 import numpy as np
 
 from popdist_py import validate
-from popdist_py.engine import ops
-from popdist_py.engine.grouping import CommGroup, ReplicaGrouping
-from popdist_py.engine.locations import REDUCTIONS, TensorLocation, TrainingOptions
+from popdist_py.engine import fused, ops
+from popdist_py.engine.grouping import ReplicaGrouping
+from popdist_py.engine.locations import TrainingOptions, WeightPlacement, reduction_op, resolve, state_name
 from popdist_py.engine.optimizers import Optimizer, exact_norm, norm_from_parts, sum_squares_parts
-from popdist_py.engine.sharding import ShardLayout
+from popdist_py.engine.readahead import Job, ReadAhead
+from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
+from popdist_py.engine.tensor_store import TensorStore
 
 STEP_VARIABLE = "trainer/step"
+#: The key of :meth:`Trainer.save`'s own entry in a checkpoint's metadata.
+TRAINER_METADATA = "trainer"
 
 LossAndGrads = Callable[..., tuple[Any, Mapping[str, np.ndarray]]]
 
@@ -95,26 +113,6 @@ def canonical_sum(values: np.ndarray, axis: int = 0) -> np.ndarray:
     return result
 
 
-# ----------------------------------------------------------------------------------- placement
-class Placement:
-    """Where one weight's optimizer state lives: replicated (``domain`` None) or sharded."""
-
-    def __init__(self, domain: ReplicaGrouping | None, everyone: ReplicaGrouping) -> None:
-        self.domain = domain
-        #: a reduce-scatter over all replicas hands each replica exactly its shards (ZeRO-2); over a
-        #: smaller domain the reduction over all replicas comes first (the same tree: same bits).
-        self.scatter = domain is not None and domain == everyone
-
-
-def _resolve_domain(rt: Any, location: TensorLocation, where: str) -> ReplicaGrouping:
-    domain = location.sharding_domain
-    grouping = rt.resolve_group(domain) if domain is not None else rt.replica_grouping()  # checks it fits
-    if not grouping.is_const:
-        raise ValueError(f"{where}.sharding_domain {domain!r} is irregular; a sharding domain is a stride/size "
-                         "grouping such as CommGroup.consecutive(L)")
-    return grouping
-
-
 # ----------------------------------------------------------------------------------- the trainer
 class Trainer:
     """Owns the training step of a runtime: see the module docstring.
@@ -122,15 +120,15 @@ class Trainer:
     ``params``: initial weights by name (host arrays, every instance passes the same);
     ``micro_batch_shapes``: the shape of one micro-batch of each input (what ``loss_and_grads``
     receives, e.g. ``[(B, 64), (B,)]``), which tells which leading axes of the host data are
-    present.
+    present. ``placements`` tells where every weight, optimizer state and accumulator lives
+    (:mod:`.locations`). Close it (or use it as a context manager) to stop its read-ahead threads.
     """
 
     def __init__(self, rt: Any, params: Mapping[str, Any], loss_and_grads: LossAndGrads, optimizer: Optimizer,
                  micro_batch_shapes: Sequence[tuple[int, ...]], options: TrainingOptions | None = None) -> None:
-        options = options or TrainingOptions()
+        options = copy.deepcopy(options) if options is not None else TrainingOptions()
         if not isinstance(options, TrainingOptions):
             raise TypeError(f"options is a {type(options).__name__}, not a TrainingOptions")
-        options.check()
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer is a {type(optimizer).__name__}, not a popdist_py.engine.optimizers.Optimizer")
         if not callable(loss_and_grads):
@@ -148,50 +146,33 @@ class Trainer:
         self.micro_batch_shapes = [tuple(validate.non_negative("micro_batch_shapes entry", d) for d in s)
                                    for s in micro_batch_shapes]
         everyone = rt.replica_grouping()
-        settings = options.optimizer_state_tensor_location_settings
-        state_names = {f"{w}/{s}" for w in arrays for s in optimizer.state_names}
-        unknown = sorted(set(options.tensor_location_settings_override) - state_names)
-        if unknown:
-            valid = ", ".join(sorted(state_names)) or "none: this optimizer keeps no state"
-            raise ValueError(f"tensor_location_settings_override names {', '.join(map(repr, unknown))}, which "
-                             f"is not an optimizer state tensor of this trainer (valid: {valid})")
-        placements: dict[str, Placement] = {}
-        for name, arr in arrays.items():
-            chosen: set[ReplicaGrouping | None] = set()
-            for state in optimizer.state_names or ("",):
-                key = f"{name}/{state}"
-                location = options.tensor_location_settings_override.get(key)
-                where = f"tensor_location_settings_override[{key!r}]"
-                if location is None:
-                    location, where = settings.location, "optimizer_state_tensor_location_settings.location"
-                    if arr.size < settings.min_elements_for_replicated_tensor_sharding:
-                        location = TensorLocation()
-                chosen.add(_resolve_domain(rt, location, where) if location.replicated_tensor_sharding else None)
-            if len(chosen) > 1:
-                raise ValueError(f"the optimizer state tensors of weight {name!r} are placed differently; they are "
-                                 "updated together, so give them one location")
-            placements[name] = Placement(chosen.pop(), everyone)
+        placements = resolve(options, everyone, {n: a.size for n, a in arrays.items()}, tuple(optimizer.state_names))
+        taken = [n for n in (*arrays, *(state_name(w, s) for w in arrays for s in optimizer.state_names),
+                             STEP_VARIABLE) if n in rt.variables]
+        if taken:
+            raise ValueError(f"this runtime already has variables named {', '.join(map(repr, taken))}; a Trainer "
+                             "names its variables after the weights (one Trainer per runtime and weight names)")
         self.rt = rt
         self.options = options
         self.optimizer = optimizer
         self.loss_and_grads = loss_and_grads
         self.placements = placements
-        self.op = REDUCTIONS[options.reduction]
-        # the variables: weights replicated, state as placed, the update count
-        self.weights_vars = {n: rt.variable(a, name=n) for n, a in arrays.items()}
-        self.state_vars: dict[str, dict[str, Any]] = {}
-        for name, arr in arrays.items():
-            domain = placements[name].domain
-            self.state_vars[name] = {}
-            for state, zeros in optimizer.init_state(arr.shape, arr.dtype).items():
-                key = f"{name}/{state}"
-                if domain is None:
-                    self.state_vars[name][state] = rt.variable(zeros, name=key)
-                else:
-                    _, shard = rt.replica_sharded_variable(zeros, shard_over=domain, name=key)
-                    self.state_vars[name][state] = shard
+        self.op = reduction_op(options.reduction)
+        self._everyone = everyone
+        self._shapes = {n: a.shape for n, a in arrays.items()}
+        # the variables: weights and state as placed, the update count
+        self._weights = {n: TensorStore(rt, n, a, placements[n].weight) for n, a in arrays.items()}
+        self._states = {n: {s: TensorStore(rt, state_name(n, s), zeros, placements[n].states[s])
+                            for s, zeros in optimizer.init_state(a.shape, a.dtype).items()}
+                        for n, a in arrays.items()}
         self.step_var = rt.variable(np.zeros((), np.int64), name=STEP_VARIABLE)
-        self.buckets = self._plan_buckets(arrays)
+        self.buckets = fused.plan({n: (a.size, a.dtype, self._scatter_domain(placements[n]))
+                                   for n, a in arrays.items()}, options.fused_reduction_bytes)
+        self._read_ahead = ReadAhead(rt.instance_replication_factor)
+
+    def _scatter_domain(self, p: WeightPlacement) -> ReplicaGrouping | None:
+        """The domain over which a weight's gradient is scattered (its update runs on shards), or None."""
+        return p.domain if p.update_sharded else None
 
     # -------------------------------------------------------------------------------- host side
     def step(self, *data: Any) -> np.ndarray:
@@ -205,13 +186,42 @@ class Trainer:
         return np.asarray(losses)
 
     def weights(self) -> dict[str, np.ndarray]:
-        """The current weights, full, on every instance."""
-        return {n: self.rt.get_tensor_data(v) for n, v in self.weights_vars.items()}
+        """The current weights, full, on every instance (collective across instances)."""
+        return {n: self.rt.get_tensor_data(store.var) for n, store in self._weights.items()}
+
+    def write_weights(self, values: Mapping[str, Any]) -> None:
+        """Replace some or all weights with full host arrays (every instance passes the same)."""
+        unknown = [n for n in values if n not in self._weights]
+        if unknown:
+            raise ValueError(f"write_weights: {', '.join(map(repr, unknown))} is not a weight of this trainer "
+                             f"(weights: {', '.join(map(repr, self._weights))})")
+        for name, value in values.items():
+            self.rt.write_variable_data(self._weights[name].var, value)
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """Every optimizer state tensor, full, by name ``"<weight>/<state>"`` (collective)."""
+        return {store.var.name: self.rt.get_tensor_data(store.var)
+                for states in self._states.values() for store in states.values()}
 
     @property
     def updates(self) -> int:
-        """Weight updates applied so far (restored by ``rt.load``)."""
+        """Weight updates applied so far (restored by ``load``)."""
         return int(self.rt.get_tensor_data(self.step_var))
+
+    def variables(self) -> list[Any]:
+        """The trainer's engine variables: weights, optimizer state, the update count."""
+        return [*(s.var for s in self._weights.values()),
+                *(s.var for states in self._states.values() for s in states.values()), self.step_var]
+
+    def close(self) -> None:
+        """Stop the read-ahead threads (the variables stay with the runtime). Idempotent."""
+        self._read_ahead.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _batches(self, data: Sequence[Any]) -> list[np.ndarray]:
         """Each input as ``[batches_per_step, A, L, *micro_batch]``: size-1 axes may be left out."""
@@ -248,26 +258,30 @@ class Trainer:
             raise ValueError(f"the inputs give different batches_per_step: {sorted(steps)}")
         return out
 
-    def _plan_buckets(self, arrays: Mapping[str, np.ndarray]) -> list[tuple[bool, ReplicaGrouping | None, list[str]]]:
-        """Consecutive weights of one kind (scattered over all replicas, or reduced whole) in
-        buckets of about ``fused_reduction_bytes``; each bucket is one collective."""
-        buckets: list[tuple[bool, ReplicaGrouping | None, list[str]]] = []
-        size = 0
-        for name, arr in arrays.items():
-            p = self.placements[name]
-            kind = (p.scatter, p.domain if p.scatter else None, arr.dtype)
-            if buckets and (buckets[-1][0], buckets[-1][1], arrays[buckets[-1][2][0]].dtype) == kind \
-                    and size + arr.nbytes <= self.options.fused_reduction_bytes:
-                buckets[-1][2].append(name)
-                size += arr.nbytes
-            else:
-                buckets.append((p.scatter, kind[1], [name]))
-                size = arr.nbytes
-        return buckets
+    # -------------------------------------------------------------------------------- checkpoints
+    def save(self, path: Any, metadata: dict[str, Any] | None = None) -> None:
+        """Write the runtime's variables (the weights, optimizer state and update count among them)
+        as full host tensors, with what interprets them (optimizer, reduction, accumulation,
+        placements) under the metadata key ``"trainer"`` (collective; :meth:`Runtime.save`).
+
+        The file restores under any split and any location setting: tensors are stored whole."""
+        info = {"optimizer": type(self.optimizer).__name__, "state_names": list(self.optimizer.state_names),
+                "reduction": self.op, "accumulation_factor": self.options.accumulation_factor,
+                "weights": {n: list(s) for n, s in self._shapes.items()},
+                "placements": [t.describe() for p in self.placements.values() for t in p.tensors()]}
+        self.rt.save(path, {**(metadata or {}), TRAINER_METADATA: info})
+
+    def load(self, path: Any, strict: bool = True) -> dict[str, Any]:
+        """Restore weights, optimizer state and update count saved by :meth:`save` (or ``rt.save``)
+        under any split and location setting; returns the caller's metadata. Collective; raises
+        :class:`~popdist_py.engine.CheckpointError` naming what does not fit before changing anything."""
+        metadata = self.rt.load(path, strict)
+        metadata.pop(TRAINER_METADATA, None)
+        return metadata
 
     # -------------------------------------------------------------------------------- replica side
     def _replica_step(self, ctx: Any, *inputs: np.ndarray) -> np.ndarray:
-        params = {n: ctx[v] for n, v in self.weights_vars.items()}
+        params, loaded = self._weights_for_step(ctx)
         grads_sum, loss_sum = PairwiseSum(), PairwiseSum()
         for a in range(self.options.accumulation_factor):
             loss, grads = self.loss_and_grads(params, *(x[a] for x in inputs))
@@ -279,15 +293,111 @@ class Trainer:
             factor = self.options.accumulation_factor
             grads = {n: g / g.dtype.type(factor) for n, g in grads.items()}
             loss = loss / factor
-        reduced = self._reduce(grads)
+        reduced = fused.reduce(self.buckets, grads, self.op, ctx.replica_index, self._everyone)
+        del grads
         step = int(ctx[self.step_var]) + 1
-        new_weights = self._update(ctx, params, reduced, step)
-        for name, value in new_weights.items():
-            ctx[self.weights_vars[name]] = value
+        self._update(ctx, params, loaded, reduced, step)
         ctx[self.step_var] = np.int64(step)
         return ops.replicated_all_reduce(np.asarray([loss]), op=self.op)
 
+    def _weights_for_step(self, ctx: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(the full weights the model reads, read-only; the flat values loaded or stored here that
+        the update works on). A sharded weight is gathered: its full value exists only in this step
+        (ZeRO-3). Off-chip weights are loaded in order, the next read ahead when marked IO."""
+        i = ctx.local_index
+        jobs: list[Job[np.ndarray | None]] = [
+            (functools.partial(store.load, i), store.placement.read_ahead) if store.off_chip else (_nothing, False)
+            for store in self._weights.values()]
+        params: dict[str, np.ndarray] = {}
+        loaded: dict[str, np.ndarray] = {}
+        for (name, store), value in zip(self._weights.items(), self._read_ahead.in_order(jobs), strict=True):
+            if store.sharded:
+                loaded[name] = shard = value if value is not None else store.var.local_value(i)
+                params[name] = ops.replicated_all_gather(store.shard_array(shard), output_shape="meta_shape")
+            elif value is not None:
+                loaded[name] = value
+                view = value.reshape(self._shapes[name])
+                view.flags.writeable = False
+                params[name] = view
+            else:
+                params[name] = store.var.step_value(i)
+        return params, loaded
+
+    def _load_states(self, name: str, local_index: int) -> dict[str, np.ndarray]:
+        return {s: store.working(local_index) for s, store in self._states[name].items()}
+
+    def _update(self, ctx: Any, params: Mapping[str, np.ndarray], loaded: Mapping[str, np.ndarray],
+                reduced: Mapping[str, np.ndarray], step: int) -> None:
+        """The optimizer on each weight in turn, on the whole tensor or this replica's shards; the
+        next weight's off-chip state is read ahead (when marked IO) while this one is updated."""
+        opt = self.optimizer
+        i = ctx.local_index
+        jobs: list[Job[dict[str, np.ndarray]]] = [
+            (functools.partial(self._load_states, name, i), any(s.placement.read_ahead for s in states.values()))
+            for name, states in self._states.items()]
+        waiting: list[tuple[str, np.ndarray, np.ndarray]] = []  # LAMB: (name, weight, direction) until the norms
+        for name, state in zip(self._states, self._read_ahead.in_order(jobs), strict=True):
+            weight = self._weight_piece(ctx, name, params, loaded)
+            d = opt.direction(weight, np.asarray(reduced[name]), state, step)
+            for s, store in self._states[name].items():
+                store.save(i, state[s])
+            del state
+            if opt.uses_norms:
+                waiting.append((name, weight, d))
+                continue
+            opt.apply(weight, d, step)
+            self._put_weight(ctx, name, weight)
+        if waiting:
+            for (name, weight, d), ratio in zip(waiting, self._trust_ratios(waiting, step), strict=True):
+                opt.apply(weight, d, step, ratio)
+                self._put_weight(ctx, name, weight)
+
+    def _weight_piece(self, ctx: Any, name: str, params: Mapping[str, np.ndarray],
+                      loaded: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The flat, writable weight the update changes: this replica's shard or the whole tensor."""
+        store, p = self._weights[name], self.placements[name]
+        if store.sharded and p.update_sharded:
+            return loaded[name]
+        if p.update_sharded:  # ZeRO-1/2: this replica's shard of the whole weight
+            layout = ShardLayout(params[name].size, p.domain.group_size)
+            return layout.shard(params[name].reshape(-1), p.domain.index_in_group(ctx.replica_index))
+        if store.sharded:  # whole update of a sharded weight: a private copy of the gathered one
+            return np.array(params[name], copy=True).reshape(-1)
+        return loaded[name] if store.off_chip else store.var.local_value(ctx.local_index).reshape(-1)
+
+    def _put_weight(self, ctx: Any, name: str, weight: np.ndarray) -> None:
+        store, p = self._weights[name], self.placements[name]
+        if p.update_sharded and not store.sharded:  # ZeRO-1/2: every replica gets the whole updated weight
+            whole = ShardMeta(self._shapes[name], p.domain)
+            weight = ops.replicated_all_gather(ShardArray.wrap(weight, whole), output_shape="meta_shape")
+        elif store.sharded and not p.update_sharded:  # keep this replica's shard of the whole update
+            meta = store.var.sharding
+            assert meta is not None
+            weight = meta.layout.shard(weight, meta.shard_index(ctx.replica_index))
+        store.save(ctx.local_index, weight)
+
+    def _trust_ratios(self, waiting: list[tuple[str, np.ndarray, np.ndarray]], step: int) -> list[float]:
+        """LAMB's ratio per weight: whole-tensor norms; for shards, exact parts summed over the
+        domain, one collective per domain for all tensors."""
+        opt = self.optimizer
+        ratios = [1.0] * len(waiting)
+        by_domain: dict[ReplicaGrouping, list[int]] = {}
+        for k, (name, weight, d) in enumerate(waiting):
+            p = self.placements[name]
+            if p.update_sharded:
+                by_domain.setdefault(p.domain, []).append(k)
+            else:
+                ratios[k] = opt.trust_ratio(exact_norm(weight), exact_norm(d), step)
+        for domain, ks in by_domain.items():
+            parts = np.stack([sum_squares_parts(x) for k in ks for x in waiting[k][1:]])
+            total = ops.replicated_all_reduce(parts, op="add", group=domain)
+            for m, k in enumerate(ks):
+                ratios[k] = opt.trust_ratio(norm_from_parts(total[2 * m]), norm_from_parts(total[2 * m + 1]), step)
+        return ratios
+
     def _checked(self, grads: Any, params: Mapping[str, np.ndarray]) -> _Grads:
+        if hasattr(grads, "_asdict"):  # a NamedTuple of gradients, as the MNIST model returns
+            grads = grads._asdict()
         if not isinstance(grads, Mapping) or set(grads) != set(params):
             got = sorted(grads) if isinstance(grads, Mapping) else type(grads).__name__
             raise ValueError(f"loss_and_grads returned gradients for {got}; expected one per weight: {sorted(params)}")
@@ -299,62 +409,9 @@ class Trainer:
             out[name] = g.astype(p.dtype, copy=False)
         return _Grads(out)
 
-    def _reduce(self, grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Across replicas, one collective per bucket: full tensors, or this replica's shards."""
-        out: dict[str, np.ndarray] = {}
-        for scatter, domain, names in self.buckets:
-            if not scatter:
-                flat = np.concatenate([grads[n].reshape(-1) for n in names])
-                reduced = ops.replicated_all_reduce(flat, op=self.op)
-                offset = 0
-                for n in names:
-                    size = grads[n].size
-                    out[n] = reduced[offset:offset + size].reshape(grads[n].shape)
-                    offset += size
-                continue
-            assert domain is not None
-            k = domain.group_size
-            layouts = [ShardLayout(grads[n].size, k) for n in names]
-            # shard-major: shard j of every tensor, then shard j + 1 ...: member j receives its shards
-            flat = np.concatenate([lay.shard(grads[n].reshape(-1), j)
-                                   for j in range(k) for n, lay in zip(names, layouts, strict=True)])
-            mine = ops.replicated_reduce_scatter(flat, op=self.op, group=domain)
-            offset = 0
-            for n, lay in zip(names, layouts, strict=True):
-                out[n] = np.asarray(mine[offset:offset + lay.shard_size])
-                offset += lay.shard_size
-        return out
 
-    def _update(self, ctx: Any, params: Mapping[str, np.ndarray], reduced: Mapping[str, np.ndarray],
-                step: int) -> dict[str, np.ndarray]:
-        opt = self.optimizer
-        new: dict[str, np.ndarray] = {}
-        for name, p in params.items():
-            placement = self.placements[name]
-            handles = self.state_vars[name]
-            if placement.domain is None:
-                weight = np.array(p, copy=True)
-                state = {s: np.array(ctx[h], copy=True) for s, h in handles.items()}
-                opt.update(weight, np.asarray(reduced[name]), state, step, norm=exact_norm)
-                for s, h in handles.items():
-                    ctx[h] = state[s]
-                new[name] = weight
-                continue
-            domain = placement.domain
-            weight = ops.replica_sharded_slice(p, group=domain)  # a new array, with its shard meta
-            grad = reduced[name]
-            if not placement.scatter:  # reduced whole over all replicas: this replica's shard of it
-                grad = ops.replica_sharded_slice(grad, group=domain)
-            state = {s: ctx[h] for s, h in handles.items()}  # this replica's shards, updated in place
-            d = opt.direction(weight, np.asarray(grad), state, step)
-            ratio = 1.0
-            if opt.uses_norms:
-                parts = np.stack([sum_squares_parts(weight), sum_squares_parts(d)])
-                total = ops.replicated_all_reduce(parts, op="add", group=domain)
-                ratio = opt.trust_ratio(norm_from_parts(total[0]), norm_from_parts(total[1]), step)
-            opt.apply(weight, d, step, ratio)
-            new[name] = np.asarray(ops.replicated_all_gather(weight, group=domain, output_shape="meta_shape"))
-        return new
+def _nothing() -> None:
+    return None
 
 
 class _Grads(dict[str, np.ndarray]):
@@ -364,4 +421,4 @@ class _Grads(dict[str, np.ndarray]):
         return _Grads({n: g + other[n] for n, g in self.items()})
 
 
-__all__ = ["STEP_VARIABLE", "CommGroup", "PairwiseSum", "Trainer", "canonical_sum"]
+__all__ = ["STEP_VARIABLE", "TRAINER_METADATA", "PairwiseSum", "Trainer", "canonical_sum"]
