@@ -13,14 +13,27 @@ import pytest
 from popdist_py.engine import CommGroup, Runtime
 from popdist_py.engine.training import Trainer
 from tests.engine_helpers import instances, on_every_split, shared_dir, world
-from tests.test_engine_training import B0, OPTIMIZERS, STEPS, W0, X, Y, host_batch, linear_model, options
+from tests.test_engine_training import (
+    B0,
+    OPTIMIZERS,
+    PLACEMENTS,
+    STEPS,
+    W0,
+    X,
+    Y,
+    host_batch,
+    linear_model,
+    located,
+    options,
+)
 
 
-def run_trainer(rt: Runtime, opt: str, accumulation: int, shard: Any, steps: range = range(STEPS)) -> Trainer:
+def run_trainer(rt: Runtime, opt: str, accumulation: int, shard: Any, steps: range = range(STEPS),
+                opts: Any = None) -> Trainer:
     R, L, off = rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset
     micro = len(X[0]) // (R * accumulation)
     trainer = Trainer(rt, {"W": W0, "b": B0}, linear_model, OPTIMIZERS[opt](), [(micro, 5), (micro, 3)],
-                      options(accumulation, shard))
+                      opts or options(accumulation, shard))
     for s in steps:  # this instance's replicas' share of the batch
         mine = slice(off, off + L)
         trainer.step(host_batch(X[s], R, accumulation)[:, mine], host_batch(Y[s], R, accumulation)[:, mine])
@@ -61,4 +74,43 @@ def test_a_checkpoint_written_by_one_split_resumes_in_another() -> None:
                 for s in range(1, STEPS):
                     trainer.step(host_batch(X[s], R, 1)[:, off:off + L], host_batch(Y[s], R, 1)[:, off:off + L])
                 got = trainer.weights()
+        assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("how", PLACEMENTS, ids=lambda how: "-".join(f"{k}={v}" for k, v in how.items()))
+@pytest.mark.parametrize("domain", ["all", "per-instance"])
+def test_every_location_setting_gives_one_process_weights_on_every_split(how: dict[str, str], domain: str) -> None:
+    """Sharded weights (ZeRO-3) and off-chip tensors, sharded across instances or within each."""
+    with Runtime(replication=4) as rt:
+        reference = run_trainer(rt, "lamb", 1, None).weights()
+
+    def body(rt: Runtime) -> list[np.ndarray]:
+        group = CommGroup.consecutive(rt.instance_replication_factor) if domain == "per-instance" else None
+        with run_trainer(rt, "lamb", 1, None, opts=located(domain=group, **how)) as trainer:
+            weights = trainer.weights()
+        assert all(weights[n].tobytes() == reference[n].tobytes() for n in reference)
+        return [weights["W"], weights["b"]]
+
+    on_every_split(4, body)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_checkpoint_of_sharded_off_chip_state_resumes_whole_in_another_split() -> None:
+    with Runtime(replication=4) as rt:
+        expect = run_trainer(rt, "adam", 1, None).weights()
+    with shared_dir() as d:
+        path = d / "trainer.npz"
+        with instances(2) as comm:
+            if comm is not None:
+                # 2 x 2: weights and state off chip, sharded
+                with Runtime(replication=4, comm=comm, timeout=60) as rt, \
+                        run_trainer(rt, "adam", 1, None, range(1), located(weights="io", state="io")) as trainer:
+                    trainer.save(path, {"epoch": 1})
+        with Runtime(replication=4) as rt:  # 1 x 4, everything whole and on chip
+            trainer = run_trainer(rt, "adam", 1, None, range(0))
+            assert trainer.load(path) == {"epoch": 1} and trainer.updates == 1
+            for s in range(1, STEPS):
+                trainer.step(host_batch(X[s], 4, 1), host_batch(Y[s], 4, 1))
+            got = trainer.weights()
         assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
