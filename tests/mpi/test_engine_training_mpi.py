@@ -80,7 +80,7 @@ def test_a_checkpoint_written_by_one_split_resumes_in_another() -> None:
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("how", PLACEMENTS, ids=lambda how: "-".join(f"{k}={v}" for k, v in how.items()))
 @pytest.mark.parametrize("domain", ["all", "per-instance"])
-def test_every_location_setting_gives_one_process_weights_on_every_split(how: dict[str, str], domain: str) -> None:
+def test_every_location_setting_gives_one_process_weights_on_every_split(how: dict[str, Any], domain: str) -> None:
     """Sharded weights (ZeRO-3) and off-chip tensors, sharded across instances or within each."""
     with Runtime(replication=4) as rt:
         reference = run_trainer(rt, "lamb", 1, None).weights()
