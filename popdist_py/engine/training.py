@@ -169,6 +169,7 @@ class Trainer:
         self.buckets = fused.plan({n: (a.size, a.dtype, self._scatter_domain(placements[n]))
                                    for n, a in arrays.items()}, options.fused_reduction_bytes)
         self._read_ahead = ReadAhead(rt.instance_replication_factor)
+        self._scratch = fused.Scratch(rt.instance_replication_factor)
 
     def _scatter_domain(self, p: WeightPlacement) -> ReplicaGrouping | None:
         """The domain over which a weight's gradient is scattered (its update runs on shards), or None."""
@@ -293,7 +294,8 @@ class Trainer:
             factor = self.options.accumulation_factor
             grads = {n: g / g.dtype.type(factor) for n, g in grads.items()}
             loss = loss / factor
-        reduced = fused.reduce(self.buckets, grads, self.op, ctx.replica_index, self._everyone)
+        reduced = fused.reduce(self.buckets, grads, self.op, ctx.replica_index, self._everyone,
+                               functools.partial(self._scratch.get, ctx.local_index))
         del grads
         step = int(ctx[self.step_var]) + 1
         self._update(ctx, params, loaded, reduced, step)
