@@ -49,6 +49,20 @@ PopXL's other collectives: ops ``square_add``, ``and``, ``or``; ``ops.replicated
 "auto")``; ``ops.replicated_slice``; irregular groupings from
 ``rt.replica_grouping_from_assignments([0, 1, 1, 0])``.
 
+Training (``training``, ``locations``): ``Trainer(rt, params, loss_and_grads, optimizer,
+micro_batch_shapes, TrainingOptions(...))`` owns the step: micro-batches accumulated in a fixed
+pairwise order (:func:`canonical_sum`), gradients reduced across replicas in fused buckets
+(``fused``), the optimizer applied (``optimizers``), with PopART's tensor location settings
+deciding for weights and optimizer state whether they are sharded (ZeRO-1/2/3) and over which
+domain, and whether they live off chip (``tensor_store``; read ahead by ``readahead`` with
+``load_tile_set=TileSet.IO``)::
+
+    opts = TrainingOptions(accumulation_factor=4)
+    opts.optimizer_state_tensor_location_settings.location.replicated_tensor_sharding = True
+    trainer = Trainer(rt, {"W": w0}, loss_and_grads, Adam(1e-3), [(B, 64), (B,)], opts)
+    losses = trainer.step(x, y)           # x: [batches_per_step, 4, L, B, 64] (size-1 axes optional)
+    trainer.save("ckpt.npz")              # restores under any split and any location setting
+
 Semantics worth knowing: all-reduce and all-gather results, and ``ctx[var]``, are read-only
 arrays (shared between local replicas where possible; copy to modify); float reductions follow
 a fixed tree over group members, so results are bitwise identical for any split of the replicas
@@ -73,9 +87,18 @@ from popdist_py.engine.errors import (
     StepAborted,
 )
 from popdist_py.engine.grouping import CommGroup, CommGroupType, ReplicaGrouping
+from popdist_py.engine.locations import (
+    ReplicatedTensorSharding,
+    TensorLocation,
+    TensorLocationSettings,
+    TensorStorage,
+    TileSet,
+    TrainingOptions,
+)
 from popdist_py.engine.remote import RemoteBuffer
 from popdist_py.engine.runtime import Runtime
 from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
+from popdist_py.engine.training import Trainer, canonical_sum
 from popdist_py.engine.variables import RETRIEVAL_MODES, Shard, Variable
 
 __all__ = [
@@ -91,6 +114,7 @@ __all__ = [
     "PeerClosed",
     "RemoteBuffer",
     "ReplicaGrouping",
+    "ReplicatedTensorSharding",
     "Runtime",
     "Shard",
     "ShardArray",
@@ -98,6 +122,13 @@ __all__ = [
     "ShardMeta",
     "StepAborted",
     "StepContext",
+    "TensorLocation",
+    "TensorLocationSettings",
+    "TensorStorage",
+    "TileSet",
+    "Trainer",
+    "TrainingOptions",
     "Variable",
+    "canonical_sum",
     "ops",
 ]
