@@ -361,3 +361,16 @@ def test_popart_spellings_are_accepted() -> None:
         assert trainer.op == "add"
         described = trainer.placements["W"].weight.describe()
         assert described == "W: off chip, read ahead, sharded over stride=1, group_size=2"
+
+
+def test_accumulating_three_micro_batches_of_four_equals_one_of_twelve() -> None:
+    """B a power of two is enough: (sum / 4) / 3 rounds once, as sum / 12 does."""
+    def run(accumulation: int, micro: int) -> dict[str, np.ndarray]:
+        with Runtime(replication=1) as rt, Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01),
+                                                   [(micro, 5), (micro, 3)], options(accumulation)) as trainer:
+            for s in range(STEPS):
+                trainer.step(X[s][:12].reshape(accumulation, micro, 5), Y[s][:12].reshape(accumulation, micro, 3))
+            return trainer.weights()
+
+    one, three = run(1, 12), run(3, 4)
+    assert all(one[n].tobytes() == three[n].tobytes() for n in one)
