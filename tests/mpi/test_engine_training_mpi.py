@@ -40,6 +40,15 @@ def run_trainer(rt: Runtime, opt: str, accumulation: int, shard: Any, steps: ran
     return trainer
 
 
+def resume(rt: Runtime, trainer: Trainer) -> dict[str, np.ndarray]:
+    """The updates after the first on this instance's share of the batches; the weights then."""
+    R, L, off = rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset
+    assert trainer.updates == 1
+    for s in range(1, STEPS):
+        trainer.step(host_batch(X[s], R, 1)[:, off:off + L], host_batch(Y[s], R, 1)[:, off:off + L])
+    return trainer.weights()
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("opt", ["momentum", "adam", "lamb"])
 @pytest.mark.parametrize("shard", [None, True, "per-instance"])
@@ -69,11 +78,7 @@ def test_a_checkpoint_written_by_one_split_resumes_in_another() -> None:
             with Runtime(replication=4, comm=comm, timeout=60) as rt:  # 2 instances, replicated state
                 trainer = run_trainer(rt, "adam", 1, None, range(0))
                 rt.load(path)
-                assert trainer.updates == 1
-                R, L, off = rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset
-                for s in range(1, STEPS):
-                    trainer.step(host_batch(X[s], R, 1)[:, off:off + L], host_batch(Y[s], R, 1)[:, off:off + L])
-                got = trainer.weights()
+                got = resume(rt, trainer)
         assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
 
 
@@ -109,8 +114,6 @@ def test_a_checkpoint_of_sharded_off_chip_state_resumes_whole_in_another_split()
                     trainer.save(path, {"epoch": 1})
         with Runtime(replication=4) as rt:  # 1 x 4, everything whole and on chip
             trainer = run_trainer(rt, "adam", 1, None, range(0))
-            assert trainer.load(path) == {"epoch": 1} and trainer.updates == 1
-            for s in range(1, STEPS):
-                trainer.step(host_batch(X[s], 4, 1), host_batch(Y[s], 4, 1))
-            got = trainer.weights()
+            assert trainer.load(path) == {"epoch": 1}
+            got = resume(rt, trainer)
         assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
