@@ -374,3 +374,18 @@ def test_accumulating_three_micro_batches_of_four_equals_one_of_twelve() -> None
 
     one, three = run(1, 12), run(3, 4)
     assert all(one[n].tobytes() == three[n].tobytes() for n in one)
+
+
+def test_a_scalar_weight_trains_alike_under_every_placement() -> None:
+    """A 0-d weight is sharded like any tensor (one element, padded) and stays on chip when asked off."""
+    def model(p: dict[str, np.ndarray], x: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        return float(x.sum()), {"s": np.asarray(x.sum() * p["s"]), "v": x.sum() * p["v"]}
+
+    results = []
+    for how in ("whole", "sharded", "off", "io"):
+        with Runtime(replication=4) as rt, Trainer(rt, {"s": np.float32(1.5), "v": np.ones(3, np.float32)}, model,
+                                                   Adam(0.1), [(2,)], located(weights=how, state=how)) as trainer:
+            trainer.step(np.arange(8, dtype=np.float32).reshape(4, 2))
+            assert not trainer.placements["s"].weight.off_chip
+            results.append(trainer.weights())
+    assert all(r[n].tobytes() == results[0][n].tobytes() for r in results for n in ("s", "v"))

@@ -17,7 +17,8 @@ optimizer state ``"W0/<state>"``, the accumulator ``"W0/accumulator"``), checkin
 before anything is created. For a tensor of ``n`` elements with class settings ``s`` and location
 ``loc = override.get(name, s.location)``:
 
-- off chip when ``loc.storage`` is OFF_CHIP and (class settings only) ``n >= s.min_elements_for_off_chip``;
+- off chip when ``loc.storage`` is OFF_CHIP and (class settings only) ``n >= s.min_elements_for_off_chip``
+  (a 0-d tensor stays on chip: the engine's remote buffers cannot address a slot of shape ``()``);
 - sharded when ``loc.replicated_tensor_sharding`` and (class settings only) ``n >=
   s.min_elements_for_replicated_tensor_sharding``, over ``loc.sharding_domain`` (None: all
   replicas; otherwise runs of consecutive replicas such as ``CommGroup.consecutive(L)``);
@@ -37,6 +38,7 @@ before anything is created. For a tensor of ``n`` elements with class settings `
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,13 +237,13 @@ def accumulator_name(weight: str) -> str:
     return f"{weight}/accumulator"
 
 
-def resolve(options: TrainingOptions, everyone: ReplicaGrouping, sizes: dict[str, int],
+def resolve(options: TrainingOptions, everyone: ReplicaGrouping, shapes: dict[str, tuple[int, ...]],
             state_names: tuple[str, ...]) -> dict[str, WeightPlacement]:
-    """Every weight's placement (weights ``sizes``: name -> elements, in order) for an optimizer
+    """Every weight's placement (weights ``shapes``: name -> shape, in order) for an optimizer
     with ``state_names`` over the replicas of ``everyone``. Raises TypeError/ValueError naming the
     setting that cannot hold and what would be valid (see the module docstring for the rules)."""
     options.check()
-    names = [n for w in sizes for n in (w, *(state_name(w, s) for s in state_names), accumulator_name(w))]
+    names = [n for w in shapes for n in (w, *(state_name(w, s) for s in state_names), accumulator_name(w))]
     unknown = [k for k in options.tensor_location_settings_override if k not in names]
     if unknown:
         shown = ", ".join(map(repr, names[:12])) + (", ..." if len(names) > 12 else "")
@@ -249,15 +251,17 @@ def resolve(options: TrainingOptions, everyone: ReplicaGrouping, sizes: dict[str
                          f"{'is' if len(unknown) == 1 else 'are'} not a weight, optimizer state or accumulator "
                          f"of this trainer (valid: {shown})")
     out = {}
-    for w, n in sizes.items():
-        weight = _place(options, everyone, w, "weight", n)
-        states = {s: _place(options, everyone, state_name(w, s), "optimizer_state", n) for s in state_names}
-        accumulator = _place(options, everyone, accumulator_name(w), "accumulator", n)
+    for w, shape in shapes.items():
+        weight = _place(options, everyone, w, "weight", shape)
+        states = {s: _place(options, everyone, state_name(w, s), "optimizer_state", shape) for s in state_names}
+        accumulator = _place(options, everyone, accumulator_name(w), "accumulator", shape)
         out[w] = _link(w, weight, states, accumulator)
     return out
 
 
-def _place(options: TrainingOptions, everyone: ReplicaGrouping, name: str, kind: str, n: int) -> Placement:
+def _place(options: TrainingOptions, everyone: ReplicaGrouping, name: str, kind: str,
+           shape: tuple[int, ...]) -> Placement:
+    n = math.prod(shape)
     override = options.tensor_location_settings_override.get(name)
     settings: TensorLocationSettings = getattr(options, f"{kind}_tensor_location_settings")
     if override is not None:
@@ -277,7 +281,7 @@ def _place(options: TrainingOptions, everyone: ReplicaGrouping, name: str, kind:
             "whole (a sharded or spilled sum would change the order of the additions and so the weights); shard the "
             "optimizer state instead, which reduce-scatters the gradient (ZeRO-2)"
         )
-    off_chip = loc.storage is OFF_CHIP and n >= min_off
+    off_chip = loc.storage is OFF_CHIP and n >= min_off and len(shape) > 0
     sharded = loc.sharded and n >= min_rts and domain.group_size > 1
     return Placement(name, off_chip, sharded, domain, off_chip and loc.load_tile_set is IO)
 

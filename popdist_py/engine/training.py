@@ -146,7 +146,7 @@ class Trainer:
         self.micro_batch_shapes = [tuple(validate.non_negative("micro_batch_shapes entry", d) for d in s)
                                    for s in micro_batch_shapes]
         everyone = rt.replica_grouping()
-        placements = resolve(options, everyone, {n: a.size for n, a in arrays.items()}, tuple(optimizer.state_names))
+        placements = resolve(options, everyone, {n: a.shape for n, a in arrays.items()}, tuple(optimizer.state_names))
         taken = [n for n in (*arrays, *(state_name(w, s) for w in arrays for s in optimizer.state_names),
                              STEP_VARIABLE) if n in rt.variables]
         if taken:
