@@ -1,7 +1,8 @@
 """A training step the engine owns: micro-batches, gradient accumulation, fused reduction, optimizer.
 
 The user gives a per-replica function ``loss_and_grads(params, *micro_batch) -> (loss, grads)``
-(``params`` and ``grads``: dicts of arrays by weight name, read-only params) and an optimizer;
+(``params``: a dict of read-only full weights by name; ``grads``: a dict by name, or a NamedTuple
+such as the MNIST example's ``Params``) and an optimizer;
 :meth:`Trainer.step` feeds host data shaped ``[batches_per_step, accumulation_factor, L,
 *micro_batch_shape]`` (size-1 axes optional, PopART's rule) and, per batch and replica:
 
