@@ -264,13 +264,13 @@ def test_off_chip_state_is_not_resident_and_is_read_ahead(monkeypatch: pytest.Mo
     from popdist_py.engine import tensor_store
 
     threads: set[str] = set()
-    load = tensor_store.TensorStore.load
+    prefault = tensor_store.prefault
 
-    def spy(self: Any, local_index: int) -> np.ndarray:
+    def spy(view: np.ndarray) -> None:
         threads.add(threading.current_thread().name.split("_")[0])
-        return load(self, local_index)
+        prefault(view)
 
-    monkeypatch.setattr(tensor_store.TensorStore, "load", spy)
+    monkeypatch.setattr(tensor_store, "prefault", spy)
     big = {"W": np.ones((256, 64), np.float32), "b": np.zeros(64, np.float32)}
 
     def model(p: dict[str, np.ndarray], x: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:

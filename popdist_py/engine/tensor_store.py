@@ -2,10 +2,11 @@
 
 On chip a tensor is a plain or replica-sharded variable; its stored array is updated in place
 (no copy per step). Off chip it is a remote variable in a file-backed remote buffer (one slot per
-local replica: the whole tensor or the replica's shard); a step works on a private copy loaded
-from the slot (ahead of time with read-ahead, :mod:`.readahead`) and stores it back, after which
-the slot's pages are dropped from this process's resident memory (the data stays in the file and
-the page cache), so off-chip state costs address space, not resident memory.
+local replica: the whole tensor or the replica's shard). A step maps the slot's pages in
+(:meth:`TensorStore.fetch`, on a read-ahead thread when marked IO: :mod:`.readahead`), works on
+them in place, and then drops them from this process's resident memory (:func:`release`; the
+data stays in the file and the page cache), so off-chip state costs address space, not resident
+memory, and no copies.
 """
 
 from __future__ import annotations
@@ -21,21 +22,34 @@ from popdist_py.engine.locations import Placement
 from popdist_py.engine.sharding import ShardArray, ShardLayout
 from popdist_py.engine.variables import Variable
 
-_MADV_DONTNEED = 4  # Linux
+_MADV_DONTNEED = 4  # Linux's madvise advice values
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _libc: Any = None
 
 
-def release(view: np.ndarray) -> None:
-    """Drop the pages of a memory-mapped ``view`` from this process's resident set (Linux; the
-    mapping is shared, so the data stays in the file and is faulted back in when next read)."""
+def _madvise(view: np.ndarray, advice: int) -> bool:
+    """madvise over the pages of a memory-mapped ``view``; False when not applicable or refused."""
     global _libc
     if not isinstance(view, np.memmap) or view.nbytes == 0 or not sys.platform.startswith("linux"):
-        return
+        return False
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
     address = view.__array_interface__["data"][0]
     start = address - address % mmap.PAGESIZE
-    _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + view.nbytes - start), _MADV_DONTNEED)
+    return _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + view.nbytes - start), advice) == 0
+
+
+def release(view: np.ndarray) -> None:
+    """Drop the pages of a memory-mapped ``view`` from this process's resident set (the mapping is
+    shared, so the data stays in the file and is faulted back in when next used)."""
+    _madvise(view, _MADV_DONTNEED)
+
+
+def prefault(view: np.ndarray) -> None:
+    """Map the pages of a memory-mapped ``view`` in, writable, now (so the thread that does this
+    takes the page faults, not the one that computes next); older kernels: touch every page."""
+    if isinstance(view, np.memmap) and view.nbytes and not _madvise(view, _MADV_POPULATE_WRITE):
+        view.reshape(-1).view(np.uint8)[:: mmap.PAGESIZE].max()
 
 
 class TensorStore:
@@ -60,27 +74,22 @@ class TensorStore:
     def sharded(self) -> bool:
         return self.var.sharding is not None
 
-    def load(self, local_index: int) -> np.ndarray:
-        """A private, flat, writable copy of the replica's stored value (safe on any thread)."""
-        stored = self.var.local_value(local_index)
-        value = np.array(stored, copy=True).reshape(-1)
-        release(stored)
+    def fetch(self, local_index: int) -> np.ndarray:
+        """The replica's stored value itself, flat and writable (updates work in place); off chip
+        its pages are mapped in first. Touches no step context: safe on a read-ahead thread."""
+        value = self.var.local_value(local_index).reshape(-1)
+        if self.off_chip:
+            prefault(value)
         return value
 
-    def working(self, local_index: int) -> np.ndarray:
-        """What an update changes, flat: on chip the stored array itself, off chip a loaded copy."""
-        if self.off_chip:
-            return self.load(local_index)
-        return self.var.local_value(local_index).reshape(-1)
-
     def save(self, local_index: int, value: np.ndarray) -> None:
-        """Store ``value`` (flat, or the variable's shape) for the replica: nothing to do when it is
-        the stored array, updated in place."""
+        """Store ``value`` (flat, or the variable's shape) for the replica (nothing to copy when it
+        is the stored value, updated in place); off chip, drop the pages from resident memory."""
         stored = self.var.local_value(local_index)
-        if not self.off_chip and np.shares_memory(stored, value):
-            return
-        np.copyto(stored, value.reshape(stored.shape))
-        release(stored)
+        if not np.shares_memory(stored, value):
+            np.copyto(stored, value.reshape(stored.shape))
+        if self.off_chip:
+            release(stored)
 
     def shard_array(self, value: np.ndarray) -> ShardArray:
         """``value`` (this replica's shard) as a shard array that gathers back to the whole tensor."""
@@ -88,4 +97,4 @@ class TensorStore:
         return ShardArray.wrap(value, self.var.sharding)
 
 
-__all__ = ["TensorStore", "release"]
+__all__ = ["TensorStore", "prefault", "release"]

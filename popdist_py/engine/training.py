@@ -304,30 +304,25 @@ class Trainer:
         return ops.replicated_all_reduce(np.asarray([loss]), op=self.op)
 
     def _weights_for_step(self, ctx: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """(the full weights the model reads, read-only; the flat values loaded or stored here that
-        the update works on). A sharded weight is gathered: its full value exists only in this step
-        (ZeRO-3). Off-chip weights are loaded in order, the next read ahead when marked IO."""
-        i = ctx.local_index
-        jobs: list[Job[np.ndarray | None]] = [
-            (functools.partial(store.load, i), store.placement.read_ahead) if store.off_chip else (_nothing, False)
-            for store in self._weights.values()]
+        """(the full weights the model reads, read-only; this replica's stored values, flat, which
+        the update changes in place). A sharded weight is gathered: its full value exists only in
+        this step (ZeRO-3). Off-chip weights are mapped in in order, the next ahead when marked IO."""
+        jobs: list[Job[np.ndarray]] = [(functools.partial(store.fetch, ctx.local_index), store.placement.read_ahead)
+                                       for store in self._weights.values()]
         params: dict[str, np.ndarray] = {}
         loaded: dict[str, np.ndarray] = {}
         for (name, store), value in zip(self._weights.items(), self._read_ahead.in_order(jobs), strict=True):
+            loaded[name] = value
             if store.sharded:
-                loaded[name] = shard = value if value is not None else store.var.local_value(i)
-                params[name] = ops.replicated_all_gather(store.shard_array(shard), output_shape="meta_shape")
-            elif value is not None:
-                loaded[name] = value
+                params[name] = ops.replicated_all_gather(store.shard_array(value), output_shape="meta_shape")
+            else:
                 view = value.reshape(self._shapes[name])
                 view.flags.writeable = False
                 params[name] = view
-            else:
-                params[name] = store.var.step_value(i)
         return params, loaded
 
     def _load_states(self, name: str, local_index: int) -> dict[str, np.ndarray]:
-        return {s: store.working(local_index) for s, store in self._states[name].items()}
+        return {s: store.fetch(local_index) for s, store in self._states[name].items()}
 
     def _update(self, ctx: Any, params: Mapping[str, np.ndarray], loaded: Mapping[str, np.ndarray],
                 reduced: Mapping[str, np.ndarray], step: int) -> None:
@@ -366,7 +361,7 @@ class Trainer:
             return layout.shard(params[name].reshape(-1), p.domain.index_in_group(ctx.replica_index))
         if store.sharded:  # whole update of a sharded weight: a private copy of the gathered one
             return np.array(params[name], copy=True).reshape(-1)
-        return loaded[name] if store.off_chip else store.var.local_value(ctx.local_index).reshape(-1)
+        return loaded[name]
 
     def _put_weight(self, ctx: Any, name: str, weight: np.ndarray) -> None:
         store, p = self._weights[name], self.placements[name]
@@ -411,10 +406,6 @@ class Trainer:
                 raise ValueError(f"the gradient of {name!r} has shape {g.shape}, the weight {p.shape}")
             out[name] = g.astype(p.dtype, copy=False)
         return _Grads(out)
-
-
-def _nothing() -> None:
-    return None
 
 
 class _Grads(dict[str, np.ndarray]):
