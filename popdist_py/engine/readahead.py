@@ -2,10 +2,10 @@
 
 PopART streams a tensor marked for IO loading onto IO tiles while the compute tiles work on the
 previous one. Here a replica walks its tensors in order; :meth:`ReadAhead.in_order` starts the
-next tensor's load on a worker thread before handing out the current one, so copying it out of
-its memory-mapped file (page faults, disk reads: numpy releases the GIL while copying) overlaps the
-current tensor's computation. Loads are private copies that touch no step context and no
-collective, so they may run on any thread, under either executor.
+next tensor's load on a worker thread before handing out the current one, so mapping its
+memory-mapped pages in (the page faults and any disk reads, outside the GIL) overlaps the current
+tensor's computation. Loads touch no step context and no collective, so they may run on any
+thread, under either executor.
 """
 
 from __future__ import annotations
