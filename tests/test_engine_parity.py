@@ -348,9 +348,6 @@ def test_variables_with_an_irregular_grouping(tmp_path: Path) -> None:
         assert rt.get_tensor_data(again).tolist() == values["one"].tolist()
 
 
-@pytest.mark.xfail(strict=True, reason="checkpoint.py records a grouping as (stride, group_size), which an irregular "
-                   "grouping does not have (it records stride=1), so it cannot tell it from the consecutive grouping "
-                   "of the same size; recording the assignment would")
 def test_a_checkpoint_knows_an_irregular_grouping_from_a_regular_one(tmp_path: Path) -> None:
     with Runtime(replication=4) as rt:
         rt.variable(np.zeros((2, 2)), replica_grouping=rt.replica_grouping_from_assignments([0, 1, 1, 0]), name="v")

@@ -63,7 +63,8 @@ def _entry(v: Variable, key: str) -> dict[str, Any]:
         "shape": list(v.shape),
         "host_shape": list(host),
         "dtype": v.dtype.str,
-        "replica_grouping": {"num_replicas": g.num_replicas, "stride": g.stride, "group_size": g.group_size},
+        "replica_grouping": {"num_replicas": g.num_replicas, "stride": g.stride, "group_size": g.group_size,
+                             **({"assignment": list(g.irregular)} if g.irregular is not None else {})},
         "num_groups": g.num_groups,
         "retrieval_mode": v.retrieval_mode,
         "per_replica": _per_replica(v),
@@ -253,7 +254,9 @@ def _check_entry(e: Any, path: Path) -> None:
     if not isinstance(rg, dict) or not all(isinstance(rg.get(k), int) for k in fields):
         raise CheckpointError(f"{path}: {what} has a malformed replica_grouping: {rg!r}")
     try:
-        ReplicaGrouping.create(rg["num_replicas"], rg["stride"], rg["group_size"])
+        saved = _saved_grouping(rg)
+        if saved.num_replicas != rg["num_replicas"] or saved.group_size != rg["group_size"]:
+            raise ValueError(f"its assignment {rg.get('assignment')!r} does not fit its sizes")
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {what} has an invalid replica_grouping: {exc}") from None
     if not isinstance(e.get("num_groups"), int) or not isinstance(e.get("per_replica"), bool) \
@@ -361,23 +364,28 @@ def _match(path: Path, manifest: dict[str, Any], variables: Sequence[Variable], 
             problems.append(f"{v.name!r} has {e['num_groups']} replica group(s) in the checkpoint "
                             f"(stride={sg['stride']}, group_size={sg['group_size']} of {sg['num_replicas']} replicas) "
                             f"but {g.num_groups} here ({g})")
-        elif sg["num_replicas"] == R and (sg["stride"], sg["group_size"]) != (g.stride, g.group_size):
-            problems.append(f"{v.name!r} was saved with replica grouping stride={sg['stride']}, "
-                            f"group_size={sg['group_size']} but here it is {g}")
+        elif sg["num_replicas"] == R and _saved_grouping(sg) != g:
+            problems.append(f"{v.name!r} was saved with replica grouping {_saved_grouping(sg)} but here it is {g}")
         pairs.append((v, e))
     if problems:
         raise CheckpointError(f"checkpoint {path} does not fit this runtime: " + "; ".join(problems))
     return pairs
 
 
+def _saved_grouping(sg: dict[str, Any]) -> ReplicaGrouping:
+    """The grouping a manifest entry records: its assignment when irregular, else stride and size."""
+    if "assignment" in sg:
+        return ReplicaGrouping.from_assignments(sg["assignment"])
+    return ReplicaGrouping.create(sg["num_replicas"], sg["stride"], sg["group_size"])
+
+
 def _per_group(path: Path, v: Variable, e: dict[str, Any], arr: np.ndarray, R: int) -> np.ndarray | None:
     """A per-replica saved array as one value per group, or None to restore it replica by replica."""
     sg = e["replica_grouping"]
     g = v.replica_grouping
-    if sg["num_replicas"] == R and (sg["stride"], sg["group_size"]) == (g.stride, g.group_size) \
-            and v.retrieval_mode == "all_replicas":
+    saved = _saved_grouping(sg)
+    if sg["num_replicas"] == R and saved == g and v.retrieval_mode == "all_replicas":
         return None
-    saved = ReplicaGrouping.create(sg["num_replicas"], sg["stride"], sg["group_size"])
     values = []
     for grp in range(saved.num_groups):
         members = saved.members(grp)
