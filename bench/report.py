@@ -66,6 +66,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [f"| state memory per process ({m['description']}) | MiB | vs replicated |", "|---|---|---|"]
         lines += _relative_rows(m["mib"], ".1f")
         lines.append("")
+    if "training" in results:
+        lines += _training(results["training"])
     if "multihost" in results:
         m = results["multihost"]
         if "skipped" in m:
@@ -87,6 +89,36 @@ def markdown(results: dict[str, Any]) -> str:
         for t in targets:
             lines.append(f"| {t['what']} | {t['limit']} | {t['value']:.2f} | {'yes' if t['holds'] else '**no**'} |")
     return "\n".join(lines) + "\n"
+
+
+def _training(t: dict[str, Any]) -> list[str]:
+    one, two = t["splits"]["1x4"], t["splits"]["2x2"]
+    lines = [(f"| training: {t['model']} | 1x4 state (MiB) | vs replicated | 1x4 step (ms) | vs replicated | "
+              "1x4 peak RSS (MiB) | 2x2 state per process (MiB) | vs replicated | 2x2 step (ms) | vs replicated |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def state(split: dict[str, Any], s: str) -> str:
+        files = split["state"]["file_mib"][s]
+        return f"{split['state']['mib'][s]:.1f}" + (f" (+{files:.0f} in files)" if files else "")
+
+    for s in one["state"]["mib"]:
+        lines.append(f"| {s.replace('_', ' ')} | {state(one, s)} | {one['state']['ratio'][s]:.2f} | "
+                     f"{_ms(one['steps']['seconds'][s])} | {one['steps']['ratio'][s]:.2f} | "
+                     f"{one['peak_rss_mib'][s]:.0f} | {state(two, s)} | {two['state']['ratio'][s]:.2f} | "
+                     f"{_ms(two['steps']['seconds'][s])} | {two['steps']['ratio'][s]:.2f} |")
+    baseline = max(one["baseline_rss_mib"].values())
+    lines += ["", (f"Peak RSS: one process per setting, 4 replicas; {baseline:.0f} MiB of it were resident before "
+                   "the trainer (interpreter, the 4 replicas' gradients, the initial weights). Off-chip pages "
+                   f"still mapped after a step: {one['file_resident_mib']['off_chip']:.1f} MiB. Step ratios: "
+                   f"median over {one['steps']['rounds']} rounds of the setting's step / the replicated step "
+                   "of the same round."), ""]
+    lines += ["| fused reduction per replica, 200 x 16 KiB | 1x4 (ms) | 2x2 (ms) |", "|---|---|---|"]
+    for key, label in (("one_all_reduce", "one all-reduce of the same 3200 KiB"), ("fused", "fused (one bucket)"),
+                       ("pack_only", "packing alone (200 copies into the bucket)"),
+                       ("per_tensor", "200 all-reduces, one per tensor")):
+        lines.append(f"| {label} | {_ms(one['fused_seconds'][key])} | {_ms(two['fused_seconds'][key])} |")
+    lines += [f"| fused / one all-reduce | {one['fused_ratio']:.2f} | {two['fused_ratio']:.2f} |", ""]
+    return lines
 
 
 def _relative_rows(values: dict[str, float], fmt: str, suffix: str = "") -> list[str]:
