@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import report, scaling
+from bench import report, scaling, training
 from tests.helpers import PYTHON, poprun, run
 
 pytestmark = pytest.mark.slow  # every test starts the workers (under poprun or alone)
@@ -46,3 +46,20 @@ def test_scaling_section_reports_both_batches_and_its_target() -> None:
     table = report.markdown({"scaling": section})
     assert f"| 2 instances, global batch {scaling.SMALL_BATCH} |" in table
     assert f"(global batch {scaling.GLOBAL_BATCH}) | 1.7 |" in table
+
+
+def test_training_section_reports_every_setting_split_and_target() -> None:
+    section = training.run(quick=True, size=(2, 64), rounds=1)  # tiny weights: the shape of the section
+    for split in ("1x4", "2x2"):
+        got = section["splits"][split]
+        assert list(got["steps"]["seconds"]) == list(training.SETTINGS)
+        assert all(t > 0 for t in got["steps"]["seconds"].values())
+        assert got["state"]["ratio"]["replicated"] == 1.0
+        assert got["state"]["ratio"]["weights_sharded"] < got["state"]["ratio"]["optimizer_sharded"] < 1.0
+        assert got["state"]["file_mib"]["off_chip"] > 0 == got["state"]["file_mib"]["replicated"]
+        assert got["fused_ratio"] == got["fused_seconds"]["fused"] / got["fused_seconds"]["one_all_reduce"]
+    assert len(section["targets"]) == 2 * (len(training.MEMORY_LIMITS) + len(training.TIME_LIMITS)) + 2
+    assert all(t["holds"] == (t["value"] <= t["limit"]) for t in section["targets"])
+    table = report.markdown({"training": section})
+    assert "| weights sharded | " in table and "| fused / one all-reduce | " in table
+    assert "| fused reduction 200 x 16 KiB / one all-reduce of the bytes, 2 instances x 2 replicas | 1.3 |" in table
