@@ -48,7 +48,7 @@ test-fast: install
 	$(PYTEST) -m "not slow" tests
 
 demo: install
-	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/mnist_rts.py --rts
+	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/mnist_rts.py --optimizer adam --shard weights --offchip optimizer
 
 # Bytecode first: with PYTHONDONTWRITEBYTECODE set, every launch would compile poprun's modules.
 bench: install

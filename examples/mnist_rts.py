@@ -1,17 +1,18 @@
-"""MNIST with replication and RTS: a two-layer network trained data parallel on popdist_py.engine.
+"""MNIST with replication and RTS: a two-layer network trained data parallel by popdist_py.engine's Trainer.
 
 One process with 4 replicas, or the same 4 replicas as 2 instances under poprun (same weights):
 
     python examples/mnist_rts.py --replication-factor 4
-    poprun --num-instances 2 --num-replicas 4 python examples/mnist_rts.py --rts
+    poprun --num-instances 2 --num-replicas 4 python examples/mnist_rts.py --shard weights
 
 Without ``--data-dir`` it trains on scikit-learn's bundled 8x8 handwritten digits; with it, on the
 real MNIST IDX files in that directory (plain or ``.gz``; nothing is downloaded).
 
-Each replica runs the forward and backward pass in numpy on its micro-batch of ``--batch-size``
-samples; gradients are averaged over all replicas (``replicated_all_reduce(..., op="mean")``) and
-every replica applies the same SGD update. ``--rts`` shards W0 and W1 over the replicas
-(replicated tensor sharding) the two ways of the PopXL user guide's example.
+Each replica runs the forward and backward pass in numpy on micro-batches of ``--batch-size``
+samples; the engine's Trainer accumulates ``--accumulation`` of them, averages the gradients over
+all replicas and applies ``--optimizer``. ``--shard`` and ``--offchip`` say which classes of
+tensors are sharded over the replicas (replicated tensor sharding) or kept off chip; none of
+them changes a bit of the weights. ``--rts`` is ``--shard weights``.
 
 The last line of stdout, printed by every instance (they agree), is
 ``final: test_accuracy=<accuracy> weights_sha256=<sha256 of W0, b0, W1, b1 as float32>``.
@@ -22,16 +23,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import math
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 from mnist import checkpoint, datasets
 from mnist.datasets import NUM_CLASSES, Dataset, Replicas
 from mnist.idx import IdxError
 from mnist.model import Params, init_params
-from mnist.trainer import Network
+from mnist.trainer import LEVELS, OPTIMIZERS, Network, make_optimizer, training_options
 from tqdm import tqdm
 
 import popdist_py as popdist
@@ -44,30 +47,57 @@ class InputError(Exception):
     """Bad data, checkpoint or options: reported as one line and exit status 2, no traceback."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad option is one line (the usage of a dozen options would bury it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except None: those options say in their help what happens without them."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     p.add_argument("--replication-factor", type=int, default=None,
                    help="replicas in this process (default 1); under poprun the job's replicas are used instead")
-    p.add_argument("--batch-size", type=int, default=8, help="samples per replica per step")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per replica per micro-batch")
+    p.add_argument("--accumulation", type=int, default=1,
+                   help="micro-batches accumulated per replica before each weight update")
     p.add_argument("--test-batch-size", type=int, default=32, help="test samples per replica per step")
     p.add_argument("--epochs", type=int, default=10, help="total epochs, counting those of a resumed checkpoint")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="sgd",
+                   help="sgd, momentum (SGD with momentum 0.9), adam or lamb")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: the optimizer's, "
+                   + ", ".join(f"{n} {lr:g}" for n, (_, lr) in OPTIMIZERS.items()) + ")")
     p.add_argument("--hidden-size", type=int, default=64, help="units in the hidden layer")
-    p.add_argument("--rts", action="store_true", help="shard W0 and W1 over the replicas (replicated tensor sharding)")
+    p.add_argument("--shard", choices=LEVELS, default=None,
+                   help="replicated tensor sharding: the optimizer state, or the weights and their state "
+                        "(default: none)")
+    p.add_argument("--offchip", choices=LEVELS, default="none",
+                   help="off chip (memory-mapped, read ahead): the optimizer state, or the weights and their state")
+    p.add_argument("--rts", action="store_true", help="the same as --shard weights")
     p.add_argument("--seed", type=int, default=0, help="seeds the weights and each epoch's shuffle")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="directory with the MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="resume from this file if it exists; save to it after every epoch")
     args = p.parse_args(argv)
-    for name, minimum in (("replication_factor", 1), ("batch_size", 1), ("test_batch_size", 1),
-                          ("epochs", 0), ("hidden_size", 1), ("seed", 0)):
+    for name, minimum in (("replication_factor", 1), ("batch_size", 1), ("accumulation", 1),
+                          ("test_batch_size", 1), ("epochs", 0), ("hidden_size", 1), ("seed", 0)):
         value = getattr(args, name)
         if value is not None and value < minimum:
             p.error(f"--{name.replace('_', '-')}={value} is invalid: it must be >= {minimum}")
-    if not args.lr > 0:
-        p.error(f"--lr={args.lr} is invalid: it must be > 0")
+    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
+        p.error(f"--lr={args.lr} is invalid: it must be a finite number > 0")
+    if args.rts and args.shard not in (None, "weights"):
+        p.error(f"--rts means --shard weights; it contradicts --shard {args.shard}")
+    args.shard = "weights" if args.rts else args.shard or "none"
     return args
 
 
@@ -100,16 +130,16 @@ def train(net: Network, data: Dataset, args: argparse.Namespace, replicas: Repli
           meta: dict[str, object]) -> None:
     """Epochs ``first_epoch .. args.epochs - 1``; a checkpoint after each one when asked for."""
     instance0 = popdist.getInstanceIndex() == 0
-    steps = datasets.steps_per_epoch(len(data.train_x), args.batch_size, replicas)
-    global_batch = args.batch_size * replicas.total
+    steps = datasets.steps_per_epoch(len(data.train_x), args.batch_size, replicas, args.accumulation)
+    global_batch = args.batch_size * args.accumulation * replicas.total
     for epoch in range(first_epoch, args.epochs):
         batches = datasets.train_batches(data.train_x, data.train_y, args.batch_size, replicas,
-                                         seed=args.seed, epoch=epoch)
+                                         seed=args.seed, epoch=epoch, accumulation=args.accumulation)
         bar = tqdm(batches, total=steps, desc=f"epoch {epoch + 1}/{args.epochs}", unit="step",
                    disable=not (instance0 and sys.stderr.isatty()), leave=False)
         start, losses = time.perf_counter(), []
         for x, y in bar:
-            losses.append(float(net.rt.run(net.train_step, x, y)[0, 0]))
+            losses.append(net.train_step(x, y))
             rate = len(losses) * global_batch / (time.perf_counter() - start)
             bar.set_postfix(loss=f"{losses[-1]:.4f}", samples_s=f"{rate:.0f}", refresh=False)
         bar.close()
@@ -117,15 +147,16 @@ def train(net: Network, data: Dataset, args: argparse.Namespace, replicas: Repli
         log.info("epoch %d/%d: mean loss %.4f, %.0f samples/s", epoch + 1, args.epochs,
                  float(np.mean(losses)), steps * global_batch / elapsed)
         if args.checkpoint is not None:
-            checkpoint.save(net.rt, args.checkpoint, epoch + 1, meta)  # collective: instance 0 writes
+            checkpoint.save(net.trainer, args.checkpoint, epoch + 1, meta)  # collective: instance 0 writes
             log.info("saved %s (%d epochs)", args.checkpoint, epoch + 1)
 
 
 def evaluate(net: Network, data: Dataset, batch_size: int, replicas: Replicas) -> float:
     """Accuracy over the whole test set, evaluated data parallel on all replicas."""
+    weights = net.host_params()
     right = 0
     for x, y, mask in datasets.eval_batches(data.test_x, data.test_y, batch_size, replicas):
-        right += int(net.rt.run(net.eval_step, x, y, mask)[0, 0])
+        right += net.evaluate_batch(weights, x, y, mask)
     return right / len(data.test_x)
 
 
@@ -136,34 +167,42 @@ def run(args: argparse.Namespace) -> tuple[float, str]:
         raise InputError(exc) from None
     with make_runtime(args.replication_factor) as rt:
         replicas = Replicas(rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset)
-        if len(data.train_x) < args.batch_size * replicas.total:
-            raise InputError(f"the global batch of {args.batch_size * replicas.total} samples (--batch-size "
-                             f"{args.batch_size} x {replicas.total} replicas) exceeds the {len(data.train_x)} "
-                             "training samples")
+        global_batch = args.batch_size * args.accumulation * replicas.total
+        if len(data.train_x) < global_batch:
+            raise InputError(f"the global batch of {global_batch} samples (--batch-size {args.batch_size} x "
+                             f"--accumulation {args.accumulation} x {replicas.total} replicas) exceeds the "
+                             f"{len(data.train_x)} training samples")
+        optimizer = make_optimizer(args.optimizer, args.lr)
         log.info("%s", data.describe())
-        log.info("%d replica(s) as %d instance(s) x %d; global batch %d; RTS %s", replicas.total,
-                 replicas.total // replicas.local, replicas.local, args.batch_size * replicas.total,
-                 "on" if args.rts and replicas.total > 1 else "off")
+        log.info("%d replica(s) as %d instance(s) x %d; global batch %d (%d x %d micro-batch(es) of %d); "
+                 "%s, lr %g; RTS %s (--shard %s), off chip: %s", replicas.total, replicas.total // replicas.local,
+                 replicas.local, global_batch, replicas.total, args.accumulation, args.batch_size, args.optimizer,
+                 optimizer.lr, "on" if args.shard != "none" and replicas.total > 1 else "off", args.shard,
+                 args.offchip)
         params = init_params(data.input_size, args.hidden_size, NUM_CLASSES, args.seed)
-        net = Network(rt, params, rts=args.rts, lr=args.lr)
-        del params  # the runtime holds the weights now (as shards with --rts)
-        first_epoch = 0
-        meta = {"dataset": data.name, "seed": args.seed, "hidden_size": args.hidden_size}
-        if args.checkpoint is not None and checkpoint_exists(args.checkpoint):
-            try:
-                first_epoch, info = checkpoint.load(rt, args.checkpoint)
-            except ValueError as exc:
-                raise InputError(exc) from None
-            log.info("resumed from %s after %d epoch(s)", args.checkpoint, first_epoch)
-            if first_epoch >= args.epochs:
-                log.info("nothing to train: the checkpoint has %d epoch(s), --epochs is %d; evaluating it",
-                         first_epoch, args.epochs)
-            if (info.get("dataset"), info.get("seed")) != (data.name, args.seed):
-                log.warning("%s was saved with dataset %r and --seed %s; continuing with %r and --seed %d",
-                            args.checkpoint, info.get("dataset"), info.get("seed"), data.name, args.seed)
-        train(net, data, args, replicas, first_epoch, meta)
-        accuracy = evaluate(net, data, args.test_batch_size, replicas)
-        return accuracy, digest(net.host_params())
+        options = training_options(args.accumulation, args.shard, args.offchip)
+        with Network(rt, params, optimizer, options, args.batch_size) as net:
+            del params  # the trainer holds the weights now (as shards with --shard weights)
+            for line in net.describe():
+                log.info("  %s", line)
+            first_epoch = 0
+            meta = {"dataset": data.name, "seed": args.seed, "hidden_size": args.hidden_size,
+                    "optimizer": args.optimizer}
+            if args.checkpoint is not None and checkpoint_exists(args.checkpoint):
+                try:
+                    first_epoch, info = checkpoint.load(net.trainer, args.checkpoint, args.optimizer)
+                except ValueError as exc:
+                    raise InputError(exc) from None
+                log.info("resumed from %s after %d epoch(s)", args.checkpoint, first_epoch)
+                if first_epoch >= args.epochs:
+                    log.info("nothing to train: the checkpoint has %d epoch(s), --epochs is %d; evaluating it",
+                             first_epoch, args.epochs)
+                if (info.get("dataset"), info.get("seed")) != (data.name, args.seed):
+                    log.warning("%s was saved with dataset %r and --seed %s; continuing with %r and --seed %d",
+                                args.checkpoint, info.get("dataset"), info.get("seed"), data.name, args.seed)
+            train(net, data, args, replicas, first_epoch, meta)
+            accuracy = evaluate(net, data, args.test_batch_size, replicas)
+            return accuracy, digest(net.host_params())
 
 
 def main(argv: list[str] | None = None) -> int:

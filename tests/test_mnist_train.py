@@ -1,5 +1,6 @@
 """examples/mnist_rts.py end to end: the same weights for every split of the same replicas (threads
-in one process or instances under a real poprun), with RTS on or off, and across a resume."""
+in one process or instances under a real poprun), every --shard/--offchip setting, accumulated
+micro-batches against one batch, and across a resume; each optimizer trains."""
 
 from __future__ import annotations
 
@@ -18,17 +19,15 @@ sys.path.insert(0, str(ROOT / "examples"))
 import mnist_rts
 from mnist import datasets
 from mnist.datasets import Replicas
+from mnist.model import init_params, loss_and_grads
+from mnist.trainer import LEVELS, OPTIMIZERS, training_options
 
-from popdist_py.engine import Runtime
+from popdist_py.engine import TensorStorage, TileSet, canonical_sum
 
 SCRIPT = str(ROOT / "examples" / "mnist_rts.py")
 FINAL = re.compile(r"^(?:\[(\d+)\] )?final: test_accuracy=(\d\.\d{4}) weights_sha256=([0-9a-f]{64})$")
-#: RTS (issue 5) is built after the replica engine; its tests run as soon as the engine has it.
-HAS_RTS = all(hasattr(Runtime, name) for name in
-              ("replica_sharded_variable", "remote_buffer", "remote_replica_sharded_variable"))
-needs_rts = pytest.mark.skipif(
-    not HAS_RTS, reason="popdist_py.engine has no replicated tensor sharding yet (issue 5)",
-)
+#: ``make demo``'s options (the Makefile's demo line), run there by 2 instances x 2 replicas.
+DEMO = ("--optimizer", "adam", "--shard", "weights", "--offchip", "optimizer")
 
 
 def run_inline(*argv: str) -> tuple[float, str]:
@@ -60,21 +59,30 @@ def run_poprun(instances: int, replicas: int, *argv: str) -> tuple[tuple[float, 
 # -- data feeding -----------------------------------------------------------------------------------
 
 
-def instance_blocks(x: np.ndarray, y: np.ndarray, batch: int, total: int, local: int, epoch: int) -> list[np.ndarray]:
-    """Every global batch as the replicas see it, ``[R, B, ...]``, reassembled from all instances."""
-    parts = [list(datasets.train_batches(x, y, batch, Replicas(total, local, i * local), seed=3, epoch=epoch))
+def instance_blocks(x: np.ndarray, y: np.ndarray, batch: int, total: int, local: int, epoch: int,
+                    accumulation: int = 1) -> list[np.ndarray]:
+    """Every global batch in the order replicas and micro-batches take it, ``[R, A, B, ...]``,
+    reassembled from all instances' ``[A, L, B, ...]``."""
+    parts = [list(datasets.train_batches(x, y, batch, Replicas(total, local, i * local), seed=3, epoch=epoch,
+                                         accumulation=accumulation))
              for i in range(total // local)]
-    return [np.concatenate([p[k][0] for p in parts]) for k in range(len(parts[0]))]
+    for p in parts:
+        assert all(xb.shape == (accumulation, local, batch, *x.shape[1:]) for xb, _ in p)
+    return [np.concatenate([p[k][0].swapaxes(0, 1) for p in parts]) for k in range(len(parts[0]))]
 
 
 def test_every_split_feeds_the_same_global_batches() -> None:
+    """R replicas of B, A micro-batches of B and any split into instances see the global batches
+    of one replica of R x A x B, in the same order."""
     x = np.arange(101, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)
     y = np.arange(101)
     ref = instance_blocks(x, y, 8, 1, 1, epoch=2)  # R=1, B=8
     assert len(ref) == 101 // 8  # the last incomplete global batch is dropped
-    for total, local, batch in ((2, 1, 4), (2, 2, 4), (4, 1, 2), (4, 2, 2), (4, 4, 2), (8, 4, 1)):
-        got = instance_blocks(x, y, batch, total, local, epoch=2)
-        assert [g.shape for g in got] == [(total, batch, 3)] * len(ref)
+    for total, local, batch, acc in ((2, 1, 4, 1), (2, 2, 4, 1), (4, 1, 2, 1), (4, 2, 2, 1), (4, 4, 2, 1),
+                                     (8, 4, 1, 1), (1, 1, 4, 2), (1, 1, 2, 4), (2, 1, 2, 2), (2, 2, 1, 4),
+                                     (4, 2, 1, 2)):
+        got = instance_blocks(x, y, batch, total, local, epoch=2, accumulation=acc)
+        assert [g.shape for g in got] == [(total, acc, batch, 3)] * len(ref)
         for g, r in zip(got, ref, strict=True):
             np.testing.assert_array_equal(g.reshape(-1, 3), r.reshape(-1, 3))
     assert not np.array_equal(instance_blocks(x, y, 8, 1, 1, epoch=3)[0], ref[0])  # reshuffled per epoch
@@ -91,6 +99,75 @@ def test_test_batches_cover_the_test_set_once() -> None:
         assert sorted(seen) == list(range(23))
 
 
+# -- the model and the options -------------------------------------------------------------------
+
+
+def test_micro_batch_gradients_add_up_bitwise() -> None:
+    """The gradient of 8 samples is bitwise the pairwise sum of the gradients of its micro-batches
+    divided by their count, for micro-batches of 4, 2 and 1: what makes accumulation exact."""
+    data = datasets.load(None)
+    p = init_params(data.input_size, 16, 10, seed=1)
+    x, y = data.train_x[40:48], data.train_y[40:48]
+    _, whole = loss_and_grads(p, x, y)
+    for b in (4, 2, 1):
+        parts = [loss_and_grads(dict(p._asdict()), x[k:k + b], y[k:k + b])[1] for k in range(0, 8, b)]
+        for name, g in whole._asdict().items():
+            together = canonical_sum(np.stack([getattr(q, name) for q in parts])) / np.float32(8 // b)
+            assert g.dtype == np.float32 and np.array_equal(g, together), (b, name)
+
+
+def test_a_sample_does_not_depend_on_its_batch() -> None:
+    """Each sample's loss is the same bits alone, in a batch, and in a batch of another layout."""
+    data = datasets.load(None)
+    p = init_params(data.input_size, 64, 10, seed=0)
+    x, y = data.train_x[:32], data.train_y[:32]
+    alone = [loss_and_grads(p, x[k:k + 1], y[k:k + 1]) for k in range(32)]
+    loss, grads = loss_and_grads(p, np.asfortranarray(x), y)
+    assert loss == canonical_sum(np.array([a[0] for a in alone])) / np.float32(32)
+    assert all(np.array_equal(g, canonical_sum(np.stack([a[1][i] for a in alone])) / np.float32(32))
+               for i, g in enumerate(grads))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_flags_map_to_location_settings(level: str) -> None:
+    """--shard and --offchip set PopART's settings of their class, and 'weights' includes the state."""
+    classes = {"none": (), "optimizer": ("optimizer_state",), "weights": ("optimizer_state", "weight")}[level]
+    sharded = training_options(3, level, "none")
+    off = training_options(1, "none", level)
+    assert sharded.accumulation_factor == 3 and sharded.reduction == "mean"
+    for kind in ("weight", "optimizer_state", "accumulator"):
+        s = getattr(sharded, f"{kind}_tensor_location_settings").location
+        o = getattr(off, f"{kind}_tensor_location_settings").location
+        assert s.replicated_tensor_sharding is (kind in classes) and s.storage is TensorStorage.ON_CHIP
+        assert (o.storage, o.load_tile_set) == ((TensorStorage.OFF_CHIP, TileSet.IO) if kind in classes else
+                                                (TensorStorage.ON_CHIP, TileSet.COMPUTE))
+        assert not o.replicated_tensor_sharding
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--optimizer", "rmsprop"], "argument --optimizer: invalid choice: 'rmsprop'"),
+    (["--shard", "all"], "argument --shard: invalid choice: 'all'"),
+    (["--offchip", "yes"], "argument --offchip: invalid choice: 'yes'"),
+    (["--accumulation", "0"], "--accumulation=0 is invalid: it must be >= 1"),
+    (["--accumulation", "two"], "argument --accumulation: invalid int value: 'two'"),
+    (["--lr", "nan"], "--lr=nan is invalid: it must be a finite number > 0"),
+    (["--rts", "--shard", "optimizer"], "--rts means --shard weights; it contradicts --shard optimizer"),
+    (["--rts", "--shard", "none"], "--rts means --shard weights; it contradicts --shard none"),
+])
+def test_bad_flags_are_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        mnist_rts.parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"{mnist_rts.Parser().prog}: error: {message}"), err
+
+
+def test_rts_is_shard_weights() -> None:
+    assert mnist_rts.parse_args(["--rts"]).shard == "weights"
+    assert mnist_rts.parse_args(["--rts", "--shard", "weights"]).shard == "weights"
+    assert mnist_rts.parse_args([]).shard == "none"
+
+
 # -- training ----------------------------------------------------------------------------------------
 
 
@@ -101,10 +178,55 @@ def test_defaults_reach_95_percent() -> None:
 
 
 @pytest.mark.slow  # trains MNIST
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_each_optimizer_trains(optimizer: str) -> None:
+    """Each optimizer with its default learning rate learns the digits (chance is 0.10)."""
+    accuracy, _ = run_inline("--optimizer", optimizer, "--replication-factor", "2", "--batch-size", "4")
+    assert accuracy >= 0.95, (optimizer, accuracy)
+
+
+@pytest.mark.slow  # trains MNIST
 def test_replication_2x4_matches_1x8() -> None:
-    one, _ = run_inline("--replication-factor", "1", "--batch-size", "8")
-    two, _ = run_inline("--replication-factor", "2", "--batch-size", "4")
-    assert one >= 0.95 and abs(one - two) <= 0.01, (one, two)
+    """The seed's check, approximately; it even holds bitwise: the mean over 2 replicas of 4 is the
+    pairwise tree of 8 samples divided by 8, as one replica of 8 computes it."""
+    one = run_inline("--replication-factor", "1", "--batch-size", "8")
+    two = run_inline("--replication-factor", "2", "--batch-size", "4")
+    assert one[0] >= 0.95 and abs(one[0] - two[0]) <= 0.01, (one, two)
+    assert one == two
+
+
+@pytest.mark.slow  # trains MNIST
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_accumulation_equals_one_batch_bitwise(optimizer: str) -> None:
+    """A micro-batches of B are bitwise one batch of A x B (B a power of two), with replicas too."""
+    for replicas in ("1", "2"):
+        one = run_inline("--optimizer", optimizer, "--replication-factor", replicas, "--epochs", "2",
+                         "--batch-size", "8")
+        assert run_inline("--optimizer", optimizer, "--replication-factor", replicas, "--epochs", "2",
+                          "--batch-size", "4", "--accumulation", "2") == one
+        assert run_inline("--optimizer", optimizer, "--replication-factor", replicas, "--epochs", "2",
+                          "--batch-size", "2", "--accumulation", "4") == one
+
+
+@pytest.mark.slow  # trains MNIST
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "lamb"])
+def test_every_location_setting_gives_identical_weights(optimizer: str) -> None:
+    """Every --shard x --offchip setting, 4 replicas in one process: bitwise the replicated weights.
+    SGD has no state (its weights follow --shard weights alone); LAMB needs norms across shards."""
+    base = ("--optimizer", optimizer, "--replication-factor", "4", "--epochs", "1")
+    ref = run_inline(*base)
+    for shard in LEVELS:
+        for offchip in LEVELS:
+            assert run_inline(*base, "--shard", shard, "--offchip", offchip) == ref, (shard, offchip)
+
+
+@pytest.mark.slow  # trains MNIST
+def test_location_settings_with_uneven_shards() -> None:
+    """3 replicas: 64x64, 64 and 64x10 do not split evenly, so the shards carry padding."""
+    base = ("--optimizer", "adam", "--replication-factor", "3", "--epochs", "1", "--accumulation", "2")
+    ref = run_inline(*base)
+    for shard, offchip in (("optimizer", "none"), ("weights", "none"), ("weights", "weights")):
+        assert run_inline(*base, "--shard", shard, "--offchip", offchip) == ref, (shard, offchip)
 
 
 @pytest.mark.slow  # trains MNIST
@@ -125,17 +247,13 @@ def test_poprun_splits_give_identical_weights() -> None:
 
 
 @pytest.mark.slow  # trains MNIST
-@needs_rts
 def test_rts_gives_identical_weights() -> None:
+    """--rts, the seed's flag, is --shard weights."""
     ref = run_inline("--replication-factor", "4", "--epochs", "2")
     assert run_inline("--replication-factor", "4", "--epochs", "2", "--rts") == ref
-    # 3 replicas: 64x64 and 64x10 do not split evenly, so the shards carry padding
-    assert run_inline("--replication-factor", "3", "--epochs", "1", "--rts") == \
-        run_inline("--replication-factor", "3", "--epochs", "1")
 
 
 @pytest.mark.slow  # trains MNIST, starts poprun
-@needs_rts
 def test_rts_under_poprun_gives_identical_weights() -> None:
     ref = run_inline("--replication-factor", "4", "--epochs", "2")
     two, _ = run_poprun(2, 4, "--epochs", "2", "--rts")
@@ -145,13 +263,29 @@ def test_rts_under_poprun_gives_identical_weights() -> None:
 
 
 @pytest.mark.slow  # trains MNIST, starts poprun
-@needs_rts
+@pytest.mark.parametrize("argv", [
+    ("--optimizer", "lamb", "--shard", "optimizer", "--offchip", "weights"),
+    ("--optimizer", "momentum", "--shard", "weights", "--offchip", "weights", "--accumulation", "2"),
+])
+def test_location_settings_under_poprun_match_one_process(argv: tuple[str, ...]) -> None:
+    """2 instances x 2 replicas with sharded and off-chip tensors: bitwise 4 replicas in one
+    process with everything replicated on chip."""
+    plain = [a for a in argv if a not in ("--shard", "--offchip", "optimizer", "weights")]
+    ref = run_inline("--replication-factor", "4", "--epochs", "2", *plain)
+    two, _ = run_poprun(2, 4, "--epochs", "2", *argv)
+    assert two == ref
+
+
+@pytest.mark.slow  # trains MNIST, starts poprun
 def test_demo_command_matches_one_process() -> None:
-    """``make demo``'s run: 2 instances x 2 replicas with RTS, default options, to the bits of 1 x 4 without."""
-    ref = run_inline("--replication-factor", "4")
-    demo, proc = run_poprun(2, 4, "--rts")
+    """``make demo``'s run: 2 instances x 2 replicas, Adam, weights sharded and their state sharded
+    off chip, default options otherwise: bitwise 1 x 4 with everything replicated on chip."""
+    ref = run_inline("--replication-factor", "4", "--optimizer", "adam")
+    demo, proc = run_poprun(2, 4, *DEMO)
     assert demo == ref and ref[0] >= 0.95
-    assert "RTS on" in proc.stdout + proc.stderr
+    assert "RTS on (--shard weights), off chip: optimizer" in proc.stdout + proc.stderr
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--num-instances 2 --num-replicas 4 $(PY) examples/mnist_rts.py " + " ".join(DEMO) in makefile
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------
@@ -169,16 +303,44 @@ def test_resume_gives_the_same_weights(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.npz"]  # no temporary files left
 
 
+@pytest.mark.slow  # trains MNIST
+def test_resume_keeps_optimizer_state(tmp_path: Path) -> None:
+    """Adam's moments and update count come back: a resume under other location settings and
+    another accumulation split (same global batch) ends bitwise where a straight run does."""
+    base = ("--optimizer", "adam", "--replication-factor", "4", "--batch-size", "4", "--accumulation", "2")
+    straight = run_inline(*base, "--epochs", "2")
+    ckpt = tmp_path / "ckpt.npz"
+    run_inline(*base, "--epochs", "1", "--checkpoint", str(ckpt), "--shard", "optimizer", "--offchip", "optimizer")
+    resumed = run_inline("--optimizer", "adam", "--replication-factor", "4", "--batch-size", "8", "--epochs", "2",
+                         "--checkpoint", str(ckpt), "--shard", "weights", "--offchip", "weights")
+    assert resumed == straight
+
+
 @pytest.mark.slow  # trains MNIST, starts poprun
 def test_resume_under_another_split(tmp_path: Path) -> None:
-    """Saved by one process with 4 replicas, resumed by 2 poprun instances (with RTS when available)."""
-    straight = run_inline("--replication-factor", "4", "--epochs", "2")
+    """Saved by one process with 4 replicas, resumed by 2 poprun instances with sharded weights."""
+    straight = run_inline("--replication-factor", "4", "--epochs", "2", "--optimizer", "momentum")
     ckpt = tmp_path / "ckpt.npz"
-    run_inline("--replication-factor", "4", "--epochs", "1", "--checkpoint", str(ckpt))
-    rts = ("--rts",) if HAS_RTS else ()
-    resumed, proc = run_poprun(2, 4, "--epochs", "2", "--checkpoint", str(ckpt), *rts)
+    run_inline("--replication-factor", "4", "--epochs", "1", "--optimizer", "momentum", "--checkpoint", str(ckpt))
+    resumed, proc = run_poprun(2, 4, "--epochs", "2", "--optimizer", "momentum", "--checkpoint", str(ckpt), "--rts",
+                               "--offchip", "optimizer")
     assert resumed == straight
     assert "resumed from" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow  # trains MNIST, starts the example
+def test_checkpoint_of_another_optimizer_is_refused(tmp_path: Path) -> None:
+    """Adam and LAMB keep state of the same names and shapes: the recorded optimizer tells them apart."""
+    ckpt = tmp_path / "ckpt.npz"
+    run_inline("--epochs", "1", "--optimizer", "adam", "--checkpoint", str(ckpt))
+    proc = subprocess.run([PYTHON, SCRIPT, "--optimizer", "lamb", "--checkpoint", str(ckpt)], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{ckpt} was saved with --optimizer adam, not lamb" in proc.stderr
+    proc = subprocess.run([PYTHON, SCRIPT, "--optimizer", "sgd", "--checkpoint", str(ckpt)], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "in the checkpoint but not in this runtime: 'W0/exp_avg'" in proc.stderr
+    assert "another --hidden-size, --optimizer or dataset" in proc.stderr
 
 
 @pytest.mark.slow  # trains MNIST, starts the example
@@ -197,11 +359,16 @@ def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv, message", [
     (["--batch-size", "0"], "--batch-size=0 is invalid"),
     (["--lr", "-1"], "--lr=-1.0 is invalid"),
+    (["--optimizer", "rmsprop"], "invalid choice: 'rmsprop'"),
+    (["--shard", "optimizer", "--rts"], "--rts means --shard weights"),
     (["--batch-size", "2000"], "exceeds the 1438 training samples"),
+    (["--batch-size", "200", "--accumulation", "8"],
+     "global batch of 1600 samples (--batch-size 200 x --accumulation 8 x 1 replicas) exceeds the 1438"),
 ])
 def test_bad_options_exit_2(argv: list[str], message: str) -> None:
     proc = subprocess.run([PYTHON, SCRIPT, *argv], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr  # one line, no usage
 
 
 @pytest.mark.slow  # trains MNIST, in the example too

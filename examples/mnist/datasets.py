@@ -1,11 +1,13 @@
 """The data: MNIST from IDX files or scikit-learn's bundled digits, fed to replicas as PopDist does.
 
-Feeding follows PopXL's MNIST example: a global batch is ``batch_size x R`` samples, split over replicas in
-global replica order. Every instance computes the same epoch order, cuts the same global batch,
-takes its contiguous block (``instance_batch_slice``) and splits it ``[L, B, ...]``
-(``split_for_replicas``). Replica g therefore trains on samples ``[g*B, (g+1)*B)`` of every global
-batch, whatever the split of replicas into instances, and ``R=2, B=4`` sees exactly the global
-batches of ``R=1, B=8``.
+Feeding follows PopXL's MNIST example: a global batch is ``batch_size x A x R`` samples (``A``
+micro-batches accumulated per update), split over replicas in global replica order. Every
+instance computes the same epoch order, cuts the same global batch, takes its contiguous block
+(``instance_batch_slice``), splits it ``[L, A x B, ...]`` (``split_for_replicas``) and lays it out
+as PopART's ``[A, L, B, ...]``. Replica g therefore trains on samples ``[g*A*B, (g+1)*A*B)`` of every
+global batch, its micro-batch a on the B of them from ``g*A*B + a*B``, whatever the split of
+replicas into instances: ``R=2, B=4`` and ``A=2, B=4`` see exactly the global batches of ``R=1, B=8``,
+in the same order.
 """
 
 from __future__ import annotations
@@ -109,9 +111,9 @@ class Replicas:
         return split_for_replicas(block, self.local)
 
 
-def steps_per_epoch(n: int, batch_size: int, replicas: Replicas) -> int:
+def steps_per_epoch(n: int, batch_size: int, replicas: Replicas, accumulation: int = 1) -> int:
     """Full global batches in ``n`` samples; the last incomplete one is dropped."""
-    return n // (batch_size * replicas.total)
+    return n // (batch_size * accumulation * replicas.total)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -121,13 +123,15 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def train_batches(
-    x: np.ndarray, y: np.ndarray, batch_size: int, replicas: Replicas, *, seed: int, epoch: int
+    x: np.ndarray, y: np.ndarray, batch_size: int, replicas: Replicas, *, seed: int, epoch: int,
+    accumulation: int = 1,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """This instance's ``([L, B, D], [L, B])`` part of each global batch of the epoch."""
+    """This instance's ``([A, L, B, D], [A, L, B])`` part of each global batch of the epoch."""
     order = epoch_order(len(x), seed, epoch)
-    size = batch_size * replicas.total
-    for k in range(steps_per_epoch(len(x), batch_size, replicas)):
-        rows = replicas.cut(order[k * size:(k + 1) * size])
+    size = batch_size * accumulation * replicas.total
+    for k in range(steps_per_epoch(len(x), batch_size, replicas, accumulation)):
+        rows = replicas.cut(order[k * size:(k + 1) * size])  # [L, A*B]
+        rows = rows.reshape(replicas.local, accumulation, batch_size).swapaxes(0, 1)
         yield x[rows], y[rows]
 
 
