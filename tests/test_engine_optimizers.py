@@ -12,6 +12,8 @@ import pytest
 
 from popdist_py.engine.optimizers import (
     LAMB,
+    MAX_NORM_ELEMENTS,
+    PARTS_LENGTH,
     SGD,
     Adam,
     AdamW,
@@ -58,7 +60,7 @@ def ref_adam(w: np.ndarray, grads: list[np.ndarray], lr: float, b1: float, b2: f
         r = (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps) + decoupled * w
         ratio = 1.0
         if lamb:
-            wn, rn = np.linalg.norm(w), np.linalg.norm(r)
+            wn, rn = float(np.linalg.norm(w)), float(np.linalg.norm(r))
             ratio = wn / rn if wn > 0 and rn > 0 else 1.0
         w = w - lr * ratio * r
     return w
@@ -146,44 +148,104 @@ def test_shard_updates_are_slices_of_the_whole_update(case: int, n: int) -> None
 
 # ------------------------------------------------------------------------------ exact norms
 def exact_reference(x: np.ndarray) -> float:
-    total = sum((Fraction(float(v)) ** 2 for v in x.reshape(-1)), Fraction(0))
+    """The correctly rounded root of the exact sum of squares (Fractions; ties cannot occur)."""
+    kind_int = x.dtype.kind in "iu"
+    total = sum(((Fraction(int(v)) if kind_int else Fraction(float(v))) ** 2 for v in x.reshape(-1)), Fraction(0))
     if total == 0:
         return 0.0
-    # correctly rounded sqrt of a fraction: enough bits, then a sticky bit
     num, den = total.numerator, total.denominator
-    shift = 100 + den.bit_length()
-    root = math.isqrt((num << (2 * shift)) // den)
-    exact = root * root * den == num << (2 * shift)
-    return math.ldexp(float(root | (0 if exact else 1)), -shift)
+    k = 1200 + den.bit_length()  # far below float64's last bit, subnormals included
+    root = math.isqrt((num << (2 * k)) // den)
+    exact = root * root * den == num << (2 * k)
+    try:
+        return float(Fraction(2 * root + (0 if exact else 1), 2 ** (k + 1)))  # Fraction rounds correctly
+    except OverflowError:
+        return math.inf
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_sum_squares_parts_are_partition_independent_and_exact(seed: int) -> None:
+def random_tensor(rng: np.random.Generator, dtype: Any, n: int) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -(1 << 53)), min(info.max, 1 << 53), n, dtype=dtype, endpoint=True)
+    finfo = np.finfo(dtype)
+    low, high = math.log10(float(finfo.smallest_subnormal)), math.log10(float(finfo.max))
+    kind = int(rng.integers(3))
+    x: np.ndarray
+    with np.errstate(all="ignore"):
+        if kind == 0:  # every magnitude
+            x = rng.standard_normal(n) * 10.0 ** rng.uniform(low, high, n)
+        elif kind == 1:  # subnormals
+            x = rng.integers(-1000, 1000, n) * float(finfo.smallest_subnormal)
+        else:  # one scale
+            x = rng.standard_normal(n) * 10.0 ** rng.uniform(low, high)
+        x = x.astype(dtype)
+    return np.where(np.isfinite(x), x, dtype.type(1)).astype(dtype)
+
+
+DTYPES = [np.float16, np.float32, np.float64, np.int8, np.uint16, np.int32, np.int64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(8))
+def test_sum_squares_parts_are_partition_independent_and_exact(seed: int, dtype: Any) -> None:
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 400))
-    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+    n = int(rng.integers(1, 300))
+    x = random_tensor(rng, dtype, n)
     whole = sum_squares_parts(x)
+    assert whole.shape == (PARTS_LENGTH,) and whole.dtype == np.float64
     assert norm_from_parts(whole) == exact_reference(x)
-    cuts = sorted(rng.choice(np.arange(1, n + 1), size=min(n, 5), replace=False).tolist()) if n > 1 else [n]
-    pieces = np.split(x, cuts[:-1]) if n > 1 else [x]
-    order = rng.permutation(len(pieces))
-    total = np.zeros_like(whole)
-    for k in order:
-        total = total + sum_squares_parts(pieces[k])
-    assert total.tobytes() == whole.tobytes()
+    for _ in range(3):  # random partitions (empty pieces too), added in random orders
+        cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(1, 7))))
+        pieces = np.split(x, cuts)
+        total = np.zeros(PARTS_LENGTH)
+        for k in rng.permutation(len(pieces)):
+            total = total + sum_squares_parts(pieces[k])
+        assert total.tobytes() == whole.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_zero_padded_shards_give_the_parts_of_the_whole(dtype: Any) -> None:
+    x = random_tensor(np.random.default_rng(3), dtype, 30)
+    for count in range(1, 8):
+        layout = ShardLayout(30, count)
+        total = sum((sum_squares_parts(layout.shard(x, j)) for j in range(count)), np.zeros(PARTS_LENGTH))
+        assert total.tobytes() == sum_squares_parts(x).tobytes()
 
 
 def test_norm_edge_cases() -> None:
     assert exact_norm(np.zeros(5, np.float32)) == 0.0
+    assert exact_norm(np.zeros(0, np.float32)) == 0.0
     assert exact_norm(np.array([3.0, 4.0], np.float32)) == 5.0
+    assert exact_norm(np.array([[3.0], [4.0]])) == 5.0  # any shape: the flat tensor
     tiny = np.array([1e-45, 1e-45], np.float32)  # subnormal float32
     assert exact_norm(tiny) == exact_reference(tiny)
     big = np.full(3, 3e38, np.float32)
     assert exact_norm(big) == exact_reference(big)
-    with pytest.raises(ValueError, match="infinite or NaN"):
-        sum_squares_parts(np.array([np.nan], np.float32))
-    with pytest.raises(ValueError, match=r"parts of shape \(3,\)"):
+    assert exact_norm(np.array([5e-324])) == 5e-324  # a subnormal norm, not rounded twice
+    assert exact_norm(np.array([1e300, 1e300])) == exact_reference(np.array([1e300, 1e300]))
+    assert exact_norm(np.full(4, np.finfo(np.float64).max)) == math.inf  # beyond float64
+    assert math.isnan(exact_norm(np.array([np.nan, np.inf, 1.0], np.float32)))
+    assert exact_norm(np.array([-np.inf, 1.0], np.float16)) == math.inf
+    assert exact_norm(np.array([np.inf, 1.0])) == math.inf
+
+
+def test_norm_matches_a_float64_sum_on_a_large_tensor() -> None:
+    x = np.random.default_rng(0).standard_normal(300_001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    assert exact_norm(x) == pytest.approx(math.sqrt(math.fsum(x64 * x64)), rel=1e-15)
+
+
+def test_bad_norm_input() -> None:
+    with pytest.raises(ValueError, match=rf"parts of shape \(3,\), expected \({PARTS_LENGTH},\)"):
         norm_from_parts(np.zeros(3))
+    with pytest.raises(ValueError, match="not sums of sum_squares_parts"):
+        norm_from_parts(np.full(PARTS_LENGTH, 0.5))
+    with pytest.raises(TypeError, match="dtype complex128 is not supported"):
+        sum_squares_parts(np.zeros(3, np.complex128))
+    with pytest.raises(ValueError, match="beyond 2\\*\\*53"):
+        sum_squares_parts(np.array([1 << 60], np.int64))
+    assert MAX_NORM_ELEMENTS == 1 << 29
 
 
 # ------------------------------------------------------------------------------ bad input

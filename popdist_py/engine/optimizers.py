@@ -29,70 +29,181 @@ Hyper = float | Callable[[int], float]
 
 
 # ---------------------------------------------------------------------------------------- exact norms
-#: frexp exponents of float64 values (subnormals included) and of the squares of float32 values.
-_EXP_MIN, _EXP_MAX = -1073, 1024
-_BUCKETS = _EXP_MAX - _EXP_MIN + 1
-#: A 53-bit mantissa is summed as three integer pieces of 18 bits; each bucket's sum stays an
-#: exact float64 integer (below 2**53) for up to 2**35 elements.
-_PART_BITS = 18
-MAX_NORM_ELEMENTS = 1 << 35
-_PART_SCALE = float(1 << _PART_BITS)
-_CHUNK = 1 << 18
-PARTS_LENGTH = 3 * _BUCKETS
+# The parts are integer-valued float64 sums in fixed slots, each slot weighing a fixed power of
+# two, so adding the parts of any partition in any order gives exactly the parts of the whole.
+#
+# Region A (float16, float32 and 8/16-bit integers; the fast path): a square x*x is exact in
+# float64 with at most 48 significant bits, (hi * 2**24 + lo) * 2**(E - 1070) with E its biased
+# float64 exponent and hi, lo < 2**24 read straight from its bits. hi and lo are summed per E:
+# exact while a slot adds fewer than 2**29 values. Zeros add nothing (so do shard padding's).
+# Region B (float64, 32/64-bit integers): x = m * 2**e (frexp) and m = h + l, h its top 26 bits
+# rounded to nearest, |l| <= 2**-27 with 26 bits; h*h, 2*h*l and l*l are exact and add up to m*m.
+# Each such term t = u * 2**(f + 2e) (u its frexp mantissa) goes to bucket b of _WIDTH exponents
+# (f + 2e - _EXP_MIN = _WIDTH * b + o) as q = u * 2**o = p0 + p1 2**-18 + p2 2**-36 + p3 2**-54,
+# integers |p_k| <= 2**18, summed per bucket and k: exact while a slot adds fewer than 2**35.
+_A_FIRST = 724  # region A's slot E - 724 holds the squares of biased exponent E; slot 0 stays 0
+_A_SLOTS = 1280 - _A_FIRST  # float32 squares: 2**-298 (E = 725) .. below 2**256 (E = 1279)
+_A_MASK = np.uint64((1 << 24) - 1)
+_WIDTH = 18
+_PIECES = 4  # 18 + 53 bits of q in 4 pieces of 18
+_EXP_MIN, _EXP_MAX = -2251, 2049  # frexp exponents of region B terms: l*l of 2**-1074 .. h*h of 2**1024
+_BUCKETS = -(-(_EXP_MAX - _EXP_MIN + 1) // _WIDTH)
+_B_START = 2 * _A_SLOTS
+#: Length of a parts vector: region A (hi, lo), region B (4 pieces), the counts of NaN and inf.
+PARTS_LENGTH = _B_START + _PIECES * _BUCKETS + 2
+#: The most elements a whole tensor may have for its norm to be exact: float16, float32 and small
+#: integers; float64 and 32/64-bit integers (three terms each).
+MAX_NORM_ELEMENTS = 1 << 29
+MAX_NORM_ELEMENTS_FLOAT64 = 1 << 33
+_CHUNK = 1 << 14  # elements per pass: the temporaries (128 KiB each) stay in cache
+_SQUARE_EXACT = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.int8, np.uint8, np.int16, np.uint16))
+_SPLIT = frozenset(np.dtype(t) for t in (np.float64, np.int32, np.uint32, np.int64, np.uint64))
 
 
 def sum_squares_parts(x: np.ndarray) -> np.ndarray:
     """Exact partial sums of ``x``'s squares: a float64 vector of ``PARTS_LENGTH`` integers.
 
-    Adding the parts of the pieces of a tensor, in any order, gives exactly the parts of the whole:
-    each square, computed in float64 (exact for float32, float16 and integer inputs below 2**26;
-    float64 inputs' squares are rounded once, the same way everywhere), is split into exponent and
-    three integer pieces of its mantissa, and the pieces are summed per exponent, all in integers
-    that float64 holds exactly.
+    Adding the parts of the pieces of a tensor, in any order (an all-reduce with "add"), gives
+    exactly the parts of the whole, so :func:`norm_from_parts` of the sum is bitwise the same for
+    every sharding. Exact for float16, float32 and float64 (float64 without overflow or underflow:
+    its squares are never formed, only exact products of mantissa halves; about 12x slower) and
+    for integers up to 2**53 in magnitude. NaN and infinite values are counted, not refused: the
+    norm is then NaN or inf, as IEEE arithmetic would have it, and every replica still takes part
+    in the same collectives. The whole tensor may have at most ``MAX_NORM_ELEMENTS`` elements
+    (float64 and 32/64-bit integers: ``MAX_NORM_ELEMENTS_FLOAT64``); a piece can only check itself.
     """
     flat = np.asarray(x).reshape(-1)
-    if flat.size > MAX_NORM_ELEMENTS:
-        raise ValueError(f"sum_squares_parts: {flat.size} elements, at most {MAX_NORM_ELEMENTS} are summed exactly")
-    if not (np.issubdtype(flat.dtype, np.floating) or np.issubdtype(flat.dtype, np.integer)):
-        raise TypeError(f"sum_squares_parts: dtype {flat.dtype} is not a real number type")
+    dtype = flat.dtype
+    if dtype not in _SQUARE_EXACT and dtype not in _SPLIT:
+        raise TypeError(f"sum_squares_parts: dtype {dtype} is not supported (float16, float32, float64 "
+                        f"or an integer type)")
+    limit = MAX_NORM_ELEMENTS if dtype in _SQUARE_EXACT else MAX_NORM_ELEMENTS_FLOAT64
+    if flat.size > limit:
+        raise ValueError(f"sum_squares_parts: {flat.size} elements of {dtype}; at most {limit} are summed exactly")
+    if dtype.kind in "iu" and dtype.itemsize == 8 and flat.size and (
+            int(flat.max()) > 1 << 53 or int(flat.min()) < -(1 << 53)):
+        raise ValueError(f"sum_squares_parts: {dtype} values beyond 2**53 in magnitude are not summed exactly")
     parts = np.zeros(PARTS_LENGTH, np.float64)
-    for begin in range(0, flat.size, _CHUNK):  # in chunks: stays in cache, no huge temporaries
-        squares = flat[begin:begin + _CHUNK].astype(np.float64)
-        np.multiply(squares, squares, out=squares)
-        if not np.isfinite(squares).all():
-            raise ValueError("sum_squares_parts: the tensor has infinite or NaN values (or squares beyond float64)")
-        mantissa, exponent = np.frexp(squares)
-        bucket = exponent.astype(np.intp)
-        bucket -= _EXP_MIN
-        for k in range(3):  # the mantissa, 18 bits at a time, as exact float64 integers
-            mantissa *= _PART_SCALE
-            piece = np.floor(mantissa)
-            mantissa -= piece
-            parts[k * _BUCKETS:(k + 1) * _BUCKETS] += np.bincount(bucket, weights=piece, minlength=_BUCKETS)
+    region_a = parts[:_B_START].reshape(2, _A_SLOTS)
+    region_b = parts[_B_START:-2].reshape(_PIECES, _BUCKETS)
+    for begin in range(0, flat.size, _CHUNK):
+        chunk = flat[begin:begin + _CHUNK]
+        if dtype in _SQUARE_EXACT and _add_squares(region_a, chunk):
+            continue
+        finite = np.isfinite(chunk)
+        if not finite.all():
+            parts[-2] += np.count_nonzero(np.isnan(chunk))
+            parts[-1] += np.count_nonzero(np.isinf(chunk))
+            chunk = np.where(finite, chunk, 0)
+        if dtype in _SQUARE_EXACT:
+            _add_squares(region_a, chunk)
+        else:
+            _add_split_squares(region_b, chunk.astype(np.float64))
     return parts
 
 
+def _add_squares(region: np.ndarray, chunk: np.ndarray) -> bool:
+    """Region A: adds the squares of ``chunk`` (exact in float64, at most 48 bits) by their bits,
+    or returns False, adding nothing, when one is NaN or inf (exponent 2047: a slot beyond)."""
+    squares = chunk.astype(np.float64)
+    np.multiply(squares, squares, out=squares)
+    bits = squares.view(np.uint64)
+    slot = (bits >> np.uint64(52)).astype(np.intp)  # the biased exponent (squares are >= 0)
+    slot -= _A_FIRST
+    np.maximum(slot, 0, out=slot)  # zeros (exponent 0) to slot 0, which norm_from_parts skips
+    bits &= np.uint64((1 << 52) - 1)
+    bits |= np.uint64(1 << 52)  # the 53-bit significand, whose low 5 bits are 0
+    high = np.bincount(slot, weights=(bits >> np.uint64(29)).astype(np.float64), minlength=_A_SLOTS)
+    if high.size > _A_SLOTS:
+        return False
+    high[0] = 0.0  # zeros (with a spurious implicit bit) add nothing: padding changes no part
+    bits >>= np.uint64(5)
+    bits &= _A_MASK
+    region[0] += high
+    region[1] += np.bincount(slot, weights=bits.astype(np.float64), minlength=_A_SLOTS)
+    return True
+
+
+def _add_split_squares(region: np.ndarray, values: np.ndarray) -> None:
+    """Region B: the three exact terms of each float64 value's square, in pieces by bucket."""
+    mantissa, exponent = np.frexp(values)
+    high = np.rint(mantissa * 2.0**26)
+    high *= 2.0**-26
+    low = mantissa - high
+    twice = exponent.astype(np.intp)
+    twice *= 2
+    twice -= _EXP_MIN
+    for term in (high * high, 2.0 * high * low, low * low):
+        q, shift = np.frexp(term)
+        shift = shift + twice  # >= 0: a zero term's exponent is 2e >= -2146
+        bucket = shift // _WIDTH
+        shift -= _WIDTH * bucket
+        shift += 1023
+        shift <<= 52
+        q *= shift.view(np.float64)  # 2**o, built from its bits; |q| < 2**18
+        for k in range(_PIECES):
+            piece = np.floor(q)
+            q -= piece
+            q *= float(1 << _WIDTH)
+            region[k] += np.bincount(bucket, weights=piece, minlength=_BUCKETS)
+
+
 def norm_from_parts(parts: np.ndarray) -> float:
-    """The L2 norm, correctly rounded to float64, of the tensor whose (summed) parts these are."""
+    """The L2 norm, correctly rounded to float64, of the tensor whose (summed) parts these are:
+    NaN if it has a NaN, inf if it has an infinite value (or the norm exceeds float64)."""
     parts = np.asarray(parts, np.float64)
     if parts.shape != (PARTS_LENGTH,):
-        raise ValueError(f"norm_from_parts: parts of shape {parts.shape}, expected ({PARTS_LENGTH},)")
-    total = 0  # the sum of squares as an integer times 2 ** scale
-    for k in range(3):  # piece k of a mantissa m * 2**e weighs 2 ** (e - 18 (k + 1))
-        for b in np.flatnonzero(parts[k * _BUCKETS:(k + 1) * _BUCKETS]):
-            total += int(parts[k * _BUCKETS + b]) << (int(b) + (2 - k) * _PART_BITS)
+        raise ValueError(f"norm_from_parts: parts of shape {parts.shape}, expected ({PARTS_LENGTH},) "
+                         f"from sum_squares_parts")
+    if not (np.isfinite(parts).all() and (parts == np.floor(parts)).all() and parts[:_B_START].min() >= 0
+            and parts[-2:].min() >= 0):
+        raise ValueError("norm_from_parts: these are not sums of sum_squares_parts vectors "
+                         "(non-integer, non-finite or negative values)")
+    if parts[-2]:
+        return math.nan
+    if parts[-1]:
+        return math.inf
+    # the sum of squares as an integer times 2 ** (_EXP_MIN - 54), region B's last piece
+    base = _EXP_MIN - _WIDTH * (_PIECES - 1)
+    total = 0
+    region_a = parts[:_B_START].reshape(2, _A_SLOTS)
+    for slot in np.flatnonzero(region_a[:, 1:].any(axis=0)).tolist():
+        biased = slot + 1 + _A_FIRST  # (hi * 2**24 + lo) * 2 ** (biased - 1070)
+        total += ((int(region_a[0, slot + 1]) << 24) + int(region_a[1, slot + 1])) << (biased - 1070 - base)
+    region_b = parts[_B_START:-2].reshape(_PIECES, _BUCKETS)
+    for k in range(_PIECES):
+        for b in np.flatnonzero(region_b[k]).tolist():
+            total += int(region_b[k, b]) << (_WIDTH * b + _WIDTH * (_PIECES - 1 - k))
+    if total < 0:
+        raise ValueError("norm_from_parts: these parts sum to a negative value; they are not sums of squares")
+    return _sqrt_rounded(total, base)
+
+
+def _sqrt_rounded(total: int, scale: int) -> float:
+    """``sqrt(total * 2**scale)`` correctly rounded to float64 (round half to even), subnormal
+    and overflowing results included: an integer root of at least 66 bits, whether it is exact,
+    and the rounding done here on integers, so nothing is rounded twice."""
     if total == 0:
         return 0.0
-    scale = _EXP_MIN - 3 * _PART_BITS  # make the scale even for the root
     if scale % 2:
         total <<= 1
         scale -= 1
-    shift = max(0, 120 - total.bit_length()) // 2  # at least 60 bits of root
-    total <<= 2 * shift
-    root = math.isqrt(total)
-    if root * root != total:
-        root |= 1  # a sticky bit below the 53 kept, so float() rounds the exact root correctly
-    return math.ldexp(float(root), scale // 2 - shift)
+    shift = (133 - total.bit_length()) // 2  # 4**shift * total has >= 131 bits
+    if shift >= 0:
+        scaled, lost = total << 2 * shift, False
+    else:
+        scaled, lost = total >> -2 * shift, total & ((1 << -2 * shift) - 1) != 0
+    root = math.isqrt(scaled)  # sqrt(total * 2**scale) = (root + frac) * 2**unit, 0 <= frac < 1
+    inexact = lost or root * root != scaled
+    unit = scale // 2 - shift
+    ulp = max(root.bit_length() - 1 + unit - 52, -1074)  # the weight of the result's last bit
+    drop = ulp - unit  # >= 13
+    kept, rest, half = root >> drop, root & ((1 << drop) - 1), 1 << (drop - 1)
+    if rest > half or (rest == half and (inexact or kept & 1)):
+        kept += 1
+    if kept.bit_length() + ulp > 1024:
+        return math.inf
+    return math.ldexp(float(kept), ulp)
 
 
 def exact_norm(x: np.ndarray) -> float:
@@ -300,5 +411,5 @@ class LAMB(AdamW):
 #: The optimizers by name (the example's ``--optimizer``; ``momentum`` is SGD with momentum 0.9).
 OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "lamb": LAMB}
 
-__all__ = ["LAMB", "MAX_NORM_ELEMENTS", "OPTIMIZERS", "PARTS_LENGTH", "SGD", "Adam", "AdamW", "Hyper",
-           "Optimizer", "exact_norm", "norm_from_parts", "sum_squares_parts"]
+__all__ = ["LAMB", "MAX_NORM_ELEMENTS", "MAX_NORM_ELEMENTS_FLOAT64", "OPTIMIZERS", "PARTS_LENGTH", "SGD", "Adam",
+           "AdamW", "Hyper", "Optimizer", "exact_norm", "norm_from_parts", "sum_squares_parts"]
