@@ -4,6 +4,7 @@ sharded and whole-tensor updates, and exact partition-independent norms."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -25,44 +26,52 @@ from popdist_py.engine.optimizers import (
 from popdist_py.engine.sharding import ShardLayout
 
 STEPS = 6
+Lr = float | Callable[[int], float]
 
 
-def grads_for(shape: tuple[int, ...], seed: int) -> list[np.ndarray]:
+def grads_for(shape: tuple[int, ...], seed: int, dtype: Any = np.float32) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(shape).astype(np.float32) for _ in range(STEPS)]
+    return [rng.standard_normal(shape).astype(dtype) for _ in range(STEPS)]
+
+
+def value(h: Lr, t: int) -> float:
+    return h(t) if callable(h) else h
 
 
 # ------------------------------------------------------------------------------ references (float64)
-def ref_sgd(w: np.ndarray, grads: list[np.ndarray], lr: Any, momentum: float = 0.0, dampening: float = 0.0,
+def ref_sgd(w: np.ndarray, grads: list[np.ndarray], lr: Lr, momentum: Lr = 0.0, dampening: float = 0.0,
             nesterov: bool = False, weight_decay: float = 0.0) -> np.ndarray:
     """PyTorch's documented SGD: g += wd*w; b = g (first) else mu*b + (1-tau)*g; nesterov g + mu*b."""
     w = w.astype(np.float64)
-    b = None
-    for t, g in enumerate(grads, start=1):
-        g = g.astype(np.float64) + weight_decay * w
-        if momentum:
-            b = g.copy() if b is None else momentum * b + (1 - dampening) * g
-            g = g + momentum * b if nesterov else b
-        w = w - (lr(t) if callable(lr) else lr) * g
+    b: np.ndarray | None = None
+    for t, grad in enumerate(grads, start=1):
+        g = grad.astype(np.float64) + weight_decay * w
+        mu = value(momentum, t)
+        if mu:
+            b = g.copy() if b is None else mu * b + (1 - dampening) * g
+            g = g + mu * b if nesterov else b
+        w = w - value(lr, t) * g
     return w
 
 
-def ref_adam(w: np.ndarray, grads: list[np.ndarray], lr: float, b1: float, b2: float, eps: float,
+def ref_adam(w: np.ndarray, grads: list[np.ndarray], lr: Lr, b1: Lr, b2: float, eps: float,
              l2: float = 0.0, decoupled: float = 0.0, lamb: bool = False) -> np.ndarray:
-    """Kingma & Ba's Adam with bias correction; AdamW's decoupled decay; LAMB's trust ratio."""
+    """Kingma & Ba's Adam with bias correction (beta1 may vary: m_hat divides by 1 - beta1_t ** t,
+    as the implementation does); AdamW's decoupled decay; LAMB's trust ratio ||w|| / ||r||."""
     w = w.astype(np.float64)
     m = np.zeros_like(w)
     v = np.zeros_like(w)
-    for t, g in enumerate(grads, start=1):
-        g = g.astype(np.float64) + l2 * w
-        m = b1 * m + (1 - b1) * g
+    for t, grad in enumerate(grads, start=1):
+        g = grad.astype(np.float64) + l2 * w
+        beta1 = value(b1, t)
+        m = beta1 * m + (1 - beta1) * g
         v = b2 * v + (1 - b2) * g * g
-        r = (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps) + decoupled * w
+        r = (m / (1 - beta1**t)) / (np.sqrt(v / (1 - b2**t)) + eps) + decoupled * w
         ratio = 1.0
         if lamb:
             wn, rn = float(np.linalg.norm(w)), float(np.linalg.norm(r))
             ratio = wn / rn if wn > 0 and rn > 0 else 1.0
-        w = w - lr * ratio * r
+        w = w - value(lr, t) * ratio * r
     return w
 
 
@@ -74,21 +83,34 @@ def run(opt: Optimizer, w0: np.ndarray, grads: list[np.ndarray]) -> np.ndarray:
     return w
 
 
-CASES = [
+def warmup(t: int) -> float:
+    return 0.02 * min(1.0, t / 3)
+
+
+CASES: list[tuple[Callable[[], Optimizer], Callable[[np.ndarray, list[np.ndarray]], np.ndarray]]] = [
     (lambda: SGD(0.1), lambda w, g: ref_sgd(w, g, 0.1)),
     (lambda: SGD(0.1, weight_decay=0.01), lambda w, g: ref_sgd(w, g, 0.1, weight_decay=0.01)),
     (lambda: SGD(0.05, momentum=0.9), lambda w, g: ref_sgd(w, g, 0.05, momentum=0.9)),
     (lambda: SGD(0.05, momentum=0.9, dampening=0.3, weight_decay=1e-3),
      lambda w, g: ref_sgd(w, g, 0.05, momentum=0.9, dampening=0.3, weight_decay=1e-3)),
     (lambda: SGD(0.05, momentum=0.8, nesterov=True), lambda w, g: ref_sgd(w, g, 0.05, momentum=0.8, nesterov=True)),
+    (lambda: SGD(0.05, momentum=0.8, nesterov=True, weight_decay=0.1),
+     lambda w, g: ref_sgd(w, g, 0.05, momentum=0.8, nesterov=True, weight_decay=0.1)),
     (lambda: SGD(lambda t: 0.1 / t, momentum=0.5), lambda w, g: ref_sgd(w, g, lambda t: 0.1 / t, momentum=0.5)),
+    (lambda: SGD(0.05, momentum=lambda t: 0.5 + 0.05 * t, nesterov=True),
+     lambda w, g: ref_sgd(w, g, 0.05, momentum=lambda t: 0.5 + 0.05 * t, nesterov=True)),
     (lambda: Adam(1e-2), lambda w, g: ref_adam(w, g, 1e-2, 0.9, 0.999, 1e-8)),
     (lambda: Adam(1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
      lambda w, g: ref_adam(w, g, 1e-2, 0.8, 0.99, 1e-6, l2=0.1)),
+    (lambda: Adam(warmup, betas=(lambda t: 0.9 - 0.01 * t, 0.99)),
+     lambda w, g: ref_adam(w, g, warmup, lambda t: 0.9 - 0.01 * t, 0.99, 1e-8)),
+    (lambda: AdamW(1e-2), lambda w, g: ref_adam(w, g, 1e-2, 0.9, 0.999, 1e-8, decoupled=0.01)),
     (lambda: AdamW(1e-2, weight_decay=0.05), lambda w, g: ref_adam(w, g, 1e-2, 0.9, 0.999, 1e-8, decoupled=0.05)),
     (lambda: LAMB(1e-2), lambda w, g: ref_adam(w, g, 1e-2, 0.9, 0.999, 1e-6, lamb=True)),
     (lambda: LAMB(1e-2, weight_decay=0.01),
      lambda w, g: ref_adam(w, g, 1e-2, 0.9, 0.999, 1e-6, decoupled=0.01, lamb=True)),
+    (lambda: LAMB(warmup, betas=(0.8, 0.9), weight_decay=0.1),
+     lambda w, g: ref_adam(w, g, warmup, 0.8, 0.9, 1e-6, decoupled=0.1, lamb=True)),
 ]
 
 
@@ -102,6 +124,27 @@ def test_optimizer_matches_its_reference(case: int) -> None:
     np.testing.assert_allclose(got, reference(w0, grads), rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_float64_weights_follow_the_reference_closely(case: int) -> None:
+    make, reference = CASES[case]
+    w0 = np.random.default_rng(case).standard_normal(20)
+    grads = grads_for(w0.shape, 200 + case, np.float64)
+    got = run(make(), w0, grads)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, reference(w0, grads), rtol=1e-12, atol=1e-14)
+
+
+def test_float16_weights_and_a_float64_gradient_compute_in_the_weights_dtype() -> None:
+    w0 = np.linspace(-1, 1, 9).astype(np.float16)
+    g64 = [g.astype(np.float64) for g in grads_for((9,), 3)]
+    g16 = [g.astype(np.float16) for g in g64]
+    for make in (lambda: SGD(0.1, momentum=0.9), lambda: Adam(1e-2, eps=1e-4)):
+        got = run(make(), w0, g64)
+        assert got.dtype == np.float16
+        assert got.tobytes() == run(make(), w0, g16).tobytes()  # the gradient is cast first
+
+
+# ------------------------------------------------------------------------------ hyper-parameters
 def test_hyper_parameters_change_between_steps_without_rebuilding() -> None:
     opt = Adam(1e-2)
     w0 = np.ones(4, np.float32)
@@ -109,41 +152,100 @@ def test_hyper_parameters_change_between_steps_without_rebuilding() -> None:
     w, state = w0.copy(), opt.init_state(4)
     for t, g in enumerate(grads, start=1):
         opt.lr = 1e-2 if t <= 3 else 1e-3  # a step schedule set from outside
+        opt.betas = (0.9, 0.99) if t <= 2 else (0.8, 0.99)
         opt.update(w, g, state, t)
     split = w0.copy()
-    first, second = Adam(1e-2), Adam(1e-3)
-    state2 = first.init_state(4)
+    state2 = Adam(1e-2).init_state(4)
     for t, g in enumerate(grads, start=1):
-        (first if t <= 3 else second).update(split, g, state2, t)
+        Adam(1e-2 if t <= 3 else 1e-3, betas=(0.9 if t <= 2 else 0.8, 0.99)).update(split, g, state2, t)
     assert w.tobytes() == split.tobytes()
+    scheduled = Adam(lambda t: 1e-2 if t <= 3 else 1e-3, betas=(lambda t: 0.9 if t <= 2 else 0.8, 0.99))
+    assert run(scheduled, w0, grads).tobytes() == w.tobytes()
+    assert scheduled.hypers(4) == {"lr": 1e-3, "beta1": 0.8, "beta2": 0.99, "eps": 1e-8, "weight_decay": 0.0}
+    assert scheduled.betas[1] == 0.99 and "Adam(lr=<function" in repr(scheduled)
+
+
+def test_sgd_momentum_set_later_asks_for_its_buffer() -> None:
+    opt = SGD(0.1)
+    assert opt.state_names == ()
+    opt.momentum = 0.9
+    assert opt.state_names == ("momentum_buffer",)
+    with pytest.raises(ValueError, match="state lacks momentum_buffer"):
+        opt.update(np.ones(3, np.float32), np.ones(3, np.float32), {}, 1)
+    assert SGD(0.1, momentum=lambda t: 0.0).state_names == ("momentum_buffer",)
+
+
+def test_a_momentum_schedule_at_zero_leaves_the_buffer_alone() -> None:
+    opt = SGD(0.1, momentum=lambda t: 0.0 if t == 2 else 0.5)
+    w, g = np.zeros(3, np.float32), np.ones(3, np.float32)
+    state = opt.init_state(3)
+    opt.update(w, g, state, 1)
+    before = state["momentum_buffer"].copy()
+    opt.update(w, g, state, 2)
+    assert state["momentum_buffer"].tobytes() == before.tobytes()
+    assert w.tolist() == [-0.2] * 3 or np.allclose(w, -0.2)
 
 
 # ------------------------------------------------------------------------------ the bitwise rule
+def shard_norm(pieces: list[np.ndarray]) -> float:
+    """What the trainer does: every shard's parts added (in reverse, as another tree might), one norm."""
+    total = np.zeros(PARTS_LENGTH)
+    for p in reversed(pieces):
+        total = total + sum_squares_parts(p)
+    return norm_from_parts(total)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("n", [1, 13, 30, 257])
-def test_shard_updates_are_slices_of_the_whole_update(case: int, n: int) -> None:
+def test_shard_updates_are_slices_of_the_whole_update(case: int, n: int, dtype: Any) -> None:
     make, _ = CASES[case]
     rng = np.random.default_rng(n)
-    w0 = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)).astype(np.float32)
-    grads = grads_for((n,), n + 1)
+    w0 = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)).astype(dtype)
+    grads = grads_for((n,), n + 1, dtype)
     whole = run(make(), w0, grads)
     for count in range(1, 8):
         layout = ShardLayout(n, count)
         opt = make()
         shards = [layout.shard(w0, j) for j in range(count)]
         states = [opt.init_state(s.shape, s.dtype) for s in shards]
-
-        def shard_norm(pieces: list[np.ndarray]) -> float:
-            return norm_from_parts(sum(sum_squares_parts(p) for p in pieces))  # type: ignore[arg-type]
-
         for t, g in enumerate(grads, start=1):
             gs = [layout.shard(g, j) for j in range(count)]
+            if not opt.uses_norms:
+                for j in range(count):
+                    opt.update(shards[j], gs[j], states[j], t)
+                continue
             ds = [opt.direction(shards[j], gs[j], states[j], t) for j in range(count)]
-            ratio = opt.trust_ratio(shard_norm(shards), shard_norm(ds), t) if opt.uses_norms else 1.0
+            ratio = opt.trust_ratio(shard_norm(shards), shard_norm(ds), t)
             for j in range(count):
                 opt.apply(shards[j], ds[j], t, ratio)
-        joined = np.concatenate([shards[j][: layout.real(j)] for j in range(count)])
-        assert joined.tobytes() == whole.tobytes(), f"{count} shards"
+        assert layout.join(np.stack(shards)).tobytes() == whole.tobytes(), f"{count} shards"
+        for j in range(count):  # padding stays zero, in the weight and in the state
+            assert not shards[j][layout.real(j):].any()
+            assert not any(s[layout.real(j):].any() for s in states[j].values())
+
+
+def test_update_with_a_norm_callable_uses_it_for_both_norms() -> None:
+    seen: list[int] = []
+
+    def norm(x: np.ndarray) -> float:
+        seen.append(x.size)
+        return 2.0
+
+    w = np.ones(4, np.float32)
+    opt = LAMB(0.1)
+    opt.update(w, np.ones(4, np.float32), opt.init_state(4), 1, norm=norm)
+    assert seen == [4, 4]
+    d = 1 / (1 + np.float32(1e-6))  # m_hat = v_hat = 1 at the first step
+    assert np.array_equal(w, np.ones(4, np.float32) - np.float32(0.1) * d)
+
+
+def test_trust_ratio_rules() -> None:
+    lamb = LAMB(0.1)
+    assert lamb.trust_ratio(3.0, 1.5, 1) == 2.0
+    assert lamb.trust_ratio(0.0, 1.5, 1) == 1.0 and lamb.trust_ratio(3.0, 0.0, 1) == 1.0
+    assert math.isnan(lamb.trust_ratio(math.nan, 1.0, 1))
+    assert Adam(0.1).trust_ratio(3.0, 1.5, 1) == 1.0
 
 
 # ------------------------------------------------------------------------------ exact norms
@@ -250,13 +352,22 @@ def test_bad_norm_input() -> None:
 
 # ------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("make,message", [
-    (lambda: SGD(-0.1), r"SGD: lr=-0.1 is not valid \(a finite number, at least 0\)"),
+    (lambda: SGD(-0.1), r"SGD: lr=-0.1 is not valid \(a finite number at least 0\)"),
     (lambda: SGD(float("nan")), "SGD: lr=nan is not valid"),
-    (lambda: SGD("0.1"), "SGD: lr='0.1' is not a number"),  # type: ignore[arg-type]
-    (lambda: SGD(0.1, nesterov=True), "nesterov needs a constant momentum > 0"),
-    (lambda: SGD(0.1, dampening=2.0), "dampening=2.0 is not valid"),
-    (lambda: Adam(0.1, betas=(1.0, 0.9)), r"Adam: beta1=1.0 is not valid \(a finite number, at least 0, below 1\)"),
-    (lambda: Adam(0.1, betas=(0.9,)), "betas=.* is not a pair"),  # type: ignore[arg-type]
+    (lambda: SGD("0.1"),  # type: ignore[arg-type]
+     "SGD: lr='0.1' is not a number"),
+    (lambda: SGD(True), "SGD: lr=True is not a number"),
+    (lambda: SGD(0.1, nesterov=True), "nesterov needs momentum > 0 and dampening 0"),
+    (lambda: SGD(0.1, momentum=0.9, dampening=0.1, nesterov=True), "nesterov needs momentum > 0 and dampening 0"),
+    (lambda: SGD(0.1, momentum=0.9, nesterov=1),  # type: ignore[arg-type]
+     "SGD: nesterov must be True or False, got 1"),
+    (lambda: SGD(0.1, dampening=2.0), r"dampening=2.0 is not valid \(a finite number at least 0 and at most 1\)"),
+    (lambda: Adam(0.1, betas=(1.0, 0.9)), r"Adam: beta1=1.0 is not valid \(a finite number at least 0 and below 1\)"),
+    (lambda: Adam(0.1, betas=(0.9, -0.1)), "Adam: beta2=-0.1 is not valid"),
+    (lambda: Adam(0.1, betas=(0.9,)),  # type: ignore[arg-type]
+     "betas=.* is not a pair"),
+    (lambda: Adam(0.1, eps=0.0), r"Adam: eps=0.0 is not valid \(a finite number above 0\)"),
+    (lambda: AdamW(0.1, weight_decay=-1), "AdamW: weight_decay=-1 is not valid"),
     (lambda: LAMB(0.1, eps=-1.0), "LAMB: eps=-1.0 is not valid"),
 ])
 def test_bad_hyper_parameters_are_one_clear_error(make: Any, message: str) -> None:
@@ -264,21 +375,76 @@ def test_bad_hyper_parameters_are_one_clear_error(make: Any, message: str) -> No
         make()
 
 
-def test_bad_state_step_or_schedule_changes_nothing() -> None:
-    opt = Adam(lambda t: 0.1 if t < 2 else float("inf"))
-    w = np.ones(3, np.float32)
-    g = np.ones(3, np.float32)
+def test_bad_assignments_and_names() -> None:
+    opt = Adam(0.1)
+    with pytest.raises(ValueError, match=r"Adam: beta1=1\.5 is not valid"):
+        opt.betas = (1.5, 0.9)
+    assert opt.betas == (0.9, 0.999)
+    with pytest.raises(ValueError, match=r"Adam: no hyper-parameter 'momentum' \(it has lr, beta1"):
+        opt.hyper("momentum", 1)
+    with pytest.raises(TypeError, match="state dtype int32 is not floating point"):
+        opt.init_state(3, np.int32)
+
+
+def unchanged(before: list[np.ndarray], after: list[np.ndarray]) -> bool:
+    return all(a.tobytes() == b.tobytes() for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("make", [lambda: SGD(0.1, momentum=0.9), lambda: Adam(0.1), lambda: LAMB(0.1)])
+def test_bad_state_step_or_arrays_change_nothing(make: Callable[[], Optimizer]) -> None:
+    opt = make()
+    name = opt.state_names[0]
+    w, g = np.ones(3, np.float32), np.ones(3, np.float32)
     state = opt.init_state(3)
-    before = {k: v.copy() for k, v in state.items()}
-    with pytest.raises(ValueError, match="state lacks exp_avg_sq"):
-        opt.update(w, g, {"exp_avg": state["exp_avg"]}, 1)
-    with pytest.raises(ValueError, match=r"gradient shape \(2,\) differs from the weight's \(3,\)"):
-        opt.update(w, np.ones(2, np.float32), state, 1)
-    with pytest.raises(ValueError, match="step=0 is not valid"):
-        opt.update(w, g, state, 0)
-    assert w.tolist() == [1.0] * 3 and all(np.array_equal(state[k], before[k]) for k in state)
+    snapshot = [w.copy(), *(v.copy() for v in state.values())]
+    bad: list[tuple[Any, Any, Any, Any, str]] = [
+        (w, g, {}, 1, f"state lacks {name}"),
+        (w, np.ones(2, np.float32), state, 1, r"gradient shape \(2,\) differs from the weight's \(3,\)"),
+        (w, g, state, 0, r"step \(the 1-based update number\)=0 is invalid"),
+        (w, g, state, 1.5, "must be an integer"),
+        (w, g, {**state, name: np.zeros(4, np.float32)}, 1, rf"state '{name}' is float32\[4\], it must be like"),
+        (w, g, {**state, name: np.zeros(3, np.float64)}, 1, rf"state '{name}' is float64\[3\]"),
+        (w, np.ones(3, complex), state, 1, "gradient dtype complex128 is not a real number type"),
+        (np.ones(3, np.int32), g, state, 1, "the weight must be a floating-point ndarray"),
+        (np.broadcast_to(np.float32(1), (3,)), g, state, 1, "the weight is read-only"),
+    ]
+    for weight, grad, st, step, message in bad:
+        with pytest.raises((ValueError, TypeError), match=message):
+            opt.update(weight, grad, st, step)
+        assert unchanged(snapshot, [w, *state.values()])
+
+
+def test_bad_schedule_values_are_found_before_the_state_changes() -> None:
+    opt = Adam(lambda t: 0.1 if t < 2 else float("inf"))
+    w, g = np.ones(3, np.float32), np.ones(3, np.float32)
+    state = opt.init_state(3)
     opt.update(w, g, state, 1)
-    after_one = [w.copy()] + [v.copy() for v in state.values()]
-    with pytest.raises(ValueError, match="lr=inf is not valid"):
+    after_one = [w.copy(), *(v.copy() for v in state.values())]
+    with pytest.raises(ValueError, match=r"Adam: lr\(2\)=inf is not valid"):
         opt.update(w, g, state, 2)
-    assert all(a.tobytes() == b.tobytes() for a, b in zip(after_one, [w, *state.values()], strict=True))
+    opt.lr = 0.1
+    opt.beta2 = lambda t: "0.9"  # type: ignore[assignment,return-value]
+    with pytest.raises(TypeError, match=r"beta2\(2\)='0.9' is not a number"):
+        opt.update(w, g, state, 2)
+    opt.beta2 = 0.999
+    nesterov = SGD(0.1, momentum=lambda t: 0.9 if t < 2 else 0.0, nesterov=True)
+    w2, nstate = np.ones(3, np.float32), nesterov.init_state(3)
+    nesterov.update(w2, g, nstate, 1)
+    after_one += [w2.copy(), nstate["momentum_buffer"].copy()]
+    with pytest.raises(ValueError, match="nesterov needs momentum > 0 and dampening 0 at update 2"):
+        nesterov.update(w2, g, nstate, 2)
+    assert unchanged(after_one, [w, *state.values(), w2, nstate["momentum_buffer"]])
+
+
+def test_eps_that_rounds_to_zero_in_the_weights_dtype_is_refused() -> None:
+    opt = Adam(0.1)  # eps 1e-8 is 0 in float16: 0 / 0 where the gradient was always 0
+    w = np.ones(3, np.float16)
+    state = opt.init_state(3, np.float16)
+    with pytest.raises(ValueError, match=r"eps=1e-08 is 0 in the weight's dtype float16; use at least 5\.96046e-08"):
+        opt.update(w, np.ones(3, np.float16), state, 1)
+    assert not any(v.any() for v in state.values())
+
+
+def test_apply_checks_the_direction_shape() -> None:
+    with pytest.raises(ValueError, match=r"direction shape \(2,\) differs from the weight's \(3,\)"):
+        SGD(0.1).apply(np.ones(3, np.float32), np.ones(2, np.float32), 1)

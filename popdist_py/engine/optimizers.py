@@ -3,17 +3,18 @@
 A training step runs an optimizer either on a whole (flattened) tensor or, with replicated tensor
 sharding, on each replica's shard of the weight, its gradient and its state (zero padded at the
 shard's end). Every update here is elementwise numpy in the weight's dtype, so the shard results
-are bitwise the slices of the whole-tensor result for any shard count. LAMB's trust ratio also
-needs whole-tensor norms; :func:`sum_squares_parts` gives exact, partition-independent partial
-sums of squares, so the norm is bitwise the same however the tensor is sharded (sum the parts of
-all shards, e.g. with ``replicated_all_reduce(parts, "add")`` over the sharding domain, then
-:func:`norm_from_parts`).
+are bitwise the slices of the whole-tensor result for any shard count, and zero padding stays
+zero. LAMB's trust ratio also needs whole-tensor norms; :func:`sum_squares_parts` gives exact,
+partition-independent partial sums of squares, so the norm is bitwise the same however the
+tensor is sharded (sum the parts of all shards, e.g. with ``replicated_all_reduce(parts, "add")``
+over the sharding domain, then :func:`norm_from_parts`).
 
 An update is three phases, so a caller can batch the norm collectives of many tensors:
-``direction`` (updates the state in place, returns the direction ``d``), ``trust_ratio`` (1.0 but
-for LAMB) and ``apply`` (``weight -= lr * ratio * d`` in place); ``update`` chains them.
-Hyper-parameters are plain attributes, each a number or a schedule (a callable from the 1-based
-update number to a number), read at every update: change them between steps, nothing is rebuilt.
+``direction`` (checks everything, updates the state in place, returns the direction ``d``),
+``trust_ratio`` (1.0 but for LAMB) and ``apply`` (``weight -= lr * ratio * d`` in place);
+``update`` chains them. Hyper-parameters are plain attributes, each a number or a schedule (a
+callable from the 1-based update number to a number), read at every update: change them between
+steps, nothing is rebuilt.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
+
+from popdist_py import validate
 
 #: A hyper-parameter: a value, or a schedule (1-based update number -> value).
 Hyper = float | Callable[[int], float]
@@ -212,68 +215,116 @@ def exact_norm(x: np.ndarray) -> float:
 
 
 # ---------------------------------------------------------------------------------------- optimizers
-def _check_number(owner: str, name: str, value: float, low: float, high: float | None, *,
-                  high_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
-        raise TypeError(f"{owner}: {name}={value!r} is not a number")
+#: A hyper-parameter's valid range: (low, low excluded, high or None, high excluded).
+_Range = tuple[float, bool, float | None, bool]
+_AT_LEAST_0: _Range = (0.0, False, None, False)
+_ABOVE_0: _Range = (0.0, True, None, False)
+_UNIT: _Range = (0.0, False, 1.0, False)
+_BELOW_1: _Range = (0.0, False, 1.0, True)
+
+
+def _check_number(owner: str, name: str, value: Any, valid: _Range) -> float:
+    """``value`` as a float inside ``valid``, else one error naming it and the valid range."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.floating | np.integer):
+        raise TypeError(f"{owner}: {name}={value!r} is not a number (nor a schedule: a callable step -> number)")
     v = float(value)
-    above = high is not None and (v >= high if high_open else v > high)
-    if not math.isfinite(v) or v < low or above:
-        bound = "" if high is None else f", {'below' if high_open else 'at most'} {high:g}"
-        raise ValueError(f"{owner}: {name}={value!r} is not valid (a finite number, at least {low:g}{bound})")
+    low, low_open, high, high_open = valid
+    if not (math.isfinite(v) and (v > low if low_open else v >= low)
+            and (high is None or (v < high if high_open else v <= high))):
+        bound = f"{'above' if low_open else 'at least'} {low:g}"
+        if high is not None:
+            bound += f" and {'below' if high_open else 'at most'} {high:g}"
+        raise ValueError(f"{owner}: {name}={value!r} is not valid (a finite number {bound})")
     return v
 
 
 class Optimizer:
-    """Base: hyper-parameter resolution, state creation and checks, ``apply`` and ``update``."""
+    """Base: hyper-parameter resolution, state creation and checks, ``apply`` and ``update``.
 
-    #: attribute name -> (lowest valid value, highest or None, highest excluded)
-    _limits: ClassVar[dict[str, tuple[float, float | None, bool]]] = {"lr": (0.0, None, False)}
+    A subclass lists its hyper-parameters with their valid ranges in ``_ranges`` and the state it
+    keeps per weight in ``_state``; it implements ``direction``.
+    """
+
+    _ranges: ClassVar[dict[str, _Range]] = {"lr": _AT_LEAST_0}
+    _state: ClassVar[tuple[str, ...]] = ()
     lr: Hyper
-    state_names: tuple[str, ...] = ()
-    uses_norms = False
+    #: True when ``update`` needs whole-tensor norms (the trainer then sums shards' parts).
+    uses_norms: ClassVar[bool] = False
 
     def __init__(self, **hypers: Any) -> None:
         for name, value in hypers.items():
-            if not callable(value):
-                self._check(name, value)
-            setattr(self, name, value)
+            setattr(self, name, self._checked_hyper(name, value))
 
-    def _check(self, name: str, value: Any) -> float:
-        low, high, high_open = self._limits[name]
-        return _check_number(type(self).__name__, name, value, low, high, high_open=high_open)
+    def _checked_hyper(self, name: str, value: Any) -> Any:
+        """A schedule as it is (checked at each update), a value checked now."""
+        if not callable(value):
+            _check_number(type(self).__name__, name, value, self._ranges[name])
+        return value
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._ranges)
+        return f"{type(self).__name__}({values})"
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The per-weight state tensors, each shaped like the weight (or its shard)."""
+        return self._state
 
     def hyper(self, name: str, step: int) -> float:
         """Attribute ``name`` at 1-based update ``step``: its value, or its schedule's value there."""
-        value = getattr(self, name)
-        if callable(value):
-            value = value(step)
-        return self._check(name, value)
+        owner = type(self).__name__
+        if name not in self._ranges:
+            raise ValueError(f"{owner}: no hyper-parameter {name!r} (it has {', '.join(self._ranges)})")
+        value, label = getattr(self, name), name
+        if callable(value):  # a schedule: name its value at this step in an error
+            value, label = value(step), f"{name}({step})"
+        return _check_number(owner, label, value, self._ranges[name])
+
+    def hypers(self, step: int) -> dict[str, float]:
+        """Every hyper-parameter at ``step`` (what an update there uses; for logs)."""
+        return {name: self.hyper(name, step) for name in self._ranges}
 
     def init_state(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> dict[str, np.ndarray]:
         """New zero state tensors, one per name in ``state_names``."""
+        if not np.issubdtype(np.dtype(dtype), np.floating):
+            raise TypeError(f"{type(self).__name__}: state dtype {np.dtype(dtype)} is not floating point")
         return {name: np.zeros(shape, dtype) for name in self.state_names}
 
-    def check(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> None:
-        """Shapes, dtypes and state names: one error naming what does not fit, before anything changes."""
+    def check(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
+        """Everything an update reads, checked before anything changes: the step, every
+        hyper-parameter (schedules too), the weight, the gradient and the state. Returns the
+        gradient in the weight's dtype (the arithmetic's)."""
         owner = type(self).__name__
-        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 1:
-            raise ValueError(f"{owner}: step={step!r} is not valid (the 1-based update number)")
-        if not np.issubdtype(weight.dtype, np.floating):
-            raise TypeError(f"{owner}: the weight's dtype {weight.dtype} is not floating point")
+        validate.count(f"{owner}: step (the 1-based update number)", step)
+        self.hypers(step)
+        if not isinstance(weight, np.ndarray) or not np.issubdtype(weight.dtype, np.floating):
+            raise TypeError(f"{owner}: the weight must be a floating-point ndarray, got "
+                            f"{getattr(weight, 'dtype', type(weight).__name__)}")
+        if not weight.flags.writeable:
+            raise ValueError(f"{owner}: the weight is read-only; the update writes it in place")
+        grad = np.asarray(grad)
+        if grad.dtype.kind not in "fiu":
+            raise TypeError(f"{owner}: gradient dtype {grad.dtype} is not a real number type")
         if grad.shape != weight.shape:
             raise ValueError(f"{owner}: gradient shape {grad.shape} differs from the weight's {weight.shape}")
-        for name in self._limits:  # schedules too: a bad value is found before the state changes
-            self.hyper(name, step)
+        if not isinstance(state, dict):
+            raise TypeError(f"{owner}: state must be a dict of arrays ({', '.join(self.state_names) or 'empty'}), "
+                            f"got {type(state).__name__}")
         missing = [n for n in self.state_names if n not in state]
         if missing:
             raise ValueError(f"{owner}: state lacks {', '.join(missing)} (it needs {', '.join(self.state_names)})")
         for name in self.state_names:
-            if state[name].shape != weight.shape or state[name].dtype != weight.dtype:
-                raise ValueError(f"{owner}: state {name!r} is {state[name].dtype}{list(state[name].shape)}, "
-                                 f"the weight {weight.dtype}{list(weight.shape)}")
+            s = state[name]
+            if not isinstance(s, np.ndarray) or s.shape != weight.shape or s.dtype != weight.dtype:
+                got = f"{s.dtype}{list(s.shape)}" if isinstance(s, np.ndarray) else type(s).__name__
+                raise ValueError(f"{owner}: state {name!r} is {got}, it must be like the weight: "
+                                 f"{weight.dtype}{list(weight.shape)}")
+            if not s.flags.writeable:
+                raise ValueError(f"{owner}: state {name!r} is read-only; the update writes it in place")
+        return grad if grad.dtype == weight.dtype else grad.astype(weight.dtype)
 
     def direction(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
+        """Updates ``state`` in place and returns the direction ``d`` (a new array): elementwise."""
         raise NotImplementedError
 
     def trust_ratio(self, weight_norm: float, direction_norm: float, step: int) -> float:
@@ -281,14 +332,18 @@ class Optimizer:
         return 1.0
 
     def apply(self, weight: np.ndarray, d: np.ndarray, step: int, trust_ratio: float = 1.0) -> None:
-        """``weight -= lr * trust_ratio * d`` in place (the scalar is formed once, in float64)."""
+        """``weight -= lr * trust_ratio * d`` in place. The scalar is formed once in float64 and
+        rounded to the weight's dtype, so equal scalars give equal bits on every shard."""
+        if d.shape != weight.shape:
+            raise ValueError(f"{type(self).__name__}: direction shape {d.shape} differs from the weight's "
+                             f"{weight.shape}")
         scale = weight.dtype.type(self.hyper("lr", step) * trust_ratio)
         np.subtract(weight, scale * d, out=weight)
 
     def update(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int,
                norm: Callable[[np.ndarray], float] | None = None) -> None:
         """One update in place. ``norm(x)``: the L2 norm of the whole tensor of which ``x`` is this
-        piece (default: ``x`` is the whole tensor); only LAMB asks for it."""
+        piece (default: ``x`` is the whole tensor, :func:`exact_norm`); only LAMB asks for it."""
         d = self.direction(weight, grad, state, step)
         ratio = 1.0
         if self.uses_norms:
@@ -299,11 +354,12 @@ class Optimizer:
 
 class SGD(Optimizer):
     """Stochastic gradient descent with PyTorch's rules: L2 ``weight_decay`` added to the gradient;
-    the momentum buffer starts as the first step's gradient; ``nesterov`` looks ahead."""
+    the momentum buffer starts as update 1's ``d_p``; ``nesterov`` steps along
+    ``d_p + momentum * buf``. A weight has a momentum buffer when ``momentum`` is a schedule or
+    not 0 (at an update where it is 0, the buffer is left alone, as in PyTorch)."""
 
-    _limits: ClassVar[dict[str, tuple[float, float | None, bool]]] = {
-        "lr": (0.0, None, False), "momentum": (0.0, None, False),
-        "dampening": (0.0, 1.0, False), "weight_decay": (0.0, None, False)}
+    _ranges: ClassVar[dict[str, _Range]] = {
+        "lr": _AT_LEAST_0, "momentum": _AT_LEAST_0, "dampening": _UNIT, "weight_decay": _AT_LEAST_0}
     momentum: Hyper
     dampening: Hyper
     weight_decay: Hyper
@@ -311,22 +367,35 @@ class SGD(Optimizer):
     def __init__(self, lr: Hyper, momentum: Hyper = 0.0, dampening: Hyper = 0.0, nesterov: bool = False,
                  weight_decay: Hyper = 0.0) -> None:
         super().__init__(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay)
-        if not isinstance(nesterov, bool):
-            raise TypeError(f"SGD: nesterov={nesterov!r} is not True or False")
-        if nesterov and (callable(momentum) or momentum == 0 or callable(dampening) or dampening != 0):
-            raise ValueError(f"SGD: nesterov needs a constant momentum > 0 and dampening 0 "
+        self.nesterov = validate.flag("SGD: nesterov", nesterov)
+        if nesterov and not callable(momentum) and not callable(dampening):
+            self._check_nesterov(float(momentum), float(dampening))
+
+    def _check_nesterov(self, momentum: float, dampening: float, when: str = "") -> None:
+        if momentum <= 0 or dampening != 0:
+            raise ValueError(f"SGD: nesterov needs momentum > 0 and dampening 0{when} "
                              f"(got momentum={momentum!r}, dampening={dampening!r})")
-        self.nesterov = nesterov
-        self.state_names = ("momentum_buffer",) if callable(momentum) or momentum != 0 else ()
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return ("momentum_buffer",) if callable(self.momentum) or self.momentum != 0 else ()
+
+    def check(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
+        g = super().check(weight, grad, state, step)
+        validate.flag("SGD: nesterov", self.nesterov)
+        if self.nesterov:
+            self._check_nesterov(self.hyper("momentum", step), self.hyper("dampening", step), f" at update {step}")
+        return g
 
     def direction(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
-        self.check(weight, grad, state, step)
+        grad = self.check(weight, grad, state, step)
         t = weight.dtype.type
         decay = self.hyper("weight_decay", step)
         d = grad + t(decay) * weight if decay else grad.copy()
-        if not self.state_names:
+        momentum = self.hyper("momentum", step)
+        if not momentum:
             return d
-        momentum, dampening = self.hyper("momentum", step), self.hyper("dampening", step)
+        dampening = self.hyper("dampening", step)
         buf = state["momentum_buffer"]
         if step == 1:
             buf[...] = d
@@ -339,30 +408,53 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """Adam (Kingma & Ba) with bias correction; ``weight_decay`` is L2, added to the gradient."""
+    """Adam (Kingma & Ba, arXiv:1412.6980) with bias correction; ``weight_decay`` is L2, added to
+    the gradient (PyTorch's ``Adam``). ``betas`` is stored as ``beta1`` and ``beta2`` (each a
+    value or a schedule); ``eps`` must be above 0 and not round to 0 in the weight's dtype, or
+    elements whose gradient was always 0 (and shard padding) would become 0 / 0."""
 
-    _limits: ClassVar[dict[str, tuple[float, float | None, bool]]] = {
-        "lr": (0.0, None, False), "beta1": (0.0, 1.0, True), "beta2": (0.0, 1.0, True),
-        "eps": (0.0, None, False), "weight_decay": (0.0, None, False)}
+    _ranges: ClassVar[dict[str, _Range]] = {
+        "lr": _AT_LEAST_0, "beta1": _BELOW_1, "beta2": _BELOW_1, "eps": _ABOVE_0, "weight_decay": _AT_LEAST_0}
+    _state: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
     beta1: Hyper
     beta2: Hyper
     eps: Hyper
     weight_decay: Hyper
-    state_names = ("exp_avg", "exp_avg_sq")
-    decoupled = False
+    #: Decoupled weight decay (AdamW): ``weight_decay * w`` joins the direction instead of the gradient.
+    decoupled: ClassVar[bool] = False
 
     def __init__(self, lr: Hyper, betas: tuple[Hyper, Hyper] = (0.9, 0.999), eps: Hyper = 1e-8,
                  weight_decay: Hyper = 0.0) -> None:
+        beta1, beta2 = self._pair(betas)
+        super().__init__(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+
+    def _pair(self, betas: Any) -> tuple[Hyper, Hyper]:
         if not isinstance(betas, tuple | list) or len(betas) != 2:
-            raise ValueError(f"{type(self).__name__}: betas={betas!r} is not a pair (beta1, beta2)")
-        super().__init__(lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=weight_decay)
+            raise ValueError(f"{type(self).__name__}: betas={betas!r} is not a pair (beta1, beta2), "
+                             f"each in [0, 1) or a schedule")
+        return betas[0], betas[1]
 
     @property
     def betas(self) -> tuple[Hyper, Hyper]:
+        """``(beta1, beta2)``; assigning a pair sets both."""
         return (self.beta1, self.beta2)
 
+    @betas.setter
+    def betas(self, betas: tuple[Hyper, Hyper]) -> None:
+        beta1, beta2 = self._pair(betas)
+        beta1, beta2 = self._checked_hyper("beta1", beta1), self._checked_hyper("beta2", beta2)
+        self.beta1, self.beta2 = beta1, beta2
+
+    def check(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
+        g = super().check(weight, grad, state, step)
+        eps = self.hyper("eps", step)
+        if weight.dtype.type(eps) == 0:
+            raise ValueError(f"{type(self).__name__}: eps={eps!r} is 0 in the weight's dtype {weight.dtype}; "
+                             f"use at least {float(np.finfo(weight.dtype).smallest_subnormal):g}")
+        return g
+
     def direction(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
-        self.check(weight, grad, state, step)
+        grad = self.check(weight, grad, state, step)
         t = weight.dtype.type
         beta1, beta2 = self.hyper("beta1", step), self.hyper("beta2", step)
         eps, decay = self.hyper("eps", step), self.hyper("weight_decay", step)
@@ -381,8 +473,9 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter): ``weight_decay * w`` joins the
-    direction, so the applied step is ``lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * w)``."""
+    """Adam with decoupled weight decay (Loshchilov & Hutter, arXiv:1711.05101): ``weight_decay * w``
+    joins the direction, so the applied step is ``lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * w)``
+    (PyTorch's ``AdamW``, whose default decay 0.01 this keeps)."""
 
     decoupled = True
 
@@ -403,12 +496,13 @@ class LAMB(AdamW):
         super().__init__(lr, betas, eps, weight_decay)
 
     def trust_ratio(self, weight_norm: float, direction_norm: float, step: int) -> float:
-        if weight_norm > 0.0 and direction_norm > 0.0:
-            return weight_norm / direction_norm
-        return 1.0
+        """``weight_norm / direction_norm``; 1.0 when either is 0; NaN norms give NaN (as IEEE)."""
+        if weight_norm == 0.0 or direction_norm == 0.0:
+            return 1.0
+        return weight_norm / direction_norm
 
 
-#: The optimizers by name (the example's ``--optimizer``; ``momentum`` is SGD with momentum 0.9).
+#: The optimizers by name.
 OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "lamb": LAMB}
 
 __all__ = ["LAMB", "MAX_NORM_ELEMENTS", "MAX_NORM_ELEMENTS_FLOAT64", "OPTIMIZERS", "PARTS_LENGTH", "SGD", "Adam",
