@@ -56,7 +56,7 @@ def launch(options: dict) -> int:
     if options["log_dir"] is not None or not options["tee"]:
         from poprun_py.output import check_log_options
 
-        check_log_options(options["log_dir"], options["tee"], plan.num_instances, create=not options["dry_run"])
+        check_log_options(options["log_dir"], options["tee"], create=not options["dry_run"])
     # A dry run asks no resolver: the address remote hosts call back on is shown as a placeholder.
     remote = _remote_hosts(hosts, resolve=not options["dry_run"])
     callback = _callback_address(hosts, remote, options["host_subnet"], resolve=not options["dry_run"])
@@ -89,7 +89,7 @@ def launch(options: dict) -> int:
         _print_dry_run(plan, launcher, build_command(launcher, plan, _with_control(spec, "<poprun-address>:<port>")))
         return 0
 
-    _check_open_files(plan.instances_per_host)
+    _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
     from poprun_py.output import OutputOptions
     from poprun_py.supervisor import Supervisor
 
@@ -135,22 +135,30 @@ def launch(options: dict) -> int:
 #: socket), measured; poprun itself holds one socket per instance. Plus a margin for the rest.
 FILES_PER_LOCAL_INSTANCE = 4
 FILES_MARGIN = 64
+#: --log-dir: poprun holds each instance's stdout and stderr log open.
+LOG_FILES_PER_INSTANCE = 2
 
 
-def _check_open_files(per_host: int) -> None:
-    """A host's instances must fit the open-file limit of mpiexec's proxy there (and of poprun):
-    raise the soft limit to the hard one, and refuse, naming both numbers, a job that would
-    still fail minutes into its start with "Too many open files"."""
-    need = FILES_PER_LOCAL_INSTANCE * per_host + FILES_MARGIN
+def _check_open_files(per_host: int, num_instances: int, log_files: bool) -> None:
+    """A host's instances must fit the open-file limit of mpiexec's proxy there, and poprun's own
+    connections (one per instance, two log files each with --log-dir) its own: raise the soft
+    limit to the hard one, and refuse, naming both numbers, a job that would still fail minutes
+    into its start with "Too many open files"."""
+    proxy = FILES_PER_LOCAL_INSTANCE * per_host + FILES_MARGIN
+    own = (1 + LOG_FILES_PER_INSTANCE * log_files) * num_instances + FILES_MARGIN
+    need = max(proxy, own)
     if need <= 1024:  # every system allows this much: no need to ask
         return
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and need > hard:
-        raise PlanError(f"{per_host} instances on one host need about {need} open files in mpiexec's process "
-                        f"there, more than this system allows ({hard}, ulimit -Hn); start fewer instances per "
-                        "host, or raise the limit")
+        if proxy >= own:
+            raise PlanError(f"{per_host} instances on one host need about {need} open files in mpiexec's process "
+                            f"there, more than this system allows ({hard}, ulimit -Hn); start fewer instances per "
+                            "host, or raise the limit")
+        raise PlanError(f"--log-dir with {num_instances} instances needs about {need} open files in poprun, "
+                        f"more than this system allows ({hard}, ulimit -Hn)")
     if soft != resource.RLIM_INFINITY and soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # mpiexec and its proxies inherit it
 

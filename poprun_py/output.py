@@ -48,9 +48,6 @@ HOLD_SECONDS = 1.0
 MAX_WAIT_SECONDS = 5.0
 #: How much an instance may have held back before poprun ends the line it waits for.
 HOLD_BYTES = 64 << 20
-#: Log files of every instance are opened by poprun: file descriptors per instance, and spare.
-LOG_FILES_PER_INSTANCE = 2
-LOG_FILES_MARGIN = 64
 
 # Where one instance's stream stands on its sink.
 START = 0  # at the start of a line: nothing of it written, its tag not yet
@@ -378,10 +375,10 @@ def _as_shown(line: bytes) -> bytes:
     return parts[-1] if parts else b""
 
 
-def check_log_options(log_dir: str | None, tee: bool, num_instances: int, create: bool) -> None:
+def check_log_options(log_dir: str | None, tee: bool, create: bool) -> None:
     """``--log-dir``/``--tee``, before anything starts: one line (PlanError) when they cannot work.
-    DIR is created when its parent exists (unless ``create`` is false: a dry run); poprun's
-    open-file limit is raised for the two log files of every instance."""
+    DIR is created when its parent exists (unless ``create`` is false: a dry run). The open files
+    the logs need are checked with the others (``launch._check_open_files``)."""
     from poprun_py.errors import PlanError
 
     if log_dir is None:
@@ -404,13 +401,3 @@ def check_log_options(log_dir: str | None, tee: bool, num_instances: int, create
                 os.mkdir(path)
             except OSError as exc:
                 raise PlanError(f"--log-dir {log_dir!r} cannot be created: {exc.strerror or exc}") from None
-    need = LOG_FILES_PER_INSTANCE * num_instances + num_instances + LOG_FILES_MARGIN
-    if need > 1024:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard != resource.RLIM_INFINITY and need > hard:
-            raise PlanError(f"--log-dir with {num_instances} instances needs about {need} open files in poprun, "
-                            f"more than this system allows ({hard}, ulimit -Hn)")
-        if soft != resource.RLIM_INFINITY and soft < need:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

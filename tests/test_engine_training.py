@@ -109,11 +109,14 @@ def test_state_is_sharded_only_above_the_minimum_and_as_overridden() -> None:
         trainer = Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01), [(4, 5), (4, 3)], opts)
         assert trainer.placements["W"].update_sharded  # 15 elements
         assert not trainer.placements["b"].update_sharded  # 3 elements
-        assert rt.state_nbytes()  # the runtime accounts for the state
+        sharded = rt.state_nbytes()["memory"]
     opts.tensor_location_settings_override = {"W/exp_avg": TensorLocation(), "W/exp_avg_sq": TensorLocation()}
     with Runtime(replication=4) as rt:
         trainer = Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01), [(4, 5), (4, 3)], opts)
         assert not trainer.placements["W"].update_sharded
+        whole = rt.state_nbytes()["memory"]
+    # W's two Adam states, float32, on each of 4 replicas: 15 elements whole, a shard of 4 sharded
+    assert whole - sharded == 2 * 4 * (15 - 4) * 4
 
 
 @pytest.mark.parametrize("saved_shard,loaded_shard", [(True, None), (None, True), (True, CommGroup.consecutive(2))])

@@ -30,12 +30,15 @@ def rendered(data: bytes, tag: bytes = b"[0] ") -> bytes:
 
 
 
-class Capture(io.BytesIO):
-    pass
+def two_instances() -> tuple[io.BytesIO, InstanceOutput, InstanceOutput]:
+    """poprun's stdout as a buffer, and instances 0 and 1 writing to it."""
+    sink = io.BytesIO()
+    sinks = {1: Sink(sink), 2: Sink(io.BytesIO())}
+    return sink, InstanceOutput(0, True, sinks), InstanceOutput(1, True, sinks)
 
 
 def feed_in_pieces(data: bytes, seed: int) -> bytes:
-    sink = Capture()
+    sink = io.BytesIO()
     output = InstanceOutput(0, True, {1: Sink(sink), 2: Sink(io.BytesIO())})
     generator = random.Random(seed)
     position = 0
@@ -56,9 +59,7 @@ def test_any_split_renders_as_the_reference(seed: int) -> None:
 
 
 def test_two_instances_take_turns_at_line_ends() -> None:
-    sink = Capture()
-    sinks = {1: Sink(sink), 2: Sink(io.BytesIO())}
-    first, second = (InstanceOutput(i, True, sinks) for i in (0, 1))
+    sink, first, second = two_instances()
     first.feed(1, b"partial")
     second.feed(1, b"whole\nand more")  # waits: instance 0's line is open
     assert sink.getvalue() == b"[0] partial"
@@ -70,9 +71,7 @@ def test_two_instances_take_turns_at_line_ends() -> None:
 
 
 def test_a_progress_bar_yields_at_its_redraw_and_a_long_line_is_never_cut() -> None:
-    sink = Capture()
-    sinks = {1: Sink(sink), 2: Sink(io.BytesIO())}
-    bar, other = (InstanceOutput(i, True, sinks) for i in (0, 1))
+    sink, bar, other = two_instances()
     bar.feed(1, b"bar 1%\rbar 2%")
     other.feed(1, b"line\n")
     bar.feed(1, b" still the same line" * 1000)  # streaming on: the line is not cut
@@ -84,9 +83,7 @@ def test_a_progress_bar_yields_at_its_redraw_and_a_long_line_is_never_cut() -> N
 
 
 def test_an_instance_that_ends_does_not_cut_anothers_line() -> None:
-    sink = Capture()
-    sinks = {1: Sink(sink), 2: Sink(io.BytesIO())}
-    first, second = (InstanceOutput(i, True, sinks) for i in (0, 1))
+    sink, first, second = two_instances()
     first.feed(1, b"long line, still streaming")
     second.feed(1, b"last words, no newline")
     second.flush()  # instance 1 ended: its output waits for instance 0's line all the same
