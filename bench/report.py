@@ -18,10 +18,14 @@ def _ms(seconds: float) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     lines: list[str] = []
-    machine = next((s["machine"] for s in results.values() if isinstance(s, dict) and "machine" in s), None)
-    if machine:
-        lines += [(f"Measured {machine['date']} on {machine['cores']} cores ({machine['cpu']}), "
-                   f"{machine['mpi_library']}, Python {machine['python']}; medians of interleaved runs."), ""]
+    machines = {name: s["machine"] for name, s in results.items() if isinstance(s, dict) and "machine" in s}
+    if machines:
+        machine = max(machines.values(), key=lambda m: m["date"])
+        lines.append(f"Measured on {machine['cores']} cores ({machine['cpu']}), {machine['mpi_library']}, "
+                     f"Python {machine['python']}; medians of interleaved runs.")
+        dates = ", ".join(f"{name} {m['date']}{' (quick)' if results[name].get('quick') else ''}"
+                          for name, m in machines.items())
+        lines += [f"Sections measured: {dates}.", ""]
     if "allreduce" in results:
         section = results["allreduce"]
         lines += [("| all-reduce per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | mpi4py 2 ranks (ms) | "

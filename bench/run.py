@@ -23,7 +23,8 @@ SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scaling
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (under a minute)")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help="comma-separated subset; the other sections keep their last results")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="bench: %(message)s")
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -31,7 +32,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; valid: {', '.join(SECTIONS)}")
     machine = machine_info()
-    results: dict[str, object] = {}
+    # sections not measured this time keep their last results (a partial run updates the report)
+    previous = HERE / "results.json"
+    results: dict[str, object] = json.loads(previous.read_text()) if previous.exists() else {}
     for name in wanted:
         log.info("measuring %s%s", name, " (quick)" if args.quick else "")
         section = importlib.import_module(SECTIONS[name]).run(args.quick)

@@ -157,21 +157,20 @@ def time_fused(rt: Runtime, clock: Clock) -> dict[str, float]:
     rng = np.random.default_rng(1)
     grads = [{n: rng.random(FUSED_ELEMENTS, np.float32) for n in names} for _ in range(L)]
     flat = [np.concatenate(list(g.values())) for g in grads]
-    buckets = fused.plan({n: (FUSED_ELEMENTS, np.dtype(np.float32), None) for n in names}, 4 << 20)
-    assert len(buckets) == 1, buckets
-    scratch = fused.Scratch(L)
+    fusion = fused.plan({n: (FUSED_ELEMENTS, np.dtype(np.float32), None) for n in names}, 4 << 20)
+    assert len(fusion.buckets) == 1, fusion.buckets
     everyone = rt.replica_grouping()
 
     def fused_reduce(ctx: Any) -> None:
-        fused.reduce(buckets, grads[ctx.local_index], "mean", ctx.replica_index, everyone,
-                     functools.partial(scratch.get, ctx.local_index))
+        fused.reduce(fusion, grads[ctx.local_index], "mean", ctx.replica_index, everyone)
 
     def one_all_reduce(ctx: Any) -> None:
         ops.replicated_all_reduce(flat[ctx.local_index], op="mean")
 
+    packed = [np.empty(FUSED_TENSORS * FUSED_ELEMENTS, np.float32) for _ in range(L)]
+
     def pack(ctx: Any) -> None:
-        out = scratch.get(ctx.local_index, FUSED_TENSORS * FUSED_ELEMENTS, np.dtype(np.float32))
-        np.concatenate([g.reshape(-1) for g in grads[ctx.local_index].values()], out=out)
+        np.concatenate([g.reshape(-1) for g in grads[ctx.local_index].values()], out=packed[ctx.local_index])
 
     def per_tensor(ctx: Any) -> None:
         for g in grads[ctx.local_index].values():

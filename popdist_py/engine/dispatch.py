@@ -22,11 +22,12 @@ import numpy as np
 from popdist_py import validate
 from popdist_py.engine.context import StepContext
 from popdist_py.engine.errors import CollectiveMismatchError, StepAborted
-from popdist_py.engine.exchange import ALL_GATHER, REDUCE_SCATTER, Message, Plan, Signature
+from popdist_py.engine.exchange import ALL_GATHER, EAGER_LIMIT, REDUCE_SCATTER, Message, Plan, Signature
 from popdist_py.engine.grouping import Group, ReplicaGrouping, replica_grouping_of
 from popdist_py.engine.reduce import check_operands, reduction_op
 from popdist_py.engine.rendezvous import END, Rendezvous, Waits
 from popdist_py.engine.replicas import ReplicaPlacement
+from popdist_py.engine.segments import Segments
 from popdist_py.engine.transport import HDR_BYTES, HeaderChannel, Transport
 from popdist_py.op_names import SQUARE_ADD
 
@@ -142,7 +143,7 @@ class Dispatcher:
         ``meta_shape`` selects the RTS layout: a reduce-scatter returns balanced shards of a
         tensor of that shape, an all-gather takes such shards and returns the full tensor.
         """
-        arr = x if type(x) is np.ndarray else np.asarray(x)
+        arr = x if type(x) is np.ndarray else _array(x, kind)
         key = (kind, op, arr.dtype, arr.shape, group, axis, meta_shape)
         try:
             entry = self._entries.get(key)
@@ -266,6 +267,14 @@ class Dispatcher:
 
     def _describe_local(self, locals_: list[int]) -> str:
         return self.placement.describe_replicas([self.placement.offset + i for i in locals_])
+
+
+def _array(x: Any, kind: str) -> Any:
+    """A collective's input: :class:`.segments.Segments` stay in pieces for a reduction large
+    enough to be reduced block by block (read in place); anything else becomes an array."""
+    if type(x) is Segments and kind != ALL_GATHER and x.size * x.dtype.itemsize > EAGER_LIMIT:
+        return x
+    return np.asarray(x)
 
 
 __all__ = ["CallLink", "Deposit", "Dispatcher", "Entry"]

@@ -36,6 +36,7 @@ import numpy as np
 from popdist_py.engine.grouping import ReplicaGrouping
 from popdist_py.engine.reduce import UFUNCS, Node, Program, decompose
 from popdist_py.engine.replicas import ReplicaPlacement
+from popdist_py.engine.segments import dense
 from popdist_py.engine.sharding import ShardLayout, end_bounds, spread
 from popdist_py.engine.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
 
@@ -462,8 +463,8 @@ class Plan:
             self._exchange(link)
             sends = []
             for p, prog, inputs, lo, hi, dest in self.send_jobs:
-                if dest is None:  # a single member: send its data as it is
-                    sends.append((p, flat[inputs[0]][lo:hi]))
+                if dest is None:  # a single member: send its data as it is (packed, if in pieces)
+                    sends.append((p, dense(flat[inputs[0]][lo:hi])))
                 else:
                     sends.append((p, prog.run_blocked([flat[li][lo:hi] for li in inputs], ufunc, dest)))
             recvs = [(p, buf) for p, bufs in zip(self.peers, self.recv_data, strict=True) for buf in bufs]

@@ -1,9 +1,11 @@
 """Fused gradient reduction: the gradients of many tensors reduced in buckets, one collective each.
 
 Consecutive tensors reduced the same way (whole, or scattered over one sharding domain) and of one
-dtype are packed into buckets of about ``limit`` bytes (Horovod's fusion buffer, DDP's buckets):
+dtype are grouped into buckets of about ``limit`` bytes (Horovod's fusion buffer, DDP's buckets).
+A bucket is never copied into a buffer of its own: the collective reads its tensors in place as
+:class:`~popdist_py.engine.segments.Segments`, a cache-sized block at a time.
 
-- *whole*: the flattened gradients are concatenated and all-reduced over all replicas;
+- *whole*: the flattened gradients, one after the other, are all-reduced over all replicas;
 - *scatter* over domain ``D`` of ``k`` replicas: the bucket is laid out shard-major, ``[k, S]``
   where row ``j`` is the concatenation of shard ``j`` of every tensor (the balanced RTS layout of
   :class:`~popdist_py.engine.sharding.ShardLayout`, padding included), so the member ``j`` of ``D``
@@ -20,13 +22,15 @@ one collective per tensor.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from popdist_py.engine import ops
 from popdist_py.engine.grouping import ReplicaGrouping
+from popdist_py.engine.segments import Segments
 from popdist_py.engine.sharding import ShardLayout
 
 
@@ -46,7 +50,47 @@ class Bucket:
         return tuple(ShardLayout(n, self.domain.group_size) for n in self.sizes)
 
 
-def plan(tensors: Mapping[str, tuple[int, np.dtype, ReplicaGrouping | None]], limit: int) -> list[Bucket]:
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Each tensor's elements in this bucket's reduced result: all of them, or one shard."""
+        return self.sizes if self.domain is None else tuple(lay.shard_size for lay in self.layouts)
+
+
+class Fusion:
+    """The buckets of a set of gradients, and where each tensor's result lies in its bucket's."""
+
+    def __init__(self, buckets: list[Bucket]) -> None:
+        self.buckets = buckets
+        #: name -> (bucket, start, end) in the bucket's reduced result
+        self.index: dict[str, tuple[int, int, int]] = {}
+        for i, b in enumerate(buckets):
+            for name, start, end in zip(b.names, [0, *itertools.accumulate(b.widths)],
+                                        itertools.accumulate(b.widths), strict=False):
+                self.index[name] = (i, start, end)
+
+
+class Reduced(Mapping[str, np.ndarray]):
+    """The reduced gradients by name, each cut from its bucket's result when asked for (cutting
+    every tensor up front would cost a view per tensor and replica whether used or not)."""
+
+    __slots__ = ("_index", "_results")
+
+    def __init__(self, index: dict[str, tuple[int, int, int]], results: list[np.ndarray]) -> None:
+        self._index = index
+        self._results = results
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        b, start, end = self._index[name]
+        return self._results[b][start:end]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def plan(tensors: Mapping[str, tuple[int, np.dtype, ReplicaGrouping | None]], limit: int) -> Fusion:
     """Buckets for ``tensors`` (name -> (elements, dtype, scatter domain or None), in order) of at most
     ``limit`` bytes each (a larger tensor is a bucket of its own)."""
     buckets: list[Bucket] = []
@@ -61,88 +105,60 @@ def plan(tensors: Mapping[str, tuple[int, np.dtype, ReplicaGrouping | None]], li
         else:
             buckets.append(Bucket((name,), (size,), dtype, domain))
             nbytes = size * dtype.itemsize
-    return buckets
+    return Fusion(buckets)
 
 
-class Scratch:
-    """One reusable packing buffer per local replica and dtype: a bucket is packed into it and
-    reduced, and the collective's result is a new array, so the next bucket (and step) may reuse
-    it. Packing into warm memory instead of a new allocation saves the page faults of a fresh
-    buffer, which cost more than the copy itself."""
-
-    def __init__(self, num_local_replicas: int) -> None:
-        self._buffers: list[dict[np.dtype, np.ndarray]] = [{} for _ in range(num_local_replicas)]
-
-    def get(self, local_index: int, size: int, dtype: np.dtype) -> np.ndarray:
-        """``size`` elements of ``dtype`` (contents undefined), this replica's alone."""
-        mine = self._buffers[local_index]
-        buf = mine.get(dtype)
-        if buf is None or buf.size < size:
-            mine[dtype] = buf = np.empty(size, dtype)
-        return buf[:size]
-
-
-def reduce(buckets: list[Bucket], grads: Mapping[str, np.ndarray], op: str, replica: int,
-           everyone: ReplicaGrouping, scratch: Callable[[int, np.dtype], np.ndarray] | None = None,
-           ) -> dict[str, np.ndarray]:
+def reduce(fusion: Fusion, grads: Mapping[str, np.ndarray], op: str, replica: int,
+           everyone: ReplicaGrouping) -> Reduced:
     """Inside a step: every tensor's reduced gradient, flat: whole (read-only, shared by the local
     replicas) or, for a scattered bucket, this replica's shard (``op``: "add" or "mean").
-    ``scratch(size, dtype)``: a reusable buffer to pack buckets into (default: a new one each)."""
-    out: dict[str, np.ndarray] = {}
-    for b in buckets:
-        if b.domain is None:
-            if len(b.names) > 1:
-                flat = _buffer(scratch, sum(b.sizes), b.dtype)
-                np.concatenate([grads[n].reshape(-1) for n in b.names], out=flat)
-            else:
-                flat = grads[b.names[0]].reshape(-1)
-            reduced = _detached(ops.replicated_all_reduce(flat, op=op), flat)
-            offset = 0
-            for n, size in zip(b.names, b.sizes, strict=True):
-                out[n] = reduced[offset:offset + size]
-                offset += size
-            continue
-        mine = _scatter(b, grads, op, replica, everyone, scratch)
-        offset = 0
-        for n, layout in zip(b.names, b.layouts, strict=True):
-            out[n] = mine[offset:offset + layout.shard_size]
-            offset += layout.shard_size
-    return out
+
+    A bucket of several tensors goes to the collective as :class:`~popdist_py.engine.segments.Segments`:
+    the gradients are read where they are, never packed into a bucket buffer first (that copy
+    costs about what the reduction does)."""
+    results = []
+    for b in fusion.buckets:
+        if b.domain is not None:
+            results.append(_scatter(b, grads, op, replica, everyone))
+        elif len(b.names) > 1:
+            results.append(ops.replicated_all_reduce(Segments([grads[n] for n in b.names], b.dtype, b.sizes), op=op))
+        else:
+            results.append(ops.replicated_all_reduce(grads[b.names[0]].reshape(-1), op=op))
+    return Reduced(fusion.index, results)
 
 
-def _buffer(scratch: Callable[[int, np.dtype], np.ndarray] | None, size: int, dtype: np.dtype) -> np.ndarray:
-    return scratch(size, dtype) if scratch is not None else np.empty(size, dtype)
-
-
-def _detached(result: np.ndarray, packed: np.ndarray) -> np.ndarray:
-    """``result``, copied if it shares memory with the reusable ``packed`` buffer (it never does with
-    the engine's collectives today: this keeps a later bucket from overwriting it if one ever did)."""
-    return result.copy() if np.shares_memory(result, packed) else result
+def _shard_major(b: Bucket, grads: Mapping[str, np.ndarray]) -> Segments:
+    """The bucket laid out ``[k, S]``: row ``j`` is shard ``j`` of each tensor, zero-padded."""
+    assert b.domain is not None
+    flats = [grads[n].reshape(-1) for n in b.names]
+    zero = np.zeros(1, b.dtype)
+    pieces: list[np.ndarray] = []
+    for j in range(b.domain.group_size):
+        for flat, lay in zip(flats, b.layouts, strict=True):
+            lo, hi = lay.bounds[j], lay.bounds[j + 1]
+            pieces.append(flat[lo:hi])
+            if hi - lo < lay.shard_size:  # the one padding element of this shard
+                pieces.append(zero)
+    return Segments(pieces, b.dtype, [p.size for p in pieces])
 
 
 def _scatter(b: Bucket, grads: Mapping[str, np.ndarray], op: str, replica: int,
-             everyone: ReplicaGrouping, scratch: Callable[[int, np.dtype], np.ndarray] | None) -> np.ndarray:
+             everyone: ReplicaGrouping) -> np.ndarray:
     domain = b.domain
     assert domain is not None
     k = domain.group_size
-    layouts = b.layouts
-    width = sum(lay.shard_size for lay in layouts)
-    rows = _buffer(scratch, k * width, b.dtype).reshape(k, width)  # shard-major: row j: shard j of each tensor
-    offset = 0
-    for n, lay in zip(b.names, layouts, strict=True):
-        rows[:, offset:offset + lay.shard_size] = lay.split(grads[n].reshape(-1))
-        offset += lay.shard_size
-    flat = rows.reshape(-1)
+    width = sum(b.widths)
+    flat = _shard_major(b, grads)
     if domain == everyone:
-        return _detached(ops.replicated_reduce_scatter(flat, op=op, group=domain), flat)
+        return ops.replicated_reduce_scatter(flat, op=op, group=domain)
     if k & (k - 1) == 0 and domain.stride == 1:  # inside the domain, then across the domains: the same tree
-        piece = _detached(ops.replicated_reduce_scatter(flat, op="add", group=domain), flat)
+        piece = ops.replicated_reduce_scatter(flat, op="add", group=domain)
         total = ops.replicated_all_reduce(piece, op="add", group=domain.transpose())
         if op == "mean":  # divided once by the replica count, as a mean over all replicas is
             return np.divide(total, b.dtype.type(everyone.group_size))
         return total
     j = domain.index_in_group(replica)
-    return _detached(ops.replicated_all_reduce(flat, op=op), flat)[j * width:(j + 1) * width]
+    return ops.replicated_all_reduce(flat, op=op)[j * width:(j + 1) * width]
 
 
-__all__ = ["Bucket", "Scratch", "plan", "reduce"]
+__all__ = ["Bucket", "Fusion", "Reduced", "plan", "reduce"]

@@ -14,9 +14,11 @@ process does them, so results are bitwise identical for any split.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from popdist_py.engine.segments import Segments
 from popdist_py.op_names import ARITHMETIC, ENGINE_OPS, LOGICAL, SQUARE_ADD, TO_ENGINE
 
 Node = tuple[int, int]
@@ -144,7 +146,10 @@ class Program:
         #: the inputs of a program that is one ufunc call into the output (two members)
         self.pair = ops[0][:2] if len(ops) == 1 else None
 
-    def run(self, inputs: Sequence[np.ndarray], ufunc: np.ufunc, out: np.ndarray) -> np.ndarray:
+    def run(self, inputs: Sequence[np.ndarray], ufunc: np.ufunc, out: np.ndarray,
+            temps: Sequence[np.ndarray] = ()) -> np.ndarray:
+        """The program on arrays of ``out``'s shape; ``temps``: 1-D scratch arrays of at least
+        ``out.size`` elements to hold the intermediate nodes (default: new ones)."""
         pair = self.pair
         if pair is not None:  # the common small case, without building the slot list
             ufunc(inputs[pair[0]], inputs[pair[1]], out=out)
@@ -153,18 +158,28 @@ class Program:
             np.copyto(out, inputs[self.result])
             return out
         slots = list(inputs)
-        for _ in range(self.ntemp):
-            slots.append(np.empty_like(out))
+        if temps:
+            slots.extend(t[:out.size].reshape(out.shape) for t in temps[:self.ntemp])
+        else:
+            slots.extend(np.empty_like(out) for _ in range(self.ntemp))
         slots.append(out)
         for a, b, d in self.ops:
             ufunc(slots[a], slots[b], out=slots[d])
         return out
 
     def run_blocked(
-        self, inputs: Sequence[np.ndarray], ufunc: np.ufunc, out: np.ndarray, divide_by: int = 0, block: int = BLOCK
+        self, inputs: Sequence[Any], ufunc: np.ufunc, out: np.ndarray, divide_by: int = 0, block: int = BLOCK
     ) -> np.ndarray:
-        """:meth:`run` on 1-D arrays block by block (intermediates stay in cache), then ``/ divide_by``."""
+        """:meth:`run` on 1-D arrays block by block (intermediates stay in cache), then ``/ divide_by``.
+
+        Inputs may be :class:`.segments.Segments` (arrays in pieces, read in place): the blocks
+        then follow their pieces (:func:`.segments.cuts`), so a large piece is reduced where it
+        is and only runs of small pieces are packed, a block at a time into cache-sized scratch."""
         m = out.shape[0]
+        segmented = [i for i, a in enumerate(inputs) if type(a) is Segments]
+        if segmented:
+            self._run_pieces(inputs, segmented, ufunc, out, block, divide_by)
+            return out
         if m <= block:
             self.run(inputs, ufunc, out)
             if divide_by:
@@ -177,6 +192,52 @@ class Program:
             if divide_by:
                 finish_mean(part, divide_by)
         return out
+
+    def _run_pieces(self, inputs: Sequence[Any], segmented: list[int], ufunc: np.ufunc, out: np.ndarray,
+                    block: int, divide_by: int) -> None:
+        """:meth:`run_blocked` with Segments among the inputs (see there); the loop is kept tight
+        because a fused bucket has a span per tensor."""
+        first = inputs[segmented[0]]
+        m = out.shape[0]
+        pieces: list[Any] = []
+        rows = None
+        if all(inputs[i].same_pieces(first) for i in segmented[1:]):
+            spans = first.cuts(block)
+            pieces = [a.flat_pieces() if type(a) is Segments else None for a in inputs]
+            if len(segmented) == len(inputs):  # piece k of every input (a job of local members only)
+                rows = list(zip(*pieces, strict=True))
+        else:  # pieces cut differently: plain blocks, packed where they span pieces
+            spans = [(b0, min(m, b0 + block), -1) for b0 in range(0, m, block)]
+        width = max((hi - lo for lo, hi, _ in spans), default=0)
+        scratch = [np.empty(width, out.dtype) if type(a) is Segments else None for a in inputs]
+        temps = [np.empty(width, out.dtype) for _ in range(self.ntemp)]
+        sized: dict[int, list[np.ndarray]] = {}  # the temps cut to a span's length
+        ops, result = self.ops, self.result
+        divisor = out.dtype.type(divide_by) if divide_by else None
+        undivided = 0  # the mean's division, a block at a time while the block is still in cache
+        for lo, hi, k in spans:
+            if k < 0:
+                slots = [a[lo:hi] if t is None else a.block(lo, hi, t) for a, t in zip(inputs, scratch, strict=True)]
+            elif rows is not None:  # one whole piece of every input: read in place
+                slots = [*rows[k]]
+            else:
+                slots = [a[lo:hi] if p is None else p[k] for a, p in zip(inputs, pieces, strict=True)]
+            target = out[lo:hi]
+            if ops:
+                n = hi - lo
+                cut = sized.get(n)
+                if cut is None:
+                    cut = sized[n] = [t[:n] for t in temps]
+                slots += cut
+                slots.append(target)
+                for a, b, d in ops:
+                    ufunc(slots[a], slots[b], out=slots[d])
+            else:
+                np.copyto(target, slots[result])
+            if divisor is not None and (hi - undivided >= block or hi == m):
+                done = out[undivided:hi]
+                np.divide(done, divisor, out=done)
+                undivided = hi
 
 
 def reduce_sequence(values: Sequence[np.ndarray], op: str = "add") -> np.ndarray:
