@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +147,30 @@ def test_default_spill_directory_is_temporary() -> None:
     del rt
     gc.collect()
     assert not directory.exists()
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm")
+def test_default_spill_directory_is_in_shared_memory_with_its_space_reserved() -> None:
+    with Runtime(replication=2) as rt:
+        buf = rt.remote_buffer((1000,), np.float32, entries=3, location="file")
+        assert buf.path is not None and buf.path.parent.parent == Path("/dev/shm")
+        # reserved when made: the blocks exist before anything is written (not a sparse file)
+        assert buf.path.stat().st_blocks * 512 >= 2 * 3 * 1000 * 4
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm")
+def test_a_buffer_larger_than_its_directory_is_refused_at_once(tmp_path: Path) -> None:
+    import shutil
+
+    room = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    too_big = shutil.disk_usage(room).total // 4 + (1 << 20)  # float32 elements: more bytes than the tmpfs has
+    try:
+        with Runtime(replication=1, remote_dir=room) as rt:
+            with pytest.raises(OSError, match=rf"no room for {too_big * 4} bytes in '{room}'.*bytes free"):
+                rt.remote_buffer((too_big,), np.float32, location="file")
+            assert list(room.iterdir()) == []  # nothing left behind
+    finally:
+        room.rmdir()
 
 
 def test_spill_directories_of_dead_processes_are_removed() -> None:

@@ -6,13 +6,18 @@ Variables can live in a slot (``rt.remote_variable``, ``rt.remote_replica_sharde
 which is how state that is rarely touched (optimizer state, the seed's W1) is kept out of the
 working set. With ``location="file"`` the slots are a memory-mapped file (the "off-chip streaming
 memory" of PopART's tensor locations): the kernel pages it in only while it is used and may
-drop it again, so it does not count against RAM. Files are temporary: they are deleted when the
-runtime closes (or is collected); the default spill directory of a process that was killed is
-removed by the next runtime that spills on that machine.
+drop it again, so it does not count against the process's resident memory. Files are temporary:
+they are deleted when the runtime closes (or is collected); the default spill directory of a
+process that was killed is removed by the next runtime that spills on that machine. By default
+they go to shared memory (``/dev/shm``: host RAM outside the process, as PopART's streaming
+memory is, never written back to a disk), or to the temporary directory when shared memory has
+no room; a file's space is reserved when it is made, so running out is an error then, not a
+SIGBUS later.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -28,6 +33,7 @@ import numpy as np
 
 from popdist_py import validate
 from poprun_py.environment import REMOTE_DIR
+from poprun_py.leftovers import SHARED_MEMORY
 
 if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine.variables import Variable
@@ -67,7 +73,8 @@ class RemoteBuffer:
         full = (num_local_replicas, entries, *shape)
         if location == "file" and math.prod(full) > 0:
             assert path is not None
-            self._data: np.ndarray = np.memmap(path, dtype=dtype, mode="w+", shape=full)
+            # r+: the file exists at its full size, its space reserved (w+ would truncate it, sparse again)
+            self._data: np.ndarray = np.memmap(path, dtype=dtype, mode="r+", shape=full)
         else:
             self._data = np.zeros(full, dtype)  # calloc: pages are only committed when written
         self._bound: dict[int, Variable] = {}
@@ -82,7 +89,7 @@ class RemoteBuffer:
         """The storage of one replica's entry ``offset`` (a view: writes go to the buffer)."""
         if self._closed:
             raise RuntimeError(f"remote buffer {self.name!r} is closed (its Runtime was closed)")
-        return self._data[local_index, offset]
+        return self._data[local_index, offset, ...]  # a view even for 0-d slots (not a scalar)
 
     def bind(self, offset: int, var: Variable) -> None:
         """Record that ``var`` lives in entry ``offset`` (one variable per entry)."""
@@ -190,11 +197,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _parents() -> list[Path]:
+    """Where default spill directories go, best first: shared memory (``/dev/shm``, a tmpfs: host
+    RAM outside the process, as PopART's streaming memory is, with no writeback to a disk), then
+    the temporary directory."""
+    shm = Path(SHARED_MEMORY[0])  # (directory, file prefix of MPICH's segments)
+    parents = [shm] if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else []
+    return [*parents, Path(tempfile.gettempdir())]
+
+
 def _remove_orphans() -> None:
     """Delete default spill directories left on this host by processes that died without closing
-    (SIGKILL, a crash), so killed jobs do not fill the temporary directory."""
+    (SIGKILL, a crash), so killed jobs do not fill shared memory or the temporary directory."""
     host = socket.gethostname()
-    for d in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+    for d in (d for parent in _parents() for d in parent.glob(f"{_PREFIX}*")):
         m = _ORPHAN.match(d.name)
         try:
             if m is None or m["host"] != host or d.stat().st_uid != os.getuid() or _alive(int(m["pid"])):
@@ -231,6 +247,7 @@ class RemoteBuffers:
                           if directory is not None else None)
         self.buffers: list[RemoteBuffer] = []
         self._tmpdir: list[str] = []  # created by us, removed on close
+        self._tmpdirs: dict[int, str] = {}  # the same, by their parent's place in _parents()
         self._finalizer = weakref.finalize(self, _cleanup, self.buffers, self._tmpdir)
 
     def _dir(self, path: str | os.PathLike[str] | None) -> Path:
@@ -240,11 +257,48 @@ class RemoteBuffers:
             return _existing_dir(self.directory, "Runtime(remote_dir=...)")
         if os.environ.get(REMOTE_DIR_ENV):
             return _existing_dir(Path(os.environ[REMOTE_DIR_ENV]), f"${REMOTE_DIR_ENV}")
-        if not self._tmpdir:
+        return self._default_dir(0)
+
+    def _default_dir(self, choice: int) -> Path:
+        """The private spill directory in the ``choice``-th of :func:`_parents` (made on first use)."""
+        parents = _parents()
+        choice = min(choice, len(parents) - 1)
+        if not self._tmpdirs:
             _remove_orphans()
+        if choice not in self._tmpdirs:
             prefix = f"{_PREFIX}{socket.gethostname()}-p{os.getpid()}-i{self.instance}-"
-            self._tmpdir.append(tempfile.mkdtemp(prefix=prefix))
-        return Path(self._tmpdir[0])
+            made = tempfile.mkdtemp(prefix=prefix, dir=parents[choice])
+            self._tmpdirs[choice] = made
+            self._tmpdir.append(made)
+        return Path(self._tmpdirs[choice])
+
+    def _file(self, name: str, nbytes: int, path: str | os.PathLike[str] | None) -> Path:
+        """A new backing file of ``nbytes``, its space reserved now (a sparse file that runs out of
+        space later kills the process with SIGBUS on a write). The default directory in shared
+        memory gives way to the temporary directory when shared memory has no room."""
+        chosen = path is not None or self.directory is not None or bool(os.environ.get(REMOTE_DIR_ENV))
+        choice = 0
+        while True:
+            where = self._dir(path) if chosen else self._default_dir(choice)
+            fd, tmp = tempfile.mkstemp(prefix=f"{name}.i{self.instance}.", suffix=".bin", dir=where)
+            try:
+                if nbytes:
+                    os.posix_fallocate(fd, 0, nbytes)
+                return Path(tmp)
+            except OSError as e:
+                os.unlink(tmp)
+                if e.errno != errno.ENOSPC:
+                    raise
+                free = shutil.disk_usage(where).free
+                if chosen or choice + 1 >= len(_parents()):
+                    raise OSError(errno.ENOSPC, f"remote_buffer: no room for {nbytes} bytes in {str(where)!r} "
+                                                f"({free} bytes free); give remote_dir or ${REMOTE_DIR_ENV} a "
+                                                "directory with room") from None
+                log.info("remote buffers: %s has %d bytes free, %d needed; spilling to %s instead",
+                         where, free, nbytes, _parents()[choice + 1])
+                choice += 1
+            finally:
+                os.close(fd)
 
     def create(self, shape: Any, dtype: Any, entries: int, location: str, path: str | os.PathLike[str] | None
                ) -> RemoteBuffer:
@@ -261,9 +315,8 @@ class RemoteBuffers:
         name = f"remote_buffer_{len(self.buffers)}"
         file = None
         if location == "file":
-            fd, tmp = tempfile.mkstemp(prefix=f"{name}.i{self.instance}.", suffix=".bin", dir=self._dir(path))
-            os.close(fd)
-            file = Path(tmp)
+            nbytes = self.num_local_replicas * entries * math.prod(dims) * dt.itemsize
+            file = self._file(name, nbytes, path)
         try:
             buf = RemoteBuffer(name, dims, dt, entries, self.num_local_replicas, location, file)
         except BaseException:
