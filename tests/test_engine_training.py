@@ -14,6 +14,7 @@ import pytest
 from popdist_py.engine import CommGroup, Runtime
 from popdist_py.engine.locations import TensorLocation, TensorStorage, TileSet, TrainingOptions
 from popdist_py.engine.optimizers import LAMB, SGD, Adam, AdamW, Optimizer
+from popdist_py.engine.reduce import reduce_sequence
 from popdist_py.engine.training import STEP_VARIABLE, PairwiseSum, Trainer, canonical_sum
 
 SAMPLES = 16  # per batch, over all replicas and micro-batches
@@ -328,10 +329,14 @@ def test_fused_buckets_equal_one_collective_per_tensor_for_every_layout() -> Non
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda o: setattr(o.accumulator_tensor_location_settings.location, "storage", "off_chip"),
-     "accumulator_tensor_location_settings.location: storage=OFF_CHIP is not supported for accumulators"),
-    (lambda o: setattr(o.accumulator_tensor_location_settings.location, "replicated_tensor_sharding", True),
-     "replicated_tensor_sharding is not supported for accumulators"),
+    (lambda o: setattr(o.accumulator_tensor_location_settings, "location", TensorLocation(
+        replicated_tensor_sharding=True, sharding_domain=CommGroup.consecutive(2))),
+     (r"the accumulator of weight 'W' is sharded over stride=1, group_size=2 but the weight's update runs on "
+      r"shards over stride=1, group_size=4")),
+    (lambda o: (setattr(o.accumulator_tensor_location_settings.location, "replicated_tensor_sharding", True),
+                setattr(o.optimizer_state_tensor_location_settings, "location", TensorLocation())),
+     (r"the accumulator of weight 'W' is sharded over stride=1, group_size=4 but the weight's update runs on the "
+      r"whole tensor")),
     (lambda o: setattr(o.weight_tensor_location_settings.location, "storage", "disk"),
      r"location.storage='disk' is not valid: use TensorStorage.ON_CHIP, TensorStorage.OFF_CHIP"),
     (lambda o: setattr(o.weight_tensor_location_settings.location, "load_tile_set", "fast"),
@@ -392,3 +397,101 @@ def test_a_scalar_weight_trains_alike_under_every_placement() -> None:
             assert not trainer.placements["s"].weight.off_chip
             results.append(trainer.weights())
     assert all(r[n].tobytes() == results[0][n].tobytes() for r in results for n in ("s", "v"))
+
+
+# -- accumulators: off chip and sharded --------------------------------------------------------------
+def with_accumulators(accumulation: int, how: str, state: str = "whole") -> TrainingOptions:
+    """``located`` options whose accumulators are "whole", "off" (off chip), "sharded" or "off-sharded"."""
+    opts = located(accumulation, state=state)
+    opts.accumulator_tensor_location_settings.location = TensorLocation(
+        storage=TensorStorage.OFF_CHIP if how.startswith("off") else TensorStorage.ON_CHIP,
+        replicated_tensor_sharding=how.endswith("sharded"))
+    return opts
+
+
+def fit(replicas: int, accumulation: int, opts: TrainingOptions) -> dict[str, np.ndarray]:
+    """Adam on the first samples of each batch that split into replicas x accumulation micro-batches."""
+    micro = max(1, SAMPLES // (replicas * accumulation))
+    n = replicas * accumulation * micro
+    with Runtime(replication=replicas) as rt, Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01),
+                                                      [(micro, 5), (micro, 3)], opts) as trainer:
+        for s in range(STEPS):
+            trainer.step(host_batch(X[s][:n], replicas, accumulation), host_batch(Y[s][:n], replicas, accumulation))
+        return trainer.weights()
+
+
+@pytest.mark.parametrize("accumulation", [2, 3, 7, 8])
+def test_off_chip_accumulators_give_the_same_bits(accumulation: int) -> None:
+    """The pending partial sums wait in files between micro-batches: the same additions."""
+    for state in ("whole", "sharded"):
+        on_chip = fit(2, accumulation, with_accumulators(accumulation, "whole", state))
+        off_chip = fit(2, accumulation, with_accumulators(accumulation, "off", state))
+        assert all(off_chip[n].tobytes() == on_chip[n].tobytes() for n in on_chip), state
+        assert not np.array_equal(on_chip["W"], W0)
+
+
+def test_off_chip_accumulators_live_in_files_of_one_block_per_level() -> None:
+    with Runtime(replication=2) as rt:
+        trainer = Trainer(rt, {"W": W0, "b": B0}, linear_model, Adam(0.01), [(1, 5), (1, 3)],
+                          with_accumulators(8, "off"))
+        spilled = trainer._spills["W"]
+        assert spilled.is_memory_mapped and spilled.entries == 4 and spilled.shape == (5, 3)  # 8 = 0b1000: 4 levels
+        assert spilled.nbytes == 2 * 4 * 15 * 4 and trainer._spills["b"].nbytes == 2 * 4 * 3 * 4  # replicas x slots
+        assert rt.state_nbytes()["file"] == 0  # scratch of a step, not variables
+        trainer.step(host_batch(X[0], 2, 8), host_batch(Y[0], 2, 8))
+        trainer.close()
+
+
+def test_sharded_accumulators_sum_over_replicas_first() -> None:
+    """Each micro-batch's gradient is reduce-scattered; the accumulator holds this replica's shard.
+    Checked against a reference that sums in that order: replicas (the engine's tree), then
+    micro-batches (the pairwise tree), then divides by A and by R."""
+    R, A = 4, 2
+    micro = SAMPLES // (R * A)
+    opt = SGD(0.1, momentum=0.9)
+    opts = with_accumulators(A, "sharded", state="sharded")
+    with Runtime(replication=R) as rt, Trainer(rt, {"W": W0, "b": B0}, linear_model, opt, [(micro, 5), (micro, 3)],
+                                               opts) as trainer:
+        assert trainer.placements["W"].accumulator.sharded and not trainer.fusion.buckets
+        for s in range(STEPS):
+            trainer.step(host_batch(X[s], R, A), host_batch(Y[s], R, A))
+        got = trainer.weights()
+    expect = {"W": W0.copy(), "b": B0.copy()}
+    state = {n: opt.init_state(w.shape, w.dtype) for n, w in expect.items()}
+    for s in range(STEPS):
+        xs, ys = host_batch(X[s], R, A), host_batch(Y[s], R, A)  # [A, R, micro, ...]
+        per = [[linear_model(expect, xs[a, r], ys[a, r])[1] for r in range(R)] for a in range(A)]
+        for n, w in expect.items():
+            over_replicas = np.stack([reduce_sequence([per[a][r][n] for r in range(R)]) for a in range(A)])
+            g = canonical_sum(over_replicas) / np.float32(A) / np.float32(R)
+            opt.update(w, g, state[n], s + 1)
+    for n in expect:
+        assert got[n].tobytes() == expect[n].tobytes(), n
+    whole, _ = train(R, A, "momentum", options(A, True))  # whole accumulators: the same up to rounding
+    sharded, _ = train(R, A, "momentum", with_accumulators(A, "off-sharded", "sharded"))
+    np.testing.assert_allclose(whole["W"], sharded["W"], rtol=1e-5)
+
+
+def test_sharded_accumulators_with_one_micro_batch_equal_whole_ones() -> None:
+    """A = 1: a reduce-scatter then a division is what sharded optimizer state does anyway."""
+    sharded, _ = train(4, 1, "adam", with_accumulators(1, "sharded", state="sharded"))
+    whole, _ = train(4, 1, "adam", options(1, True))
+    assert all(sharded[n].tobytes() == whole[n].tobytes() for n in whole)
+
+
+def test_two_trainers_share_a_runtime_under_their_own_names() -> None:
+    with Runtime(replication=2) as rt:
+        first = Trainer(rt, {"W": W0, "b": B0}, linear_model, SGD(0.1), [(8, 5), (8, 3)])
+
+        def renamed(params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+            loss, grads = linear_model({"W": params["W2"], "b": params["b2"]}, x, y)
+            return loss, {"W2": grads["W"], "b2": grads["b"]}
+
+        second = Trainer(rt, {"W2": W0, "b2": B0}, renamed, SGD(0.1), [(8, 5), (8, 3)], name="probe")
+        assert first.step_var.name == "trainer/step" and second.step_var.name == "probe/step"
+        second.step(host_batch(X[0], 2, 1), host_batch(Y[0], 2, 1))
+        assert (first.updates, second.updates) == (0, 1)
+        with pytest.raises(ValueError, match=r"already has variables named 'W2', 'b2', 'probe/step'.*another name="):
+            Trainer(rt, {"W2": W0, "b2": B0}, renamed, SGD(0.1), [(8, 5), (8, 3)], name="probe")
+        with pytest.raises(ValueError, match=r"Trainer name 'a/b' is not valid"):
+            Trainer(rt, {"W3": W0}, renamed, SGD(0.1), [(8, 5)], name="a/b")

@@ -28,11 +28,15 @@ before anything is created. For a tensor of ``n`` elements with class settings `
   updated together), and a sharded weight updated on shards shares their domain (PopART: linked
   tensors need the same sharding domain). A sharded weight whose state is whole is gathered for
   the update and keeps only its shard (ZeRO-3 for the weight alone).
-- accumulators hold one replica's own gradient sum while a batch's micro-batches run, before the
-  reduction across replicas: they stay on chip and whole, since a sharded or spilled partial sum
-  would change the order of additions (and so the bits). Their settings are checked; OFF_CHIP or
-  sharding them is an error that says so (sharding the optimizer state reduce-scatters the
-  gradient instead: ZeRO-2).
+- accumulators sum a batch's micro-batch gradients. Whole, each holds one replica's own sum,
+  reduced across replicas once per batch. Off chip, the pending partial sums wait in file-backed
+  slots between micro-batches (the same additions, so the same bits). Sharded, each micro-batch's
+  gradient is reduce-scattered at once and the accumulator holds this replica's shard of the
+  replicas' sum (PopART's accumulator RTS: memory of a shard, a collective per micro-batch); that
+  adds over replicas before micro-batches, so the weights equal those of whole accumulators up to
+  rounding, not bit for bit (they stay bitwise equal across splits into instances). A sharded
+  accumulator needs its weight's update on shards of the same domain (sharded optimizer state, or
+  for an optimizer without state a sharded weight): the accumulated shard feeds that update.
 """
 
 from __future__ import annotations
@@ -273,14 +277,6 @@ def _place(options: TrainingOptions, everyone: ReplicaGrouping, name: str, kind:
         min_off = settings.min_elements_for_off_chip
         min_rts = settings.min_elements_for_replicated_tensor_sharding
     domain = sharding_domain(everyone, loc.domain_arg, where)  # a domain that does not fit: one error naming it
-    if kind == "accumulator" and (loc.storage is OFF_CHIP or loc.sharded):
-        setting = "storage=OFF_CHIP" if loc.storage is OFF_CHIP else "replicated_tensor_sharding"
-        raise ValueError(
-            f"{where}: {setting} is not supported for accumulators: an accumulator holds one replica's own gradient "
-            "sum while a batch's micro-batches run, before the reduction across replicas, so it stays on chip and "
-            "whole (a sharded or spilled sum would change the order of the additions and so the weights); shard the "
-            "optimizer state instead, which reduce-scatters the gradient (ZeRO-2)"
-        )
     off_chip = loc.storage is OFF_CHIP and n >= min_off and len(shape) > 0
     sharded = loc.sharded and n >= min_rts and domain.group_size > 1
     return Placement(name, off_chip, sharded, domain, off_chip and loc.load_tile_set is IO)
@@ -302,6 +298,11 @@ def _link(name: str, weight: Placement, states: dict[str, Placement], accumulato
         raise ValueError(f"weight {name!r} is sharded over {weight.domain.describe()} but its optimizer state over "
                          f"{domain.describe()}; a sharded weight is updated with its state's shards, so give both "
                          "one sharding_domain (PopART's rule for linked tensors)")
+    if accumulator.sharded and not (update_sharded and accumulator.domain == domain):
+        update = f"runs on shards over {domain.describe()}" if update_sharded else "runs on the whole tensor"
+        raise ValueError(f"the accumulator of weight {name!r} is sharded over {accumulator.domain.describe()} but the "
+                         f"weight's update {update}; a sharded accumulator feeds the update of its shard, so shard the "
+                         "optimizer state (for an optimizer without state: the weight) over the same sharding_domain")
     return WeightPlacement(name, weight, states, accumulator, update_sharded, domain)
 
 

@@ -57,38 +57,79 @@ from popdist_py.engine.locations import TrainingOptions, WeightPlacement, reduct
 from popdist_py.engine.optimizers import Optimizer, exact_norm, norm_from_parts, sum_squares_parts
 from popdist_py.engine.readahead import Job, ReadAhead
 from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
-from popdist_py.engine.tensor_store import TensorStore
+from popdist_py.engine.tensor_store import TensorStore, prefault, release
 
+#: The update counter of a Trainer with the default name ("<name>/step").
 STEP_VARIABLE = "trainer/step"
 #: The key of :meth:`Trainer.save`'s own entry in a checkpoint's metadata.
 TRAINER_METADATA = "trainer"
 
-LossAndGrads = Callable[..., tuple[Any, Mapping[str, np.ndarray]]]
+#: What ``loss_and_grads`` returns as gradients: by weight name, or a NamedTuple with a field per weight.
+Gradients = Mapping[str, np.ndarray] | tuple[np.ndarray, ...]
+LossAndGrads = Callable[..., tuple[Any, Gradients]]
 
 
 # ----------------------------------------------------------------------------------- fixed order
 class PairwiseSum:
     """Adds values in the left-to-right pairwise tree of :func:`canonical_sum`, one at a time:
-    complete power-of-two blocks are merged as they fill, the rest folded left to right at the end."""
+    complete power-of-two blocks are merged as they fill, the rest folded left to right at the end.
 
-    def __init__(self) -> None:
+    ``spill``: where the pending blocks wait (an off-chip accumulator: :class:`SpillSlots`);
+    default: in memory. The additions, and so the bits, are the same either way."""
+
+    def __init__(self, spill: SpillSlots | None = None) -> None:
         self._blocks: list[tuple[int, Any]] = []
+        self._spill = spill
 
     def add(self, value: Any) -> None:
         size = 1
         while self._blocks and self._blocks[-1][0] == size:
             _, left = self._blocks.pop()
-            value = left + value
+            value = self._load(len(self._blocks), left) + value
             size *= 2
-        self._blocks.append((size, value))
+        self._blocks.append((size, value if self._spill is None else self._spill.keep(len(self._blocks), value)))
 
     def total(self) -> Any:
+        """The sum (a new array when the blocks were spilled; their slots are released)."""
         if not self._blocks:
             raise ValueError("PairwiseSum: nothing was added")
-        result = self._blocks[0][1]
-        for _, value in self._blocks[1:]:
-            result = result + value
+        result = self._load(0, self._blocks[0][1])
+        if self._spill is not None and len(self._blocks) == 1:
+            result = np.array(result, copy=True)
+        for k, (_, value) in enumerate(self._blocks[1:], 1):
+            result = result + self._load(k, value)
+        if self._spill is not None:
+            self._spill.release(len(self._blocks))
+        self._blocks = []
         return result
+
+    def _load(self, index: int, stored: Any) -> Any:
+        return stored if self._spill is None else self._spill.load(index)
+
+
+class SpillSlots:
+    """One replica's slots of an off-chip accumulator: the pending blocks of a :class:`PairwiseSum`,
+    block ``k`` of the stack in slot ``k`` of a file-backed remote buffer, paged out between
+    micro-batches (PopART's accumulator tensor location OffChip)."""
+
+    def __init__(self, buffer: Any, local_index: int) -> None:
+        self._buffer = buffer
+        self._local = local_index
+
+    def keep(self, index: int, value: np.ndarray) -> np.ndarray:
+        slot = self._buffer.slot(self._local, index)
+        np.copyto(slot, value)
+        release(slot)
+        return slot
+
+    def load(self, index: int) -> np.ndarray:
+        slot = self._buffer.slot(self._local, index)
+        prefault(slot)
+        return slot
+
+    def release(self, count: int) -> None:
+        for index in range(count):
+            release(self._buffer.slot(self._local, index))
 
 
 def canonical_sum(values: np.ndarray, axis: int = 0) -> np.ndarray:
@@ -126,7 +167,11 @@ class Trainer:
     """
 
     def __init__(self, rt: Any, params: Mapping[str, Any], loss_and_grads: LossAndGrads, optimizer: Optimizer,
-                 micro_batch_shapes: Sequence[tuple[int, ...]], options: TrainingOptions | None = None) -> None:
+                 micro_batch_shapes: Sequence[tuple[int, ...]], options: TrainingOptions | None = None,
+                 name: str = "trainer") -> None:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"Trainer name {name!r} is not valid (a non-empty str without '/'); it names the update "
+                             "counter, '<name>/step', so that several trainers can share a runtime")
         options = copy.deepcopy(options) if options is not None else TrainingOptions()
         if not isinstance(options, TrainingOptions):
             raise TypeError(f"options is a {type(options).__name__}, not a TrainingOptions")
@@ -137,23 +182,26 @@ class Trainer:
         if not params:
             raise ValueError("params is empty: give the initial weights by name")
         arrays: dict[str, np.ndarray] = {}
-        for name, value in params.items():
-            if not isinstance(name, str) or not name or "/" in name:
-                raise ValueError(f"weight name {name!r} is not valid (a non-empty str without '/')")
+        for weight, value in params.items():
+            if not isinstance(weight, str) or not weight or "/" in weight:
+                raise ValueError(f"weight name {weight!r} is not valid (a non-empty str without '/')")
             arr = np.asarray(value)
             if not np.issubdtype(arr.dtype, np.floating):
-                raise TypeError(f"weight {name!r} has dtype {arr.dtype}; weights are floating point")
-            arrays[name] = arr
+                raise TypeError(f"weight {weight!r} has dtype {arr.dtype}; weights are floating point")
+            arrays[weight] = arr
         self.micro_batch_shapes = [tuple(validate.non_negative("micro_batch_shapes entry", d) for d in s)
                                    for s in micro_batch_shapes]
         everyone = rt.replica_grouping()
         placements = resolve(options, everyone, {n: a.shape for n, a in arrays.items()}, tuple(optimizer.state_names))
+        step_name = f"{name}/step"
         taken = [n for n in (*arrays, *(state_name(w, s) for w in arrays for s in optimizer.state_names),
-                             STEP_VARIABLE) if n in rt.variables]
+                             step_name) if n in rt.variables]
         if taken:
             raise ValueError(f"this runtime already has variables named {', '.join(map(repr, taken))}; a Trainer "
-                             "names its variables after the weights (one Trainer per runtime and weight names)")
+                             "names its variables after the weights and its update counter '<name>/step' (give "
+                             "another trainer of the runtime other weight names and another name=)")
         self.rt = rt
+        self.name = name
         self.options = options
         self.optimizer = optimizer
         self.loss_and_grads = loss_and_grads
@@ -166,11 +214,24 @@ class Trainer:
         self._states = {n: {s: TensorStore(rt, state_name(n, s), zeros, placements[n].states[s])
                             for s, zeros in optimizer.init_state(a.shape, a.dtype).items()}
                         for n, a in arrays.items()}
-        self.step_var = rt.variable(np.zeros((), np.int64), name=STEP_VARIABLE)
-        self.buckets = fused.plan({n: (a.size, a.dtype, self._scatter_domain(placements[n]))
-                                   for n, a in arrays.items()}, options.fused_reduction_bytes)
+        self.step_var = rt.variable(np.zeros((), np.int64), name=step_name)
+        # accumulators: whole ones are reduced once per batch; sharded ones receive each
+        # micro-batch's gradient reduce-scattered (their weights' updates run on the same shards)
+        scattered = {n for n, p in placements.items() if p.accumulator.sharded}
+        self.fusion = fused.plan({n: (a.size, a.dtype, self._scatter_domain(placements[n]))
+                                  for n, a in arrays.items() if n not in scattered}, options.fused_reduction_bytes)
+        self.micro_fusion = fused.plan({n: (a.size, a.dtype, placements[n].domain)
+                                        for n, a in arrays.items() if n in scattered}, options.fused_reduction_bytes)
+        self._spills = {n: self._spill_buffer(rt, a, placements[n]) for n, a in arrays.items()
+                        if placements[n].accumulator.off_chip and options.accumulation_factor > 1}
         self._read_ahead = ReadAhead(rt.instance_replication_factor)
-        self._scratch = fused.Scratch(rt.instance_replication_factor)
+
+    def _spill_buffer(self, rt: Any, value: np.ndarray, p: WeightPlacement) -> Any:
+        """The file-backed slots of an off-chip accumulator: one per pending block of the pairwise
+        sum (at most the bit length of the accumulation factor), of the whole gradient or a shard."""
+        shape = (ShardLayout(value.size, p.domain.group_size).shard_size,) if p.accumulator.sharded else value.shape
+        return rt.remote_buffer(shape, value.dtype, entries=self.options.accumulation_factor.bit_length(),
+                                location="file")
 
     def _scatter_domain(self, p: WeightPlacement) -> ReplicaGrouping | None:
         """The domain over which a weight's gradient is scattered (its update runs on shards), or None."""
@@ -284,20 +345,31 @@ class Trainer:
     # -------------------------------------------------------------------------------- replica side
     def _replica_step(self, ctx: Any, *inputs: np.ndarray) -> np.ndarray:
         params, loaded = self._weights_for_step(ctx)
-        grads_sum, loss_sum = PairwiseSum(), PairwiseSum()
-        for a in range(self.options.accumulation_factor):
+        A, i = self.options.accumulation_factor, ctx.local_index
+        sums = {n: PairwiseSum(SpillSlots(self._spills[n], i) if n in self._spills else None) for n in params}
+        loss_sum = PairwiseSum()
+        for a in range(A):
             loss, grads = self.loss_and_grads(params, *(x[a] for x in inputs))
-            grads_sum.add(self._checked(grads, params))
+            grads = self._checked(grads, params)
+            if self.micro_fusion.buckets:  # sharded accumulators: this replica's shard of the replicas' sum
+                shards = fused.reduce(self.micro_fusion, grads, "add", ctx.replica_index, self._everyone)
+                for n in shards:
+                    sums[n].add(shards[n])
+            for n in self.fusion.index:
+                sums[n].add(grads[n])
+            del grads
             loss_sum.add(np.asarray(loss, np.float64))
-        grads = grads_sum.total()
+        totals = {n: acc.total() for n, acc in sums.items()}
         loss = loss_sum.total()
-        if self.op == "mean" and self.options.accumulation_factor > 1:
-            factor = self.options.accumulation_factor
-            grads = {n: g / g.dtype.type(factor) for n, g in grads.items()}
-            loss = loss / factor
-        reduced = fused.reduce(self.buckets, grads, self.op, ctx.replica_index, self._everyone,
-                               functools.partial(self._scratch.get, ctx.local_index))
-        del grads
+        if self.op == "mean" and A > 1:
+            totals = {n: g / g.dtype.type(A) for n, g in totals.items()}
+            loss = loss / A
+        reduced = dict(fused.reduce(self.fusion, {n: totals[n] for n in self.fusion.index}, self.op,
+                                    ctx.replica_index, self._everyone))
+        for n in self.micro_fusion.index:  # summed over the replicas already: the mean's division
+            g = totals[n]
+            reduced[n] = g / g.dtype.type(self._everyone.group_size) if self.op == "mean" else g
+        del totals
         step = int(ctx[self.step_var]) + 1
         self._update(ctx, params, loaded, reduced, step)
         ctx[self.step_var] = np.int64(step)
@@ -393,7 +465,7 @@ class Trainer:
                 ratios[k] = opt.trust_ratio(norm_from_parts(total[2 * m]), norm_from_parts(total[2 * m + 1]), step)
         return ratios
 
-    def _checked(self, grads: Any, params: Mapping[str, np.ndarray]) -> _Grads:
+    def _checked(self, grads: Any, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if hasattr(grads, "_asdict"):  # a NamedTuple of gradients, as the MNIST model returns
             grads = grads._asdict()
         if not isinstance(grads, Mapping) or set(grads) != set(params):
@@ -405,14 +477,7 @@ class Trainer:
             if g.shape != p.shape:
                 raise ValueError(f"the gradient of {name!r} has shape {g.shape}, the weight {p.shape}")
             out[name] = g.astype(p.dtype, copy=False)
-        return _Grads(out)
-
-
-class _Grads(dict[str, np.ndarray]):
-    """Gradients by name that add elementwise (so :class:`PairwiseSum` accumulates dicts)."""
-
-    def __add__(self, other: _Grads) -> _Grads:
-        return _Grads({n: g + other[n] for n, g in self.items()})
+        return out
 
 
 __all__ = ["STEP_VARIABLE", "TRAINER_METADATA", "PairwiseSum", "Trainer", "canonical_sum"]

@@ -25,6 +25,7 @@ from tests.test_engine_training import (
     linear_model,
     located,
     options,
+    with_accumulators,
 )
 
 
@@ -117,3 +118,26 @@ def test_a_checkpoint_of_sharded_off_chip_state_resumes_whole_in_another_split()
             assert trainer.load(path) == {"epoch": 1}
             got = resume(rt, trainer)
         assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("accumulators", ["off", "sharded", "off-sharded"])
+@pytest.mark.parametrize("domain", ["all", "per-instance"])
+def test_off_chip_and_sharded_accumulators_give_one_process_weights_on_every_split(accumulators: str,
+                                                                                  domain: str) -> None:
+    """Accumulation 2: off-chip accumulators keep the bits of whole ones; sharded ones reduce-scatter
+    each micro-batch (across instances or within each), the same bits on every split."""
+    def placed(rt: Runtime) -> Any:
+        # per instance (at least pairs: one replica alone shards nothing, whole accumulators sum in another order)
+        group = CommGroup.consecutive(max(2, rt.instance_replication_factor)) if domain == "per-instance" else None
+        opts = with_accumulators(2, accumulators, state="sharded")
+        for settings in (opts.optimizer_state_tensor_location_settings, opts.accumulator_tensor_location_settings):
+            settings.location.sharding_domain = group
+        return opts
+
+    def body(rt: Runtime) -> list[np.ndarray]:
+        with run_trainer(rt, "adam", 2, None, opts=placed(rt)) as trainer:
+            weights = trainer.weights()
+        return [weights["W"], weights["b"]]
+
+    on_every_split(4, body)  # (per instance: one process's domain is all 4; the tree is the same)
