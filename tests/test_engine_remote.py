@@ -149,6 +149,15 @@ def test_default_spill_directory_is_temporary() -> None:
     assert not directory.exists()
 
 
+def test_a_zero_dimensional_slot_is_a_view() -> None:
+    with Runtime(replication=2) as rt:
+        buf = rt.remote_buffer((), np.float32, entries=2, location="file")
+        slot = buf.slot(1, 1)
+        assert isinstance(slot, np.ndarray) and slot.shape == ()
+        slot[...] = 4.5  # writes go to the buffer
+        assert float(buf.slot(1, 1)) == 4.5 and float(buf.slot(0, 1)) == 0.0
+
+
 @pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm")
 def test_default_spill_directory_is_in_shared_memory_with_its_space_reserved() -> None:
     with Runtime(replication=2) as rt:

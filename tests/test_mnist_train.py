@@ -268,12 +268,14 @@ def test_rts_under_poprun_gives_identical_weights() -> None:
     ("--optimizer", "momentum", "--shard", "weights", "--offchip", "weights", "--accumulation", "2"),
 ])
 def test_location_settings_under_poprun_match_one_process(argv: tuple[str, ...]) -> None:
-    """2 instances x 2 replicas with sharded and off-chip tensors: bitwise 4 replicas in one
-    process with everything replicated on chip."""
+    """2 instances x 2 replicas and 4 x 1 with sharded and off-chip tensors (shards in other
+    processes): bitwise 4 replicas in one process with everything replicated on chip."""
     plain = [a for a in argv if a not in ("--shard", "--offchip", "optimizer", "weights")]
     ref = run_inline("--replication-factor", "4", "--epochs", "2", *plain)
     two, _ = run_poprun(2, 4, "--epochs", "2", *argv)
     assert two == ref
+    four, _ = run_poprun(4, 4, "--epochs", "2", *argv)
+    assert four == ref
 
 
 @pytest.mark.slow  # trains MNIST, starts poprun

@@ -18,7 +18,7 @@ before anything is created. For a tensor of ``n`` elements with class settings `
 ``loc = override.get(name, s.location)``:
 
 - off chip when ``loc.storage`` is OFF_CHIP and (class settings only) ``n >= s.min_elements_for_off_chip``
-  (a 0-d tensor stays on chip: the engine's remote buffers cannot address a slot of shape ``()``);
+  (0-d tensors included);
 - sharded when ``loc.replicated_tensor_sharding`` and (class settings only) ``n >=
   s.min_elements_for_replicated_tensor_sharding``, over ``loc.sharding_domain`` (None: all
   replicas; otherwise runs of consecutive replicas such as ``CommGroup.consecutive(L)``);
@@ -277,7 +277,7 @@ def _place(options: TrainingOptions, everyone: ReplicaGrouping, name: str, kind:
         min_off = settings.min_elements_for_off_chip
         min_rts = settings.min_elements_for_replicated_tensor_sharding
     domain = sharding_domain(everyone, loc.domain_arg, where)  # a domain that does not fit: one error naming it
-    off_chip = loc.storage is OFF_CHIP and n >= min_off and len(shape) > 0
+    off_chip = loc.storage is OFF_CHIP and n >= min_off
     sharded = loc.sharded and n >= min_rts and domain.group_size > 1
     return Placement(name, off_chip, sharded, domain, off_chip and loc.load_tile_set is IO)
 
