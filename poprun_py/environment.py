@@ -71,7 +71,8 @@ COLLECTIVE_TIMEOUT = _define("POPDIST_COLLECTIVE_TIMEOUT", "the user", "popdist_
 ENGINE_EXECUTOR = _define("POPDIST_ENGINE_EXECUTOR", "the user", "popdist_py.engine",
                           "how L replicas run: auto (default), threads or cooperative")
 REMOTE_DIR = _define("POPDIST_REMOTE_DIR", "the user", "popdist_py.engine",
-                     "directory for file-backed remote buffers (default: a private temp dir)")
+                     "existing directory for file-backed remote buffers (default: a private one in /dev/shm, or in "
+                     "the temp dir when /dev/shm has no room)")
 
 # ----------------------------------------------------- poprun and its per-instance shim
 CONTROL = _define("POPRUN_CONTROL", "poprun", "the shim", "address:port where the shim reports to poprun")

@@ -70,8 +70,8 @@ class Runtime:
         timeout: seconds a collective waits for missing replicas or instances (default:
             ``$POPDIST_COLLECTIVE_TIMEOUT``, else 600).
         remote_dir: existing directory for file-backed remote buffers (default
-            ``$POPDIST_REMOTE_DIR``, else a private temporary directory); their files are deleted
-            on ``close()``. A directory that does not exist is an error naming it (never created).
+            ``$POPDIST_REMOTE_DIR``, else a private directory in ``/dev/shm``, or in the temporary
+            directory when ``/dev/shm`` has no room); their files are deleted on ``close()``. A directory that does not exist is an error naming it (never created).
         executor: how the L local replicas run (default ``$POPDIST_ENGINE_EXECUTOR``, else
             ``"auto"``; ``rt.executor`` tells the choice). ``"threads"``: in parallel (numpy
             releases the GIL), but each collective costs every waiting replica an OS wake-up and
@@ -379,7 +379,8 @@ class Runtime:
         """Per-replica storage of ``entries`` slots of ``shape``/``dtype`` (PopXL's ``remote_buffer``).
 
         ``location="file"`` keeps the slots in a memory-mapped temporary file in ``path`` (a
-        directory; default the runtime's ``remote_dir``), deleted when the runtime closes.
+        directory; default the runtime's ``remote_dir``), its space reserved at once (no room is
+        an OSError now, not a SIGBUS on a later write), deleted when the runtime closes.
         Every instance must create the same buffers in the same order.
         """
         self._check_idle("remote_buffer")
