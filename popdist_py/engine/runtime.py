@@ -71,7 +71,8 @@ class Runtime:
             ``$POPDIST_COLLECTIVE_TIMEOUT``, else 600).
         remote_dir: existing directory for file-backed remote buffers (default
             ``$POPDIST_REMOTE_DIR``, else a private directory in ``/dev/shm``, or in the temporary
-            directory when ``/dev/shm`` has no room); their files are deleted on ``close()``. A directory that does not exist is an error naming it (never created).
+            directory when ``/dev/shm`` has no room); their files are deleted on ``close()``. A
+            directory that does not exist is an error naming it (never created).
         executor: how the L local replicas run (default ``$POPDIST_ENGINE_EXECUTOR``, else
             ``"auto"``; ``rt.executor`` tells the choice). ``"threads"``: in parallel (numpy
             releases the GIL), but each collective costs every waiting replica an OS wake-up and
