@@ -63,6 +63,11 @@ domain, and whether they live off chip (``tensor_store``; read ahead by ``readah
     losses = trainer.step(x, y)           # x: [batches_per_step, 4, L, B, 64] (size-1 axes optional)
     trainer.save("ckpt.npz")              # restores under any split and any location setting
 
+Pipelining (``pipeline``): a replica's model split into :class:`Stage` s (forward, backward,
+device) on K devices (threads on cores of their own), run in a 1F1B or GPipe schedule: give a
+:class:`Pipeline` to the Trainer in place of ``loss_and_grads``; the weights are bitwise those of
+the stages run one after the other (``pipeline.sequential``).
+
 Semantics worth knowing: all-reduce and all-gather results, and ``ctx[var]``, are read-only
 arrays (shared between local replicas where possible; copy to modify); float reductions follow
 a fixed tree over group members, so results are bitwise identical for any split of the replicas
@@ -71,7 +76,8 @@ error on every participant instead of hanging.
 
 Errors (:mod:`.errors`, all exported here): CollectiveError and its kinds
 CollectiveMismatchError, CollectiveTimeoutError, InstancesDisagreeError, StepAborted and
-PeerAborted (with its kind PeerClosed); CheckpointError (a ValueError) from ``load``.
+PeerAborted (with its kind PeerClosed); CheckpointError (a ValueError) from ``load``;
+PipelineStageError from a pipeline stage that raised.
 """
 
 from popdist_py.engine import ops
@@ -84,6 +90,7 @@ from popdist_py.engine.errors import (
     InstancesDisagreeError,
     PeerAborted,
     PeerClosed,
+    PipelineStageError,
     StepAborted,
 )
 from popdist_py.engine.grouping import CommGroup, CommGroupType, ReplicaGrouping
@@ -95,6 +102,7 @@ from popdist_py.engine.locations import (
     TileSet,
     TrainingOptions,
 )
+from popdist_py.engine.pipeline import Pipeline, Stage
 from popdist_py.engine.remote import RemoteBuffer
 from popdist_py.engine.runtime import Runtime
 from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
@@ -112,6 +120,8 @@ __all__ = [
     "InstancesDisagreeError",
     "PeerAborted",
     "PeerClosed",
+    "Pipeline",
+    "PipelineStageError",
     "RemoteBuffer",
     "ReplicaGrouping",
     "ReplicatedTensorSharding",
@@ -120,6 +130,7 @@ __all__ = [
     "ShardArray",
     "ShardLayout",
     "ShardMeta",
+    "Stage",
     "StepAborted",
     "StepContext",
     "TensorLocation",

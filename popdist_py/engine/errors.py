@@ -40,6 +40,11 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit the runtime; the message names the values."""
 
 
+class PipelineStageError(RuntimeError):
+    """A pipeline stage's forward or backward raised; the message names the replica, the stage, the
+    forward or backward and the micro-batch (the stage's exception is chained as the cause)."""
+
+
 __all__ = [
     "CheckpointError",
     "CollectiveError",
@@ -48,5 +53,6 @@ __all__ = [
     "InstancesDisagreeError",
     "PeerAborted",
     "PeerClosed",
+    "PipelineStageError",
     "StepAborted",
 ]

@@ -55,6 +55,7 @@ from popdist_py.engine import fused, ops
 from popdist_py.engine.grouping import ReplicaGrouping
 from popdist_py.engine.locations import TrainingOptions, WeightPlacement, reduction_op, resolve, state_name
 from popdist_py.engine.optimizers import Optimizer, exact_norm, norm_from_parts, sum_squares_parts
+from popdist_py.engine.pipeline import Pipeline
 from popdist_py.engine.readahead import Job, ReadAhead
 from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
 from popdist_py.engine.tensor_store import TensorStore, prefault, release
@@ -156,6 +157,24 @@ def canonical_sum(values: np.ndarray, axis: int = 0) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------- the trainer
+def _check_pipeline(pipeline: Pipeline, weights: Mapping[str, np.ndarray],
+                    placements: Mapping[str, WeightPlacement]) -> None:
+    """ValueError when the pipeline's stages do not own exactly the trainer's weights, or a
+    weight's accumulator is sharded (that reduce-scatters every micro-batch, a collective the
+    stages' device threads cannot make)."""
+    missing = [w for w in weights if w not in pipeline.weights]
+    unknown = [w for w in pipeline.weights if w not in weights]
+    if missing or unknown:
+        parts = ([f"weights {', '.join(map(repr, missing))} belong to no stage"] if missing else []) + \
+                ([f"stages claim {', '.join(map(repr, unknown))}, which are not weights of the trainer"] if unknown
+                 else [])
+        raise ValueError("the pipeline does not fit the weights: " + "; ".join(parts))
+    sharded = [w for w, p in placements.items() if p.accumulator.sharded]
+    if sharded:
+        raise ValueError(f"the accumulators of {', '.join(map(repr, sharded))} are sharded, which a pipeline does not "
+                         "support (a reduce-scatter per micro-batch from the stages' devices); keep them whole")
+
+
 class Trainer:
     """Owns the training step of a runtime: see the module docstring.
 
@@ -177,8 +196,8 @@ class Trainer:
             raise TypeError(f"options is a {type(options).__name__}, not a TrainingOptions")
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer is a {type(optimizer).__name__}, not a popdist_py.engine.optimizers.Optimizer")
-        if not callable(loss_and_grads):
-            raise TypeError("loss_and_grads must be callable: (params, *micro_batch) -> (loss, grads)")
+        if not callable(loss_and_grads) and not isinstance(loss_and_grads, Pipeline):
+            raise TypeError("loss_and_grads must be callable, (params, *micro_batch) -> (loss, grads), or a Pipeline")
         if not params:
             raise ValueError("params is empty: give the initial weights by name")
         arrays: dict[str, np.ndarray] = {}
@@ -200,6 +219,9 @@ class Trainer:
             raise ValueError(f"this runtime already has variables named {', '.join(map(repr, taken))}; a Trainer "
                              "names its variables after the weights and its update counter '<name>/step' (give "
                              "another trainer of the runtime other weight names and another name=)")
+        self.pipeline = loss_and_grads if isinstance(loss_and_grads, Pipeline) else None
+        if self.pipeline is not None:
+            _check_pipeline(self.pipeline, arrays, placements)
         self.rt = rt
         self.name = name
         self.options = options
@@ -225,6 +247,8 @@ class Trainer:
         self._spills = {n: self._spill_buffer(rt, a, placements[n]) for n, a in arrays.items()
                         if placements[n].accumulator.off_chip and options.accumulation_factor > 1}
         self._read_ahead = ReadAhead(rt.instance_replication_factor)
+        if self.pipeline is not None:
+            self.pipeline.start(rt.instance_replication_factor)
 
     def _spill_buffer(self, rt: Any, value: np.ndarray, p: WeightPlacement) -> Any:
         """The file-backed slots of an off-chip accumulator: one per pending block of the pairwise
@@ -277,8 +301,11 @@ class Trainer:
                 *(s.var for states in self._states.values() for s in states.values()), self.step_var]
 
     def close(self) -> None:
-        """Stop the read-ahead threads (the variables stay with the runtime). Idempotent."""
+        """Stop the read-ahead threads and a pipeline's device workers (the variables stay with the
+        runtime). Idempotent."""
         self._read_ahead.close()
+        if self.pipeline is not None:
+            self.pipeline.close()
 
     def __enter__(self) -> Trainer:
         return self
@@ -348,7 +375,14 @@ class Trainer:
         A, i = self.options.accumulation_factor, ctx.local_index
         sums = {n: PairwiseSum(SpillSlots(self._spills[n], i) if n in self._spills else None) for n in params}
         loss_sum = PairwiseSum()
-        for a in range(A):
+        if self.pipeline is not None:  # each stage's device adds its weights' gradients in micro-batch order
+            def on_grads(weight: str, grad: Any) -> None:
+                sums[weight].add(_gradient(weight, grad, params[weight]))
+
+            micro_batches = [tuple(x[a] for x in inputs) for a in range(A)]
+            for loss in self.pipeline.run(i, ctx.replica_index, params, micro_batches, on_grads):
+                loss_sum.add(np.asarray(loss, np.float64))
+        for a in range(A if self.pipeline is None else 0):
             loss, grads = self.loss_and_grads(params, *(x[a] for x in inputs))
             grads = self._checked(grads, params)
             if self.micro_fusion.buckets:  # sharded accumulators: this replica's shard of the replicas' sum
@@ -471,13 +505,15 @@ class Trainer:
         if not isinstance(grads, Mapping) or set(grads) != set(params):
             got = sorted(grads) if isinstance(grads, Mapping) else type(grads).__name__
             raise ValueError(f"loss_and_grads returned gradients for {got}; expected one per weight: {sorted(params)}")
-        out = {}
-        for name, p in params.items():
-            g = np.asarray(grads[name])
-            if g.shape != p.shape:
-                raise ValueError(f"the gradient of {name!r} has shape {g.shape}, the weight {p.shape}")
-            out[name] = g.astype(p.dtype, copy=False)
-        return out
+        return {name: _gradient(name, grads[name], p) for name, p in params.items()}
+
+
+def _gradient(name: str, grad: Any, weight: np.ndarray) -> np.ndarray:
+    """``grad`` as an array of the weight's shape and dtype, or ValueError naming both shapes."""
+    g = np.asarray(grad)
+    if g.shape != weight.shape:
+        raise ValueError(f"the gradient of {name!r} has shape {g.shape}, the weight {weight.shape}")
+    return g.astype(weight.dtype, copy=False)
 
 
 __all__ = ["STEP_VARIABLE", "TRAINER_METADATA", "PairwiseSum", "Trainer", "canonical_sum"]

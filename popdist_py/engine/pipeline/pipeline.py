@@ -1,0 +1,207 @@
+"""Pipelined execution of one replica's stages over its devices (PopART's pipelining).
+
+A :class:`Pipeline` is the model a :class:`~popdist_py.engine.Trainer` trains: given it in place
+of ``loss_and_grads``, the trainer hands it a batch's ``accumulation_factor`` micro-batches, and
+each stage's device runs its forwards and backwards in the schedule's order
+(:mod:`.schedule`: 1F1B by default, or GPipe), passing activations forward and their gradients
+back between the devices' threads; each stage keeps what its backward needs per micro-batch in
+flight. The pipeline is flushed at the end of the batch, then the trainer reduces the gradients
+and updates the weights as without pipelining. Each stage's gradients are accumulated in
+micro-batch order, as without pipelining, so the weights are bitwise those of the same stages
+run one after the other (:meth:`Pipeline.sequential`, "the same model on one device").
+
+A stage that raises ends the step: the other devices of its replica stop at their next wait, and
+the replica raises :class:`PipelineStageError` naming replica, stage, forward or backward and
+micro-batch; the engine then ends the step on every replica, as for any failing step.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from popdist_py import validate
+from popdist_py.engine.errors import PipelineStageError
+from popdist_py.engine.pipeline.devices import Devices
+from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, ONE_F_ONE_B, SCHEDULES, Op, device_order, in_flight
+from popdist_py.engine.pipeline.stages import Stage, check_stages
+from popdist_py.engine.pipeline.trace import Event, write_chrome_trace
+
+#: What a device's queue holds when its replica's step has failed elsewhere.
+_ABORT = object()
+
+
+class _Stopped(Exception):
+    """A device stopped because another device of its replica failed."""
+
+
+class Pipeline:
+    """``stages`` (:class:`~.stages.Stage`) on ``devices_per_replica`` devices, run in
+    ``schedule`` order ("1f1b" or "gpipe"). ``devices_per_replica`` defaults to the job's
+    ``--ipus-per-replica`` (``popdist_py.getNumIpusPerReplica()``) under poprun, else the number
+    of stages."""
+
+    def __init__(self, stages: Sequence[Stage], devices_per_replica: int | None = None,
+                 schedule: str = ONE_F_ONE_B) -> None:
+        if devices_per_replica is None:
+            devices_per_replica = _job_devices() or len(stages)
+        self.devices_per_replica = validate.count("devices_per_replica", devices_per_replica)
+        self.stages = check_stages(stages, self.devices_per_replica)
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
+        self.schedule = schedule
+        self.weights = tuple(w for stage in self.stages for w in stage.weights)
+        self._devices: Devices | None = None
+        self._lock = threading.Lock()
+        #: the last step's events of each local replica (see :meth:`write_trace`)
+        self.events: dict[int, list[Event]] = {}
+
+    # -------------------------------------------------------------------------------- set-up
+    def start(self, local_replicas: int) -> None:
+        """Make the device workers for ``local_replicas`` replicas (the trainer calls it)."""
+        with self._lock:
+            if self._devices is None or self._devices.replicas != local_replicas:
+                if self._devices is not None:
+                    self._devices.close()
+                self._devices = Devices(local_replicas, self.devices_per_replica)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether every device worker has a core of its own (CPU affinity)."""
+        return self._devices is not None and self._devices.pinned
+
+    def close(self) -> None:
+        """Stop the device workers. Idempotent."""
+        with self._lock:
+            if self._devices is not None:
+                self._devices.close()
+                self._devices = None
+
+    def orders(self, micro_batches: int) -> list[list[Op]]:
+        """Each stage's ops in its device's order."""
+        K = len(self.stages)
+        return [device_order(self.schedule, s, K, micro_batches, stage.backward is not None)
+                for s, stage in enumerate(self.stages)]
+
+    def stashed(self, micro_batches: int) -> list[int]:
+        """The most micro-batches each stage keeps stashed at once."""
+        return [in_flight(order) for order in self.orders(micro_batches)]
+
+    # -------------------------------------------------------------------------------- running
+    def sequential(self, params: dict[str, Any], *micro_batch: Any) -> tuple[Any, dict[str, Any]]:
+        """The stages one after the other on the calling thread, as a ``loss_and_grads``: the
+        same model without pipelining (every forward, then every backward in reverse)."""
+        carry: Any = None
+        saved = []
+        for stage in self.stages:
+            carry, keep = stage.forward(params, carry, *micro_batch)
+            saved.append(keep)
+        loss = carry
+        grad: Any = None
+        grads: dict[str, Any] = {}
+        for stage, keep in zip(reversed(self.stages), reversed(saved), strict=True):
+            if stage.backward is None:
+                break
+            grad, mine = stage.backward(params, keep, grad)
+            grads.update({w: mine[w] for w in stage.weights})
+        return loss, grads
+
+    def run(self, local: int, replica: int, params: dict[str, Any], micro_batches: Sequence[tuple[Any, ...]],
+            on_grads: Callable[[str, Any], None]) -> list[Any]:
+        """One batch through the pipeline on local replica ``local`` (global index ``replica``):
+        the loss of each micro-batch, in order. ``on_grads(weight, grad)`` is called on the
+        stage's device, for each micro-batch in order."""
+        devices = self._devices
+        if devices is None:
+            raise RuntimeError("Pipeline.run before start(local_replicas): give the pipeline to a Trainer")
+        K, M = len(self.stages), len(micro_batches)
+        forward_in: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]
+        backward_in: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]
+        losses: list[Any] = [None] * M
+        events: list[Event] = []
+        failed = threading.Event()
+
+        def stop_all() -> None:
+            failed.set()
+            for q in (*forward_in, *backward_in):
+                q.put(_ABORT)
+
+        def take(q: queue.SimpleQueue[Any], op: Op) -> Any:
+            item = q.get()
+            if item is _ABORT:
+                raise _Stopped
+            m, value = item
+            assert m == op.micro_batch, (m, op)  # the schedules keep every queue in micro-batch order
+            return value
+
+        def device_loop(s: int, order: list[Op]) -> None:
+            stage = self.stages[s]
+            stash: dict[int, Any] = {}
+            op = None
+            try:
+                for op in order:
+                    if failed.is_set():
+                        raise _Stopped
+                    m = op.micro_batch
+                    if op.kind == FORWARD:
+                        carry = take(forward_in[s], op) if s else None
+                        start = time.perf_counter_ns()
+                        out, stash[m] = stage.forward(params, carry, *micro_batches[m])
+                        end = time.perf_counter_ns()
+                        if s == K - 1:
+                            losses[m] = out
+                        else:
+                            forward_in[s + 1].put((m, out))
+                    else:
+                        grad_out = take(backward_in[s], op) if s < K - 1 else None
+                        start = time.perf_counter_ns()
+                        assert stage.backward is not None
+                        grad_carry, grads = stage.backward(params, stash.pop(m), grad_out)
+                        for w in stage.weights:
+                            on_grads(w, grads[w])
+                        end = time.perf_counter_ns()
+                        if s:
+                            backward_in[s - 1].put((m, grad_carry))
+                    events.append(Event(replica, stage.device, op.kind, s, m, start, end))
+            except _Stopped:
+                raise
+            except BaseException as e:
+                stop_all()
+                assert op is not None
+                raise PipelineStageError(f"replica {replica}: {stage.label(s)} (device {stage.device}) failed in the "
+                                         f"{op.kind} of micro-batch {op.micro_batch}: {type(e).__name__}: {e}") from e
+
+        futures = [devices.submit(local, stage.device, functools.partial(device_loop, s, order))
+                   for s, (stage, order) in enumerate(zip(self.stages, self.orders(M), strict=True))]
+        errors = []
+        for f in futures:
+            try:
+                f.result()
+            except _Stopped:
+                pass
+            except BaseException as e:
+                errors.append(e)
+        self.events[local] = events
+        if errors:
+            raise errors[0]
+        return losses
+
+    def write_trace(self, path: str | os.PathLike[str]) -> None:
+        """The last step's timeline of this process's replicas as Chrome trace-event JSON."""
+        write_chrome_trace([e for events in self.events.values() for e in events], path)
+
+
+def _job_devices() -> int | None:
+    """``--ipus-per-replica`` of the poprun job this process is an instance of, if any."""
+    from poprun_py.environment import NUM_IPUS_PER_REPLICA
+
+    raw = os.environ.get(NUM_IPUS_PER_REPLICA, "").strip()
+    return validate.count(NUM_IPUS_PER_REPLICA, int(raw) if raw.isdigit() else raw) if raw else None
+
+
+__all__ = ["BACKWARD", "FORWARD", "Pipeline", "PipelineStageError"]

@@ -1,0 +1,254 @@
+"""Pipelining in one process: schedules, a Trainer over pipelined stages bitwise equal to the same
+stages run one after the other, devices on cores of their own, the step's trace, and errors
+(bad stage layouts before anything runs, a failing stage named, never a hang)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from popdist_py.engine import PipelineStageError, Runtime, Trainer, TrainingOptions
+from popdist_py.engine.optimizers import SGD, Adam
+from popdist_py.engine.pipeline import GPIPE, ONE_F_ONE_B, Pipeline, Stage, bubble, ideal_bubble
+from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, device_order, in_flight
+from popdist_py.engine.training import canonical_sum
+
+rng = np.random.default_rng(15)
+SIZES = (6, 8, 8, 3)  # features, hidden, hidden, outputs
+SAMPLES = 32
+STEPS = 2
+X = rng.standard_normal((STEPS, SAMPLES, SIZES[0])).astype(np.float32)
+Y = rng.standard_normal((STEPS, SAMPLES, SIZES[-1])).astype(np.float32)
+
+
+def init(sizes: tuple[int, ...] = SIZES) -> dict[str, np.ndarray]:
+    r = np.random.default_rng(1)
+    out = {}
+    for k, (a, b) in enumerate(itertools.pairwise(sizes)):
+        out[f"W{k}"] = (r.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        out[f"b{k}"] = np.zeros(b, np.float32)
+    return out
+
+
+def layer_stage(k: int, last: bool, device: int) -> Stage:
+    """Layer ``k`` of an MLP (tanh inside, mean squared error after the last) as one stage."""
+    W, b = f"W{k}", f"b{k}"
+
+    def forward(params: dict[str, np.ndarray], carry: Any, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
+        h = x if carry is None else carry
+        z = h @ params[W] + params[b]
+        if last:
+            err = z - y
+            return float(np.mean(err * err)), (h, err)
+        a = np.tanh(z)
+        return a, (h, a)
+
+    def backward(params: dict[str, np.ndarray], saved: Any, grad_out: Any) -> tuple[Any, dict[str, np.ndarray]]:
+        h, other = saved
+        # the loss's gradient, or tanh's
+        dz = np.float32(2) * other / np.float32(other.size) if last else grad_out * (np.float32(1) - other * other)
+        grads = {W: canonical_sum(h[:, :, None] * dz[:, None, :]), b: canonical_sum(dz)}
+        return dz @ params[W].T, grads
+
+    return Stage(forward, backward, device, (W, b), name=f"layer {k}")
+
+
+def mlp(devices: int = 3, schedule: str = ONE_F_ONE_B, placement: tuple[int, ...] | None = None) -> Pipeline:
+    layers = len(SIZES) - 1
+    placement = placement or tuple(range(layers))
+    return Pipeline([layer_stage(k, k == layers - 1, placement[k]) for k in range(layers)], devices, schedule)
+
+
+def batch(x: np.ndarray, replicas: int, accumulation: int) -> np.ndarray:
+    micro = len(x) // (replicas * accumulation)
+    return x.reshape(replicas, accumulation, micro, *x.shape[1:]).swapaxes(0, 1)
+
+
+def train(model: Any, replicas: int, accumulation: int, opts: TrainingOptions | None = None,
+          steps: int = STEPS) -> tuple[dict[str, np.ndarray], np.ndarray, Trainer]:
+    micro = SAMPLES // (replicas * accumulation)
+    opts = opts or TrainingOptions(accumulation_factor=accumulation)
+    with Runtime(replication=replicas) as rt:
+        trainer = Trainer(rt, init(), model, Adam(0.01), [(micro, SIZES[0]), (micro, SIZES[-1])], opts)
+        with trainer:
+            losses = [trainer.step(batch(X[s], replicas, accumulation), batch(Y[s], replicas, accumulation))
+                      for s in range(steps)]
+            return trainer.weights(), np.concatenate(losses), trainer
+
+
+# ------------------------------------------------------------------------------------------ schedules
+@pytest.mark.parametrize("K,M", [(1, 1), (2, 1), (2, 8), (3, 2), (4, 16)])
+def test_schedules_run_every_op_once_in_micro_batch_order(K: int, M: int) -> None:
+    for schedule in (ONE_F_ONE_B, GPIPE):
+        for s in range(K):
+            order = device_order(schedule, s, K, M)
+            every = [*((FORWARD, s, m) for m in range(M)), *((BACKWARD, s, m) for m in range(M))]
+            assert sorted(order) == sorted(every)
+            for kind in (FORWARD, BACKWARD):
+                assert [op.micro_batch for op in order if op.kind == kind] == list(range(M))
+            # a backward never comes before its own forward
+            assert all(order.index((FORWARD, s, op.micro_batch)) < i
+                       for i, op in enumerate(order) if op.kind == BACKWARD)
+            stash = in_flight(order)
+            assert stash == (M if schedule == GPIPE else min(K - s, M))
+    assert ideal_bubble(2, 16) == pytest.approx(1 / 17)
+
+
+# ------------------------------------------------------------------------------------------ training
+@pytest.mark.parametrize("schedule", [ONE_F_ONE_B, GPIPE])
+@pytest.mark.parametrize("replicas,accumulation", [(1, 8), (2, 4), (1, 1)])
+def test_pipelined_training_equals_the_stages_one_after_the_other(schedule: str, replicas: int,
+                                                                  accumulation: int) -> None:
+    pipe = mlp(schedule=schedule)
+    expect, expect_losses, _ = train(pipe.sequential, replicas, accumulation)
+    got, losses, _ = train(pipe, replicas, accumulation)
+    assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
+    assert losses.tobytes() == expect_losses.tobytes()
+    assert not np.array_equal(got["W0"], init()["W0"])  # it trained
+
+
+def test_pipelines_keep_the_bits_under_location_settings_and_across_splits_of_devices() -> None:
+    opts = TrainingOptions(accumulation_factor=4)
+    opts.optimizer_state_tensor_location_settings.location.replicated_tensor_sharding = True
+    opts.weight_tensor_location_settings.location.storage = "off_chip"
+    opts.accumulator_tensor_location_settings.location.storage = "off_chip"
+    expect, _, _ = train(mlp().sequential, 2, 4)
+    for pipe in (mlp(), mlp(devices=4, placement=(3, 1, 0)), two_stages()):
+        got, _, _ = train(pipe, 2, 4, opts)
+        assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
+
+
+def test_devices_run_on_cores_of_their_own_where_there_are_enough() -> None:
+    cores = len(os.sched_getaffinity(0))
+    seen: dict[int, set[int]] = {}
+
+    def spy(stage: Stage) -> Stage:
+        def forward(params: Any, carry: Any, *mb: Any) -> Any:
+            seen[stage.device] = os.sched_getaffinity(0)  # this thread's mask
+            return stage.forward(params, carry, *mb)
+
+        return Stage(forward, stage.backward, stage.device, stage.weights, stage.name)
+
+    pipe = Pipeline([spy(stage) for stage in two_stages().stages], 2)
+    train(pipe, 1, 4, steps=1)
+    if cores >= 2:  # one core each, not the same
+        assert len(seen[0]) == len(seen[1]) == 1 and seen[0] != seen[1]
+    else:
+        assert seen[0] == seen[1]
+
+
+def two_stages() -> Pipeline:
+    """Layer 0 on device 0, layers 1 and 2 as one stage on device 1."""
+    return Pipeline([layer_stage(0, False, 0), Stage(*_two_layers_last())], 2)
+
+
+def _two_layers_last() -> tuple[Any, Any, int, tuple[str, ...]]:
+    """Layers 1 and 2 of the MLP as one stage (forward, backward, device placeholder, weights)."""
+    one, two = layer_stage(1, False, 0), layer_stage(2, True, 0)
+
+    def forward(params: Any, carry: Any, x: Any, y: Any) -> tuple[Any, Any]:
+        a, s1 = one.forward(params, carry, x, y)
+        loss, s2 = two.forward(params, a, x, y)
+        return loss, (s1, s2)
+
+    def backward(params: Any, saved: Any, grad_out: Any) -> tuple[Any, dict[str, Any]]:
+        s1, s2 = saved
+        da, g2 = two.backward(params, s2, None)  # type: ignore[misc]
+        dh, g1 = one.backward(params, s1, da)  # type: ignore[misc]
+        return dh, {**g1, **g2}
+
+    return forward, backward, 1, ("W1", "b1", "W2", "b2")
+
+
+# ------------------------------------------------------------------------------------------ the trace
+def test_a_step_trace_is_chrome_json_with_every_op_in_schedule_order(tmp_path: Path) -> None:
+    pipe = mlp()
+    with Runtime(replication=2) as rt, Trainer(rt, init(), pipe, SGD(0.1), [(4, SIZES[0]), (4, SIZES[-1])],
+                                               TrainingOptions(accumulation_factor=4)) as trainer:
+        trainer.step(batch(X[0], 2, 4), batch(Y[0], 2, 4))
+        path = tmp_path / "step.json"
+        pipe.write_trace(path)
+    doc = json.loads(path.read_text())
+    ops = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(ops) == 2 * 3 * 4 * 2  # replicas x stages x micro-batches x (forward, backward)
+    for replica in (0, 1):
+        for stage in range(3):
+            mine = sorted((e for e in ops if e["pid"] == replica and e["args"]["stage"] == stage),
+                          key=lambda e: e["ts"])
+            assert {e["tid"] for e in mine} == {stage}  # stage k on device k
+            ran = [(e["args"]["kind"], e["args"]["micro_batch"]) for e in mine]
+            assert ran == [(op.kind, op.micro_batch) for op in device_order(ONE_F_ONE_B, stage, 3, 4)]
+            assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in itertools.pairwise(mine))  # one at a time
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"}
+    assert {"replica 0", "replica 1", "device 0", "device 2"} <= names
+    assert 0.0 <= bubble(pipe.events[0]) < 1.0
+
+
+# ------------------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("make,message", [
+    (lambda: mlp(devices=2), r"3 pipeline stages need 3 devices per replica, but a replica has 2"),
+    (lambda: mlp(placement=(0, 3, 1)), r"stage 1 \(layer 1\): device=3 is outside the valid range \[0, 2\]"),
+    (lambda: mlp(placement=(0, 1, 1)), r"stage 2 \(layer 2\) and stage 1 \(layer 1\) are both on device 1"),
+    (lambda: Pipeline([layer_stage(0, False, 0), Stage(layer_stage(1, False, 1).forward, None, 1, ("W1",))], 2),
+     r"stage 1 has no backward, but training needs it \(for weights 'W1'\)"),
+    (lambda: Pipeline([layer_stage(0, False, 0), Stage(layer_stage(1, False, 1).forward, None, 1)], 2),
+     r"stage 1 has no backward, but training needs it \(for weights 'W0', 'b0'\)"),
+    (lambda: Pipeline([layer_stage(0, False, 0), layer_stage(0, True, 1)], 2),
+     r"weight 'W0' belongs to stage 0 \(layer 0\) and stage 1 \(layer 0\)"),
+    (lambda: mlp(schedule="zigzag"), r"schedule='zigzag' is not one of 1f1b, gpipe"),
+    (lambda: Pipeline([], 2), "a pipeline needs at least one stage"),
+])
+def test_bad_stage_layouts_are_one_clear_error(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_a_pipeline_must_own_exactly_the_trainers_weights() -> None:
+    two = Pipeline([layer_stage(0, False, 0), layer_stage(1, True, 1)], 2)  # no W2, b2
+    with Runtime(replication=1) as rt:
+        with pytest.raises(ValueError, match=r"weights 'W2', 'b2' belong to no stage"):
+            Trainer(rt, init(), two, SGD(0.1), [(4, SIZES[0]), (4, SIZES[-1])])
+        assert len(rt.variables) == 0
+    with Runtime(replication=2) as rt:  # (one replica shards nothing)
+        opts = TrainingOptions(accumulation_factor=2)
+        opts.optimizer_state_tensor_location_settings.location.replicated_tensor_sharding = True
+        opts.accumulator_tensor_location_settings.location.replicated_tensor_sharding = True
+        with pytest.raises(ValueError, match=r"accumulators of 'W0', 'b0', .* are sharded, which a pipeline does"):
+            Trainer(rt, init(), mlp(), Adam(0.1), [(4, SIZES[0]), (4, SIZES[-1])], opts)
+
+
+def test_a_failing_stage_ends_the_step_naming_replica_stage_and_micro_batch() -> None:
+    """Layer 1's backward raises on one micro-batch of one replica (marked in its input)."""
+    stages = mlp().stages
+    layer = stages[1]
+    mark = np.float32(1234.0)
+
+    def forward(params: Any, carry: Any, x: np.ndarray, y: np.ndarray) -> Any:
+        out, saved = layer.forward(params, carry, x, y)
+        return out, (saved, bool(x[0, 0] == mark))
+
+    def backward(params: Any, saved: Any, grad_out: Any) -> Any:
+        saved, marked = saved
+        if marked:
+            raise FloatingPointError("overflow in layer 1")
+        return layer.backward(params, saved, grad_out)  # type: ignore[misc]
+
+    pipe = Pipeline([stages[0], Stage(forward, backward, 1, layer.weights, "layer 1"), stages[2]], 3)
+    x, y = batch(X[0], 2, 4).copy(), batch(Y[0], 2, 4)
+    x[2, 1, 0, 0] = mark  # micro-batch 2 of replica 1
+    with Runtime(replication=2) as rt, Trainer(rt, init(), pipe, SGD(0.1), [(4, SIZES[0]), (4, SIZES[-1])],
+                                               TrainingOptions(accumulation_factor=4)) as trainer:
+        message = (r"replica 1: stage 1 \(layer 1\) \(device 1\) failed in the backward of micro-batch 2: "
+                   r"FloatingPointError: overflow in layer 1")
+        with pytest.raises(PipelineStageError, match=message):
+            trainer.step(x, y)
+        assert trainer.updates == 0  # the step ended on every replica before any update
+        x[2, 1, 0, 0] = 0.0
+        trainer.step(x, y)  # the runtime and the devices go on
+        assert trainer.updates == 1
