@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +176,12 @@ def test_a_step_trace_is_chrome_json_with_every_op_in_schedule_order(tmp_path: P
         path = tmp_path / "step.json"
         pipe.write_trace(path)
     doc = json.loads(path.read_text())
-    ops = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    ops = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] in ("forward", "backward")]
     assert len(ops) == 2 * 3 * 4 * 2  # replicas x stages x micro-batches x (forward, backward)
+    exchanges = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] in ("input", "output")]
+    expected = [(r, f"{k[0].upper()}{m}", 0 if k == "input" else 2)  # feeds on device 0, outputs on device 2
+                for r in (0, 1) for k in ("input", "output") for m in range(4)]
+    assert sorted((e["pid"], e["name"], e["tid"]) for e in exchanges) == sorted(expected)
     for replica in (0, 1):
         for stage in range(3):
             mine = sorted((e for e in ops if e["pid"] == replica and e["args"]["stage"] == stage),
@@ -252,3 +257,48 @@ def test_a_failing_stage_ends_the_step_naming_replica_stage_and_micro_batch() ->
         x[2, 1, 0, 0] = 0.0
         trainer.step(x, y)  # the runtime and the devices go on
         assert trainer.updates == 1
+
+
+# ------------------------------------------------------------------------------------------ sync patterns
+@pytest.mark.parametrize("pattern,inputs,outputs", [
+    ("full", {0, 1, 2, 3}, {0, 1, 2, 3}),
+    ("SinglePipeline", {0}, {3}),  # PopART's spelling
+    ("replica_and_ladder", {0, 2}, {1, 3}),
+])
+def test_sync_patterns_decide_who_waits_at_each_host_exchange(pattern: str, inputs: set[int],
+                                                              outputs: set[int]) -> None:
+    """Ordering evidence, not timing: each exchange records the devices it waited for and their
+    arrival tickets, all before its completion ticket; the feed ran once per micro-batch."""
+    fed: list[int] = []
+
+    def feed(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        fed.append(threading.get_native_id())
+        return x * np.float32(1), y  # the host's work on the micro-batch (a copy)
+
+    layers = (6, 8, 8, 8, 3)
+    stages = [layer_stage(k, k == 3, k) for k in range(4)]
+    pipe = Pipeline(stages, 4, sync_pattern=pattern, feed=feed)
+    sequential = Pipeline(stages, 4)
+    x, y = batch(X[0], 1, 8), batch(Y[0], 1, 8)
+    results = []
+    for model in (pipe, sequential.sequential):
+        with Runtime(replication=1) as rt, Trainer(rt, init(layers), model, SGD(0.1),
+                                                   [(4, SIZES[0]), (4, SIZES[-1])],
+                                                   TrainingOptions(accumulation_factor=8)) as trainer:
+            trainer.step(x, y)
+            results.append(trainer.weights())
+    assert all(results[0][n].tobytes() == results[1][n].tobytes() for n in results[1])  # the same bits
+    records = pipe.exchanges[0]
+    assert len(records) == 16 and len(fed) == 8 and len(set(fed)) == 1  # on the first device's thread
+    for r in records:
+        assert set(r.waited_for) == (inputs if r.kind == "input" else outputs), r
+        assert all(t < r.done for t in r.waited_for.values())
+    assert sorted(r.micro_batch for r in records if r.kind == "input") == list(range(8))
+
+
+def test_bad_sync_patterns_and_feeds_are_named() -> None:
+    with pytest.raises(ValueError, match=r"sync_pattern='ladder' is not one of full, single_pipeline, "
+                                         r"replica_and_ladder"):
+        Pipeline(mlp().stages, 3, sync_pattern="ladder")
+    with pytest.raises(TypeError, match=r"feed must be callable"):
+        Pipeline(mlp().stages, 3, feed=3)  # type: ignore[arg-type]

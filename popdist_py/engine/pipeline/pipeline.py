@@ -18,18 +18,21 @@ micro-batch; the engine then ends the step on every replica, as for any failing 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from popdist_py import validate
 from popdist_py.engine.errors import PipelineStageError
+from popdist_py.engine.pipeline import sync
 from popdist_py.engine.pipeline.devices import Devices
 from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, ONE_F_ONE_B, SCHEDULES, Op, device_order, in_flight
 from popdist_py.engine.pipeline.stages import Stage, check_stages
+from popdist_py.engine.pipeline.sync import SINGLE_PIPELINE, Exchange
 from popdist_py.engine.pipeline.trace import Event, write_chrome_trace
 
 #: What a device's queue holds when its replica's step has failed elsewhere.
@@ -47,7 +50,8 @@ class Pipeline:
     of stages."""
 
     def __init__(self, stages: Sequence[Stage], devices_per_replica: int | None = None,
-                 schedule: str = ONE_F_ONE_B) -> None:
+                 schedule: str = ONE_F_ONE_B, sync_pattern: str = SINGLE_PIPELINE,
+                 feed: Callable[..., tuple[Any, ...]] | None = None) -> None:
         if devices_per_replica is None:
             devices_per_replica = _job_devices() or len(stages)
         self.devices_per_replica = validate.count("devices_per_replica", devices_per_replica)
@@ -55,11 +59,18 @@ class Pipeline:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
         self.schedule = schedule
+        self.sync_pattern = sync.sync_pattern(sync_pattern)
+        if feed is not None and not callable(feed):
+            raise TypeError(f"feed must be callable, (*micro_batch) -> micro_batch, got {feed!r}")
+        #: the host's data feed, run at each input exchange on the first device: (*micro_batch) -> micro_batch
+        self.feed = feed
         self.weights = tuple(w for stage in self.stages for w in stage.weights)
         self._devices: Devices | None = None
         self._lock = threading.Lock()
         #: the last step's events of each local replica (see :meth:`write_trace`)
         self.events: dict[int, list[Event]] = {}
+        #: the last step's host exchanges of each local replica, in the order they completed
+        self.exchanges: dict[int, list[ExchangeRecord]] = {}
 
     # -------------------------------------------------------------------------------- set-up
     def start(self, local_replicas: int) -> None:
@@ -81,6 +92,10 @@ class Pipeline:
             if self._devices is not None:
                 self._devices.close()
                 self._devices = None
+
+    def plan(self, micro_batches: int) -> list[list[Op | Exchange]]:
+        """Each stage's ops and host exchanges in its device's order."""
+        return sync.with_exchanges(self.orders(micro_batches), self.sync_pattern)
 
     def orders(self, micro_batches: int) -> list[list[Op]]:
         """Each stage's ops in its device's order."""
@@ -124,12 +139,42 @@ class Pipeline:
         backward_in: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]
         losses: list[Any] = [None] * M
         events: list[Event] = []
+        records: list[ExchangeRecord] = []
         failed = threading.Event()
+        inputs = list(micro_batches)
+        plan = self.plan(M)
+        barriers = {g: threading.Barrier(len(g)) for g in {x.group for items in plan for x in items
+                                                           if isinstance(x, Exchange) and len(x.group) > 1}}
+        ticket = itertools.count()  # orders arrivals and completions across the devices
+        arrivals: dict[tuple[str, int], dict[int, int]] = {}  # (kind, micro-batch) -> device -> arrival ticket
 
         def stop_all() -> None:
             failed.set()
             for q in (*forward_in, *backward_in):
                 q.put(_ABORT)
+            for barrier in barriers.values():
+                barrier.abort()
+
+        def exchange(x: Exchange, s: int) -> None:
+            """Meet the exchange's group; the device doing the I/O does it while the others wait."""
+            io = s == (0 if x.kind == sync.INPUT else K - 1)
+            arrivals.setdefault((x.kind, x.micro_batch), {})[self.stages[s].device] = next(ticket)
+            barrier = barriers.get(x.group)
+            try:
+                if barrier is not None:
+                    barrier.wait()
+                start = time.perf_counter_ns()
+                if io and x.kind == sync.INPUT and self.feed is not None:
+                    inputs[x.micro_batch] = tuple(self.feed(*inputs[x.micro_batch]))
+                end = time.perf_counter_ns()
+                if barrier is not None:
+                    barrier.wait()
+            except threading.BrokenBarrierError:
+                raise _Stopped from None
+            if io:
+                waited = arrivals.pop((x.kind, x.micro_batch))  # every member arrived before the barrier let go
+                records.append(ExchangeRecord(x.kind, x.micro_batch, waited, next(ticket), start, end))
+                events.append(Event(replica, self.stages[s].device, x.kind, s, x.micro_batch, start, end))
 
         def take(q: queue.SimpleQueue[Any], op: Op) -> Any:
             item = q.get()
@@ -139,19 +184,22 @@ class Pipeline:
             assert m == op.micro_batch, (m, op)  # the schedules keep every queue in micro-batch order
             return value
 
-        def device_loop(s: int, order: list[Op]) -> None:
+        def device_loop(s: int, items: list[Op | Exchange]) -> None:
             stage = self.stages[s]
             stash: dict[int, Any] = {}
-            op = None
+            op: Op | Exchange | None = None
             try:
-                for op in order:
+                for op in items:
                     if failed.is_set():
                         raise _Stopped
+                    if isinstance(op, Exchange):
+                        exchange(op, s)
+                        continue
                     m = op.micro_batch
                     if op.kind == FORWARD:
                         carry = take(forward_in[s], op) if s else None
                         start = time.perf_counter_ns()
-                        out, stash[m] = stage.forward(params, carry, *micro_batches[m])
+                        out, stash[m] = stage.forward(params, carry, *inputs[m])
                         end = time.perf_counter_ns()
                         if s == K - 1:
                             losses[m] = out
@@ -173,11 +221,12 @@ class Pipeline:
             except BaseException as e:
                 stop_all()
                 assert op is not None
+                what = op.describe() if isinstance(op, Exchange) else f"{op.kind} of micro-batch {op.micro_batch}"
                 raise PipelineStageError(f"replica {replica}: {stage.label(s)} (device {stage.device}) failed in the "
-                                         f"{op.kind} of micro-batch {op.micro_batch}: {type(e).__name__}: {e}") from e
+                                         f"{what}: {type(e).__name__}: {e}") from e
 
-        futures = [devices.submit(local, stage.device, functools.partial(device_loop, s, order))
-                   for s, (stage, order) in enumerate(zip(self.stages, self.orders(M), strict=True))]
+        futures = [devices.submit(local, stage.device, functools.partial(device_loop, s, items))
+                   for s, (stage, items) in enumerate(zip(self.stages, plan, strict=True))]
         errors = []
         for f in futures:
             try:
@@ -187,6 +236,7 @@ class Pipeline:
             except BaseException as e:
                 errors.append(e)
         self.events[local] = events
+        self.exchanges[local] = sorted(records, key=lambda r: r.done)
         if errors:
             raise errors[0]
         return losses
@@ -194,6 +244,19 @@ class Pipeline:
     def write_trace(self, path: str | os.PathLike[str]) -> None:
         """The last step's timeline of this process's replicas as Chrome trace-event JSON."""
         write_chrome_trace([e for events in self.events.values() for e in events], path)
+
+
+class ExchangeRecord(NamedTuple):
+    """A host exchange as it ran: the devices it waited for, each with the ticket of its arrival,
+    and the ticket of its completion (tickets order events across the devices of a replica)."""
+
+    kind: str
+    micro_batch: int
+    #: device -> arrival ticket, for every device that had to arrive before the exchange ran
+    waited_for: dict[int, int]
+    done: int
+    start_ns: int
+    end_ns: int
 
 
 def _job_devices() -> int | None:

@@ -13,6 +13,8 @@ import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD
+
 
 class Event(NamedTuple):
     """One op as it ran: perf_counter_ns at its start and end."""
@@ -50,9 +52,10 @@ def write_chrome_trace(events: Iterable[Event], path: str | os.PathLike[str]) ->
 
 
 def bubble(events: Iterable[Event]) -> float:
-    """Idle fraction of the devices between the first op's start and the last op's end:
+    """Idle fraction of the devices between the first op's start and the last op's end (forwards
+    and backwards; host exchanges count as idle):
     ``1 - busy / (devices x span)``, over every replica's devices."""
-    events = list(events)
+    events = [e for e in events if e.kind in (FORWARD, BACKWARD)]  # compute only, not host exchanges
     if not events:
         return 0.0
     start = min(e.start_ns for e in events)

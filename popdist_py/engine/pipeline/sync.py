@@ -1,0 +1,110 @@
+"""Sync patterns: which of a replica's devices meet at each host exchange (PopART's SyncPattern).
+
+A pipeline's host exchanges are the data feed of each micro-batch (before stage 0's forward; the
+feed runs there, on the first device) and the return of its output (after the last stage's
+forward). Which devices must arrive before an exchange may run, and wait until it has run:
+
+- ``full``: every device of the replica, at every exchange (PopART's default). The devices keep
+  in step with the host, so a costly feed stalls all of them.
+- ``single_pipeline``: only the device that does the I/O; stage 0 takes the next input while the
+  last stage returns outputs and the others compute.
+- ``replica_and_ladder``: the devices in two alternating groups, even and odd devices, each
+  exchanging with the host on its own while the other computes (double buffering); with two
+  devices the groups are single devices.
+
+Each device meets its exchanges in one global order, taken from a simulated run of the schedule
+with ops of equal length (a valid timeline, so the order cannot deadlock).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, Op
+
+FULL, SINGLE_PIPELINE, REPLICA_AND_LADDER = "full", "single_pipeline", "replica_and_ladder"
+SYNC_PATTERNS = (FULL, SINGLE_PIPELINE, REPLICA_AND_LADDER)
+INPUT, OUTPUT = "input", "output"
+
+
+class Exchange(NamedTuple):
+    """A host exchange: the feed of a micro-batch (INPUT) or the return of its output (OUTPUT)."""
+
+    kind: str
+    micro_batch: int
+    #: the stage indices whose devices meet at it
+    group: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.kind} exchange of micro-batch {self.micro_batch}"
+
+
+def sync_pattern(value: object) -> str:
+    """``value`` as one of :data:`SYNC_PATTERNS` (PopART's ``Full``, ``SinglePipeline``,
+    ``ReplicaAndLadder`` are accepted too), or ValueError naming the valid ones."""
+    if isinstance(value, str):
+        key = value.replace("_", "").lower()
+        for name in SYNC_PATTERNS:
+            if name.replace("_", "") == key:
+                return name
+    raise ValueError(f"sync_pattern={value!r} is not one of {', '.join(SYNC_PATTERNS)} (PopART's Full, "
+                     "SinglePipeline, ReplicaAndLadder)")
+
+
+def group(pattern: str, stage: int, stages: int) -> tuple[int, ...]:
+    """The stages whose devices meet at an exchange that ``stage``'s device performs."""
+    if pattern == FULL:
+        return tuple(range(stages))
+    if pattern == SINGLE_PIPELINE:
+        return (stage,)
+    return tuple(s for s in range(stages) if s % 2 == stage % 2)
+
+
+def with_exchanges(orders: list[list[Op]], pattern: str) -> list[list[Op | Exchange]]:
+    """Each device's ops with the exchanges it takes part in, in a deadlock-free global order."""
+    K = len(orders)
+    start, end = _timeline(orders)
+    micro_batches = sum(op.kind == FORWARD for op in orders[0])
+    exchanges: list[tuple[int, int, Exchange]] = []  # (time, tie-break, exchange)
+    for m in range(micro_batches):
+        exchanges.append((start[FORWARD, 0, m], 0, Exchange(INPUT, m, group(pattern, 0, K))))
+        exchanges.append((end[FORWARD, K - 1, m], 1, Exchange(OUTPUT, m, group(pattern, K - 1, K))))
+    exchanges.sort(key=lambda e: (e[0], e[1], e[2].micro_batch))
+    out: list[list[Op | Exchange]] = []
+    for s, order in enumerate(orders):
+        timed: list[tuple[int, int, int, Op | Exchange]] = [(start[op], 1, k, op) for k, op in enumerate(order)]
+        timed += [(t, 0, k, x) for k, (t, _, x) in enumerate(exchanges) if s in x.group]
+        out.append([item for *_, item in sorted(timed, key=lambda e: e[:3])])
+    return out
+
+
+def _timeline(orders: list[list[Op]]) -> tuple[dict[tuple[str, int, int], int], dict[tuple[str, int, int], int]]:
+    """Start and end times of every op with ops of length 1, each device in its order, an op
+    starting when its inputs are ready (the previous stage's forward, the next stage's backward)."""
+    start: dict[tuple[str, int, int], int] = {}
+    end: dict[tuple[str, int, int], int] = {}
+    position = [0] * len(orders)
+    free = [0] * len(orders)
+    K = len(orders)
+    while any(p < len(o) for p, o in zip(position, orders, strict=True)):
+        progressed = False
+        for s, order in enumerate(orders):
+            if position[s] == len(order):
+                continue
+            op = order[position[s]]
+            needs = ([(FORWARD, s - 1, op.micro_batch)] if op.kind == FORWARD and s else []) + \
+                    ([(BACKWARD, s + 1, op.micro_batch)] if op.kind == BACKWARD and s < K - 1 else [])
+            if any(n not in end for n in needs):
+                continue
+            t = max([free[s], *(end[n] for n in needs)])
+            start[op], end[op] = t, t + 1
+            free[s] = t + 1
+            position[s] += 1
+            progressed = True
+        if not progressed:  # pragma: no cover - the schedules are valid
+            raise RuntimeError("pipeline schedule deadlocks")
+    return start, end
+
+
+__all__ = ["FULL", "INPUT", "OUTPUT", "REPLICA_AND_LADDER", "SINGLE_PIPELINE", "SYNC_PATTERNS", "Exchange", "group",
+           "sync_pattern", "with_exchanges"]
