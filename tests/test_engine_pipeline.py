@@ -18,6 +18,7 @@ from popdist_py.engine import PipelineStageError, Runtime, Trainer, TrainingOpti
 from popdist_py.engine.optimizers import SGD, Adam
 from popdist_py.engine.pipeline import GPIPE, ONE_F_ONE_B, Pipeline, Stage, bubble, ideal_bubble
 from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, device_order, in_flight
+from popdist_py.engine.pipeline.sync import timeline
 from popdist_py.engine.training import canonical_sum
 
 rng = np.random.default_rng(15)
@@ -302,3 +303,61 @@ def test_bad_sync_patterns_and_feeds_are_named() -> None:
         Pipeline(mlp().stages, 3, sync_pattern="ladder")
     with pytest.raises(TypeError, match=r"feed must be callable"):
         Pipeline(mlp().stages, 3, feed=3)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------ continuous
+def test_without_accumulation_the_pipeline_runs_continuously_with_stale_weights(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Batches of one micro-batch flow through without a flush; each stage updates after each of
+    its backwards. Checked against a one-thread reference that runs every op in the timeline's
+    order and a stage's update right after its backward."""
+    B, micro = 8, 4
+    pipe = two_stages()
+    x, y = X[0][:B * micro].reshape(B, micro, -1), Y[0][:B * micro].reshape(B, micro, -1)
+    shapes = [(micro, SIZES[0]), (micro, SIZES[-1])]
+    with caplog.at_level("WARNING", logger="popdist_py.engine.training"), Runtime(replication=1) as rt, \
+            Trainer(rt, init(), pipe, SGD(0.1), shapes, TrainingOptions(accumulation_factor=1)) as trainer:
+        losses = trainer.step(x, y)
+        got = trainer.weights()
+        assert trainer.continuous and trainer.updates == B and losses.shape == (B,)
+    warned = [r.getMessage() for r in caplog.records if "stale weights" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0] and "accumulation_factor > 1" in warned[0]
+
+    expect, opt = init(), SGD(0.1)
+    state = {n: opt.init_state(w.shape, w.dtype) for n, w in expect.items()}
+    orders = pipe.orders(B)
+    updates = pipe.update_order(B)
+    start, _ = timeline(orders)
+    saved: dict[tuple[int, int], Any] = {}
+    carry: dict[tuple[int, int], Any] = {}
+    ref_losses = [0.0] * B
+    for op in sorted((op for order in orders for op in order), key=lambda op: (start[op], op.stage)):
+        stage, m = pipe.stages[op.stage], op.micro_batch
+        if op.kind == FORWARD:
+            out, saved[op.stage, m] = stage.forward(expect, carry.pop((op.stage, m), None), x[m], y[m])
+            if op.stage == 0:
+                carry[1, m] = out
+            else:
+                ref_losses[m] = out
+        else:
+            grad_out = carry.pop(("back", m)) if op.stage == 0 else None
+            dh, grads = stage.backward(expect, saved.pop((op.stage, m)), grad_out)  # type: ignore[misc]
+            if op.stage == 1:
+                carry["back", m] = dh  # type: ignore[index]
+            assert (op.stage, m) in updates
+            for n in stage.weights:
+                opt.update(expect[n], grads[n].astype(np.float32), state[n], m + 1)
+    assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+    with Runtime(replication=1) as rt, Trainer(rt, init(), pipe.sequential, SGD(0.1),
+                                               [(micro, SIZES[0]), (micro, SIZES[-1])]) as trainer:
+        trainer.step(x, y)  # the same 8 updates without pipelining: fresh weights every time
+        fresh = trainer.weights()
+    assert not np.allclose(got["W0"], fresh["W0"], rtol=1e-6)  # the stale weights made a difference
+    np.testing.assert_allclose(got["W0"], fresh["W0"], atol=0.02)  # a small one
+
+
+def test_a_pipeline_with_accumulation_does_not_warn(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="popdist_py.engine.training"):
+        _, _, trainer = train(mlp(), 1, 2, steps=1)
+    assert not trainer.continuous and not [r for r in caplog.records if "stale" in r.getMessage()]

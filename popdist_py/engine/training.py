@@ -45,6 +45,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,8 @@ from popdist_py.engine.pipeline import Pipeline
 from popdist_py.engine.readahead import Job, ReadAhead
 from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
 from popdist_py.engine.tensor_store import TensorStore, prefault, release
+
+log = logging.getLogger(__name__)
 
 #: The update counter of a Trainer with the default name ("<name>/step").
 STEP_VARIABLE = "trainer/step"
@@ -247,8 +250,18 @@ class Trainer:
         self._spills = {n: self._spill_buffer(rt, a, placements[n]) for n, a in arrays.items()
                         if placements[n].accumulator.off_chip and options.accumulation_factor > 1}
         self._read_ahead = ReadAhead(rt.instance_replication_factor)
+        #: a pipeline without accumulation runs continuously: each stage updates after each backward
+        self.continuous = (self.pipeline is not None and options.accumulation_factor == 1
+                           and len(self.pipeline.stages) > 1)
         if self.pipeline is not None:
             self.pipeline.start(rt.instance_replication_factor)
+            self._stage_fusions = [fused.plan({n: (arrays[n].size, arrays[n].dtype,
+                                                   self._scatter_domain(placements[n])) for n in stage.weights},
+                                              options.fused_reduction_bytes) for stage in self.pipeline.stages]
+        if self.continuous:
+            log.warning("pipelining without gradient accumulation: each stage updates its weights while later "
+                        "micro-batches are in flight, so they see stale weights (Zhang et al., arXiv:1912.12675); "
+                        "set accumulation_factor > 1 to flush the pipeline before each update")
 
     def _spill_buffer(self, rt: Any, value: np.ndarray, p: WeightPlacement) -> Any:
         """The file-backed slots of an off-chip accumulator: one per pending block of the pairwise
@@ -266,6 +279,8 @@ class Trainer:
         """Run ``batches_per_step`` updates on ``data`` (one array per input); the loss of each
         (reduced over micro-batches and replicas as ``reduction`` says), shape ``[batches_per_step]``."""
         batches = self._batches(data)
+        if self.continuous:  # every batch of the step through the pipeline at once: [L, batches_per_step, ...]
+            return np.asarray(self.rt.run(self._continuous_step, *(np.moveaxis(x[:, 0], 1, 0) for x in batches))[0])
         losses = []
         for b in range(batches[0].shape[0]):
             per_replica = [np.moveaxis(x[b], 1, 0) for x in batches]  # [L, A, *micro_batch]
@@ -409,6 +424,36 @@ class Trainer:
         ctx[self.step_var] = np.int64(step)
         return ops.replicated_all_reduce(np.asarray([loss]), op=self.op)
 
+    def _continuous_step(self, ctx: Any, *inputs: np.ndarray) -> np.ndarray:
+        """Continuous pipelining: the step's batches (one micro-batch each) flow through the
+        pipeline without a flush; each stage's gradients of a batch are reduced across replicas
+        and applied as soon as its backward is done (on this thread, in the pipeline's update
+        order, the same on every replica), and its later forwards see the new weights."""
+        assert self.pipeline is not None
+        params, loaded = self._weights_for_step(ctx)
+        base = int(ctx[self.step_var])
+        pending: dict[str, np.ndarray] = {}  # a stage's gradients of its latest backward
+
+        def on_grads(weight: str, grad: Any) -> None:
+            pending[weight] = _gradient(weight, grad, params[weight])
+
+        def update(stage: int, m: int) -> dict[str, np.ndarray]:
+            names = self.pipeline.stages[stage].weights
+            grads = {n: pending.pop(n) for n in names}
+            reduced = fused.reduce(self._stage_fusions[stage], grads, self.op, ctx.replica_index, self._everyone)
+            self._update(ctx, params, loaded, reduced, base + m + 1, names)
+            for n in names:  # a sharded weight is gathered again (the others were updated in place)
+                store = self._weights[n]
+                if store.sharded:
+                    params[n] = ops.replicated_all_gather(store.shard_array(loaded[n]), output_shape="meta_shape")
+            return params
+
+        batches = inputs[0].shape[0]
+        micro_batches = [tuple(x[b] for x in inputs) for b in range(batches)]
+        losses = self.pipeline.run(ctx.local_index, ctx.replica_index, params, micro_batches, on_grads, update)
+        ctx[self.step_var] = np.int64(base + batches)
+        return ops.replicated_all_reduce(np.asarray(losses, np.float64), op=self.op)
+
     def _weights_for_step(self, ctx: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """(the full weights the model reads, read-only; this replica's stored values, flat, which
         the update changes in place). A sharded weight is gathered: its full value exists only in
@@ -431,16 +476,18 @@ class Trainer:
         return {s: store.fetch(local_index) for s, store in self._states[name].items()}
 
     def _update(self, ctx: Any, params: Mapping[str, np.ndarray], loaded: Mapping[str, np.ndarray],
-                reduced: Mapping[str, np.ndarray], step: int) -> None:
-        """The optimizer on each weight in turn, on the whole tensor or this replica's shards; the
-        next weight's off-chip state is read ahead (when marked IO) while this one is updated."""
+                reduced: Mapping[str, np.ndarray], step: int, names: Sequence[str] | None = None) -> None:
+        """The optimizer on each weight (of ``names``, default all) in turn, on the whole tensor or
+        this replica's shards; the next weight's off-chip state is read ahead (when marked IO)
+        while this one is updated."""
         opt = self.optimizer
         i = ctx.local_index
+        names = list(self._states) if names is None else list(names)
         jobs: list[Job[dict[str, np.ndarray]]] = [
-            (functools.partial(self._load_states, name, i), any(s.placement.read_ahead for s in states.values()))
-            for name, states in self._states.items()]
+            (functools.partial(self._load_states, name, i),
+             any(s.placement.read_ahead for s in self._states[name].values())) for name in names]
         waiting: list[tuple[str, np.ndarray, np.ndarray]] = []  # LAMB: (name, weight, direction) until the norms
-        for name, state in zip(self._states, self._read_ahead.in_order(jobs), strict=True):
+        for name, state in zip(names, self._read_ahead.in_order(jobs), strict=True):
             weight = self._weight_piece(ctx, name, params, loaded)
             d = opt.direction(weight, np.asarray(reduced[name]), state, step)
             for s, store in self._states[name].items():

@@ -38,3 +38,26 @@ def test_pipelined_replicas_give_one_process_sequential_weights_on_every_split(s
         return got
 
     on_every_split(R, body)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_continuous_pipelines_update_alike_on_every_split() -> None:
+    """No accumulation: each stage's updates (a reduction across replicas and instances each) run
+    in the pipeline's update order on every replica, so every split gives one process's bits."""
+    R, B = 4, 4
+    micro = SAMPLES // (R * B)
+
+    def body(rt: Runtime) -> list[np.ndarray]:
+        L, off = rt.instance_replication_factor, rt.replica_index_offset
+        opts = TrainingOptions()
+        opts.optimizer_state_tensor_location_settings.location.replicated_tensor_sharding = True
+        opts.weight_tensor_location_settings.location.replicated_tensor_sharding = True  # gathered after updates
+        with Trainer(rt, init(), mlp(), Adam(0.01), [(micro, SIZES[0]), (micro, SIZES[-1])], opts) as trainer:
+            assert trainer.continuous
+            x = X[0].reshape(B, R, micro, -1)[:, off:off + L]
+            y = Y[0].reshape(B, R, micro, -1)[:, off:off + L]
+            trainer.step(x, y)
+            weights = trainer.weights()
+        return [weights[n] for n in sorted(weights)]
+
+    on_every_split(R, body)

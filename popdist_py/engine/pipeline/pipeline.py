@@ -126,11 +126,25 @@ class Pipeline:
             grads.update({w: mine[w] for w in stage.weights})
         return loss, grads
 
+    def update_order(self, micro_batches: int) -> list[tuple[int, int]]:
+        """(stage, micro-batch) of every backward in one global order (the simulated timeline's):
+        the order in which a continuous pipeline's updates run, the same on every replica."""
+        orders = self.orders(micro_batches)
+        start, _ = sync.timeline(orders)
+        backwards = [op for order in orders for op in order if op.kind == BACKWARD]
+        return [(op.stage, op.micro_batch) for op in sorted(backwards, key=lambda op: (start[op], op.stage))]
+
     def run(self, local: int, replica: int, params: dict[str, Any], micro_batches: Sequence[tuple[Any, ...]],
-            on_grads: Callable[[str, Any], None]) -> list[Any]:
+            on_grads: Callable[[str, Any], None],
+            update: Callable[[int, int], dict[str, Any]] | None = None) -> list[Any]:
         """One batch through the pipeline on local replica ``local`` (global index ``replica``):
         the loss of each micro-batch, in order. ``on_grads(weight, grad)`` is called on the
-        stage's device, for each micro-batch in order."""
+        stage's device, for each micro-batch in order.
+
+        ``update(stage, micro_batch) -> params``: continuous pipelining (no flush between
+        micro-batches). After each backward the stage's device waits while ``update`` runs on the
+        calling thread (collectives allowed there), in :meth:`update_order`, and then computes
+        with the params it returns: later forwards see the new weights (stale weights)."""
         devices = self._devices
         if devices is None:
             raise RuntimeError("Pipeline.run before start(local_replicas): give the pipeline to a Trainer")
@@ -148,10 +162,14 @@ class Pipeline:
         ticket = itertools.count()  # orders arrivals and completions across the devices
         arrivals: dict[tuple[str, int], dict[int, int]] = {}  # (kind, micro-batch) -> device -> arrival ticket
 
+        requests: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (stage, micro-batch) of a finished backward
+        released: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]  # a stage's new params
+
         def stop_all() -> None:
             failed.set()
-            for q in (*forward_in, *backward_in):
+            for q in (*forward_in, *backward_in, *released):
                 q.put(_ABORT)
+            requests.put(_ABORT)
             for barrier in barriers.values():
                 barrier.abort()
 
@@ -186,6 +204,7 @@ class Pipeline:
 
         def device_loop(s: int, items: list[Op | Exchange]) -> None:
             stage = self.stages[s]
+            mine = params  # replaced by each update in continuous pipelining
             stash: dict[int, Any] = {}
             op: Op | Exchange | None = None
             try:
@@ -199,7 +218,7 @@ class Pipeline:
                     if op.kind == FORWARD:
                         carry = take(forward_in[s], op) if s else None
                         start = time.perf_counter_ns()
-                        out, stash[m] = stage.forward(params, carry, *inputs[m])
+                        out, stash[m] = stage.forward(mine, carry, *inputs[m])
                         end = time.perf_counter_ns()
                         if s == K - 1:
                             losses[m] = out
@@ -209,12 +228,18 @@ class Pipeline:
                         grad_out = take(backward_in[s], op) if s < K - 1 else None
                         start = time.perf_counter_ns()
                         assert stage.backward is not None
-                        grad_carry, grads = stage.backward(params, stash.pop(m), grad_out)
+                        grad_carry, grads = stage.backward(mine, stash.pop(m), grad_out)
                         for w in stage.weights:
                             on_grads(w, grads[w])
                         end = time.perf_counter_ns()
                         if s:
                             backward_in[s - 1].put((m, grad_carry))
+                        if update is not None:  # wait for this stage's update on the calling thread
+                            requests.put((s, m))
+                            new = released[s].get()
+                            if new is _ABORT:
+                                raise _Stopped
+                            mine = new
                     events.append(Event(replica, stage.device, op.kind, s, m, start, end))
             except _Stopped:
                 raise
@@ -227,7 +252,9 @@ class Pipeline:
 
         futures = [devices.submit(local, stage.device, functools.partial(device_loop, s, items))
                    for s, (stage, items) in enumerate(zip(self.stages, plan, strict=True))]
-        errors = []
+        errors: list[BaseException] = []
+        if update is not None:
+            self._serve_updates(update, M, requests, released, stop_all, errors)
         for f in futures:
             try:
                 f.result()
@@ -240,6 +267,25 @@ class Pipeline:
         if errors:
             raise errors[0]
         return losses
+
+    def _serve_updates(self, update: Callable[[int, int], dict[str, Any]], micro_batches: int,
+                       requests: queue.SimpleQueue[Any], released: list[queue.SimpleQueue[Any]],
+                       stop_all: Callable[[], None], errors: list[BaseException]) -> None:
+        """Run the stages' updates on this thread in :meth:`update_order` as their backwards finish."""
+        arrived: set[tuple[int, int]] = set()
+        for s, m in self.update_order(micro_batches):
+            while (s, m) not in arrived:
+                request = requests.get()
+                if request is _ABORT:
+                    return
+                arrived.add(request)
+            try:
+                new = update(s, m)
+            except BaseException as e:
+                errors.append(e)
+                stop_all()
+                return
+            released[s].put(new)
 
     def write_trace(self, path: str | os.PathLike[str]) -> None:
         """The last step's timeline of this process's replicas as Chrome trace-event JSON."""

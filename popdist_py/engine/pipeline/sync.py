@@ -63,7 +63,7 @@ def group(pattern: str, stage: int, stages: int) -> tuple[int, ...]:
 def with_exchanges(orders: list[list[Op]], pattern: str) -> list[list[Op | Exchange]]:
     """Each device's ops with the exchanges it takes part in, in a deadlock-free global order."""
     K = len(orders)
-    start, end = _timeline(orders)
+    start, end = timeline(orders)
     micro_batches = sum(op.kind == FORWARD for op in orders[0])
     exchanges: list[tuple[int, int, Exchange]] = []  # (time, tie-break, exchange)
     for m in range(micro_batches):
@@ -78,7 +78,7 @@ def with_exchanges(orders: list[list[Op]], pattern: str) -> list[list[Op | Excha
     return out
 
 
-def _timeline(orders: list[list[Op]]) -> tuple[dict[tuple[str, int, int], int], dict[tuple[str, int, int], int]]:
+def timeline(orders: list[list[Op]]) -> tuple[dict[tuple[str, int, int], int], dict[tuple[str, int, int], int]]:
     """Start and end times of every op with ops of length 1, each device in its order, an op
     starting when its inputs are ready (the previous stage's forward, the next stage's backward)."""
     start: dict[tuple[str, int, int], int] = {}
@@ -107,4 +107,4 @@ def _timeline(orders: list[list[Op]]) -> tuple[dict[tuple[str, int, int], int], 
 
 
 __all__ = ["FULL", "INPUT", "OUTPUT", "REPLICA_AND_LADDER", "SINGLE_PIPELINE", "SYNC_PATTERNS", "Exchange", "group",
-           "sync_pattern", "with_exchanges"]
+           "sync_pattern", "timeline", "with_exchanges"]
