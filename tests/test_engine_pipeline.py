@@ -9,7 +9,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -18,6 +18,7 @@ from popdist_py.engine import PipelineStageError, Runtime, Trainer, TrainingOpti
 from popdist_py.engine.optimizers import SGD, Adam
 from popdist_py.engine.pipeline import GPIPE, ONE_F_ONE_B, Pipeline, Stage, bubble, ideal_bubble
 from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, device_order, in_flight
+from popdist_py.engine.pipeline.stash import Stash
 from popdist_py.engine.pipeline.sync import timeline
 from popdist_py.engine.training import canonical_sum
 
@@ -361,3 +362,53 @@ def test_a_pipeline_with_accumulation_does_not_warn(caplog: pytest.LogCaptureFix
     with caplog.at_level("WARNING", logger="popdist_py.engine.training"):
         _, _, trainer = train(mlp(), 1, 2, steps=1)
     assert not trainer.continuous and not [r for r in caplog.records if "stale" in r.getMessage()]
+
+
+# ------------------------------------------------------------------------------------------ the stash
+class Saved(NamedTuple):
+    h: np.ndarray
+    tag: str
+
+
+def rss_shmem() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssShmem:"))
+
+
+def test_an_off_chip_stash_keeps_values_out_of_resident_memory_and_gives_them_back() -> None:
+    big = np.arange(16 << 20, dtype=np.float32)  # 64 MiB
+    small = np.arange(3, dtype=np.float64)
+    stash = Stash(off_chip=True, min_elements=8)
+    before = rss_shmem()
+    stash.put(5, (big, [small, {"k": big[:10].reshape(2, 5)}], Saved(big[:100], "x"), 7))
+    assert rss_shmem() - before < (1 << 20)  # the 64 MiB copy is not resident
+    assert stash.spilled_bytes() >= big.nbytes + 100 * 4 and len(stash) == 1
+    got = stash.pop(5)
+    assert got[0].tobytes() == big.tobytes() and got[1][0] is small  # small arrays stay as they are
+    assert got[1][1]["k"].tolist() == big[:10].reshape(2, 5).tolist() and got[3] == 7
+    assert isinstance(got[2], Saved) and got[2].tag == "x" and got[2].h.tobytes() == big[:100].tobytes()
+    held = stash.spilled_bytes()
+    stash.put(6, (big[:5],))  # reuses the mapping: nothing new
+    assert stash.spilled_bytes() == held
+    on_chip = Stash()
+    on_chip.put(0, (big,))
+    assert on_chip.pop(0)[0] is big
+
+
+@pytest.mark.parametrize("schedule", [ONE_F_ONE_B, GPIPE])
+def test_off_chip_activations_keep_the_bits(schedule: str) -> None:
+    opts = TrainingOptions(accumulation_factor=8)
+    opts.activation_tensor_location_settings.location.storage = "off_chip"
+    expect, _, _ = train(mlp(schedule=schedule), 1, 8)
+    pipe = mlp(schedule=schedule)
+    got, _, _ = train(pipe, 1, 8, opts)
+    assert all(got[n].tobytes() == expect[n].tobytes() for n in expect)
+    assert pipe.stash(0, 0).spilled_bytes() > 0 and pipe.stash(0, 2).spilled_bytes() > 0
+
+
+def test_sharded_activations_are_refused() -> None:
+    opts = TrainingOptions(accumulation_factor=2)
+    opts.activation_tensor_location_settings.location.replicated_tensor_sharding = True
+    with Runtime(replication=2) as rt, pytest.raises(ValueError, match=r"activation_tensor_location_settings.location: "
+                                                     r"replicated_tensor_sharding is not supported for activations"):
+        Trainer(rt, init(), mlp(), SGD(0.1), [(4, SIZES[0]), (4, SIZES[-1])], opts)

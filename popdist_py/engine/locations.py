@@ -139,6 +139,8 @@ class TrainingOptions:
     weight_tensor_location_settings: TensorLocationSettings = field(default_factory=TensorLocationSettings)
     optimizer_state_tensor_location_settings: TensorLocationSettings = field(default_factory=TensorLocationSettings)
     accumulator_tensor_location_settings: TensorLocationSettings = field(default_factory=TensorLocationSettings)
+    #: a pipeline's stashed activations: on chip, or off chip (arrays of at least min_elements_for_off_chip)
+    activation_tensor_location_settings: TensorLocationSettings = field(default_factory=TensorLocationSettings)
     tensor_location_settings_override: dict[str, TensorLocation] = field(default_factory=dict)
     fused_reduction_bytes: int = 4 << 20
 
@@ -147,7 +149,7 @@ class TrainingOptions:
         validate.count("TrainingOptions.accumulation_factor", self.accumulation_factor)
         validate.count("TrainingOptions.fused_reduction_bytes", self.fused_reduction_bytes)
         reduction_op(self.reduction)
-        for kind in KINDS:
+        for kind in SETTINGS_KINDS:
             what = f"{kind}_tensor_location_settings"
             settings = getattr(self, what)
             if not isinstance(settings, TensorLocationSettings):
@@ -156,6 +158,11 @@ class TrainingOptions:
             validate.non_negative(f"{what}.min_elements_for_replicated_tensor_sharding",
                                   settings.min_elements_for_replicated_tensor_sharding)
             _check_location(settings.location, f"{what}.location")
+        activations = _check_location(self.activation_tensor_location_settings.location,
+                                      "activation_tensor_location_settings.location")
+        if activations.sharded:
+            raise ValueError("activation_tensor_location_settings.location: replicated_tensor_sharding is not "
+                             "supported for activations: each replica's stash holds its own micro-batches' values")
         if not isinstance(self.tensor_location_settings_override, dict):
             raise TypeError("tensor_location_settings_override must be a dict of tensor name -> TensorLocation, got "
                             f"{self.tensor_location_settings_override!r}")
@@ -164,6 +171,8 @@ class TrainingOptions:
 
 
 KINDS = ("weight", "optimizer_state", "accumulator")
+#: Every class of tensors with location settings (activations: a pipeline's stash, not placed per tensor).
+SETTINGS_KINDS = (*KINDS, "activation")
 
 
 def reduction_op(value: object) -> str:

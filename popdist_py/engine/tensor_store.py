@@ -27,10 +27,21 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _libc: Any = None
 
 
+def _mapped(view: np.ndarray) -> bool:
+    """Whether ``view`` lies in a shared mapping: a memory-mapped file, or an ``mmap.mmap``."""
+    if isinstance(view, np.memmap):
+        return True
+    base: Any = view
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return isinstance(base, mmap.mmap) or (isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap))
+
+
 def _madvise(view: np.ndarray, advice: int) -> bool:
-    """madvise over the pages of a memory-mapped ``view``; False when not applicable or refused."""
+    """madvise over the pages of ``view``, which lies in a shared mapping (:func:`_mapped`); False
+    when not applicable or refused."""
     global _libc
-    if not isinstance(view, np.memmap) or view.nbytes == 0 or not sys.platform.startswith("linux"):
+    if view.nbytes == 0 or not sys.platform.startswith("linux") or not _mapped(view):
         return False
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -40,15 +51,15 @@ def _madvise(view: np.ndarray, advice: int) -> bool:
 
 
 def release(view: np.ndarray) -> None:
-    """Drop the pages of a memory-mapped ``view`` from this process's resident set (the mapping is
-    shared, so the data stays in the file and is faulted back in when next used)."""
+    """Drop the pages of ``view``, in a shared mapping, from this process's resident set (the data
+    stays in the file or shared memory and is faulted back in when next used)."""
     _madvise(view, _MADV_DONTNEED)
 
 
 def prefault(view: np.ndarray) -> None:
-    """Map the pages of a memory-mapped ``view`` in, writable, now (so the thread that does this
+    """Map the pages of ``view``, in a shared mapping, in, writable, now (so the thread that does this
     takes the page faults, not the one that computes next); older kernels: touch every page."""
-    if isinstance(view, np.memmap) and view.nbytes and not _madvise(view, _MADV_POPULATE_WRITE):
+    if view.nbytes and _mapped(view) and not _madvise(view, _MADV_POPULATE_WRITE):
         view.reshape(-1).view(np.uint8)[:: mmap.PAGESIZE].max()
 
 

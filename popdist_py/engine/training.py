@@ -54,7 +54,15 @@ import numpy as np
 from popdist_py import validate
 from popdist_py.engine import fused, ops
 from popdist_py.engine.grouping import ReplicaGrouping
-from popdist_py.engine.locations import TrainingOptions, WeightPlacement, reduction_op, resolve, state_name
+from popdist_py.engine.locations import (
+    OFF_CHIP,
+    TensorStorage,
+    TrainingOptions,
+    WeightPlacement,
+    reduction_op,
+    resolve,
+    state_name,
+)
 from popdist_py.engine.optimizers import Optimizer, exact_norm, norm_from_parts, sum_squares_parts
 from popdist_py.engine.pipeline import Pipeline
 from popdist_py.engine.readahead import Job, ReadAhead
@@ -254,7 +262,10 @@ class Trainer:
         self.continuous = (self.pipeline is not None and options.accumulation_factor == 1
                            and len(self.pipeline.stages) > 1)
         if self.pipeline is not None:
-            self.pipeline.start(rt.instance_replication_factor)
+            activations = options.activation_tensor_location_settings
+            self.pipeline.start(rt.instance_replication_factor,
+                                TensorStorage.parse(activations.location.storage, "activation storage") is OFF_CHIP,
+                                activations.min_elements_for_off_chip)
             self._stage_fusions = [fused.plan({n: (arrays[n].size, arrays[n].dtype,
                                                    self._scatter_domain(placements[n])) for n in stage.weights},
                                               options.fused_reduction_bytes) for stage in self.pipeline.stages]

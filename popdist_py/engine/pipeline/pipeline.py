@@ -32,6 +32,7 @@ from popdist_py.engine.pipeline import sync
 from popdist_py.engine.pipeline.devices import Devices
 from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, ONE_F_ONE_B, SCHEDULES, Op, device_order, in_flight
 from popdist_py.engine.pipeline.stages import Stage, check_stages
+from popdist_py.engine.pipeline.stash import Stash
 from popdist_py.engine.pipeline.sync import SINGLE_PIPELINE, Exchange
 from popdist_py.engine.pipeline.trace import Event, write_chrome_trace
 
@@ -66,6 +67,7 @@ class Pipeline:
         self.feed = feed
         self.weights = tuple(w for stage in self.stages for w in stage.weights)
         self._devices: Devices | None = None
+        self._stashes: dict[tuple[int, int], Stash] = {}
         self._lock = threading.Lock()
         #: the last step's events of each local replica (see :meth:`write_trace`)
         self.events: dict[int, list[Event]] = {}
@@ -73,13 +75,20 @@ class Pipeline:
         self.exchanges: dict[int, list[ExchangeRecord]] = {}
 
     # -------------------------------------------------------------------------------- set-up
-    def start(self, local_replicas: int) -> None:
-        """Make the device workers for ``local_replicas`` replicas (the trainer calls it)."""
+    def start(self, local_replicas: int, stash_off_chip: bool = False, stash_min_elements: int = 0) -> None:
+        """Make the device workers and stashes for ``local_replicas`` replicas (the trainer calls
+        it, with the activation tensor location settings: stashes off chip or not)."""
         with self._lock:
             if self._devices is None or self._devices.replicas != local_replicas:
                 if self._devices is not None:
                     self._devices.close()
                 self._devices = Devices(local_replicas, self.devices_per_replica)
+            self._stashes = {(i, s): Stash(stash_off_chip, stash_min_elements)
+                             for i in range(local_replicas) for s in range(len(self.stages))}
+
+    def stash(self, local: int, stage: int) -> Stash:
+        """The stash of ``stage`` on local replica ``local``'s device."""
+        return self._stashes[local, stage]
 
     @property
     def pinned(self) -> bool:
@@ -205,7 +214,8 @@ class Pipeline:
         def device_loop(s: int, items: list[Op | Exchange]) -> None:
             stage = self.stages[s]
             mine = params  # replaced by each update in continuous pipelining
-            stash: dict[int, Any] = {}
+            stash = self._stashes[local, s]
+            stash.clear()  # what a failed step left
             op: Op | Exchange | None = None
             try:
                 for op in items:
@@ -218,7 +228,9 @@ class Pipeline:
                     if op.kind == FORWARD:
                         carry = take(forward_in[s], op) if s else None
                         start = time.perf_counter_ns()
-                        out, stash[m] = stage.forward(mine, carry, *inputs[m])
+                        out, saved = stage.forward(mine, carry, *inputs[m])
+                        stash.put(m, saved)
+                        del saved
                         end = time.perf_counter_ns()
                         if s == K - 1:
                             losses[m] = out
