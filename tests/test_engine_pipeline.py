@@ -62,10 +62,12 @@ def layer_stage(k: int, last: bool, device: int) -> Stage:
     return Stage(forward, backward, device, (W, b), name=f"layer {k}")
 
 
-def mlp(devices: int = 3, schedule: str = ONE_F_ONE_B, placement: tuple[int, ...] | None = None) -> Pipeline:
+def mlp(devices: int = 3, schedule: str = ONE_F_ONE_B, placement: tuple[int, ...] | None = None,
+        sync_pattern: str = "single_pipeline") -> Pipeline:
     layers = len(SIZES) - 1
     placement = placement or tuple(range(layers))
-    return Pipeline([layer_stage(k, k == layers - 1, placement[k]) for k in range(layers)], devices, schedule)
+    return Pipeline([layer_stage(k, k == layers - 1, placement[k]) for k in range(layers)], devices, schedule,
+                    sync_pattern)
 
 
 def batch(x: np.ndarray, replicas: int, accumulation: int) -> np.ndarray:
@@ -230,8 +232,10 @@ def test_a_pipeline_must_own_exactly_the_trainers_weights() -> None:
             Trainer(rt, init(), mlp(), Adam(0.1), [(4, SIZES[0]), (4, SIZES[-1])], opts)
 
 
-def test_a_failing_stage_ends_the_step_naming_replica_stage_and_micro_batch() -> None:
-    """Layer 1's backward raises on one micro-batch of one replica (marked in its input)."""
+@pytest.mark.parametrize("pattern", ["single_pipeline", "full"])
+def test_a_failing_stage_ends_the_step_naming_replica_stage_and_micro_batch(pattern: str) -> None:
+    """Layer 1's backward raises on one micro-batch of one replica (marked in its input); under
+    full, the other replica's devices wait for it at host exchanges and are let go."""
     stages = mlp().stages
     layer = stages[1]
     mark = np.float32(1234.0)
@@ -246,7 +250,8 @@ def test_a_failing_stage_ends_the_step_naming_replica_stage_and_micro_batch() ->
             raise FloatingPointError("overflow in layer 1")
         return layer.backward(params, saved, grad_out)  # type: ignore[misc]
 
-    pipe = Pipeline([stages[0], Stage(forward, backward, 1, layer.weights, "layer 1"), stages[2]], 3)
+    pipe = Pipeline([stages[0], Stage(forward, backward, 1, layer.weights, "layer 1"), stages[2]], 3,
+                    sync_pattern=pattern)
     x, y = batch(X[0], 2, 4).copy(), batch(Y[0], 2, 4)
     x[2, 1, 0, 0] = mark  # micro-batch 2 of replica 1
     with Runtime(replication=2) as rt, Trainer(rt, init(), pipe, SGD(0.1), [(4, SIZES[0]), (4, SIZES[-1])],
@@ -293,9 +298,23 @@ def test_sync_patterns_decide_who_waits_at_each_host_exchange(pattern: str, inpu
     records = pipe.exchanges[0]
     assert len(records) == 16 and len(fed) == 8 and len(set(fed)) == 1  # on the first device's thread
     for r in records:
-        assert set(r.waited_for) == (inputs if r.kind == "input" else outputs), r
+        assert set(r.waited_for) == {(0, d) for d in (inputs if r.kind == "input" else outputs)}, r
         assert all(t < r.done for t in r.waited_for.values())
     assert sorted(r.micro_batch for r in records if r.kind == "input") == list(range(8))
+
+
+def test_under_full_every_replica_meets_when_the_replicas_run_at_once(executor: str) -> None:
+    """Two replicas: with the threads executor an input exchange waits for every device of both;
+    with the cooperative one (replicas one after another) each replica's devices meet alone."""
+    pipe = mlp(sync_pattern="full")
+    train(pipe, 2, 4, steps=1)
+    replicas = {0, 1} if executor == "threads" else None
+    for local in (0, 1):
+        records = pipe.exchanges[local]
+        assert len(records) == 8
+        for r in records:
+            expect = {(rep, d) for rep in (replicas or {local}) for d in range(3)}
+            assert set(r.waited_for) == expect and all(t < r.done for t in r.waited_for.values())
 
 
 def test_bad_sync_patterns_and_feeds_are_named() -> None:

@@ -53,6 +53,7 @@ import numpy as np
 
 from popdist_py import validate
 from popdist_py.engine import fused, ops
+from popdist_py.engine.executor import THREADS
 from popdist_py.engine.grouping import ReplicaGrouping
 from popdist_py.engine.locations import (
     OFF_CHIP,
@@ -265,7 +266,7 @@ class Trainer:
             activations = options.activation_tensor_location_settings
             self.pipeline.start(rt.instance_replication_factor,
                                 TensorStorage.parse(activations.location.storage, "activation storage") is OFF_CHIP,
-                                activations.min_elements_for_off_chip)
+                                activations.min_elements_for_off_chip, replicas_meet=rt.executor == THREADS)
             self._stage_fusions = [fused.plan({n: (arrays[n].size, arrays[n].dtype,
                                                    self._scatter_domain(placements[n])) for n in stage.weights},
                                               options.fused_reduction_bytes) for stage in self.pipeline.stages]

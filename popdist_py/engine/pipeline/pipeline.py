@@ -18,7 +18,6 @@ micro-batch; the engine then ends the step on every replica, as for any failing 
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import queue
 import threading
@@ -27,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from popdist_py import validate
-from popdist_py.engine.errors import PipelineStageError
+from popdist_py.engine.errors import PipelineStageError, StepAborted
 from popdist_py.engine.pipeline import sync
 from popdist_py.engine.pipeline.devices import Devices
 from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, ONE_F_ONE_B, SCHEDULES, Op, device_order, in_flight
@@ -68,6 +67,9 @@ class Pipeline:
         self.weights = tuple(w for stage in self.stages for w in stage.weights)
         self._devices: Devices | None = None
         self._stashes: dict[tuple[int, int], Stash] = {}
+        self._replicas_meet = False
+        self._runs: dict[int, int] = {}  # runs so far, per local replica: which step's meeting to join
+        self._meetings: dict[Any, sync.Meeting] = {}
         self._lock = threading.Lock()
         #: the last step's events of each local replica (see :meth:`write_trace`)
         self.events: dict[int, list[Event]] = {}
@@ -75,10 +77,16 @@ class Pipeline:
         self.exchanges: dict[int, list[ExchangeRecord]] = {}
 
     # -------------------------------------------------------------------------------- set-up
-    def start(self, local_replicas: int, stash_off_chip: bool = False, stash_min_elements: int = 0) -> None:
+    def start(self, local_replicas: int, stash_off_chip: bool = False, stash_min_elements: int = 0,
+              replicas_meet: bool = False) -> None:
         """Make the device workers and stashes for ``local_replicas`` replicas (the trainer calls
-        it, with the activation tensor location settings: stashes off chip or not)."""
+        it, with the activation tensor location settings: stashes off chip or not).
+        ``replicas_meet``: the replicas run at once (threads), so their devices meet at host
+        exchanges together; otherwise each replica's devices meet alone."""
         with self._lock:
+            self._replicas_meet = replicas_meet and local_replicas > 1
+            self._runs = {}
+            self._meetings = {}
             if self._devices is None or self._devices.replicas != local_replicas:
                 if self._devices is not None:
                     self._devices.close()
@@ -166,10 +174,7 @@ class Pipeline:
         failed = threading.Event()
         inputs = list(micro_batches)
         plan = self.plan(M)
-        barriers = {g: threading.Barrier(len(g)) for g in {x.group for items in plan for x in items
-                                                           if isinstance(x, Exchange) and len(x.group) > 1}}
-        ticket = itertools.count()  # orders arrivals and completions across the devices
-        arrivals: dict[tuple[str, int], dict[int, int]] = {}  # (kind, micro-batch) -> device -> arrival ticket
+        run_key, meeting = self._meeting(local, plan)
 
         requests: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (stage, micro-batch) of a finished backward
         released: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]  # a stage's new params
@@ -179,28 +184,23 @@ class Pipeline:
             for q in (*forward_in, *backward_in, *released):
                 q.put(_ABORT)
             requests.put(_ABORT)
-            for barrier in barriers.values():
-                barrier.abort()
+            meeting.abort()
 
         def exchange(x: Exchange, s: int) -> None:
-            """Meet the exchange's group; the device doing the I/O does it while the others wait."""
+            """Meet the exchange's group; the devices doing the I/O do it while the others wait."""
             io = s == (0 if x.kind == sync.INPUT else K - 1)
-            arrivals.setdefault((x.kind, x.micro_batch), {})[self.stages[s].device] = next(ticket)
-            barrier = barriers.get(x.group)
             try:
-                if barrier is not None:
-                    barrier.wait()
+                meeting.arrive(x, replica, self.stages[s].device)
                 start = time.perf_counter_ns()
                 if io and x.kind == sync.INPUT and self.feed is not None:
                     inputs[x.micro_batch] = tuple(self.feed(*inputs[x.micro_batch]))
                 end = time.perf_counter_ns()
-                if barrier is not None:
-                    barrier.wait()
+                meeting.leave(x)
             except threading.BrokenBarrierError:
                 raise _Stopped from None
-            if io:
-                waited = arrivals.pop((x.kind, x.micro_batch))  # every member arrived before the barrier let go
-                records.append(ExchangeRecord(x.kind, x.micro_batch, waited, next(ticket), start, end))
+            if io:  # every member arrived before the barrier let anyone go
+                waited = dict(meeting.arrivals[x.kind, x.micro_batch])
+                records.append(ExchangeRecord(x.kind, x.micro_batch, waited, next(meeting.tickets), start, end))
                 events.append(Event(replica, self.stages[s].device, x.kind, s, x.micro_batch, start, end))
 
         def take(q: queue.SimpleQueue[Any], op: Op) -> Any:
@@ -254,6 +254,7 @@ class Pipeline:
                             mine = new
                     events.append(Event(replica, stage.device, op.kind, s, m, start, end))
             except _Stopped:
+                stop_all()  # the rest of this replica's devices too
                 raise
             except BaseException as e:
                 stop_all()
@@ -267,18 +268,43 @@ class Pipeline:
         errors: list[BaseException] = []
         if update is not None:
             self._serve_updates(update, M, requests, released, stop_all, errors)
+        stopped = False
         for f in futures:
             try:
                 f.result()
             except _Stopped:
-                pass
+                stopped = True
             except BaseException as e:
                 errors.append(e)
+        self._leave(run_key, meeting)
         self.events[local] = events
         self.exchanges[local] = sorted(records, key=lambda r: r.done)
         if errors:
             raise errors[0]
+        if stopped:  # another replica's stage failed and broke the meetings
+            raise StepAborted(f"replica {replica}: the pipeline stopped because another replica's stage failed")
         return losses
+
+    def _meeting(self, local: int, plan: list[list[Op | Exchange]]) -> tuple[Any, sync.Meeting]:
+        """This run's meeting: shared by every local replica's run of the same step when they run at
+        once, else this replica's own."""
+        groups = {x.group for items in plan for x in items if isinstance(x, Exchange)}
+        with self._lock:
+            n = self._runs[local] = self._runs.get(local, 0) + 1
+            # single_pipeline: every device exchanges on its own, so no replica waits for another
+            shared = self._replicas_meet and self.sync_pattern != sync.SINGLE_PIPELINE
+            key: Any = n if shared else (local, n)
+            meeting = self._meetings.get(key)
+            if meeting is None:
+                replicas = self._devices.replicas if shared and self._devices is not None else 1
+                meeting = self._meetings[key] = sync.Meeting(groups, replicas)
+        return key, meeting
+
+    def _leave(self, key: Any, meeting: sync.Meeting) -> None:
+        with self._lock:
+            meeting.running -= 1
+            if meeting.running == 0:
+                self._meetings.pop(key, None)
 
     def _serve_updates(self, update: Callable[[int, int], dict[str, Any]], micro_batches: int,
                        requests: queue.SimpleQueue[Any], released: list[queue.SimpleQueue[Any]],
@@ -306,12 +332,12 @@ class Pipeline:
 
 class ExchangeRecord(NamedTuple):
     """A host exchange as it ran: the devices it waited for, each with the ticket of its arrival,
-    and the ticket of its completion (tickets order events across the devices of a replica)."""
+    and the ticket of its completion (tickets order events across the devices that meet)."""
 
     kind: str
     micro_batch: int
-    #: device -> arrival ticket, for every device that had to arrive before the exchange ran
-    waited_for: dict[int, int]
+    #: (replica, device) -> arrival ticket, for every device that had to arrive before the exchange ran
+    waited_for: dict[tuple[int, int], int]
     done: int
     start_ns: int
     end_ns: int

@@ -13,11 +13,15 @@ forward). Which devices must arrive before an exchange may run, and wait until i
   devices the groups are single devices.
 
 Each device meets its exchanges in one global order, taken from a simulated run of the schedule
-with ops of equal length (a valid timeline, so the order cannot deadlock).
+with ops of equal length (a valid timeline, so the order cannot deadlock). When the replicas of
+the process run at once (the threads executor), a group's devices of every local replica meet;
+when they run one after another (the cooperative executor), each replica's devices meet alone.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 from typing import NamedTuple
 
 from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, Op
@@ -78,6 +82,38 @@ def with_exchanges(orders: list[list[Op]], pattern: str) -> list[list[Op | Excha
     return out
 
 
+class Meeting:
+    """The host exchanges of one run of the pipeline, shared by the local replicas that meet at
+    them: a barrier per group (its devices on every meeting replica), arrival tickets, and whether
+    the run failed somewhere (then the barriers are broken, so nobody waits for a failed device)."""
+
+    def __init__(self, groups: set[tuple[int, ...]], replicas: int) -> None:
+        self.barriers = {g: threading.Barrier(len(g) * replicas) for g in groups if len(g) * replicas > 1}
+        self.tickets = itertools.count()
+        #: (kind, micro-batch) -> (replica, device) -> arrival ticket
+        self.arrivals: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
+        self.failed = threading.Event()
+        self.running = replicas  # replicas whose run has not ended
+
+    def arrive(self, x: Exchange, replica: int, device: int) -> None:
+        """Wait for the exchange's group; BrokenBarrierError when the run failed."""
+        self.arrivals.setdefault((x.kind, x.micro_batch), {})[replica, device] = next(self.tickets)
+        barrier = self.barriers.get(x.group)
+        if barrier is not None:
+            barrier.wait()
+
+    def leave(self, x: Exchange) -> None:
+        """Wait until the group's I/O is done (the second meeting of the exchange)."""
+        barrier = self.barriers.get(x.group)
+        if barrier is not None:
+            barrier.wait()
+
+    def abort(self) -> None:
+        self.failed.set()
+        for barrier in self.barriers.values():
+            barrier.abort()
+
+
 def timeline(orders: list[list[Op]]) -> tuple[dict[tuple[str, int, int], int], dict[tuple[str, int, int], int]]:
     """Start and end times of every op with ops of length 1, each device in its order, an op
     starting when its inputs are ready (the previous stage's forward, the next stage's backward)."""
@@ -106,5 +142,17 @@ def timeline(orders: list[list[Op]]) -> tuple[dict[tuple[str, int, int], int], d
     return start, end
 
 
-__all__ = ["FULL", "INPUT", "OUTPUT", "REPLICA_AND_LADDER", "SINGLE_PIPELINE", "SYNC_PATTERNS", "Exchange", "group",
-           "sync_pattern", "timeline", "with_exchanges"]
+__all__ = [
+    "FULL",
+    "INPUT",
+    "OUTPUT",
+    "REPLICA_AND_LADDER",
+    "SINGLE_PIPELINE",
+    "SYNC_PATTERNS",
+    "Exchange",
+    "Meeting",
+    "group",
+    "sync_pattern",
+    "timeline",
+    "with_exchanges",
+]
