@@ -36,6 +36,7 @@ from popdist_py.engine import (
     ops,
 )
 from popdist_py.engine.optimizers import LAMB, SGD, Adam, Optimizer
+from popdist_py.engine.pipeline import Pipeline
 
 from .model import PARAMS, Params, correct, loss_and_grads
 
@@ -80,13 +81,18 @@ def _loss_and_grads(params: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarr
 
 
 class Network:
-    """The weights of one :class:`Runtime` under a :class:`Trainer`, and the data-parallel evaluation."""
+    """The weights of one :class:`Runtime` under a :class:`Trainer`, and the data-parallel evaluation.
+
+    ``model``: what the trainer trains, the whole network's loss and gradients by default, or a
+    :class:`~popdist_py.engine.pipeline.Pipeline` of its stages (``examples/mnist_pipeline.py``)."""
 
     def __init__(self, rt: Runtime, params: Params, optimizer: Optimizer, options: TrainingOptions,
-                 batch_size: int) -> None:
+                 batch_size: int, model: Callable[..., Any] | Pipeline | None = None) -> None:
         self.rt = rt
         input_size = params.W0.shape[0]
-        self.trainer = Trainer(rt, dict(zip(PARAMS, params, strict=True)), _loss_and_grads, optimizer,
+        # Any: the Trainer takes a Pipeline in place of loss_and_grads, which its annotation does not say
+        trained: Any = _loss_and_grads if model is None else model
+        self.trainer = Trainer(rt, dict(zip(PARAMS, params, strict=True)), trained, optimizer,
                                [(batch_size, input_size), (batch_size,)], options)
 
     def describe(self) -> list[str]:
