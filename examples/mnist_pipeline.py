@@ -20,18 +20,27 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-from mnist import datasets, stages
-from mnist.datasets import NUM_CLASSES, Replicas
-from mnist.idx import IdxError
+from mnist import stages
+from mnist.datasets import NUM_CLASSES
 from mnist.model import init_params
-from mnist.trainer import OPTIMIZERS, Network, make_optimizer, training_options
-from mnist_rts import HelpFormatter, InputError, Parser, digest, evaluate, make_runtime, train
+from mnist.trainer import Network, make_optimizer, training_options
+from mnist_rts import (
+    HelpFormatter,
+    Parser,
+    add_training_arguments,
+    check_training_arguments,
+    digest,
+    evaluate,
+    load_data,
+    make_runtime,
+    place,
+    run_main,
+    train,
+)
 
 import popdist_py as popdist
 from popdist_py.engine.pipeline import ONE_F_ONE_B, SCHEDULES, Pipeline
@@ -50,9 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ipus-per-replica", type=int, default=None,
                    help="devices per replica; the stages go on devices 0 and 1 (default: poprun's "
                         f"--ipus-per-replica under poprun, else {DEFAULT_DEVICES})")
-    p.add_argument("--accumulation", type=int, default=8,
-                   help="micro-batches per replica per weight update, all in the pipeline before it is flushed "
-                        "(1: continuous pipelining, stale weights)")
+    add_training_arguments(p, 8, "micro-batches per replica per weight update, all in the pipeline before it is "
+                                 "flushed (1: continuous pipelining, stale weights)")
     p.add_argument("--schedule", choices=SCHEDULES, default=ONE_F_ONE_B,
                    help="each device's order of forwards and backwards: 1F1B (one forward, one backward) or GPipe "
                         "(all forwards, then all backwards)")
@@ -61,30 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trace", type=Path, default=None,
                    help="write the last training step's timeline here as Chrome trace JSON (chrome://tracing, "
                         "ui.perfetto.dev): a process per replica, a thread per device")
-    p.add_argument("--replication-factor", type=int, default=None,
-                   help="replicas in this process (default 1); under poprun the job's replicas are used instead")
-    p.add_argument("--batch-size", type=int, default=8, help="samples per replica per micro-batch")
-    p.add_argument("--test-batch-size", type=int, default=32, help="test samples per replica per step")
-    p.add_argument("--epochs", type=int, default=10, help="epochs to train")
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="sgd",
-                   help="sgd, momentum (SGD with momentum 0.9), adam or lamb")
-    p.add_argument("--lr", type=float, default=None,
-                   help="learning rate (default: the optimizer's, "
-                   + ", ".join(f"{n} {lr:g}" for n, (_, lr) in OPTIMIZERS.items()) + ")")
-    p.add_argument("--hidden-size", type=int, default=64, help="units in the hidden layer")
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights and each epoch's shuffle")
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="directory with the MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
     p.set_defaults(checkpoint=None)  # mnist_rts.train saves checkpoints when given one; not this example
     args = p.parse_args(argv)
-    for name, minimum in (("ipus_per_replica", 1), ("replication_factor", 1), ("batch_size", 1),
-                          ("accumulation", 1), ("test_batch_size", 1), ("epochs", 0), ("hidden_size", 1),
-                          ("seed", 0)):
-        value = getattr(args, name)
-        if value is not None and value < minimum:
-            p.error(f"--{name.replace('_', '-')}={value} is invalid: it must be >= {minimum}")
-    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
-        p.error(f"--lr={args.lr} is invalid: it must be a finite number > 0")
+    check_training_arguments(p, args, "ipus_per_replica")
     if args.trace is not None and args.no_pipeline:
         p.error("--trace records the pipeline's timeline; there is none with --no-pipeline")
     args.devices = devices_per_replica(p, args.ipus_per_replica, args.no_pipeline)
@@ -130,17 +117,9 @@ def write_trace(pipe: Pipeline, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> tuple[float, str]:
-    try:
-        data = datasets.load(args.data_dir)
-    except (FileNotFoundError, IdxError) as exc:
-        raise InputError(exc) from None
+    data = load_data(args.data_dir)
     with make_runtime(args.replication_factor) as rt:
-        replicas = Replicas(rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset)
-        global_batch = args.batch_size * args.accumulation * replicas.total
-        if len(data.train_x) < global_batch:
-            raise InputError(f"the global batch of {global_batch} samples (--batch-size {args.batch_size} x "
-                             f"--accumulation {args.accumulation} x {replicas.total} replicas) exceeds the "
-                             f"{len(data.train_x)} training samples")
+        replicas, global_batch = place(rt, data, args)
         optimizer = make_optimizer(args.optimizer, args.lr)
         pipe = stages.pipeline(max(args.devices, stages.NUM_STAGES), args.schedule)
         log.info("%s", data.describe())
@@ -169,18 +148,7 @@ def run(args: argparse.Namespace) -> tuple[float, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    instance0 = popdist.getInstanceIndex() == 0
-    logging.basicConfig(level=logging.INFO if instance0 else logging.WARNING, format="%(message)s")
-    start = time.perf_counter()
-    try:
-        accuracy, weights_hash = run(args)
-    except InputError as exc:
-        print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    log.info("done in %.1f s", time.perf_counter() - start)
-    print(f"final: test_accuracy={accuracy:.4f} weights_sha256={weights_hash}", flush=True)
-    return 0
+    return run_main(parse_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -61,40 +62,51 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = Parser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+def add_training_arguments(p: Parser, accumulation: int, accumulation_help: str) -> None:
+    """The flags both MNIST examples take: replicas, batches, epochs, optimizer, model, data."""
     p.add_argument("--replication-factor", type=int, default=None,
                    help="replicas in this process (default 1); under poprun the job's replicas are used instead")
     p.add_argument("--batch-size", type=int, default=8, help="samples per replica per micro-batch")
-    p.add_argument("--accumulation", type=int, default=1,
-                   help="micro-batches accumulated per replica before each weight update")
+    p.add_argument("--accumulation", type=int, default=accumulation, help=accumulation_help)
     p.add_argument("--test-batch-size", type=int, default=32, help="test samples per replica per step")
-    p.add_argument("--epochs", type=int, default=10, help="total epochs, counting those of a resumed checkpoint")
+    p.add_argument("--epochs", type=int, default=10,
+                   help="epochs to train in all (with --checkpoint: counting those already trained)")
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="sgd",
                    help="sgd, momentum (SGD with momentum 0.9), adam or lamb")
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (default: the optimizer's, "
                    + ", ".join(f"{n} {lr:g}" for n, (_, lr) in OPTIMIZERS.items()) + ")")
     p.add_argument("--hidden-size", type=int, default=64, help="units in the hidden layer")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and each epoch's shuffle")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="directory with the MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
+
+
+def check_training_arguments(p: Parser, args: argparse.Namespace, *counts: str) -> None:
+    """One usage error for a count below its minimum (``counts``: more flags that must be >= 1) or a bad --lr."""
+    for name, minimum in (("replication_factor", 1), ("batch_size", 1), ("accumulation", 1),
+                          ("test_batch_size", 1), ("epochs", 0), ("hidden_size", 1), ("seed", 0),
+                          *((c, 1) for c in counts)):
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            p.error(f"--{name.replace('_', '-')}={value} is invalid: it must be >= {minimum}")
+    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
+        p.error(f"--lr={args.lr} is invalid: it must be a finite number > 0")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = Parser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    add_training_arguments(p, 1, "micro-batches accumulated per replica before each weight update")
     p.add_argument("--shard", choices=LEVELS, default=None,
                    help="replicated tensor sharding: the optimizer state, or the weights and their state "
                         "(default: none)")
     p.add_argument("--offchip", choices=LEVELS, default="none",
                    help="off chip (memory-mapped, read ahead): the optimizer state, or the weights and their state")
     p.add_argument("--rts", action="store_true", help="the same as --shard weights")
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights and each epoch's shuffle")
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="directory with the MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="resume from this file if it exists; save to it after every epoch")
     args = p.parse_args(argv)
-    for name, minimum in (("replication_factor", 1), ("batch_size", 1), ("accumulation", 1),
-                          ("test_batch_size", 1), ("epochs", 0), ("hidden_size", 1), ("seed", 0)):
-        value = getattr(args, name)
-        if value is not None and value < minimum:
-            p.error(f"--{name.replace('_', '-')}={value} is invalid: it must be >= {minimum}")
-    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
-        p.error(f"--lr={args.lr} is invalid: it must be a finite number > 0")
+    check_training_arguments(p, args)
     if args.rts and args.shard not in (None, "weights"):
         p.error(f"--rts means --shard weights; it contradicts --shard {args.shard}")
     args.shard = "weights" if args.rts else args.shard or "none"
@@ -160,18 +172,29 @@ def evaluate(net: Network, data: Dataset, batch_size: int, replicas: Replicas) -
     return right / len(data.test_x)
 
 
-def run(args: argparse.Namespace) -> tuple[float, str]:
+def load_data(data_dir: str | None) -> Dataset:
+    """The dataset (``--data-dir``, else the bundled digits); an unreadable one is an InputError."""
     try:
-        data = datasets.load(args.data_dir)
+        return datasets.load(data_dir)
     except (FileNotFoundError, IdxError) as exc:
         raise InputError(exc) from None
+
+
+def place(rt: Runtime, data: Dataset, args: argparse.Namespace) -> tuple[Replicas, int]:
+    """This runtime's replicas and the global batch, which must fit in the training set."""
+    replicas = Replicas(rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset)
+    global_batch = args.batch_size * args.accumulation * replicas.total
+    if len(data.train_x) < global_batch:
+        raise InputError(f"the global batch of {global_batch} samples (--batch-size {args.batch_size} x "
+                         f"--accumulation {args.accumulation} x {replicas.total} replicas) exceeds the "
+                         f"{len(data.train_x)} training samples")
+    return replicas, global_batch
+
+
+def run(args: argparse.Namespace) -> tuple[float, str]:
+    data = load_data(args.data_dir)
     with make_runtime(args.replication_factor) as rt:
-        replicas = Replicas(rt.replication_factor, rt.instance_replication_factor, rt.replica_index_offset)
-        global_batch = args.batch_size * args.accumulation * replicas.total
-        if len(data.train_x) < global_batch:
-            raise InputError(f"the global batch of {global_batch} samples (--batch-size {args.batch_size} x "
-                             f"--accumulation {args.accumulation} x {replicas.total} replicas) exceeds the "
-                             f"{len(data.train_x)} training samples")
+        replicas, global_batch = place(rt, data, args)
         optimizer = make_optimizer(args.optimizer, args.lr)
         log.info("%s", data.describe())
         log.info("%d replica(s) as %d instance(s) x %d; global batch %d (%d x %d micro-batch(es) of %d); "
@@ -205,19 +228,25 @@ def run(args: argparse.Namespace) -> tuple[float, str]:
             return accuracy, digest(net.host_params())
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_main(parse: Callable[[list[str] | None], argparse.Namespace],
+             run_job: Callable[[argparse.Namespace], tuple[float, str]], argv: list[str] | None) -> int:
+    """Parse, train, print the final line (or one error line and 2): the examples' shared ``main``."""
+    args = parse(argv)
     instance0 = popdist.getInstanceIndex() == 0
     logging.basicConfig(level=logging.INFO if instance0 else logging.WARNING, format="%(message)s")
     start = time.perf_counter()
     try:
-        accuracy, weights_hash = run(args)
+        accuracy, weights_hash = run_job(args)
     except InputError as exc:
         print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr, flush=True)
         return 2
     log.info("done in %.1f s", time.perf_counter() - start)
     print(f"final: test_accuracy={accuracy:.4f} weights_sha256={weights_hash}", flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(parse_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -58,28 +58,61 @@ def forward(p: Params, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return z0, h, row_dot(h, p.W1) + p.b1
 
 
-def loss_and_grads(p: Params | Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[np.float32, Params]:
-    """Mean cross-entropy over the micro-batch and its gradients (hand-written backward pass):
-    per-sample values summed with ``canonical_sum`` over the batch axis, then divided by ``B``."""
-    p = as_params(p)
+Weights = Mapping[str, np.ndarray]
+
+
+def hidden_forward(params: Weights, carry: None, x: np.ndarray, y: np.ndarray
+                   ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """The hidden layer (pipeline stage 0): the activations ``h``; keeps the input and the
+    pre-activation for the backward."""
     x = np.asarray(x, np.float32)
+    z0 = row_dot(x, params["W0"]) + params["b0"]
+    return np.maximum(z0, np.float32(0)), (x, z0)
+
+
+def hidden_backward(params: Weights, saved: tuple[np.ndarray, np.ndarray], d_h: np.ndarray
+                    ) -> tuple[None, dict[str, np.ndarray]]:
+    """The hidden layer (pipeline stage 0): the gradients of W0 and b0 from the output stage's ``d loss / d h``."""
+    x, z0 = saved
     n = np.float32(len(x))
-    z0, h, z1 = forward(p, x)
+    d_z0 = d_h * (z0 > 0)
+    return None, {"W0": canonical_sum(x[:, :, None] * d_z0[:, None, :]) / n,  # per-sample outer products
+                  "b0": canonical_sum(d_z0) / n}
+
+
+def output_forward(params: Weights, h: np.ndarray, x: np.ndarray, y: np.ndarray
+                   ) -> tuple[np.float32, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The output layer and loss (stage 1): the mean cross-entropy of the micro-batch; keeps ``h``,
+    the softmax's numerators and the labels."""
+    z1 = row_dot(h, params["W1"]) + params["b1"]
     shifted = z1 - z1.max(axis=1, keepdims=True)  # max is exact in any order
     exp = np.exp(shifted)
     log_probs = shifted - np.log(canonical_sum(exp, axis=1))[:, None]
-    rows = np.arange(len(x))
-    loss = -canonical_sum(log_probs[rows, y]) / n
+    loss = -canonical_sum(log_probs[np.arange(len(y)), y]) / np.float32(len(y))
+    return np.float32(loss), (h, exp, y)
+
+
+def output_backward(params: Weights, saved: tuple[np.ndarray, np.ndarray, np.ndarray], grad_out: None
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The output layer and loss (stage 1): ``d loss / d h`` for stage 0, and the gradients of W1 and b1."""
+    h, exp, y = saved
+    n = np.float32(len(y))
     d_z1 = exp / canonical_sum(exp, axis=1)[:, None]  # per sample: softmax - one-hot
-    d_z1[rows, y] -= np.float32(1)
-    d_z0 = row_dot(d_z1, p.W1.T) * (z0 > 0)
-    grads = Params(
-        canonical_sum(x[:, :, None] * d_z0[:, None, :]) / n,  # per-sample outer products [B, input, hidden]
-        canonical_sum(d_z0) / n,
-        canonical_sum(h[:, :, None] * d_z1[:, None, :]) / n,
-        canonical_sum(d_z1) / n,
-    )
-    return np.float32(loss), grads
+    d_z1[np.arange(len(y)), y] -= np.float32(1)
+    d_h = row_dot(d_z1, params["W1"].T)
+    return d_h, {"W1": canonical_sum(h[:, :, None] * d_z1[:, None, :]) / n, "b1": canonical_sum(d_z1) / n}
+
+
+def loss_and_grads(p: Params | Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[np.float32, Params]:
+    """Mean cross-entropy over the micro-batch and its gradients (hand-written backward pass):
+    per-sample values summed with ``canonical_sum`` over the batch axis, then divided by ``B``.
+    The layer functions above, one after the other (they are also the pipeline's stages)."""
+    params = as_params(p)._asdict()
+    h, hidden = hidden_forward(params, None, x, y)
+    loss, output = output_forward(params, h, x, y)
+    d_h, g1 = output_backward(params, output, None)
+    _, g0 = hidden_backward(params, hidden, d_h)
+    return loss, Params(g0["W0"], g0["b0"], g1["W1"], g1["b1"])
 
 
 def correct(p: Params | Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, mask: np.ndarray) -> int:

@@ -90,9 +90,8 @@ class Network:
                  batch_size: int, model: Callable[..., Any] | Pipeline | None = None) -> None:
         self.rt = rt
         input_size = params.W0.shape[0]
-        # Any: the Trainer takes a Pipeline in place of loss_and_grads, which its annotation does not say
-        trained: Any = _loss_and_grads if model is None else model
-        self.trainer = Trainer(rt, dict(zip(PARAMS, params, strict=True)), trained, optimizer,
+        self.trainer = Trainer(rt, dict(zip(PARAMS, params, strict=True)), _loss_and_grads if model is None else model,
+                               optimizer,
                                [(batch_size, input_size), (batch_size,)], options)
 
     def describe(self) -> list[str]:

@@ -197,9 +197,9 @@ class Trainer:
     (:mod:`.locations`). Close it (or use it as a context manager) to stop its read-ahead threads.
     """
 
-    def __init__(self, rt: Any, params: Mapping[str, Any], loss_and_grads: LossAndGrads, optimizer: Optimizer,
-                 micro_batch_shapes: Sequence[tuple[int, ...]], options: TrainingOptions | None = None,
-                 name: str = "trainer") -> None:
+    def __init__(self, rt: Any, params: Mapping[str, Any], loss_and_grads: LossAndGrads | Pipeline,
+                 optimizer: Optimizer, micro_batch_shapes: Sequence[tuple[int, ...]],
+                 options: TrainingOptions | None = None, name: str = "trainer") -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"Trainer name {name!r} is not valid (a non-empty str without '/'); it names the update "
                              "counter, '<name>/step', so that several trainers can share a runtime")
@@ -238,7 +238,9 @@ class Trainer:
         self.name = name
         self.options = options
         self.optimizer = optimizer
-        self.loss_and_grads = loss_and_grads
+        # a pipeline's stages one after the other: the same model (what steps of a pipeline do not call)
+        self.loss_and_grads: LossAndGrads = (loss_and_grads.sequential if isinstance(loss_and_grads, Pipeline)
+                                             else loss_and_grads)
         self.placements = placements
         self.op = reduction_op(options.reduction)
         self._everyone = everyone
@@ -441,7 +443,8 @@ class Trainer:
         pipeline without a flush; each stage's gradients of a batch are reduced across replicas
         and applied as soon as its backward is done (on this thread, in the pipeline's update
         order, the same on every replica), and its later forwards see the new weights."""
-        assert self.pipeline is not None
+        pipeline = self.pipeline
+        assert pipeline is not None
         params, loaded = self._weights_for_step(ctx)
         base = int(ctx[self.step_var])
         pending: dict[str, np.ndarray] = {}  # a stage's gradients of its latest backward
@@ -450,7 +453,7 @@ class Trainer:
             pending[weight] = _gradient(weight, grad, params[weight])
 
         def update(stage: int, m: int) -> dict[str, np.ndarray]:
-            names = self.pipeline.stages[stage].weights
+            names = pipeline.stages[stage].weights
             grads = {n: pending.pop(n) for n in names}
             reduced = fused.reduce(self._stage_fusions[stage], grads, self.op, ctx.replica_index, self._everyone)
             self._update(ctx, params, loaded, reduced, base + m + 1, names)
@@ -462,7 +465,7 @@ class Trainer:
 
         batches = inputs[0].shape[0]
         micro_batches = [tuple(x[b] for x in inputs) for b in range(batches)]
-        losses = self.pipeline.run(ctx.local_index, ctx.replica_index, params, micro_batches, on_grads, update)
+        losses = pipeline.run(ctx.local_index, ctx.replica_index, params, micro_batches, on_grads, update)
         ctx[self.step_var] = np.int64(base + batches)
         return ops.replicated_all_reduce(np.asarray(losses, np.float64), op=self.op)
 
