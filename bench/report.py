@@ -72,6 +72,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append("")
     if "training" in results:
         lines += _training(results["training"])
+    if "pipeline" in results:
+        lines += _pipeline(results["pipeline"])
     if "multihost" in results:
         m = results["multihost"]
         if "skipped" in m:
@@ -122,6 +124,30 @@ def _training(t: dict[str, Any]) -> list[str]:
                        ("per_tensor", "200 all-reduces, one per tensor")):
         lines.append(f"| {label} | {_ms(one['fused_seconds'][key])} | {_ms(two['fused_seconds'][key])} |")
     lines += [f"| fused / one all-reduce | {one['fused_ratio']:.2f} | {two['fused_ratio']:.2f} |", ""]
+    return lines
+
+
+def _pipeline(p: dict[str, Any]) -> list[str]:
+    labels = {"sequential": "same stages on 1 device (Pipeline.sequential)", "1f1b": "1F1B on 2 devices",
+              "gpipe": "GPipe on 2 devices"}
+    lines = [(f"| pipeline: {p['model']} | samples/s | vs 1 device | step (ms) | bubble | ideal bubble | "
+              "stash per stage (micro-batches) | stash per stage (MiB) | peak RSS (MiB) |"),
+             "|---|---|---|---|---|---|---|---|---|"]
+    for m, label in labels.items():
+        pipelined = m in p["bubble"]
+        bubbles = f"{p['bubble'][m]:.3f} | {p['ideal_bubble']:.3f}" if pipelined else "- | -"
+        lines.append(f"| {label} | {p['samples_per_s'][m]:.0f} | {p['speedup'][m] if pipelined else 1.0:.2f} | "
+                     f"{_ms(p['seconds'][m])} | {bubbles} | "
+                     f"{', '.join(map(str, p['stashed'][m]))} | {', '.join(f'{b:.2f}' for b in p['stash_mib'][m])} | "
+                     f"{p['peak_rss_mib'][m]:.0f} |")
+    busy = ", ".join(f"{m}: {p['busy_ms'][m][0]:.0f} and {p['busy_ms'][m][1]:.0f} ms" for m in p["busy_ms"])
+    lines += ["", (f"GPipe step / 1F1B step: {p['gpipe_over_1f1b']:.2f}. Ratios: medians over {p['rounds']} rounds "
+                   "of the ratio within a round. Two-core capacity (the model's matmul on both device threads at "
+                   f"once, per thread, against one): {p['two_core_capacity']:.2f}x; devices pinned to cores: "
+                   f"{'yes' if p['pinned'] else 'no'}. Compute per stage in a step ({busy}). Weights after the "
+                   f"same steps bitwise equal in all three: {'yes' if p['bitwise_equal'] else '**no**'}. Peak RSS: "
+                   f"a process per mode; {min(p['rss_before_mib'].values()):.0f} MiB resident before the step."),
+              ""]
     return lines
 
 

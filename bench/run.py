@@ -1,6 +1,6 @@
 """``make bench``: measure side by side, write bench/results.json, results.md and results.png.
 
-    python -m bench.run [--quick] [--sections allreduce,launch,scaling,rts_memory,training,multihost]
+    python -m bench.run [--quick] [--sections allreduce,launch,scaling,rts_memory,training,pipeline,multihost]
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from bench.report import markdown, plot
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger("bench")
 SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scaling": "bench.scaling",
-            "rts_memory": "bench.rts_memory", "training": "bench.training", "multihost": "bench.multihost"}
+            "rts_memory": "bench.rts_memory", "training": "bench.training", "pipeline": "bench.pipeline",
+            "multihost": "bench.multihost"}
 
 
 def main() -> None:

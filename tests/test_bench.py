@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import report, scaling, training
+from bench import pipeline, report, scaling, training
 from tests.helpers import PYTHON, poprun, run
 
 pytestmark = pytest.mark.slow  # every test starts the workers (under poprun or alone)
@@ -63,3 +63,22 @@ def test_training_section_reports_every_setting_split_and_target() -> None:
     table = report.markdown({"training": section})
     assert "| weights sharded | " in table and "| fused / one all-reduce | " in table
     assert "| fused reduction 200 x 16 KiB / one all-reduce of the bytes, 2 instances x 2 replicas | 1.3 |" in table
+
+
+@pytest.mark.timeout(90)
+def test_pipeline_section_reports_every_mode_the_bubble_the_stash_and_its_target() -> None:
+    section = pipeline.run(quick=True, size=(64, 8, 4), rounds=2)  # tiny layers: the shape of the section
+    assert set(section["samples_per_s"]) == set(pipeline.MODES)
+    assert all(v > 0 for v in section["samples_per_s"].values())
+    assert section["bitwise_equal"] is True  # the worker asserts it
+    assert section["ideal_bubble"] == pytest.approx(1 / 5)  # (K - 1) / (M + K - 1), K=2, M=4
+    assert all(0.0 <= b < 1.0 for b in section["bubble"].values())
+    assert section["stashed"] == {"sequential": [1, 1], "1f1b": [2, 1], "gpipe": [4, 4]}
+    assert section["stash_mib"]["gpipe"][0] == 2 * section["stash_mib"]["1f1b"][0] > 0
+    assert all(v > 0 for v in section["peak_rss_mib"].values()) and section["two_core_capacity"] > 0
+    [target] = section["targets"]
+    assert target["value"] == section["speedup"]["1f1b"] and target["holds"] == (target["value"] >= 1.6)
+    table = report.markdown({"pipeline": section})
+    assert "| 1F1B on 2 devices | " in table and "| GPipe on 2 devices | " in table
+    assert "GPipe step / 1F1B step" in table
+    assert "| pipeline: 1F1B on 2 devices / the same stages on 1 device, samples/s | 1.6 |" in table
