@@ -268,14 +268,15 @@ def test_a_failing_stage_ends_the_step_naming_replica_stage_and_micro_batch(patt
 
 # ------------------------------------------------------------------------------------------ sync patterns
 @pytest.mark.parametrize("pattern,inputs,outputs", [
-    ("full", {0, 1, 2, 3}, {0, 1, 2, 3}),
+    ("full", {0, 1, 2, 3, -1}, {0, 1, 2, 3}),  # -1: the host, which feeds inside the input exchange
     ("SinglePipeline", {0}, {3}),  # PopART's spelling
     ("replica_and_ladder", {0, 2}, {1, 3}),
 ])
 def test_sync_patterns_decide_who_waits_at_each_host_exchange(pattern: str, inputs: set[int],
                                                               outputs: set[int]) -> None:
     """Ordering evidence, not timing: each exchange records the devices it waited for and their
-    arrival tickets, all before its completion ticket; the feed ran once per micro-batch."""
+    arrival tickets, all before its completion ticket; the feed ran once per micro-batch, on the
+    host thread (inside the exchange under full, ahead of it otherwise)."""
     fed: list[int] = []
 
     def feed(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -296,7 +297,7 @@ def test_sync_patterns_decide_who_waits_at_each_host_exchange(pattern: str, inpu
             results.append(trainer.weights())
     assert all(results[0][n].tobytes() == results[1][n].tobytes() for n in results[1])  # the same bits
     records = pipe.exchanges[0]
-    assert len(records) == 16 and len(fed) == 8 and len(set(fed)) == 1  # on the first device's thread
+    assert len(records) == 16 and len(fed) == 8 and len(set(fed)) == 1  # on the host thread
     for r in records:
         assert set(r.waited_for) == {(0, d) for d in (inputs if r.kind == "input" else outputs)}, r
         assert all(t < r.done for t in r.waited_for.values())
@@ -431,3 +432,21 @@ def test_sharded_activations_are_refused() -> None:
     with Runtime(replication=2) as rt, pytest.raises(ValueError, match=r"activation_tensor_location_settings.location: "
                                                      r"replicated_tensor_sharding is not supported for activations"):
         Trainer(rt, init(), mlp(), SGD(0.1), [(4, SIZES[0]), (4, SIZES[-1])], opts)
+
+
+@pytest.mark.parametrize("pattern", ["full", "single_pipeline"])
+def test_a_failing_feed_ends_the_step_naming_the_host_and_micro_batch(pattern: str) -> None:
+    def feed(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if x[0, 0] == np.float32(99.0):
+            raise OSError("the data file went away")
+        return x, y
+
+    pipe = Pipeline(mlp().stages, 3, sync_pattern=pattern, feed=feed)
+    x, y = batch(X[0], 1, 4).copy(), batch(Y[0], 1, 4)
+    x[2, 0, 0, 0] = 99.0
+    with Runtime(replication=1) as rt, Trainer(rt, init(), pipe, SGD(0.1), [(8, SIZES[0]), (8, SIZES[-1])],
+                                               TrainingOptions(accumulation_factor=4)) as trainer:
+        with pytest.raises(PipelineStageError, match=r"replica 0: the host's feed of micro-batch 2 failed: "
+                                                     r"OSError: the data file went away"):
+            trainer.step(x, y)
+        assert trainer.updates == 0

@@ -62,7 +62,8 @@ class Devices:
                       available_cores())
 
     def core(self, replica: int, device: int) -> int | None:
-        return None if self.cores is None else self.cores[replica * self.per_replica + device]
+        """The core of worker ``(replica, device)``; None for a negative device (the host thread: unpinned)."""
+        return None if self.cores is None or device < 0 else self.cores[replica * self.per_replica + device]
 
     def submit(self, replica: int, device: int, job: Callable[[], T]) -> Future[T]:
         """Run ``job`` on device ``device`` of local replica ``replica`` (its jobs run one at a time)."""

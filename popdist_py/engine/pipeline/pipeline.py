@@ -35,6 +35,8 @@ from popdist_py.engine.pipeline.stash import Stash
 from popdist_py.engine.pipeline.sync import SINGLE_PIPELINE, Exchange
 from popdist_py.engine.pipeline.trace import Event, write_chrome_trace
 
+#: The device index of a replica's host thread (the feed) in events and exchange records.
+HOST = -1
 #: What a device's queue holds when its replica's step has failed elsewhere.
 _ABORT = object()
 
@@ -62,7 +64,7 @@ class Pipeline:
         self.sync_pattern = sync.sync_pattern(sync_pattern)
         if feed is not None and not callable(feed):
             raise TypeError(f"feed must be callable, (*micro_batch) -> micro_batch, got {feed!r}")
-        #: the host's data feed, run at each input exchange on the first device: (*micro_batch) -> micro_batch
+        #: the host's data feed, run on the replica's host thread (see :mod:`.sync`): (*micro_batch) -> micro_batch
         self.feed = feed
         self.weights = tuple(w for stage in self.stages for w in stage.weights)
         self._devices: Devices | None = None
@@ -174,7 +176,10 @@ class Pipeline:
         failed = threading.Event()
         inputs = list(micro_batches)
         plan = self.plan(M)
-        run_key, meeting = self._meeting(local, plan)
+        host_inside = self.feed is not None and self.sync_pattern == sync.FULL  # the host feeds inside the meeting
+        run_key, meeting = self._meeting(local, plan, host_inside)
+        fed = [threading.Event() for _ in range(M)]  # the host has fed micro-batch m
+        taken = [threading.Event() for _ in range(M)]  # stage 0 has taken micro-batch m
 
         requests: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (stage, micro-batch) of a finished backward
         released: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]  # a stage's new params
@@ -185,6 +190,35 @@ class Pipeline:
                 q.put(_ABORT)
             requests.put(_ABORT)
             meeting.abort()
+            for event in (*fed, *taken):
+                event.set()
+
+        def host_loop() -> None:
+            """The host's data feed: inside each input exchange (full), or one micro-batch ahead."""
+            group = sync.group(self.sync_pattern, 0, K)
+            m = -1
+            try:
+                for m in range(M):
+                    if host_inside:
+                        x = Exchange(sync.INPUT, m, group)
+                        meeting.arrive(x, replica, HOST)
+                    elif m:
+                        taken[m - 1].wait()  # double buffering: feed m while stage 0 works on m - 1
+                    if failed.is_set():
+                        raise _Stopped
+                    start = time.perf_counter_ns()
+                    inputs[m] = tuple(self.feed(*inputs[m]))  # type: ignore[misc]
+                    events.append(Event(replica, HOST, sync.INPUT, -1, m, start, time.perf_counter_ns()))
+                    fed[m].set()
+                    if host_inside:
+                        meeting.leave(x)
+            except (_Stopped, threading.BrokenBarrierError):
+                stop_all()
+                raise _Stopped from None
+            except BaseException as e:
+                stop_all()
+                raise PipelineStageError(f"replica {replica}: the host's feed of micro-batch {m} failed: "
+                                         f"{type(e).__name__}: {e}") from e
 
         def exchange(x: Exchange, s: int) -> None:
             """Meet the exchange's group; the devices doing the I/O do it while the others wait."""
@@ -192,10 +226,14 @@ class Pipeline:
             try:
                 meeting.arrive(x, replica, self.stages[s].device)
                 start = time.perf_counter_ns()
-                if io and x.kind == sync.INPUT and self.feed is not None:
-                    inputs[x.micro_batch] = tuple(self.feed(*inputs[x.micro_batch]))
+                if io and x.kind == sync.INPUT and self.feed is not None and not host_inside:
+                    fed[x.micro_batch].wait()  # fed ahead by the host
+                    if failed.is_set():
+                        raise _Stopped
                 end = time.perf_counter_ns()
                 meeting.leave(x)
+                if io and x.kind == sync.INPUT:
+                    taken[x.micro_batch].set()
             except threading.BrokenBarrierError:
                 raise _Stopped from None
             if io:  # every member arrived before the barrier let anyone go
@@ -265,6 +303,8 @@ class Pipeline:
 
         futures = [devices.submit(local, stage.device, functools.partial(device_loop, s, items))
                    for s, (stage, items) in enumerate(zip(self.stages, plan, strict=True))]
+        if self.feed is not None:
+            futures.append(devices.submit(local, HOST, host_loop))
         errors: list[BaseException] = []
         if update is not None:
             self._serve_updates(update, M, requests, released, stop_all, errors)
@@ -285,10 +325,10 @@ class Pipeline:
             raise StepAborted(f"replica {replica}: the pipeline stopped because another replica's stage failed")
         return losses
 
-    def _meeting(self, local: int, plan: list[list[Op | Exchange]]) -> tuple[Any, sync.Meeting]:
+    def _meeting(self, local: int, plan: list[list[Op | Exchange]], host_inside: bool) -> tuple[Any, sync.Meeting]:
         """This run's meeting: shared by every local replica's run of the same step when they run at
         once, else this replica's own."""
-        groups = {x.group for items in plan for x in items if isinstance(x, Exchange)}
+        exchanges = {(x.kind, x.group) for items in plan for x in items if isinstance(x, Exchange)}
         with self._lock:
             n = self._runs[local] = self._runs.get(local, 0) + 1
             # single_pipeline: every device exchanges on its own, so no replica waits for another
@@ -297,7 +337,7 @@ class Pipeline:
             meeting = self._meetings.get(key)
             if meeting is None:
                 replicas = self._devices.replicas if shared and self._devices is not None else 1
-                meeting = self._meetings[key] = sync.Meeting(groups, replicas)
+                meeting = self._meetings[key] = sync.Meeting(exchanges, replicas, host_inside)
         return key, meeting
 
     def _leave(self, key: Any, meeting: sync.Meeting) -> None:

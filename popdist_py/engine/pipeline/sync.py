@@ -1,16 +1,19 @@
 """Sync patterns: which of a replica's devices meet at each host exchange (PopART's SyncPattern).
 
-A pipeline's host exchanges are the data feed of each micro-batch (before stage 0's forward; the
-feed runs there, on the first device) and the return of its output (after the last stage's
-forward). Which devices must arrive before an exchange may run, and wait until it has run:
+A pipeline's host exchanges are the data feed of each micro-batch (before stage 0's forward) and
+the return of its output (after the last stage's forward). The feed (``Pipeline(feed=...)``, the
+host's work on a micro-batch) runs on a host thread of the replica. Which devices must arrive
+before an exchange may run, and wait until it has run:
 
-- ``full``: every device of the replica, at every exchange (PopART's default). The devices keep
-  in step with the host, so a costly feed stalls all of them.
-- ``single_pipeline``: only the device that does the I/O; stage 0 takes the next input while the
-  last stage returns outputs and the others compute.
+- ``full``: every device, at every exchange (PopART's default). The host feeds a micro-batch
+  inside its input exchange, with every device waiting: the devices keep in step with the host,
+  so a costly feed stalls all of them.
+- ``single_pipeline``: only the device that does the I/O. The host feeds the next micro-batch on
+  its own while the devices compute (one ahead: double buffering), and stage 0 takes it when it
+  is ready; the last stage returns outputs while the others compute.
 - ``replica_and_ladder``: the devices in two alternating groups, even and odd devices, each
-  exchanging with the host on its own while the other computes (double buffering); with two
-  devices the groups are single devices.
+  exchanging with the host on its own while the other computes; the host feeds ahead as in
+  ``single_pipeline``. With two devices the groups are single devices.
 
 Each device meets its exchanges in one global order, taken from a simulated run of the schedule
 with ops of equal length (a valid timeline, so the order cannot deadlock). When the replicas of
@@ -87,8 +90,14 @@ class Meeting:
     them: a barrier per group (its devices on every meeting replica), arrival tickets, and whether
     the run failed somewhere (then the barriers are broken, so nobody waits for a failed device)."""
 
-    def __init__(self, groups: set[tuple[int, ...]], replicas: int) -> None:
-        self.barriers = {g: threading.Barrier(len(g) * replicas) for g in groups if len(g) * replicas > 1}
+    def __init__(self, exchanges: set[tuple[str, tuple[int, ...]]], replicas: int, host_inputs: bool = False) -> None:
+        """``exchanges``: (kind, group) of every exchange of the run; ``host_inputs``: each
+        replica's host thread meets its devices at input exchanges too (``full`` with a feed)."""
+        self.barriers: dict[tuple[str, tuple[int, ...]], threading.Barrier] = {}
+        for kind, g in exchanges:
+            parties = (len(g) + (kind == INPUT and host_inputs)) * replicas
+            if parties > 1:
+                self.barriers[kind, g] = threading.Barrier(parties)
         self.tickets = itertools.count()
         #: (kind, micro-batch) -> (replica, device) -> arrival ticket
         self.arrivals: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
@@ -98,13 +107,13 @@ class Meeting:
     def arrive(self, x: Exchange, replica: int, device: int) -> None:
         """Wait for the exchange's group; BrokenBarrierError when the run failed."""
         self.arrivals.setdefault((x.kind, x.micro_batch), {})[replica, device] = next(self.tickets)
-        barrier = self.barriers.get(x.group)
+        barrier = self.barriers.get((x.kind, x.group))
         if barrier is not None:
             barrier.wait()
 
     def leave(self, x: Exchange) -> None:
         """Wait until the group's I/O is done (the second meeting of the exchange)."""
-        barrier = self.barriers.get(x.group)
+        barrier = self.barriers.get((x.kind, x.group))
         if barrier is not None:
             barrier.wait()
 
