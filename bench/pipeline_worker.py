@@ -1,6 +1,7 @@
 """One process of the ``pipeline`` section: one replica of a 4-layer MLP in two pipeline stages.
 
     pipeline_worker.py time   WIDTH MICRO ACCUMULATION ROUNDS     every mode's step, interleaved
+    pipeline_worker.py sync   WIDTH MICRO ACCUMULATION ROUNDS     every sync pattern's step with a host feed
     pipeline_worker.py memory WIDTH MICRO ACCUMULATION MODE       one mode's peak resident memory
 
 The model: 4 float32 layers of ``WIDTH x WIDTH`` (tanh after the first 3, a mean squared error
@@ -21,6 +22,12 @@ other load shows there, and bounds what pipelining can gain). At the end every m
 same steps on the same data, and the worker asserts their weights are bitwise equal. Prints one
 JSON line.
 
+``sync``: 1F1B with a host data feed that costs about as much as a stage (6 matmuls a
+micro-batch), under each sync pattern: ``full`` feeds inside each input exchange with both devices
+waiting; ``single_pipeline`` and ``replica_and_ladder`` (the same with two devices) feed one
+micro-batch ahead while the devices compute. On 2 cores the host thread shares them with the
+devices, so hiding the feed can gain at most (3 + 3) / (9 / 2) = 1.33x here.
+
 ``memory``: one mode per process, so the peak is its own: after a warm-up step, the resident
 memory before a step and its peak during it (VmHWM, reset just before).
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 import sys
 import time
 from typing import Any
@@ -47,6 +55,9 @@ MODES = ("sequential", ONE_F_ONE_B, GPIPE)
 LR = 0.01
 #: matmuls per thread in a round's two-core capacity check
 CAPACITY_MATMULS = 60
+#: the feed's matmuls per micro-batch: a stage's forward (2) and backward (4)
+FEED_MATMULS = 6
+SYNC_MODES = ("full", "single_pipeline", "replica_and_ladder")
 
 
 def init(width: int) -> dict[str, np.ndarray]:
@@ -91,16 +102,35 @@ def stage(layers: range, device: int) -> Stage:
     return Stage(forward, backward, device, weights, name=f"layers {layers.start}-{layers.stop - 1}")
 
 
-def pipeline(schedule: str = ONE_F_ONE_B) -> Pipeline:
+def pipeline(schedule: str = ONE_F_ONE_B, sync_pattern: str = "single_pipeline", feed: Any = None) -> Pipeline:
     half = LAYERS // DEVICES
-    return Pipeline([stage(range(half), 0), stage(range(half, LAYERS), 1)], DEVICES, schedule)
+    return Pipeline([stage(range(half), 0), stage(range(half, LAYERS), 1)], DEVICES, schedule, sync_pattern, feed)
+
+
+def make_feed(width: int) -> Any:
+    """A host data feed that costs about what a stage does per micro-batch (its forward and
+    backward: 6 matmuls): a fixed preprocessing of the raw features by 6 tanh projections."""
+    rng = np.random.default_rng(3)
+    projections = [(rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+                   for _ in range(FEED_MATMULS)]
+
+    def feed(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        for p in projections:
+            x = np.tanh(x @ p)
+        return x, y
+
+    return feed
 
 
 class Bench:
-    """A runtime and trainer of ``mode`` on the shared weights and data."""
+    """A runtime and trainer of ``mode`` on the shared weights and data (a sync pattern's mode
+    pipelines with 1F1B and the host feed)."""
 
     def __init__(self, mode: str, width: int, micro: int, accumulation: int, data: tuple[np.ndarray, ...]) -> None:
-        self.pipe = pipeline(GPIPE if mode == GPIPE else ONE_F_ONE_B)
+        if mode in SYNC_MODES:
+            self.pipe = pipeline(ONE_F_ONE_B, mode, make_feed(width))
+        else:
+            self.pipe = pipeline(GPIPE if mode == GPIPE else ONE_F_ONE_B)
         self.rt = Runtime(replication=1)
         model: Any = self.pipe.sequential if mode == "sequential" else self.pipe
         self.trainer = Trainer(self.rt, init(width), model, SGD(LR), [(micro, width), (micro, width)],
@@ -211,6 +241,28 @@ def time_modes(width: int, micro: int, accumulation: int, rounds: int) -> dict[s
             "stash_bytes_per_micro_batch": stashed_bytes(width, micro, data)}
 
 
+def time_sync_patterns(width: int, micro: int, accumulation: int, rounds: int) -> dict[str, Any]:
+    """Every sync pattern's step with the host feed, interleaved as :func:`time_modes` does; their
+    weights bitwise equal at the end."""
+    data = make_data(width, micro, accumulation)
+    benches = {m: Bench(m, width, micro, accumulation, data) for m in SYNC_MODES}
+    for b in benches.values():
+        b.step()
+    seconds: dict[str, list[float]] = {m: [] for m in SYNC_MODES}
+    for r in range(rounds):
+        for mode in SYNC_MODES[r % 3:] + SYNC_MODES[:r % 3]:
+            seconds[mode].append(benches[mode].step())
+    weights = {m: b.trainer.weights() for m, b in benches.items()}
+    for mode in SYNC_MODES[1:]:
+        differ = [n for n in weights["full"] if weights[mode][n].tobytes() != weights["full"][n].tobytes()]
+        assert not differ, f"{mode}: weights {differ} differ from full's"
+    feed = [e for e in benches["full"].pipe.events[0] if e.device < 0]
+    feed_ms = statistics.median((e.end_ns - e.start_ns) / 1e6 for e in feed)
+    for b in benches.values():
+        b.close()
+    return {"seconds": seconds, "feed_ms": feed_ms}
+
+
 def memory(width: int, micro: int, accumulation: int, mode: str) -> dict[str, Any]:
     data = make_data(width, micro, accumulation)
     bench = Bench(mode, width, micro, accumulation, data)
@@ -228,12 +280,14 @@ def main() -> None:
         sys.argv[5]
     if mode == "time":
         result = time_modes(width, micro, accumulation, int(arg))
+    elif mode == "sync":
+        result = time_sync_patterns(width, micro, accumulation, int(arg))
     elif mode == "memory":
         if arg not in MODES:
             raise SystemExit(f"mode {arg!r} is not one of {', '.join(MODES)}")
         result = memory(width, micro, accumulation, arg)
     else:
-        raise SystemExit(f"mode {mode!r} is not one of time, memory")
+        raise SystemExit(f"mode {mode!r} is not one of time, sync, memory")
     print(json.dumps(result), flush=True)
 
 

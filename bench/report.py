@@ -148,6 +148,12 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
                    f"same steps bitwise equal in all three: {'yes' if p['bitwise_equal'] else '**no**'}. Peak RSS: "
                    f"a process per mode; {min(p['rss_before_mib'].values()):.0f} MiB resident before the step."),
               ""]
+    sync = p.get("sync")
+    if sync:
+        lines += [(f"| pipeline with a host feed ({sync['feed_ms']:.1f} ms a micro-batch), 1F1B | step (ms) | "
+                   "vs full |"), "|---|---|---|"]
+        lines += [f"| {m} | {_ms(t)} | {sync['over_full'].get(m, 1.0):.2f} |" for m, t in sync["seconds"].items()]
+        lines.append("")
     return lines
 
 

@@ -76,9 +76,12 @@ def test_pipeline_section_reports_every_mode_the_bubble_the_stash_and_its_target
     assert section["stashed"] == {"sequential": [1, 1], "1f1b": [2, 1], "gpipe": [4, 4]}
     assert section["stash_mib"]["gpipe"][0] == 2 * section["stash_mib"]["1f1b"][0] > 0
     assert all(v > 0 for v in section["peak_rss_mib"].values()) and section["two_core_capacity"] > 0
-    [target] = section["targets"]
+    target, sync = section["targets"]
     assert target["value"] == section["speedup"]["1f1b"] and target["holds"] == (target["value"] >= 1.6)
+    assert set(section["sync"]["over_full"]) == {"single_pipeline", "replica_and_ladder"}
+    assert sync["value"] == max(section["sync"]["over_full"].values()) and section["sync"]["feed_ms"] > 0
     table = report.markdown({"pipeline": section})
+    assert "| pipeline with a host feed" in table and "| single_pipeline | " in table
     assert "| 1F1B on 2 devices | " in table and "| GPipe on 2 devices | " in table
     assert "GPipe step / 1F1B step" in table
     assert "| pipeline: 1F1B on 2 devices / the same stages on 1 device, samples/s | 1.6 |" in table
