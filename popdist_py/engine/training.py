@@ -403,25 +403,7 @@ class Trainer:
         params, loaded = self._weights_for_step(ctx)
         A, i = self.options.accumulation_factor, ctx.local_index
         sums = {n: PairwiseSum(SpillSlots(self._spills[n], i) if n in self._spills else None) for n in params}
-        loss_sum = PairwiseSum()
-        if self.pipeline is not None:  # each stage's device adds its weights' gradients in micro-batch order
-            def on_grads(weight: str, grad: Any) -> None:
-                sums[weight].add(_gradient(weight, grad, params[weight]))
-
-            micro_batches = [tuple(x[a] for x in inputs) for a in range(A)]
-            for loss in self.pipeline.run(i, ctx.replica_index, params, micro_batches, on_grads):
-                loss_sum.add(np.asarray(loss, np.float64))
-        for a in range(A if self.pipeline is None else 0):
-            loss, grads = self.loss_and_grads(params, *(x[a] for x in inputs))
-            grads = self._checked(grads, params)
-            if self.micro_fusion.buckets:  # sharded accumulators: this replica's shard of the replicas' sum
-                shards = fused.reduce(self.micro_fusion, grads, "add", ctx.replica_index, self._everyone)
-                for n in shards:
-                    sums[n].add(shards[n])
-            for n in self.fusion.index:
-                sums[n].add(grads[n])
-            del grads
-            loss_sum.add(np.asarray(loss, np.float64))
+        loss_sum = self._accumulate(ctx, params, inputs, sums)
         totals = {n: acc.total() for n, acc in sums.items()}
         loss = loss_sum.total()
         if self.op == "mean" and A > 1:
@@ -437,6 +419,33 @@ class Trainer:
         self._update(ctx, params, loaded, reduced, step)
         ctx[self.step_var] = np.int64(step)
         return ops.replicated_all_reduce(np.asarray([loss]), op=self.op)
+
+    def _accumulate(self, ctx: Any, params: dict[str, np.ndarray], inputs: Sequence[np.ndarray],
+                    sums: dict[str, PairwiseSum]) -> PairwiseSum:
+        """Every micro-batch's gradients into ``sums`` in micro-batch order (through the pipeline's
+        devices, or here one after another); the sum of their losses."""
+        A = self.options.accumulation_factor
+        loss_sum = PairwiseSum()
+        if self.pipeline is not None:  # each stage's device adds its weights' gradients in micro-batch order
+            def on_grads(weight: str, grad: Any) -> None:
+                sums[weight].add(_gradient(weight, grad, params[weight]))
+
+            micro_batches = [tuple(x[a] for x in inputs) for a in range(A)]
+            for loss in self.pipeline.run(ctx.local_index, ctx.replica_index, params, micro_batches, on_grads):
+                loss_sum.add(np.asarray(loss, np.float64))
+            return loss_sum
+        for a in range(A):
+            loss, grads = self.loss_and_grads(params, *(x[a] for x in inputs))
+            grads = self._checked(grads, params)
+            if self.micro_fusion.buckets:  # sharded accumulators: this replica's shard of the replicas' sum
+                shards = fused.reduce(self.micro_fusion, grads, "add", ctx.replica_index, self._everyone)
+                for n in shards:
+                    sums[n].add(shards[n])
+            for n in self.fusion.index:
+                sums[n].add(grads[n])
+            del grads
+            loss_sum.add(np.asarray(loss, np.float64))
+        return loss_sum
 
     def _continuous_step(self, ctx: Any, *inputs: np.ndarray) -> np.ndarray:
         """Continuous pipelining: the step's batches (one micro-batch each) flow through the

@@ -33,8 +33,9 @@ class _Slot(NamedTuple):
 
 class _Entry(NamedTuple):
     memory: mmap.mmap
+    #: the stashed value with each spilled array replaced by its :class:`_Index`
     template: Any
-    arrays: int
+    slots: list[_Slot]
 
 
 class Stash:
@@ -55,7 +56,14 @@ class Stash:
             self._values[micro_batch] = value
             return
         arrays: list[np.ndarray] = []
-        template = self._strip(value, arrays)
+
+        def spill(a: np.ndarray) -> Any:
+            if a.size < max(1, self.min_elements) or a.dtype.hasobject:
+                return a
+            arrays.append(a)
+            return _Index(len(arrays) - 1)
+
+        template = _map(value, np.ndarray, spill)
         if not arrays:
             self._values[micro_batch] = value
             return
@@ -66,18 +74,23 @@ class Stash:
             size += a.nbytes
         memory = self._mapping(size)
         for a, slot in zip(arrays, slots, strict=True):
-            view = self._view(memory, slot)
+            view = _view(memory, slot)
             np.copyto(view, a)
             release(view)
-        self._entries[micro_batch] = _Entry(memory, _fill(template, slots), len(arrays))
+        self._entries[micro_batch] = _Entry(memory, template, slots)
 
     def pop(self, micro_batch: int) -> Any:
         if micro_batch in self._values:
             return self._values.pop(micro_batch)
         entry = self._entries.pop(micro_batch)
-        value = _fill(entry.template, None, entry.memory, self._view)
+
+        def page_in(k: _Index) -> np.ndarray:
+            view = _view(entry.memory, entry.slots[k])
+            prefault(view)
+            return view
+
         self._free.append(entry.memory)  # reused by a later forward (after this backward)
-        return value
+        return _map(entry.template, _Index, page_in)
 
     def clear(self) -> None:
         """Forget every stashed value (a step that failed leaves some); the mappings are kept."""
@@ -89,20 +102,6 @@ class Stash:
         """Bytes of the shared mappings this stash holds (in use or free)."""
         return sum(len(e.memory) for e in self._entries.values()) + sum(len(m) for m in self._free)
 
-    def _strip(self, value: Any, arrays: list[np.ndarray]) -> Any:
-        """``value`` with each array to spill replaced by its index in ``arrays``."""
-        if isinstance(value, np.ndarray) and value.size >= max(1, self.min_elements) and not value.dtype.hasobject:
-            arrays.append(value)
-            return _Index(len(arrays) - 1)
-        if isinstance(value, tuple):  # a NamedTuple keeps its type
-            items = [self._strip(v, arrays) for v in value]
-            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-        if isinstance(value, list):
-            return [self._strip(v, arrays) for v in value]
-        if isinstance(value, dict):
-            return {k: self._strip(v, arrays) for k, v in value.items()}
-        return value
-
     def _mapping(self, size: int) -> mmap.mmap:
         """A free shared mapping of at least ``size`` bytes (the smallest that fits), or a new one."""
         fits = [m for m in self._free if len(m) >= size]
@@ -112,32 +111,29 @@ class Stash:
             return memory
         return mmap.mmap(-1, max(mmap.PAGESIZE, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE))
 
-    @staticmethod
-    def _view(memory: mmap.mmap, slot: _Slot) -> np.ndarray:
-        count = int(np.prod(slot.shape, dtype=np.int64))
-        return np.frombuffer(memory, slot.dtype, count, slot.offset).reshape(slot.shape)
-
 
 class _Index(int):
     """A placeholder for the k-th spilled array of a stashed value."""
 
 
-def _fill(template: Any, slots: list[_Slot] | None, memory: mmap.mmap | None = None, view: Any = None) -> Any:
-    """Replace placeholders: by their slots (``slots`` given), or by views of ``memory``, paged in."""
-    if isinstance(template, _Index):
-        return slots[template] if slots is not None else template
-    if isinstance(template, _Slot):
-        arr = view(memory, template)
-        prefault(arr)
-        return arr
-    if isinstance(template, tuple):
-        items = [_fill(v, slots, memory, view) for v in template]
-        return type(template)(*items) if hasattr(template, "_fields") else tuple(items)
-    if isinstance(template, list):
-        return [_fill(v, slots, memory, view) for v in template]
-    if isinstance(template, dict):
-        return {k: _fill(v, slots, memory, view) for k, v in template.items()}
-    return template
+def _view(memory: mmap.mmap, slot: _Slot) -> np.ndarray:
+    count = int(np.prod(slot.shape, dtype=np.int64))
+    return np.frombuffer(memory, slot.dtype, count, slot.offset).reshape(slot.shape)
+
+
+def _map(value: Any, leaf: type, fn: Any) -> Any:
+    """``value`` with every ``leaf`` instance in it (through tuples, NamedTuples, lists and dicts)
+    replaced by ``fn(leaf)``."""
+    if isinstance(value, leaf):
+        return fn(value)
+    if isinstance(value, tuple):
+        items = [_map(v, leaf, fn) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [_map(v, leaf, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: _map(v, leaf, fn) for k, v in value.items()}
+    return value
 
 
 __all__ = ["Stash"]
