@@ -5,19 +5,20 @@ Every line an instance writes reaches poprun's stdout or stderr with its tag (``
 which poprun received the line's first byte). Output is passed on as it arrives: a partial line,
 or a progress bar redrawn with carriage returns, shows at once rather than at its newline.
 
-**Interleaving rule.** Each sink (poprun's stdout, its stderr; ``Sink``) has at most one owner:
-the instance whose unfinished line is the sink's current line. An instance's output is written
-at once when the sink's current line is empty or its own; otherwise it is held, in order, until
-the owner reaches a break: a newline, or a carriage return (a progress bar's redraw, after which
-poprun adds a newline so the bar's last state stays on its own line). At each break of the owner
-the waiting instances go first, in the order they began waiting, so one instance cannot keep the
-line to itself, while a long line that is still streaming is never cut. Bounded fallback: when
-the owner has written nothing for ``HOLD_SECONDS`` while others wait, or has kept one waiting
-for ``MAX_WAIT_SECONDS`` however busy it is (a line of dots that never ends; both checked by
-``Sink.tick``, which the supervisor calls every 0.1 s), or a waiting instance holds more than
-``HOLD_BYTES``,
-poprun ends the owner's line with a newline of its own; the owner's next bytes then start a new
-tagged line. poprun's own messages (``Sink.write``) end an open line the same way first.
+**Interleaving rule.** Each line (``Line``: poprun's stdout's, its stderr's, or one for both when
+they are the same file or terminal, as with ``2>&1``; see ``sinks_for``) has at most one owner: the
+instance stream whose unfinished line it is (on one line for both, an instance's stderr waits for
+its own unfinished stdout line too). An instance's output is written at once when the current
+line is empty or its own; otherwise it is held, in order, until the owner reaches a break: a
+newline, or a carriage return (a progress bar's redraw, after which poprun adds a newline so the
+bar's last state stays on its own line). At each break of the owner the waiting instances go
+first, in the order they began waiting, so one instance cannot keep the line to itself, while a
+long line that is still streaming is never cut. Bounded fallback: when the owner has written
+nothing for ``HOLD_SECONDS`` while others wait, or has kept one waiting for ``MAX_WAIT_SECONDS``
+however busy it is (a line of dots that never ends; both checked by ``Line.tick``, which the
+supervisor calls every 0.1 s), or a waiting instance holds more than ``HOLD_BYTES``, poprun ends
+the owner's line with a newline of its own; the owner's next bytes then start a new tagged line.
+poprun's own messages (``Sink.write``) end an open line the same way first.
 
 **Carriage returns.** A ``\\r`` inside a line is passed on and the tag is written again lazily,
 before the next printable byte (``\\r[i] 50%``), so a redrawn bar keeps its tag. A ``\\r`` that
@@ -37,6 +38,9 @@ import time
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
     from typing import BinaryIO
+
+    #: Bytes to write, in order, each run with its file.
+    Parts = list[tuple[BinaryIO, bytearray]]
 
 TAIL_LINES = 20
 #: The stderr tail keeps at most this much of one line (its end).
@@ -68,10 +72,11 @@ class OutputOptions:
 
 
 class Stream:
-    """One instance's stdout or stderr on its sink: its line state and what is held back."""
+    """One instance's stdout or stderr on its line: its line state and what is held back."""
 
-    def __init__(self, tag: bytes, timestamps: bool) -> None:
+    def __init__(self, tag: bytes, timestamps: bool, file: BinaryIO) -> None:
         self.tag = tag
+        self.file = file  # where its tagged bytes go: poprun's stdout or stderr
         self.timestamps = timestamps
         self.state = START
         self.held: list[tuple[float, bytes]] = []  # (time received, bytes) not yet written
@@ -156,39 +161,33 @@ class Stream:
             self.state = OPEN
 
 
-class Sink:
-    """poprun's stdout or stderr, shared by every instance: who owns its current line, who waits
-    (see the module's interleaving rule). ``write``/``flush`` are for poprun's own output."""
+class Line:
+    """The current line of one file or terminal, shared by every instance: who owns it, who waits
+    (see the module's interleaving rule). Each instance's bytes go to their stream's own file object
+    (``Stream.file``), so one line can frame poprun's stdout and stderr together (``sinks_for``)."""
 
-    def __init__(self, file: BinaryIO) -> None:
-        self.file = file
+    def __init__(self) -> None:
         self.owner: Stream | None = None
         self.queue: list[Stream] = []
         self.active = 0.0  # time.monotonic() when the owner last wrote
         self.broken = False  # our reader went away (e.g. `| head`): instances' output is dropped
 
-    # ---------------------------------------------------------------- poprun's own output
-    def write(self, data: bytes) -> None:
-        out = bytearray()
+    def write(self, file: BinaryIO, data: bytes) -> None:
+        """poprun's own ``data`` to ``file``, on a line of its own."""
+        out: Parts = []
         if self.owner is not None:
             self._end_line(out)
-        self.file.write(bytes(out) + data)
-        out.clear()
+        _part(out, file).extend(data)
         self._pump(out)
-        if out:
-            self.file.write(out)
+        _write(out)
 
-    def flush(self) -> None:
-        self.file.flush()
-
-    # ---------------------------------------------------------------- instances' output
     def offer(self, stream: Stream, received: float, data: bytes) -> None:
         """``stream`` has ``data``: write what the rule allows now, hold the rest."""
         if self.broken:
             return
         stream.held.append((received, data))
         stream.held_bytes += len(data)
-        out = bytearray()
+        out: Parts = []
         if self.owner is not stream and not stream.queued:
             stream.queued = True
             stream.waiting_since = time.monotonic()
@@ -206,7 +205,7 @@ class Sink:
         now = time.monotonic()
         waited = now - self.queue[0].waiting_since
         if waited >= MAX_WAIT_SECONDS or min(waited, now - self.active) >= HOLD_SECONDS:
-            out = bytearray()
+            out: Parts = []
             self._end_line(out)
             self._pump(out)
             self._emit(out)
@@ -215,36 +214,37 @@ class Sink:
         """The instance is done: what it holds is written in its turn (at once if the line is free),
         and its last line is ended. Another instance's line is not cut for it."""
         stream.finished = True
-        out = bytearray()
+        out: Parts = []
         if self.owner is stream and not stream.held:
             self._end_line(out)
         self._pump(out)
         self._emit(out)
 
-    def _end_line(self, out: bytearray) -> None:
+    def _end_line(self, out: Parts) -> None:
         assert self.owner is not None
-        out += b"\n"
+        _part(out, self.owner.file).extend(b"\n")
         self.owner.state = START
         self.owner = None
 
-    def _pump(self, out: bytearray) -> None:
+    def _pump(self, out: Parts) -> None:
         while True:
             owner = self.owner
             if owner is not None:
                 if not owner.held:
                     return
-                owner.render(out, until_break=bool(self.queue))  # waiting instances go first
+                part = _part(out, owner.file)
+                owner.render(part, until_break=bool(self.queue))  # waiting instances go first
                 self.active = time.monotonic()
                 if owner.finished and not owner.held:  # an ended instance's last line
                     if owner.state != START:
-                        out += b"\n"
+                        part += b"\n"
                         owner.state = START
                     self.owner = None
                     continue
                 if owner.state == OPEN or (owner.state == REDRAW and not self.queue):
                     return  # its line is still open (and all it had is written)
                 if owner.state == REDRAW:  # a redraw while others wait: the bar keeps its line
-                    out += b"\n"
+                    part += b"\n"
                     owner.state = START
                 self.owner = None
                 if owner.held:
@@ -254,9 +254,10 @@ class Sink:
             elif self.queue:
                 stream = self.queue.pop(0)
                 stream.queued = False
-                stream.render(out, until_break=False)
+                part = _part(out, stream.file)
+                stream.render(part, until_break=False)
                 if stream.finished and stream.state != START:
-                    out += b"\n"
+                    part += b"\n"
                     stream.state = START
                 elif stream.state != START:
                     self.owner = stream
@@ -264,12 +265,9 @@ class Sink:
             else:
                 return
 
-    def _emit(self, out: bytearray) -> None:
-        if not out:
-            return
+    def _emit(self, out: Parts) -> None:
         try:
-            self.file.write(out)
-            self.file.flush()
+            _write(out)
         except (BrokenPipeError, ValueError):
             self.broken = True  # keep supervising; nothing more is shown
             self.owner = None
@@ -277,6 +275,64 @@ class Sink:
                 stream.held.clear()
                 stream.queued = False
             self.queue.clear()
+
+
+def _part(out: Parts, file: BinaryIO) -> bytearray:
+    """Where the next bytes for ``file`` go: the last run of ``out``, or a new one if that is another file's."""
+    if not out or out[-1][0] is not file:
+        out.append((file, bytearray()))
+    return out[-1][1]
+
+
+def _write(out: Parts) -> None:
+    """Each run is flushed before the next, so two file objects onto one file keep the order."""
+    for file, data in out:
+        if data:
+            file.write(data)
+            file.flush()
+
+
+class Sink:
+    """poprun's stdout or stderr: its file, for poprun's own output (``write``/``flush``), and the
+    ``line`` instances' output is framed on: its own, or one shared with the other stream."""
+
+    def __init__(self, file: BinaryIO, line: Line | None = None) -> None:
+        self.file = file
+        self.line = line or Line()
+
+    def write(self, data: bytes) -> None:
+        """poprun's own output, after ending an instance's open line (on either stream of the line)."""
+        self.line.write(self.file, data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def tick(self) -> None:
+        """See ``Line.tick`` (on a line shared by both sinks, the second call finds nothing to do)."""
+        self.line.tick()
+
+
+def sinks_for(stdout: BinaryIO, stderr: BinaryIO) -> dict[int, Sink]:
+    """poprun's two sinks. When stdout and stderr are one file (a terminal, ``2>&1``, a CI log) they
+    share one line, so no instance's line is cut by another's output on the other stream."""
+    out = Sink(stdout)
+    return {1: out, 2: Sink(stderr, out.line if same_file(stdout, stderr) else None)}
+
+
+def same_file(first: BinaryIO, second: BinaryIO) -> bool:
+    """Whether two file objects write to one file, pipe or terminal."""
+    if first is second:
+        return True
+    try:
+        a, b = first.fileno(), second.fileno()
+        stat_a, stat_b = os.fstat(a), os.fstat(b)
+        if (stat_a.st_dev, stat_a.st_ino) == (stat_b.st_dev, stat_b.st_ino):
+            return True
+        # One terminal through two device nodes (a second devpts mount, say): one device, one name.
+        return (os.isatty(a) and os.isatty(b)
+                and (stat_a.st_rdev == stat_b.st_rdev or os.ttyname(a) == os.ttyname(b)))
+    except (AttributeError, OSError, ValueError):  # no file behind it (io.BytesIO), or closed
+        return False
 
 
 class InstanceOutput:
@@ -290,7 +346,7 @@ class InstanceOutput:
         self.show = show and options.tee
         self.sinks = sinks
         tag = f"[{index}] ".encode()
-        self.streams = {number: Stream(tag, options.timestamps) for number in sinks}
+        self.streams = {number: Stream(tag, options.timestamps, sink.file) for number, sink in sinks.items()}
         self.timestamps = options.timestamps
         self.stderr_tail: list[bytes] = []  # the last TAIL_LINES lines
         self._tail_line = bytearray()
@@ -306,7 +362,7 @@ class InstanceOutput:
         if stream == 2:
             self._tail(data)
         if self.show:
-            self.sinks[stream].offer(self.streams[stream], time.time() if self.timestamps else 0.0, data)
+            self.sinks[stream].line.offer(self.streams[stream], time.time() if self.timestamps else 0.0, data)
 
     def flush(self) -> None:
         """End of the instance: everything held is written, a last line without a newline still
@@ -315,7 +371,7 @@ class InstanceOutput:
             self._tail(b"\n")
         if self.show:
             for number, stream in self.streams.items():
-                self.sinks[number].finish(stream)
+                self.sinks[number].line.finish(stream)
         for fd in self.logs.values():
             os.close(fd)
         self.logs.clear()

@@ -15,7 +15,7 @@ import sys
 import time
 
 from poprun_py import control, log, protocol
-from poprun_py.output import InstanceOutput, OutputOptions, Sink
+from poprun_py.output import InstanceOutput, OutputOptions, sinks_for
 from poprun_py.plan import LOCAL_HOST
 from poprun_py.process import Process
 from poprun_py.watch import Watch
@@ -99,8 +99,9 @@ class Supervisor:
                  remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
                  output: OutputOptions | None = None) -> None:
-        # Shared by every instance: who owns the current line of each (see poprun_py.output).
-        self.sinks = {1: Sink(stdout or sys.stdout.buffer), 2: Sink(stderr or sys.stderr.buffer)}
+        # Shared by every instance: who owns the current line of each, one line for both when they
+        # are the same file or terminal (see poprun_py.output).
+        self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
         self.instances = [
             InstanceState(i, hosts[i], InstanceOutput(i, show_instance in (None, i), self.sinks, output))
             for i in range(num_instances)

@@ -4,11 +4,15 @@ poprun writes is the reference rendering, and two instances never share a line."
 from __future__ import annotations
 
 import io
+import os
+import pty
 import random
+from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
-from poprun_py.output import InstanceOutput, Sink
+from poprun_py.output import InstanceOutput, Sink, sinks_for
 
 
 def rendered(data: bytes, tag: bytes = b"[0] ") -> bytes:
@@ -92,3 +96,54 @@ def test_an_instance_that_ends_does_not_cut_anothers_line() -> None:
     assert sink.getvalue() == b"[0] long line, still streaming and ended\n[1] last words, no newline\n[0] more"
     first.flush()
     assert sink.getvalue().endswith(b"[0] more\n")
+
+
+def test_stdout_and_stderr_share_a_line_only_when_they_are_one_file(tmp_path: Path) -> None:
+    def shared(first: int, second: int) -> bool:
+        with open(first, "wb", closefd=False) as stdout, open(second, "wb", closefd=False) as stderr:
+            return one_line(stdout, stderr)
+
+    def one_line(stdout: BinaryIO, stderr: BinaryIO) -> bool:
+        chosen = sinks_for(stdout, stderr)
+        assert (chosen[1].file, chosen[2].file) == (stdout, stderr)
+        return chosen[1].line is chosen[2].line
+
+    flags = os.O_WRONLY | os.O_CREAT
+    one, again, other = (os.open(tmp_path / name, flags) for name in ("one", "one", "other"))
+    reader, pipe = os.pipe()
+    pipe_again = os.dup(pipe)
+    other_reader, other_pipe = os.pipe()
+    master, terminal = pty.openpty()
+    terminal_again = os.open(os.ttyname(terminal), os.O_WRONLY | os.O_NOCTTY)
+    other_master, other_terminal = pty.openpty()
+    buffer = io.BytesIO()
+    try:
+        assert shared(one, one) and shared(one, again)  # 2>&1 into a file; the file opened twice
+        assert shared(pipe, pipe_again)  # 2>&1 | tee
+        assert shared(terminal, terminal) and shared(terminal, terminal_again)
+        assert one_line(buffer, buffer)
+        assert not shared(one, other)  # 2>err.log
+        assert not shared(pipe, other_pipe) and not shared(terminal, other_terminal)
+        assert not shared(terminal, one) and not one_line(buffer, io.BytesIO())
+    finally:
+        for fd in (one, again, other, reader, pipe, pipe_again, other_reader, other_pipe, master, terminal,
+                   terminal_again, other_master, other_terminal):
+            os.close(fd)
+
+
+def test_one_line_for_both_streams_keeps_each_instances_line_whole(tmp_path: Path) -> None:
+    # Two buffered file objects onto one file, as poprun's stdout and stderr after 2>&1: what is
+    # written to one is flushed before the other is written to, so the file has it in order.
+    fd = os.open(tmp_path / "both", os.O_WRONLY | os.O_CREAT)
+    with open(fd, "wb") as stdout, open(os.dup(fd), "wb") as stderr:
+        sinks = sinks_for(stdout, stderr)
+        first, second = InstanceOutput(0, True, sinks), InstanceOutput(1, True, sinks)
+        second.feed(1, b"partial-from-1")
+        first.feed(2, b"whole-line-from-0\n")  # waits for instance 1's line, though on stderr
+        second.feed(2, b"own stderr\n")  # so does instance 1's own stderr
+        second.feed(1, b" end-of-1\nnext")
+        sinks[2].write(b"poprun: a message\n")  # ends instance 1's open line (on stdout) first
+        first.flush()
+        second.flush()
+        assert (tmp_path / "both").read_bytes() == (b"[1] partial-from-1 end-of-1\n[0] whole-line-from-0\n"
+                                                     b"[1] own stderr\n[1] next\npoprun: a message\n")
