@@ -42,6 +42,12 @@ test: lint
 	$(MPIEXEC) -n 2 $(PYTEST) --with-mpi tests/mpi
 	$(MPIEXEC) -n 3 $(PYTEST) --with-mpi tests/mpi
 	$(MPIEXEC) -n 4 $(PYTEST) --with-mpi tests/mpi
+	@# Bits promised equal must not depend on the BLAS kernel this CPU picked: the determinism
+	@# tests again under every other OpenBLAS kernel it runs, each in its own process.
+	@for k in $$($(PY) -m tests.blas_kernels); do \
+		echo "determinism tests under OPENBLAS_CORETYPE=$$k"; \
+		OPENBLAS_CORETYPE=$$k $(PYTEST) -m determinism tests || exit 1; \
+	done
 
 # The subset to iterate on: no subprocesses, no poprun, no MPI ranks (10-20 s).
 test-fast: install

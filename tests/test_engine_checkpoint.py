@@ -55,6 +55,7 @@ def perturb(rt: Runtime, vs: dict[str, object]) -> None:
         rt.write_variable_data(v, np.zeros(v.shape_on_host, v.dtype))  # type: ignore[attr-defined]
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("saved_R, saved_rts", [(4, False), (4, True), (2, True)])
 @pytest.mark.parametrize("loaded_R, loaded_rts", [(4, True), (2, False), (2, True), (8, True)])
 def test_restores_under_other_splits(tmp_path: Path, saved_R: int, saved_rts: bool, loaded_R: int,

@@ -46,6 +46,7 @@ def per_replica_reference(x: np.ndarray, rg: ReplicaGrouping, fn) -> list[np.nda
     return out
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("L", [1, 2, 3, 4, 6, 8])
 @pytest.mark.parametrize("op", ["add", "mean", "mul", "min", "max"])
 def test_all_reduce_every_grouping_bitwise(L: int, op: str) -> None:

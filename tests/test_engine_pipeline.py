@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import PipelineStageError, Runtime, Trainer, TrainingOptions
+from popdist_py.engine.batch_invariant import matmul, outer_sum
 from popdist_py.engine.optimizers import SGD, Adam
 from popdist_py.engine.pipeline import GPIPE, ONE_F_ONE_B, Pipeline, Stage, bubble, ideal_bubble
 from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, device_order, in_flight
@@ -45,7 +46,7 @@ def layer_stage(k: int, last: bool, device: int) -> Stage:
 
     def forward(params: dict[str, np.ndarray], carry: Any, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
         h = x if carry is None else carry
-        z = h @ params[W] + params[b]
+        z = matmul(h, params[W]) + params[b]
         if last:
             err = z - y
             return float(np.mean(err * err)), (h, err)
@@ -56,8 +57,8 @@ def layer_stage(k: int, last: bool, device: int) -> Stage:
         h, other = saved
         # the loss's gradient, or tanh's
         dz = np.float32(2) * other / np.float32(other.size) if last else grad_out * (np.float32(1) - other * other)
-        grads = {W: canonical_sum(h[:, :, None] * dz[:, None, :]), b: canonical_sum(dz)}
-        return dz @ params[W].T, grads
+        grads = {W: outer_sum(h, dz), b: canonical_sum(dz)}
+        return matmul(dz, params[W].T), grads
 
     return Stage(forward, backward, device, (W, b), name=f"layer {k}")
 
@@ -118,6 +119,7 @@ def test_pipelined_training_equals_the_stages_one_after_the_other(schedule: str,
     assert not np.array_equal(got["W0"], init()["W0"])  # it trained
 
 
+@pytest.mark.determinism
 def test_pipelines_keep_the_bits_under_location_settings_and_across_splits_of_devices() -> None:
     opts = TrainingOptions(accumulation_factor=4)
     opts.optimizer_state_tensor_location_settings.location.replicated_tensor_sharding = True
@@ -415,6 +417,7 @@ def test_an_off_chip_stash_keeps_values_out_of_resident_memory_and_gives_them_ba
     assert on_chip.pop(0)[0] is big
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("schedule", [ONE_F_ONE_B, GPIPE])
 def test_off_chip_activations_keep_the_bits(schedule: str) -> None:
     opts = TrainingOptions(accumulation_factor=8)

@@ -80,6 +80,7 @@ def wild(rng: np.random.Generator, n: int, size: int) -> list[np.ndarray]:
     return [(rng.standard_normal(size) * 10.0 ** rng.integers(-4, 5, size)).astype(np.float32) for _ in range(n)]
 
 
+@pytest.mark.determinism
 @settings(max_examples=60, deadline=None)
 @given(size=st.integers(1, 12), seed=st.integers(0, 2**31), data=st.data())
 def test_any_split_gives_the_same_bits(size: int, seed: int, data: st.DataObject) -> None:
@@ -124,6 +125,7 @@ def test_programs_do_not_write_their_inputs() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(v, before, strict=True))
 
 
+@pytest.mark.determinism
 def test_blocked_runs_give_the_same_bits() -> None:
     rng = np.random.default_rng(3)
     values = wild(rng, 5, 1000)

@@ -116,6 +116,7 @@ def test_slice_then_gather_round_trips(R: int, shape: tuple[int, ...]) -> None:
                 assert full[r].shape == shape and full[r].tobytes() == x.tobytes()
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("R", [2, 3, 4, 5, 8])
 @pytest.mark.parametrize("n", [1, 7, 30, 9001])  # 9001 float32: past the eager size, uneven
 @pytest.mark.parametrize("op", ["add", "mean", "max", "mul"])
@@ -296,6 +297,7 @@ def sgd_momentum(rt: Runtime, rts: bool, steps: int = 4, shape: tuple[int, ...] 
     return np.concatenate([rt.get_tensor_data(w).reshape(-1), rt.get_tensor_data(m).reshape(-1)])
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("R", [2, 3, 4, 7])
 def test_rts_training_is_bitwise_the_replicated_training(R: int) -> None:
     with Runtime(replication=R) as rt:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, Runtime
+from popdist_py.engine.batch_invariant import matmul, outer_sum
 from popdist_py.engine.locations import TensorLocation, TensorStorage, TileSet, TrainingOptions
 from popdist_py.engine.optimizers import LAMB, SGD, Adam, AdamW, Optimizer
 from popdist_py.engine.reduce import reduce_sequence
@@ -35,10 +36,11 @@ OPTIMIZERS: dict[str, Callable[[], Optimizer]] = {
 
 
 def linear_model(params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
-    """Mean squared error of ``x @ W + b``; per-sample gradients summed with canonical_sum."""
-    err = x @ params["W"] + params["b"] - y
+    """Mean squared error of ``x @ W + b``, batch-invariant: each sample's error from its own row
+    (``matmul``), the gradients the canonical tree of the per-sample ones (``outer_sum``)."""
+    err = matmul(x, params["W"]) + params["b"] - y
     n = np.float32(len(x))
-    grads = {"W": canonical_sum(np.float32(2) * x[:, :, None] * err[:, None, :]) / n,
+    grads = {"W": outer_sum(x, np.float32(2) * err) / n,
              "b": canonical_sum(np.float32(2) * err) / n}
     return float(np.mean(err * err)), grads
 
@@ -69,6 +71,7 @@ def train(replicas: int, accumulation: int, opt: str, opts: TrainingOptions | No
         return trainer.weights(), np.concatenate(losses)
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
 def test_every_split_accumulation_and_placement_gives_the_same_bits(opt: str, executor: str) -> None:
     reference, losses = train(1, 1, opt)
@@ -120,6 +123,7 @@ def test_state_is_sharded_only_above_the_minimum_and_as_overridden() -> None:
     assert whole - sharded == 2 * 4 * (15 - 4) * 4
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("saved_shard,loaded_shard", [(True, None), (None, True), (True, CommGroup.consecutive(2))])
 def test_checkpoint_resumes_under_another_placement_and_split(tmp_path: Path, saved_shard: Any,
                                                                loaded_shard: Any) -> None:
@@ -187,6 +191,7 @@ def test_gradients_that_do_not_fit_are_named() -> None:
             trainer.step(host_batch(X[0], 2, 1), host_batch(Y[0], 2, 1))
 
 
+@pytest.mark.determinism
 def test_canonical_sum_is_the_accumulators_order() -> None:
     values = np.random.default_rng(3).standard_normal((24, 7)).astype(np.float32) * 1e3
     for block in (1, 2, 4, 8):  # micro-batches of a power-of-two size, accumulated
@@ -218,6 +223,7 @@ PLACEMENTS: list[dict[str, Any]] = [
     dict(weights="io", state="sharded")]
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("opt", ["momentum", "adam", "lamb"])
 def test_every_location_setting_gives_the_same_bits(opt: str, executor: str) -> None:
     reference, _ = train(1, 1, opt)
@@ -420,6 +426,7 @@ def fit(replicas: int, accumulation: int, opts: TrainingOptions) -> dict[str, np
         return trainer.weights()
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("accumulation", [2, 3, 7, 8])
 def test_off_chip_accumulators_give_the_same_bits(accumulation: int) -> None:
     """The pending partial sums wait in files between micro-batches: the same additions."""

@@ -43,6 +43,7 @@ def run_inline(*argv: str) -> tuple[float, str]:
 # -- the stages ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.determinism
 def test_the_stages_one_after_the_other_are_the_model_bitwise() -> None:
     """Loss and gradients of the two stages run in sequence are those of model.loss_and_grads."""
     data = datasets.load(None)
@@ -58,6 +59,7 @@ def test_the_stages_one_after_the_other_are_the_model_bitwise() -> None:
 # -- training ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.determinism
 @pytest.mark.slow  # trains MNIST
 @pytest.mark.parametrize("replicas", ["1", "2"])
 def test_pipelined_equals_no_pipeline_bitwise(replicas: str) -> None:
@@ -72,6 +74,7 @@ def test_pipelined_equals_no_pipeline_bitwise(replicas: str) -> None:
     assert ref[0] > 0.3  # it trained (chance is 0.10)
 
 
+@pytest.mark.determinism
 @pytest.mark.slow  # trains MNIST
 def test_replicas_and_micro_batches_trade_bitwise() -> None:
     """The same global batch of 64 as 2 replicas x 8 micro-batches of 4 and 1 x 4 of 16."""

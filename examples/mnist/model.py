@@ -1,14 +1,14 @@
 """The network of PopXL's MNIST example, in numpy: ``softmax(relu(x @ W0 + b0) @ W1 + b1)``, cross-entropy loss.
 
-Every sum here is :func:`~popdist_py.engine.canonical_sum`, a fixed pairwise tree of elementwise
-float32 additions, never a BLAS product or a numpy reduction: those pick their order by shape,
-memory layout and thread count, so a sample's result would depend on the batch it came in
-(OpenBLAS blocks the rows of ``x @ W`` differently for 8 rows and for 32). With fixed trees a
-sample's activations depend on that sample alone, and a batch's gradient is the pairwise tree
-of per-sample gradients divided by ``B``. For ``B`` a power of two, accumulating ``A`` micro-batches
-of ``B`` (the Trainer adds them in the same tree and divides by ``A``) is then bitwise one batch of
-``A x B``, and ``R`` replicas of ``B`` are bitwise one replica of ``R x B`` (the mean over replicas
-is the same tree).
+Batch-invariant, so that every split of the samples into replicas, instances and micro-batches
+gives the same weights: the products are :func:`~popdist_py.engine.batch_invariant.matmul` (a
+sample's activations depend on that sample alone, never on how many share the call, as they
+would with ``@``), the weights' gradients :func:`~popdist_py.engine.batch_invariant.outer_sum`
+and every other sum over samples or classes :func:`~popdist_py.engine.canonical_sum` (the fixed
+pairwise tree the Trainer's accumulation and the engine's reductions continue). A batch's
+gradient is that tree of per-sample gradients divided by ``B``; for ``B`` a power of two,
+accumulating ``A`` micro-batches of ``B`` is then bitwise one batch of ``A x B``, and ``R``
+replicas of ``B`` are bitwise one replica of ``R x B``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from popdist_py.engine import canonical_sum
+from popdist_py.engine.batch_invariant import matmul, outer_sum
 
 PARAMS = ("W0", "b0", "W1", "b1")
 
@@ -46,16 +47,11 @@ def as_params(p: Params | Mapping[str, np.ndarray]) -> Params:
     return p if isinstance(p, Params) else Params(**{name: p[name] for name in PARAMS})
 
 
-def row_dot(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """``a @ w`` for ``a`` [B, K] and ``w`` [K, N], each row by its own fixed tree over K."""
-    return canonical_sum(a[:, :, None] * w[None, :, :], axis=1)
-
-
 def forward(p: Params, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(pre-activation z0, hidden h, logits z1), each row from its own sample only."""
-    z0 = row_dot(x, p.W0) + p.b0
+    z0 = matmul(x, p.W0) + p.b0
     h = np.maximum(z0, np.float32(0))
-    return z0, h, row_dot(h, p.W1) + p.b1
+    return z0, h, matmul(h, p.W1) + p.b1
 
 
 Weights = Mapping[str, np.ndarray]
@@ -66,7 +62,7 @@ def hidden_forward(params: Weights, carry: None, x: np.ndarray, y: np.ndarray
     """The hidden layer (pipeline stage 0): the activations ``h``; keeps the input and the
     pre-activation for the backward."""
     x = np.asarray(x, np.float32)
-    z0 = row_dot(x, params["W0"]) + params["b0"]
+    z0 = matmul(x, params["W0"]) + params["b0"]
     return np.maximum(z0, np.float32(0)), (x, z0)
 
 
@@ -76,7 +72,7 @@ def hidden_backward(params: Weights, saved: tuple[np.ndarray, np.ndarray], d_h: 
     x, z0 = saved
     n = np.float32(len(x))
     d_z0 = d_h * (z0 > 0)
-    return None, {"W0": canonical_sum(x[:, :, None] * d_z0[:, None, :]) / n,  # per-sample outer products
+    return None, {"W0": outer_sum(x, d_z0) / n,  # the tree of per-sample outer products
                   "b0": canonical_sum(d_z0) / n}
 
 
@@ -84,7 +80,7 @@ def output_forward(params: Weights, h: np.ndarray, x: np.ndarray, y: np.ndarray
                    ) -> tuple[np.float32, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """The output layer and loss (stage 1): the mean cross-entropy of the micro-batch; keeps ``h``,
     the softmax's numerators and the labels."""
-    z1 = row_dot(h, params["W1"]) + params["b1"]
+    z1 = matmul(h, params["W1"]) + params["b1"]
     shifted = z1 - z1.max(axis=1, keepdims=True)  # max is exact in any order
     exp = np.exp(shifted)
     log_probs = shifted - np.log(canonical_sum(exp, axis=1))[:, None]
@@ -99,8 +95,8 @@ def output_backward(params: Weights, saved: tuple[np.ndarray, np.ndarray, np.nda
     n = np.float32(len(y))
     d_z1 = exp / canonical_sum(exp, axis=1)[:, None]  # per sample: softmax - one-hot
     d_z1[np.arange(len(y)), y] -= np.float32(1)
-    d_h = row_dot(d_z1, params["W1"].T)
-    return d_h, {"W1": canonical_sum(h[:, :, None] * d_z1[:, None, :]) / n, "b1": canonical_sum(d_z1) / n}
+    d_h = matmul(d_z1, params["W1"].T)
+    return d_h, {"W1": outer_sum(h, d_z1) / n, "b1": canonical_sum(d_z1) / n}
 
 
 def loss_and_grads(p: Params | Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[np.float32, Params]:

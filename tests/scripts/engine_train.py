@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from popdist_py.engine import Runtime, ops
+from popdist_py.engine.batch_invariant import matmul, outer_sum
 
 FEATURES, OUTPUTS, BATCH = 64, 160, 8
 
@@ -51,8 +52,8 @@ def train(rt: Runtime, steps: int = 5, seed: int = 0, lr: float = 0.01) -> dict[
     lr32, beta = np.float32(lr), np.float32(0.9)
 
     def step(ctx, x, y):  # type: ignore[no-untyped-def]
-        err = x @ ctx[w] + ctx[b] - y
-        gw = (x.T @ err) / np.float32(BATCH)
+        err = matmul(x, ctx[w]) + ctx[b] - y
+        gw = outer_sum(x, err) / np.float32(BATCH)
         gb = err.mean(axis=0)
         gw = ops.replicated_all_reduce(gw, op="mean")
         gb = ops.replicated_all_reduce(gb, op="mean")

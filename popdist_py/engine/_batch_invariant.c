@@ -1,0 +1,474 @@
+/* Products whose every output element is computed by one fixed sequence of IEEE operations,
+ * whatever the shape of the call, the position of the row, the CPU or its vector width.
+ *
+ * BLAS picks its kernels and its order of additions by shape (OpenBLAS gives row i of x @ w other
+ * bits in a call of 1, 3 or 17 rows than in a call of 64), by CPU and by thread count, so a
+ * sample's activations would depend on how many samples share its micro-batch. Here:
+ *
+ *   matmul:    c[i,j] = the FMA chain acc = fma(a[i,k], b[k,j], acc) from acc = 0 over each
+ *              block of KC consecutive k, the blocks' results added left to right
+ *              (c = acc_0; c = c + acc_1; ...).
+ *   outer_sum: c[k,n] = sum over rows s of round(x[s,k] * y[s,n]) in the left-to-right pairwise
+ *              tree of popdist_py.engine.canonical_sum (blocks of 2**e rows, largest first, each
+ *              summed pairwise level by level, then the blocks from left to right).
+ *
+ * Each element's sequence does not depend on tiles, edges or vector width, and FMA and IEEE
+ * add/multiply are correctly rounded, so the AVX-512, AVX2 and scalar paths give the same bits.
+ * No contraction of a * b + c into an FMA is allowed anywhere but where written. */
+#pragma GCC optimize("fp-contract=off")
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define BI_X86 1
+#else
+#define BI_X86 0
+#endif
+
+#define KC 256 /* part of matmul's definition: never change without changing the contract */
+#define MC 96  /* cache blocking only: it does not change a bit */
+#define NC 2048
+#define SMALL_PACK (48 * 1024)
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+enum isa { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+typedef struct {
+    char *base;
+    Py_ssize_t rows, cols, rs, cs; /* strides in bytes */
+} view;
+
+/* ------------------------------------------------------------------------------- packing */
+/* A block [mc x kc] as panels of mr rows, k-major (dst[k * mr + i]); rows past m are zero. */
+#define DEFINE_PACKING(T)                                                                         \
+    static void pack_a_##T(const view *a, Py_ssize_t i0, Py_ssize_t mc, Py_ssize_t k0,           \
+                           Py_ssize_t kc, int mr, T *dst) {                                      \
+        for (Py_ssize_t ip = 0; ip < mc; ip += mr, dst += kc * mr) {                             \
+            for (int i = 0; i < mr; i++) { /* along each row of a, the order it lies in */       \
+                if (ip + i >= mc) {                                                              \
+                    for (Py_ssize_t k = 0; k < kc; k++) dst[k * mr + i] = (T)0;                  \
+                    continue;                                                                    \
+                }                                                                                \
+                const char *row = a->base + (i0 + ip + i) * a->rs + k0 * a->cs;                  \
+                for (Py_ssize_t k = 0; k < kc; k++) dst[k * mr + i] = *(const T *)(row + k * a->cs); \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+    /* B block [kc x nc] as panels of nr columns (dst[k * nr + j]); columns past n are zero. */  \
+    static void pack_b_##T(const view *b, Py_ssize_t k0, Py_ssize_t kc, Py_ssize_t j0,           \
+                           Py_ssize_t nc, int nr, T *dst) {                                      \
+        for (Py_ssize_t jp = 0; jp < nc; jp += nr, dst += kc * nr) {                             \
+            if (b->rs == (Py_ssize_t)sizeof(T)) { /* b is a transpose: read its columns along k */ \
+                for (int j = 0; j < nr; j++) {                                                   \
+                    const T *col = (const T *)(b->base + k0 * b->rs + (j0 + jp + j) * b->cs);    \
+                    for (Py_ssize_t k = 0; k < kc; k++) dst[k * nr + j] = jp + j < nc ? col[k] : (T)0; \
+                }                                                                                \
+                continue;                                                                        \
+            }                                                                                    \
+            for (Py_ssize_t k = 0; k < kc; k++) {                                                \
+                const char *row = b->base + (k0 + k) * b->rs;                                    \
+                T *d = dst + k * nr;                                                             \
+                if (jp + nr <= nc && b->cs == (Py_ssize_t)sizeof(T)) {                           \
+                    memcpy(d, row + (j0 + jp) * b->cs, nr * sizeof(T));                          \
+                } else {                                                                         \
+                    for (int j = 0; j < nr; j++)                                                 \
+                        d[j] = (jp + j < nc) ? *(const T *)(row + (j0 + jp + j) * b->cs) : (T)0; \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    }
+DEFINE_PACKING(float)
+DEFINE_PACKING(double)
+
+/* Writes a finished tile: the first k block assigns, later ones add (the contract's order). */
+#define DEFINE_STORE(T)                                                                           \
+    static inline void store_tile_##T(const T *acc, int nr, T *c, Py_ssize_t ldc, int mv, int nv, \
+                                      int first) {                                               \
+        for (int i = 0; i < mv; i++)                                                             \
+            for (int j = 0; j < nv; j++)                                                         \
+                c[i * ldc + j] = first ? acc[i * nr + j] : c[i * ldc + j] + acc[i * nr + j];      \
+    }
+DEFINE_STORE(float)
+DEFINE_STORE(double)
+
+/* ------------------------------------------------------------------------- micro-kernels */
+/* Each computes an mr x nr tile into acc (row-major, nr wide) from packed panels. */
+typedef void (*ukr_f32)(Py_ssize_t kc, const float *a, const float *b, float *acc);
+typedef void (*ukr_f64)(Py_ssize_t kc, const double *a, const double *b, double *acc);
+
+#define SCALAR_MR 4
+#define SCALAR_NR 4
+static void ukr_scalar_float(Py_ssize_t kc, const float *a, const float *b, float *acc) {
+    float t[SCALAR_MR * SCALAR_NR] = {0};
+    for (Py_ssize_t k = 0; k < kc; k++)
+        for (int i = 0; i < SCALAR_MR; i++)
+            for (int j = 0; j < SCALAR_NR; j++)
+                t[i * SCALAR_NR + j] = fmaf(a[k * SCALAR_MR + i], b[k * SCALAR_NR + j], t[i * SCALAR_NR + j]);
+    memcpy(acc, t, sizeof t);
+}
+static void ukr_scalar_double(Py_ssize_t kc, const double *a, const double *b, double *acc) {
+    double t[SCALAR_MR * SCALAR_NR] = {0};
+    for (Py_ssize_t k = 0; k < kc; k++)
+        for (int i = 0; i < SCALAR_MR; i++)
+            for (int j = 0; j < SCALAR_NR; j++)
+                t[i * SCALAR_NR + j] = fma(a[k * SCALAR_MR + i], b[k * SCALAR_NR + j], t[i * SCALAR_NR + j]);
+    memcpy(acc, t, sizeof t);
+}
+
+#if BI_X86
+/* AVX2: 6 rows x 2 vectors (BLIS's Haswell shape); AVX-512: 8 rows x 2 vectors. */
+#define DEFINE_UKR(NAME, T, TARGET, MR, VEC, VL, ZERO, LOAD, BCAST, FMA, STORE)                   \
+    __attribute__((target(TARGET))) static void NAME(Py_ssize_t kc, const T *a, const T *b,      \
+                                                     T *acc) {                                   \
+        VEC c0[MR], c1[MR];                                                                      \
+        for (int i = 0; i < MR; i++) c0[i] = c1[i] = ZERO();                                     \
+        for (Py_ssize_t k = 0; k < kc; k++) {                                                    \
+            VEC b0 = LOAD(b + k * 2 * VL), b1 = LOAD(b + k * 2 * VL + VL);                       \
+            _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                              \
+                VEC x = BCAST(a[k * MR + i]);                                                    \
+                c0[i] = FMA(x, b0, c0[i]);                                                       \
+                c1[i] = FMA(x, b1, c1[i]);                                                       \
+            }                                                                                    \
+        }                                                                                        \
+        for (int i = 0; i < MR; i++) {                                                           \
+            STORE(acc + i * 2 * VL, c0[i]);                                                      \
+            STORE(acc + i * 2 * VL + VL, c1[i]);                                                 \
+        }                                                                                        \
+    }
+DEFINE_UKR(ukr_avx2_float, float, "avx2,fma", 6, __m256, 8, _mm256_setzero_ps, _mm256_load_ps,
+           _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps)
+DEFINE_UKR(ukr_avx2_double, double, "avx2,fma", 6, __m256d, 4, _mm256_setzero_pd, _mm256_load_pd,
+           _mm256_set1_pd, _mm256_fmadd_pd, _mm256_storeu_pd)
+DEFINE_UKR(ukr_avx512_float, float, "avx512f", 8, __m512, 16, _mm512_setzero_ps, _mm512_load_ps,
+           _mm512_set1_ps, _mm512_fmadd_ps, _mm512_storeu_ps)
+DEFINE_UKR(ukr_avx512_double, double, "avx512f", 8, __m512d, 8, _mm512_setzero_pd, _mm512_load_pd,
+           _mm512_set1_pd, _mm512_fmadd_pd, _mm512_storeu_pd)
+#endif
+
+/* ------------------------------------------------------------------------------- drivers */
+/* The loops of a blocked product: the k blocks are KC wide and run in order, which is all the
+ * result depends on; the i and j blocking only decides what is in cache. */
+#define DEFINE_MATMUL(T, UKR_T)                                                                   \
+    static int matmul_##T(const view *a, const view *b, T *c, UKR_T ukr, int mr, int nr) {       \
+        Py_ssize_t m = a->rows, kk = a->cols, n = b->cols;                                       \
+        if (kk == 0) {                                                                           \
+            memset(c, 0, (size_t)m * n * sizeof(T));                                             \
+            return 0;                                                                            \
+        }                                                                                        \
+        Py_ssize_t mcap = ((MIN(m, MC) + mr - 1) / mr) * mr, ncap = ((MIN(n, NC) + nr - 1) / nr) * nr; \
+        size_t kcap = (size_t)MIN(kk, KC);                                                       \
+        size_t abytes = (mcap * kcap * sizeof(T) + 63) / 64 * 64;                                \
+        size_t bbytes = (ncap * kcap * sizeof(T) + 63) / 64 * 64;                                \
+        /* Small calls pack on the stack: their time is mostly overhead. */                      \
+        char small[SMALL_PACK] __attribute__((aligned(64)));                                     \
+        int on_heap = abytes + bbytes > SMALL_PACK;                                              \
+        T *pa = on_heap ? aligned_alloc(64, abytes) : (T *)small;                                \
+        T *pb = on_heap ? aligned_alloc(64, bbytes) : (T *)(small + abytes);                     \
+        T acc[16 * 64] __attribute__((aligned(64)));                                             \
+        if (!pa || !pb) {                                                                        \
+            if (on_heap) {                                                                       \
+                free(pa);                                                                        \
+                free(pb);                                                                        \
+            }                                                                                    \
+            return -1;                                                                           \
+        }                                                                                        \
+        for (Py_ssize_t j0 = 0; j0 < n; j0 += NC) {                                              \
+            Py_ssize_t nc = n - j0 < NC ? n - j0 : NC;                                           \
+            for (Py_ssize_t k0 = 0; k0 < kk; k0 += KC) {                                         \
+                Py_ssize_t kc = kk - k0 < KC ? kk - k0 : KC;                                     \
+                pack_b_##T(b, k0, kc, j0, nc, nr, pb);                                           \
+                for (Py_ssize_t i0 = 0; i0 < m; i0 += MC) {                                      \
+                    Py_ssize_t mc = m - i0 < MC ? m - i0 : MC;                                   \
+                    pack_a_##T(a, i0, mc, k0, kc, mr, pa);                                       \
+                    for (Py_ssize_t jp = 0; jp < nc; jp += nr) {                                 \
+                        int nv = nc - jp < nr ? (int)(nc - jp) : nr;                             \
+                        for (Py_ssize_t ip = 0; ip < mc; ip += mr) {                             \
+                            int mv = mc - ip < mr ? (int)(mc - ip) : mr;                         \
+                            ukr(kc, pa + ip * kc, pb + jp * kc, acc);                            \
+                            store_tile_##T(acc, nr, c + (i0 + ip) * n + j0 + jp, n, mv, nv,       \
+                                           k0 == 0);                                             \
+                        }                                                                        \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        if (on_heap) {                                                                           \
+            free(pa);                                                                            \
+            free(pb);                                                                            \
+        }                                                                                        \
+        return 0;                                                                                \
+    }
+DEFINE_MATMUL(float, ukr_f32)
+DEFINE_MATMUL(double, ukr_f64)
+
+/* outer_sum: a tile of TK rows of x's columns by up to TN of y's columns. Rows of the batch go in
+ * groups of 8 (a subtree of the canonical tree when the group starts at a multiple of 8), whose
+ * sums wait on a binary-counter stack, one level per power of two, until their sibling arrives. */
+#define TK 8
+#define TN 64
+#define MAX_LEVELS 64
+#define DEFINE_OUTER_TILE(T, NAME, ATTR, VB)                                                      \
+    typedef T NAME##_vec __attribute__((vector_size(VB), aligned(sizeof(T))));                   \
+    ATTR static void NAME(const view *x, const T *y, Py_ssize_t ldy, Py_ssize_t rows,            \
+                          Py_ssize_t k0, int kv, Py_ssize_t n0, int nv, T *c, Py_ssize_t ldc,    \
+                          T *stack) {                                                            \
+        typedef NAME##_vec VEC;                                                                  \
+        uint64_t occupied = 0;                                                                   \
+        T cur[TK * TN], tail[TK * TN], res[TK * TN];                                             \
+        int have_res = 0;                                                                        \
+        Py_ssize_t full = rows & ~(Py_ssize_t)7;                                                 \
+        for (Py_ssize_t s = 0; s < full; s += 8) {                                               \
+            T xs[TK][8];                                                                         \
+            for (int i = 0; i < TK; i++)                                                         \
+                for (int r = 0; r < 8; r++)                                                      \
+                    xs[i][r] = i < kv ? *(const T *)(x->base + (s + r) * x->rs + (k0 + i) * x->cs) : (T)0; \
+            const T *yr = y + s * ldy + n0;                                                      \
+            if (nv == TN) { /* each y vector loaded once for the TK rows */                      \
+                for (int j = 0; j < TN; j += VB / (int)sizeof(T)) {                              \
+                    VEC y0 = *(const VEC *)(yr + j), y1 = *(const VEC *)(yr + ldy + j);          \
+                    VEC y2 = *(const VEC *)(yr + 2 * ldy + j), y3 = *(const VEC *)(yr + 3 * ldy + j); \
+                    VEC y4 = *(const VEC *)(yr + 4 * ldy + j), y5 = *(const VEC *)(yr + 5 * ldy + j); \
+                    VEC y6 = *(const VEC *)(yr + 6 * ldy + j), y7 = *(const VEC *)(yr + 7 * ldy + j); \
+                    _Pragma("GCC unroll 8") for (int i = 0; i < TK; i++) {                       \
+                        const T *a = xs[i];                                                      \
+                        *(VEC *)(cur + i * TN + j) = ((a[0] * y0 + a[1] * y1) + (a[2] * y2 + a[3] * y3)) + \
+                                                     ((a[4] * y4 + a[5] * y5) + (a[6] * y6 + a[7] * y7)); \
+                    }                                                                            \
+                }                                                                                \
+            } else {                                                                             \
+                for (int j = 0; j < nv; j++) {                                                   \
+                    for (int i = 0; i < TK; i++) {                                               \
+                        const T *a = xs[i];                                                      \
+                        cur[i * TN + j] = ((a[0] * yr[j] + a[1] * yr[ldy + j]) +                 \
+                                           (a[2] * yr[2 * ldy + j] + a[3] * yr[3 * ldy + j])) +  \
+                                          ((a[4] * yr[4 * ldy + j] + a[5] * yr[5 * ldy + j]) +   \
+                                           (a[6] * yr[6 * ldy + j] + a[7] * yr[7 * ldy + j]));   \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+            int level = 0;                                                                       \
+            while (occupied >> level & 1) { /* the older sibling is on the left */               \
+                T *left = stack + (size_t)level * TK * TN;                                       \
+                for (int i = 0; i < kv; i++)                                                     \
+                    for (int j = 0; j < nv; j++) cur[i * TN + j] = left[i * TN + j] + cur[i * TN + j]; \
+                occupied &= ~((uint64_t)1 << level);                                             \
+                level++;                                                                         \
+            }                                                                                    \
+            memcpy(stack + (size_t)level * TK * TN, cur, sizeof cur);                            \
+            occupied |= (uint64_t)1 << level;                                                    \
+        }                                                                                        \
+        /* The stack's blocks, largest (leftmost) first, then the last rows' blocks of 4, 2, 1. */ \
+        for (int level = MAX_LEVELS - 1; level >= 0; level--) {                                  \
+            if (!(occupied >> level & 1)) continue;                                              \
+            T *blk = stack + (size_t)level * TK * TN;                                            \
+            for (int i = 0; i < kv; i++)                                                         \
+                for (int j = 0; j < nv; j++)                                                     \
+                    res[i * TN + j] = have_res ? res[i * TN + j] + blk[i * TN + j] : blk[i * TN + j]; \
+            have_res = 1;                                                                        \
+        }                                                                                        \
+        Py_ssize_t s = full;                                                                     \
+        for (int size = 4; size >= 1; size >>= 1) {                                              \
+            if (!((rows - full) & size)) continue;                                               \
+            for (int i = 0; i < kv; i++) {                                                       \
+                T xs[4];                                                                         \
+                for (int r = 0; r < size; r++)                                                   \
+                    xs[r] = *(const T *)(x->base + (s + r) * x->rs + (k0 + i) * x->cs);          \
+                const T *yr = y + s * ldy + n0;                                                  \
+                for (int j = 0; j < nv; j++) {                                                   \
+                    T v;                                                                         \
+                    if (size == 4)                                                               \
+                        v = (xs[0] * yr[j] + xs[1] * yr[ldy + j]) +                              \
+                            (xs[2] * yr[2 * ldy + j] + xs[3] * yr[3 * ldy + j]);                 \
+                    else if (size == 2)                                                          \
+                        v = xs[0] * yr[j] + xs[1] * yr[ldy + j];                                 \
+                    else                                                                         \
+                        v = xs[0] * yr[j];                                                       \
+                    tail[i * TN + j] = v;                                                        \
+                }                                                                                \
+                for (int j = 0; j < nv; j++)                                                     \
+                    res[i * TN + j] = have_res ? res[i * TN + j] + tail[i * TN + j] : tail[i * TN + j]; \
+            }                                                                                    \
+            have_res = 1;                                                                        \
+            s += size;                                                                           \
+        }                                                                                        \
+        for (int i = 0; i < kv; i++) memcpy(c + (k0 + i) * ldc + n0, res + i * TN, nv * sizeof(T)); \
+    }
+#if BI_X86
+DEFINE_OUTER_TILE(float, outer_tile_avx512_float, __attribute__((target("avx512f"))), 64)
+DEFINE_OUTER_TILE(double, outer_tile_avx512_double, __attribute__((target("avx512f"))), 64)
+DEFINE_OUTER_TILE(float, outer_tile_avx2_float, __attribute__((target("avx2"))), 32)
+DEFINE_OUTER_TILE(double, outer_tile_avx2_double, __attribute__((target("avx2"))), 32)
+#endif
+DEFINE_OUTER_TILE(float, outer_tile_scalar_float, , 16)
+DEFINE_OUTER_TILE(double, outer_tile_scalar_double, , 16)
+
+typedef void (*outer_f32)(const view *, const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, int, Py_ssize_t,
+                          int, float *, Py_ssize_t, float *);
+typedef void (*outer_f64)(const view *, const double *, Py_ssize_t, Py_ssize_t, Py_ssize_t, int, Py_ssize_t,
+                          int, double *, Py_ssize_t, double *);
+
+#define DEFINE_OUTER(T, TILE_T)                                                                   \
+    static int outer_##T(const view *x, const T *y, Py_ssize_t n, T *c, TILE_T tile) {           \
+        Py_ssize_t rows = x->rows, kk = x->cols;                                                 \
+        T *stack = aligned_alloc(64, sizeof(T) * MAX_LEVELS * TK * TN);                          \
+        if (!stack) return -1;                                                                   \
+        for (Py_ssize_t n0 = 0; n0 < n; n0 += TN) {                                              \
+            int nv = n - n0 < TN ? (int)(n - n0) : TN;                                           \
+            for (Py_ssize_t k0 = 0; k0 < kk; k0 += TK) {                                         \
+                int kv = kk - k0 < TK ? (int)(kk - k0) : TK;                                     \
+                tile(x, y, n, rows, k0, kv, n0, nv, c, n, stack);                                \
+            }                                                                                    \
+        }                                                                                        \
+        free(stack);                                                                             \
+        return 0;                                                                                \
+    }
+DEFINE_OUTER(float, outer_f32)
+DEFINE_OUTER(double, outer_f64)
+
+/* ------------------------------------------------------------------------------ Python API */
+static int best_isa_found = -1;
+
+static int find_best_isa(void) {
+#if BI_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
+#endif
+    return ISA_SCALAR;
+}
+
+static int best_isa(void) { return best_isa_found; }
+
+/* A 2-d float32/float64 buffer as a view; `writable_contiguous` for outputs. */
+static int get_view(PyObject *obj, Py_buffer *buf, view *v, int writable_contiguous) {
+    int flags = writable_contiguous ? (PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)
+                                    : (PyBUF_STRIDES | PyBUF_FORMAT);
+    if (PyObject_GetBuffer(obj, buf, flags) < 0) return -1;
+    if (buf->ndim != 2) {
+        PyErr_SetString(PyExc_ValueError, "expected a 2-d array");
+        PyBuffer_Release(buf);
+        return -1;
+    }
+    v->base = buf->buf;
+    v->rows = buf->shape[0];
+    v->cols = buf->shape[1];
+    v->rs = buf->strides ? buf->strides[0] : buf->shape[1] * buf->itemsize;
+    v->cs = buf->strides ? buf->strides[1] : buf->itemsize;
+    return 0;
+}
+
+static int kind_of(const Py_buffer *buf) { /* 4: float32, 8: float64, 0: other */
+    const char *f = buf->format ? buf->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (f[0] == 'f' && f[1] == 0) return 4;
+    if (f[0] == 'd' && f[1] == 0) return 8;
+    return 0;
+}
+
+static PyObject *py_matmul(PyObject *self, PyObject *args) {
+    PyObject *ao, *bo, *co;
+    int isa;
+    if (!PyArg_ParseTuple(args, "OOOi", &ao, &bo, &co, &isa)) return NULL;
+    Py_buffer ab, bb, cb;
+    view a, b, c;
+    if (get_view(ao, &ab, &a, 0) < 0) return NULL;
+    if (get_view(bo, &bb, &b, 0) < 0) { PyBuffer_Release(&ab); return NULL; }
+    if (get_view(co, &cb, &c, 1) < 0) { PyBuffer_Release(&ab); PyBuffer_Release(&bb); return NULL; }
+    int kind = kind_of(&ab), rc = 0;
+    if (kind == 0 || kind_of(&bb) != kind || kind_of(&cb) != kind || a.cols != b.rows || c.rows != a.rows ||
+        c.cols != b.cols || isa < ISA_SCALAR || isa > best_isa()) {
+        PyErr_SetString(PyExc_ValueError, "matmul: mismatched shapes, dtypes or an ISA this CPU lacks");
+        rc = -2;
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        if (kind == 4) {
+            ukr_f32 u = ukr_scalar_float;
+            int mr = SCALAR_MR, nr = SCALAR_NR;
+#if BI_X86
+            if (isa == ISA_AVX512) { u = ukr_avx512_float; mr = 8; nr = 32; }
+            else if (isa == ISA_AVX2) { u = ukr_avx2_float; mr = 6; nr = 16; }
+#endif
+            rc = matmul_float(&a, &b, (float *)c.base, u, mr, nr);
+        } else {
+            ukr_f64 u = ukr_scalar_double;
+            int mr = SCALAR_MR, nr = SCALAR_NR;
+#if BI_X86
+            if (isa == ISA_AVX512) { u = ukr_avx512_double; mr = 8; nr = 16; }
+            else if (isa == ISA_AVX2) { u = ukr_avx2_double; mr = 6; nr = 8; }
+#endif
+            rc = matmul_double(&a, &b, (double *)c.base, u, mr, nr);
+        }
+        Py_END_ALLOW_THREADS
+        if (rc == -1) PyErr_NoMemory();
+    }
+    PyBuffer_Release(&ab);
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&cb);
+    if (rc) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_outer_sum(PyObject *self, PyObject *args) {
+    PyObject *xo, *yo, *co;
+    int isa;
+    if (!PyArg_ParseTuple(args, "OOOi", &xo, &yo, &co, &isa)) return NULL;
+    Py_buffer xb, yb, cb;
+    view x, c;
+    if (get_view(xo, &xb, &x, 0) < 0) return NULL;
+    if (PyObject_GetBuffer(yo, &yb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) { PyBuffer_Release(&xb); return NULL; }
+    if (get_view(co, &cb, &c, 1) < 0) { PyBuffer_Release(&xb); PyBuffer_Release(&yb); return NULL; }
+    int kind = kind_of(&xb), rc = 0;
+    if (kind == 0 || kind_of(&yb) != kind || kind_of(&cb) != kind || yb.ndim != 2 || yb.shape[0] != x.rows ||
+        x.rows < 1 || c.rows != x.cols || c.cols != yb.shape[1] || isa < ISA_SCALAR || isa > best_isa()) {
+        PyErr_SetString(PyExc_ValueError, "outer_sum: mismatched shapes, dtypes or an ISA this CPU lacks");
+        rc = -2;
+    } else {
+        Py_ssize_t n = yb.shape[1];
+        Py_BEGIN_ALLOW_THREADS
+        if (kind == 4) {
+            outer_f32 t = outer_tile_scalar_float;
+#if BI_X86
+            if (isa == ISA_AVX512) t = outer_tile_avx512_float;
+            else if (isa == ISA_AVX2) t = outer_tile_avx2_float;
+#endif
+            rc = outer_float(&x, (const float *)yb.buf, n, (float *)c.base, t);
+        } else {
+            outer_f64 t = outer_tile_scalar_double;
+#if BI_X86
+            if (isa == ISA_AVX512) t = outer_tile_avx512_double;
+            else if (isa == ISA_AVX2) t = outer_tile_avx2_double;
+#endif
+            rc = outer_double(&x, (const double *)yb.buf, n, (double *)c.base, t);
+        }
+        Py_END_ALLOW_THREADS
+        if (rc == -1) PyErr_NoMemory();
+    }
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&yb);
+    PyBuffer_Release(&cb);
+    if (rc) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"matmul", py_matmul, METH_VARARGS, "matmul(a, b, out, isa): out = a @ b in the fixed order."},
+    {"outer_sum", py_outer_sum, METH_VARARGS, "outer_sum(x, y, out, isa): out = x.T @ y as a canonical tree."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batch_invariant", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__batch_invariant(void) {
+    best_isa_found = find_best_isa();
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddIntConstant(m, "KC", KC) < 0 || PyModule_AddIntConstant(m, "BEST_ISA", best_isa()) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
