@@ -37,7 +37,8 @@ def batch(step: int, replicas: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng([seed, step])
     x = rng.standard_normal((replicas, BATCH, FEATURES)).astype(np.float32)
     w_true = np.random.default_rng(seed).standard_normal((FEATURES, OUTPUTS)).astype(np.float32)
-    y = (x @ w_true + 0.1 * rng.standard_normal((replicas, BATCH, OUTPUTS))).astype(np.float32)
+    # not x @ w_true: OpenBLAS's bits change with its thread count, which differs between hosts
+    y = (matmul(x, w_true) + 0.1 * rng.standard_normal((replicas, BATCH, OUTPUTS))).astype(np.float32)
     return x, y
 
 
