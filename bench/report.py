@@ -74,6 +74,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += _training(results["training"])
     if "pipeline" in results:
         lines += _pipeline(results["pipeline"])
+    if "matmul" in results:
+        lines += _matmul(results["matmul"])
     if "multihost" in results:
         m = results["multihost"]
         if "skipped" in m:
@@ -154,6 +156,21 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
                    "vs full |"), "|---|---|---|"]
         lines += [f"| {m} | {_ms(t)} | {sync['over_full'].get(m, 1.0):.2f} |" for m, t in sync["seconds"].items()]
         lines.append("")
+    return lines
+
+
+def _matmul(section: dict[str, Any]) -> list[str]:
+    lines = [("| batch-invariant products, float32, 1 thread (rows x in x out) | `x @ w` (ms) | `matmul` | ratio | "
+              "`dz @ w.T` (ms) | `matmul` | ratio | `x.T @ dz` (ms) | `outer_sum` | ratio |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in section["rows"]:
+        cells = [f"{_ms(row['seconds'][p]['blas'])} | {_ms(row['seconds'][p]['invariant'])} | {row['ratio'][p]:.2f}"
+                 for p in ("forward", "input_grad", "weight_grad")]
+        lines.append(f"| {'x'.join(map(str, row['shape']))} | {' | '.join(cells)} |")
+    equal = all(row["rows_alone_equal_the_call"] for row in section["rows"])
+    lines += ["", (f"Ratios: medians over {section['rounds']} rounds of the ratio within a round (BLAS: numpy's "
+                   "OpenBLAS, one thread). Rows computed alone equal the rows of the whole call: "
+                   f"{'yes' if equal else '**no**'}."), ""]
     return lines
 
 

@@ -1,6 +1,6 @@
 """``make bench``: measure side by side, write bench/results.json, results.md and results.png.
 
-    python -m bench.run [--quick] [--sections allreduce,launch,scaling,rts_memory,training,pipeline,multihost]
+    python -m bench.run [--quick] [--sections allreduce,launch,scaling,rts_memory,training,pipeline,multihost,matmul]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 log = logging.getLogger("bench")
 SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scaling": "bench.scaling",
             "rts_memory": "bench.rts_memory", "training": "bench.training", "pipeline": "bench.pipeline",
-            "multihost": "bench.multihost"}
+            "multihost": "bench.multihost", "matmul": "bench.matmul"}
 
 
 def main() -> None:
