@@ -205,56 +205,42 @@ DEFINE_UKR(ukr_avx512_double, double, "avx512f", 8, __m512d, 8, _mm512_setzero_p
 DEFINE_MATMUL(float, ukr_f32)
 DEFINE_MATMUL(double, ukr_f64)
 
-/* outer_sum: a tile of TK rows of x's columns by up to TN of y's columns. Rows of the batch go in
- * groups of 8 (a subtree of the canonical tree when the group starts at a multiple of 8), whose
- * sums wait on a binary-counter stack, one level per power of two, until their sibling arrives. */
+/* outer_sum: a tile of TK of x's columns by TN of y's columns, from packed copies (xt: x's
+ * columns as rows of `rows` values; yp: y's TN columns as `rows` rows of TN), zero-padded so every
+ * tile is whole. Rows of the batch go in groups of 8 (a subtree of the canonical tree when the
+ * group starts at a multiple of 8), whose sums wait on a binary-counter stack, one level per
+ * power of two, until their sibling arrives. */
 #define TK 8
 #define TN 64
 #define MAX_LEVELS 64
 #define DEFINE_OUTER_TILE(T, NAME, ATTR, VB)                                                      \
     typedef T NAME##_vec __attribute__((vector_size(VB), aligned(sizeof(T))));                   \
-    ATTR static void NAME(const view *x, const T *y, Py_ssize_t ldy, Py_ssize_t rows,            \
-                          Py_ssize_t k0, int kv, Py_ssize_t n0, int nv, T *c, Py_ssize_t ldc,    \
-                          T *stack) {                                                            \
+    ATTR static void NAME(const T *xt, const T *yp, Py_ssize_t rows, T *res, T *stack) {         \
         typedef NAME##_vec VEC;                                                                  \
+        enum { W = VB / (int)sizeof(T) };                                                        \
         uint64_t occupied = 0;                                                                   \
-        T cur[TK * TN], tail[TK * TN], res[TK * TN];                                             \
+        T cur[TK * TN] __attribute__((aligned(64)));                                             \
         int have_res = 0;                                                                        \
         Py_ssize_t full = rows & ~(Py_ssize_t)7;                                                 \
         for (Py_ssize_t s = 0; s < full; s += 8) {                                               \
             T xs[TK][8];                                                                         \
-            for (int i = 0; i < TK; i++)                                                         \
-                for (int r = 0; r < 8; r++)                                                      \
-                    xs[i][r] = i < kv ? *(const T *)(x->base + (s + r) * x->rs + (k0 + i) * x->cs) : (T)0; \
-            const T *yr = y + s * ldy + n0;                                                      \
-            if (nv == TN) { /* each y vector loaded once for the TK rows */                      \
-                for (int j = 0; j < TN; j += VB / (int)sizeof(T)) {                              \
-                    VEC y0 = *(const VEC *)(yr + j), y1 = *(const VEC *)(yr + ldy + j);          \
-                    VEC y2 = *(const VEC *)(yr + 2 * ldy + j), y3 = *(const VEC *)(yr + 3 * ldy + j); \
-                    VEC y4 = *(const VEC *)(yr + 4 * ldy + j), y5 = *(const VEC *)(yr + 5 * ldy + j); \
-                    VEC y6 = *(const VEC *)(yr + 6 * ldy + j), y7 = *(const VEC *)(yr + 7 * ldy + j); \
-                    _Pragma("GCC unroll 8") for (int i = 0; i < TK; i++) {                       \
-                        const T *a = xs[i];                                                      \
-                        *(VEC *)(cur + i * TN + j) = ((a[0] * y0 + a[1] * y1) + (a[2] * y2 + a[3] * y3)) + \
-                                                     ((a[4] * y4 + a[5] * y5) + (a[6] * y6 + a[7] * y7)); \
-                    }                                                                            \
-                }                                                                                \
-            } else {                                                                             \
-                for (int j = 0; j < nv; j++) {                                                   \
-                    for (int i = 0; i < TK; i++) {                                               \
-                        const T *a = xs[i];                                                      \
-                        cur[i * TN + j] = ((a[0] * yr[j] + a[1] * yr[ldy + j]) +                 \
-                                           (a[2] * yr[2 * ldy + j] + a[3] * yr[3 * ldy + j])) +  \
-                                          ((a[4] * yr[4 * ldy + j] + a[5] * yr[5 * ldy + j]) +   \
-                                           (a[6] * yr[6 * ldy + j] + a[7] * yr[7 * ldy + j]));   \
-                    }                                                                            \
+            for (int i = 0; i < TK; i++) memcpy(xs[i], xt + i * rows + s, sizeof xs[i]);         \
+            const T *yr = yp + s * TN;                                                           \
+            for (int j = 0; j < TN; j += W) { /* each y vector loaded once for the TK rows */    \
+                VEC y0 = *(const VEC *)(yr + j), y1 = *(const VEC *)(yr + TN + j);               \
+                VEC y2 = *(const VEC *)(yr + 2 * TN + j), y3 = *(const VEC *)(yr + 3 * TN + j);  \
+                VEC y4 = *(const VEC *)(yr + 4 * TN + j), y5 = *(const VEC *)(yr + 5 * TN + j);  \
+                VEC y6 = *(const VEC *)(yr + 6 * TN + j), y7 = *(const VEC *)(yr + 7 * TN + j);  \
+                _Pragma("GCC unroll 8") for (int i = 0; i < TK; i++) {                           \
+                    const T *a = xs[i];                                                          \
+                    *(VEC *)(cur + i * TN + j) = ((a[0] * y0 + a[1] * y1) + (a[2] * y2 + a[3] * y3)) + \
+                                                 ((a[4] * y4 + a[5] * y5) + (a[6] * y6 + a[7] * y7)); \
                 }                                                                                \
             }                                                                                    \
             int level = 0;                                                                       \
             while (occupied >> level & 1) { /* the older sibling is on the left */               \
-                T *left = stack + (size_t)level * TK * TN;                                       \
-                for (int i = 0; i < kv; i++)                                                     \
-                    for (int j = 0; j < nv; j++) cur[i * TN + j] = left[i * TN + j] + cur[i * TN + j]; \
+                const T *left = stack + (size_t)level * TK * TN;                                 \
+                for (int e = 0; e < TK * TN; e++) cur[e] = left[e] + cur[e];                     \
                 occupied &= ~((uint64_t)1 << level);                                             \
                 level++;                                                                         \
             }                                                                                    \
@@ -264,38 +250,29 @@ DEFINE_MATMUL(double, ukr_f64)
         /* The stack's blocks, largest (leftmost) first, then the last rows' blocks of 4, 2, 1. */ \
         for (int level = MAX_LEVELS - 1; level >= 0; level--) {                                  \
             if (!(occupied >> level & 1)) continue;                                              \
-            T *blk = stack + (size_t)level * TK * TN;                                            \
-            for (int i = 0; i < kv; i++)                                                         \
-                for (int j = 0; j < nv; j++)                                                     \
-                    res[i * TN + j] = have_res ? res[i * TN + j] + blk[i * TN + j] : blk[i * TN + j]; \
+            const T *blk = stack + (size_t)level * TK * TN;                                      \
+            for (int e = 0; e < TK * TN; e++) res[e] = have_res ? res[e] + blk[e] : blk[e];     \
             have_res = 1;                                                                        \
         }                                                                                        \
         Py_ssize_t s = full;                                                                     \
         for (int size = 4; size >= 1; size >>= 1) {                                              \
             if (!((rows - full) & size)) continue;                                               \
-            for (int i = 0; i < kv; i++) {                                                       \
-                T xs[4];                                                                         \
-                for (int r = 0; r < size; r++)                                                   \
-                    xs[r] = *(const T *)(x->base + (s + r) * x->rs + (k0 + i) * x->cs);          \
-                const T *yr = y + s * ldy + n0;                                                  \
-                for (int j = 0; j < nv; j++) {                                                   \
+            for (int i = 0; i < TK; i++) {                                                       \
+                const T *a = xt + i * rows + s, *yr = yp + s * TN;                               \
+                for (int j = 0; j < TN; j++) {                                                   \
                     T v;                                                                         \
                     if (size == 4)                                                               \
-                        v = (xs[0] * yr[j] + xs[1] * yr[ldy + j]) +                              \
-                            (xs[2] * yr[2 * ldy + j] + xs[3] * yr[3 * ldy + j]);                 \
+                        v = (a[0] * yr[j] + a[1] * yr[TN + j]) + (a[2] * yr[2 * TN + j] + a[3] * yr[3 * TN + j]); \
                     else if (size == 2)                                                          \
-                        v = xs[0] * yr[j] + xs[1] * yr[ldy + j];                                 \
+                        v = a[0] * yr[j] + a[1] * yr[TN + j];                                    \
                     else                                                                         \
-                        v = xs[0] * yr[j];                                                       \
-                    tail[i * TN + j] = v;                                                        \
+                        v = a[0] * yr[j];                                                        \
+                    res[i * TN + j] = have_res ? res[i * TN + j] + v : v;                        \
                 }                                                                                \
-                for (int j = 0; j < nv; j++)                                                     \
-                    res[i * TN + j] = have_res ? res[i * TN + j] + tail[i * TN + j] : tail[i * TN + j]; \
             }                                                                                    \
             have_res = 1;                                                                        \
             s += size;                                                                           \
         }                                                                                        \
-        for (int i = 0; i < kv; i++) memcpy(c + (k0 + i) * ldc + n0, res + i * TN, nv * sizeof(T)); \
     }
 #if BI_X86
 DEFINE_OUTER_TILE(float, outer_tile_avx512_float, __attribute__((target("avx512f"))), 64)
@@ -306,24 +283,47 @@ DEFINE_OUTER_TILE(double, outer_tile_avx2_double, __attribute__((target("avx2"))
 DEFINE_OUTER_TILE(float, outer_tile_scalar_float, , 16)
 DEFINE_OUTER_TILE(double, outer_tile_scalar_double, , 16)
 
-typedef void (*outer_f32)(const view *, const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, int, Py_ssize_t,
-                          int, float *, Py_ssize_t, float *);
-typedef void (*outer_f64)(const view *, const double *, Py_ssize_t, Py_ssize_t, Py_ssize_t, int, Py_ssize_t,
-                          int, double *, Py_ssize_t, double *);
+typedef void (*outer_f32)(const float *, const float *, Py_ssize_t, float *, float *);
+typedef void (*outer_f64)(const double *, const double *, Py_ssize_t, double *, double *);
 
+/* Packs x's columns as rows (TK at a time) and y's columns in panels of TN (zero-padded), then
+ * runs the tiles panel by panel, so each panel stays in cache while every k tile passes over it. */
 #define DEFINE_OUTER(T, TILE_T)                                                                   \
     static int outer_##T(const view *x, const T *y, Py_ssize_t n, T *c, TILE_T tile) {           \
         Py_ssize_t rows = x->rows, kk = x->cols;                                                 \
+        Py_ssize_t kpad = (kk + TK - 1) / TK * TK;                                               \
         T *stack = aligned_alloc(64, sizeof(T) * MAX_LEVELS * TK * TN);                          \
-        if (!stack) return -1;                                                                   \
+        T *xt = aligned_alloc(64, ((size_t)kpad * rows * sizeof(T) + 63) / 64 * 64);             \
+        T *yp = aligned_alloc(64, ((size_t)rows * TN * sizeof(T) + 63) / 64 * 64);               \
+        T res[TK * TN] __attribute__((aligned(64)));                                             \
+        if (!stack || !xt || !yp) {                                                              \
+            free(stack);                                                                         \
+            free(xt);                                                                            \
+            free(yp);                                                                            \
+            return -1;                                                                           \
+        }                                                                                        \
+        memset(xt + kk * rows, 0, (size_t)(kpad - kk) * rows * sizeof(T));                      \
+        for (Py_ssize_t s0 = 0; s0 < rows; s0 += 16) { /* transposed in blocks that stay in L1 */ \
+            Py_ssize_t se = MIN(rows, s0 + 16);                                                  \
+            for (Py_ssize_t k = 0; k < kk; k++)                                                  \
+                for (Py_ssize_t s = s0; s < se; s++)                                             \
+                    xt[k * rows + s] = *(const T *)(x->base + s * x->rs + k * x->cs);            \
+        }                                                                                        \
         for (Py_ssize_t n0 = 0; n0 < n; n0 += TN) {                                              \
             int nv = n - n0 < TN ? (int)(n - n0) : TN;                                           \
+            for (Py_ssize_t s = 0; s < rows; s++) {                                              \
+                memcpy(yp + s * TN, y + s * n + n0, nv * sizeof(T));                             \
+                memset(yp + s * TN + nv, 0, (TN - nv) * sizeof(T));                              \
+            }                                                                                    \
             for (Py_ssize_t k0 = 0; k0 < kk; k0 += TK) {                                         \
                 int kv = kk - k0 < TK ? (int)(kk - k0) : TK;                                     \
-                tile(x, y, n, rows, k0, kv, n0, nv, c, n, stack);                                \
+                tile(xt + k0 * rows, yp, rows, res, stack);                                      \
+                for (int i = 0; i < kv; i++) memcpy(c + (k0 + i) * n + n0, res + i * TN, nv * sizeof(T)); \
             }                                                                                    \
         }                                                                                        \
         free(stack);                                                                             \
+        free(xt);                                                                                \
+        free(yp);                                                                                \
         return 0;                                                                                \
     }
 DEFINE_OUTER(float, outer_f32)
