@@ -74,6 +74,9 @@ def test_a_row_does_not_depend_on_its_call(dtype: type, k: int, n: int, transpos
     assert matmul(np.asfortranarray(x), w).tobytes() == alone.tobytes()
     assert matmul(x.reshape(8, 9, k), w).tobytes() == alone.tobytes()
     assert matmul(x[5], w).tobytes() == alone[5].tobytes()  # one sample, no batch axis
+    inside = np.concatenate([w, w], axis=1)[:, :n]  # w's rows where they lie, a row apart of 2n
+    for rows in (1, 3, 9):
+        assert matmul(x[:rows], inside).tobytes() == alone[:rows].tobytes()
     assert np.allclose(alone, x.astype(np.float64) @ w.astype(np.float64), rtol=1e-4, atol=1e-4)
 
 

@@ -97,25 +97,25 @@ DEFINE_STORE(double)
 
 /* ------------------------------------------------------------------------- micro-kernels */
 /* Each computes an mr x nr tile into acc (row-major, nr wide) from packed panels. */
-typedef void (*ukr_f32)(Py_ssize_t kc, const float *a, const float *b, float *acc);
-typedef void (*ukr_f64)(Py_ssize_t kc, const double *a, const double *b, double *acc);
+typedef void (*ukr_f32)(Py_ssize_t kc, const float *a, const float *b, Py_ssize_t ldb, float *acc);
+typedef void (*ukr_f64)(Py_ssize_t kc, const double *a, const double *b, Py_ssize_t ldb, double *acc);
 
 #define SCALAR_MR 4
 #define SCALAR_NR 4
-static void ukr_scalar_float(Py_ssize_t kc, const float *a, const float *b, float *acc) {
+static void ukr_scalar_float(Py_ssize_t kc, const float *a, const float *b, Py_ssize_t ldb, float *acc) {
     float t[SCALAR_MR * SCALAR_NR] = {0};
     for (Py_ssize_t k = 0; k < kc; k++)
         for (int i = 0; i < SCALAR_MR; i++)
             for (int j = 0; j < SCALAR_NR; j++)
-                t[i * SCALAR_NR + j] = fmaf(a[k * SCALAR_MR + i], b[k * SCALAR_NR + j], t[i * SCALAR_NR + j]);
+                t[i * SCALAR_NR + j] = fmaf(a[k * SCALAR_MR + i], b[k * ldb + j], t[i * SCALAR_NR + j]);
     memcpy(acc, t, sizeof t);
 }
-static void ukr_scalar_double(Py_ssize_t kc, const double *a, const double *b, double *acc) {
+static void ukr_scalar_double(Py_ssize_t kc, const double *a, const double *b, Py_ssize_t ldb, double *acc) {
     double t[SCALAR_MR * SCALAR_NR] = {0};
     for (Py_ssize_t k = 0; k < kc; k++)
         for (int i = 0; i < SCALAR_MR; i++)
             for (int j = 0; j < SCALAR_NR; j++)
-                t[i * SCALAR_NR + j] = fma(a[k * SCALAR_MR + i], b[k * SCALAR_NR + j], t[i * SCALAR_NR + j]);
+                t[i * SCALAR_NR + j] = fma(a[k * SCALAR_MR + i], b[k * ldb + j], t[i * SCALAR_NR + j]);
     memcpy(acc, t, sizeof t);
 }
 
@@ -123,11 +123,11 @@ static void ukr_scalar_double(Py_ssize_t kc, const double *a, const double *b, d
 /* AVX2: 6 rows x 2 vectors (BLIS's Haswell shape); AVX-512: 8 rows x 2 vectors. */
 #define DEFINE_UKR(NAME, T, TARGET, MR, VEC, VL, ZERO, LOAD, BCAST, FMA, STORE)                   \
     __attribute__((target(TARGET))) static void NAME(Py_ssize_t kc, const T *a, const T *b,      \
-                                                     T *acc) {                                   \
+                                                     Py_ssize_t ldb, T *acc) {                   \
         VEC c0[MR], c1[MR];                                                                      \
         for (int i = 0; i < MR; i++) c0[i] = c1[i] = ZERO();                                     \
         for (Py_ssize_t k = 0; k < kc; k++) {                                                    \
-            VEC b0 = LOAD(b + k * 2 * VL), b1 = LOAD(b + k * 2 * VL + VL);                       \
+            VEC b0 = LOAD(b + k * ldb), b1 = LOAD(b + k * ldb + VL);                             \
             _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                              \
                 VEC x = BCAST(a[k * MR + i]);                                                    \
                 c0[i] = FMA(x, b0, c0[i]);                                                       \
@@ -139,13 +139,13 @@ static void ukr_scalar_double(Py_ssize_t kc, const double *a, const double *b, d
             STORE(acc + i * 2 * VL + VL, c1[i]);                                                 \
         }                                                                                        \
     }
-DEFINE_UKR(ukr_avx2_float, float, "avx2,fma", 6, __m256, 8, _mm256_setzero_ps, _mm256_load_ps,
+DEFINE_UKR(ukr_avx2_float, float, "avx2,fma", 6, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps,
            _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps)
-DEFINE_UKR(ukr_avx2_double, double, "avx2,fma", 6, __m256d, 4, _mm256_setzero_pd, _mm256_load_pd,
+DEFINE_UKR(ukr_avx2_double, double, "avx2,fma", 6, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd,
            _mm256_set1_pd, _mm256_fmadd_pd, _mm256_storeu_pd)
-DEFINE_UKR(ukr_avx512_float, float, "avx512f", 8, __m512, 16, _mm512_setzero_ps, _mm512_load_ps,
+DEFINE_UKR(ukr_avx512_float, float, "avx512f", 8, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps,
            _mm512_set1_ps, _mm512_fmadd_ps, _mm512_storeu_ps)
-DEFINE_UKR(ukr_avx512_double, double, "avx512f", 8, __m512d, 8, _mm512_setzero_pd, _mm512_load_pd,
+DEFINE_UKR(ukr_avx512_double, double, "avx512f", 8, __m512d, 8, _mm512_setzero_pd, _mm512_loadu_pd,
            _mm512_set1_pd, _mm512_fmadd_pd, _mm512_storeu_pd)
 #endif
 
@@ -159,7 +159,10 @@ DEFINE_UKR(ukr_avx512_double, double, "avx512f", 8, __m512d, 8, _mm512_setzero_p
             memset(c, 0, (size_t)m * n * sizeof(T));                                             \
             return 0;                                                                            \
         }                                                                                        \
-        Py_ssize_t mcap = ((MIN(m, MC) + mr - 1) / mr) * mr, ncap = ((MIN(n, NC) + nr - 1) / nr) * nr; \
+        /* One panel of rows reads each column of b once: packing b would only copy it. */      \
+        int direct = m <= mr && b->cs == (Py_ssize_t)sizeof(T) && b->rs % (Py_ssize_t)sizeof(T) == 0; \
+        Py_ssize_t mcap = ((MIN(m, MC) + mr - 1) / mr) * mr;                                     \
+        Py_ssize_t ncap = direct ? nr : ((MIN(n, NC) + nr - 1) / nr) * nr;                       \
         size_t kcap = (size_t)MIN(kk, KC);                                                       \
         size_t abytes = (mcap * kcap * sizeof(T) + 63) / 64 * 64;                                \
         size_t bbytes = (ncap * kcap * sizeof(T) + 63) / 64 * 64;                                \
@@ -180,7 +183,7 @@ DEFINE_UKR(ukr_avx512_double, double, "avx512f", 8, __m512d, 8, _mm512_setzero_p
             Py_ssize_t nc = n - j0 < NC ? n - j0 : NC;                                           \
             for (Py_ssize_t k0 = 0; k0 < kk; k0 += KC) {                                         \
                 Py_ssize_t kc = kk - k0 < KC ? kk - k0 : KC;                                     \
-                pack_b_##T(b, k0, kc, j0, nc, nr, pb);                                           \
+                if (!direct) pack_b_##T(b, k0, kc, j0, nc, nr, pb);                              \
                 for (Py_ssize_t i0 = 0; i0 < m; i0 += MC) {                                      \
                     Py_ssize_t mc = m - i0 < MC ? m - i0 : MC;                                   \
                     pack_a_##T(a, i0, mc, k0, kc, mr, pa);                                       \
@@ -188,7 +191,15 @@ DEFINE_UKR(ukr_avx512_double, double, "avx512f", 8, __m512d, 8, _mm512_setzero_p
                         int nv = nc - jp < nr ? (int)(nc - jp) : nr;                             \
                         for (Py_ssize_t ip = 0; ip < mc; ip += mr) {                             \
                             int mv = mc - ip < mr ? (int)(mc - ip) : mr;                         \
-                            ukr(kc, pa + ip * kc, pb + jp * kc, acc);                            \
+                            if (!direct)                                                         \
+                                ukr(kc, pa + ip * kc, pb + jp * kc, nr, acc);                    \
+                            else if (nv == nr) /* b's rows where they lie */                    \
+                                ukr(kc, pa + ip * kc, (const T *)(b->base + k0 * b->rs) + j0 + jp, \
+                                    b->rs / (Py_ssize_t)sizeof(T), acc);                         \
+                            else { /* the last columns, padded */                               \
+                                pack_b_##T(b, k0, kc, j0 + jp, nv, nr, pb);                      \
+                                ukr(kc, pa + ip * kc, pb, nr, acc);                              \
+                            }                                                                    \
                             store_tile_##T(acc, nr, c + (i0 + ip) * n + j0 + jp, n, mv, nv,       \
                                            k0 == 0);                                             \
                         }                                                                        \
