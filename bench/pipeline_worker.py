@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from bench.training_worker import reset_peak, status
-from popdist_py.engine import Runtime, Trainer, TrainingOptions
+from popdist_py.engine import Runtime, Trainer, TrainingOptions, canonical_sum
+from popdist_py.engine.batch_invariant import matmul, outer_sum
 from popdist_py.engine.optimizers import SGD
 from popdist_py.engine.pipeline import GPIPE, ONE_F_ONE_B, Pipeline, Stage, bubble, ideal_bubble
 from popdist_py.engine.pipeline.devices import Devices
@@ -77,7 +78,7 @@ def stage(layers: range, device: int) -> Stage:
         h = x if carry is None else carry
         saved = []
         for k in layers:
-            z = h @ params[f"W{k}"] + params[f"b{k}"]
+            z = matmul(h, params[f"W{k}"]) + params[f"b{k}"]
             if k == last:
                 err = z - y
                 saved.append((h, err))
@@ -93,9 +94,9 @@ def stage(layers: range, device: int) -> Stage:
         for k, (h, other) in zip(reversed(layers), reversed(saved), strict=True):
             # the loss's gradient, or tanh's
             dz = np.float32(2) * other / np.float32(other.size) if k == last else g * (np.float32(1) - other * other)
-            grads[f"W{k}"] = h.T @ dz
-            grads[f"b{k}"] = dz.sum(axis=0)
-            g = dz @ params[f"W{k}"].T
+            grads[f"W{k}"] = outer_sum(h, dz)
+            grads[f"b{k}"] = canonical_sum(dz)
+            g = matmul(dz, params[f"W{k}"].T)
         return g, grads
 
     weights = tuple(f"{w}{k}" for k in layers for w in ("W", "b"))
@@ -116,7 +117,7 @@ def make_feed(width: int) -> Any:
 
     def feed(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         for p in projections:
-            x = np.tanh(x @ p)
+            x = np.tanh(matmul(x, p))
         return x, y
 
     return feed
@@ -191,7 +192,7 @@ class Capacity:
     def _block(self, device: int) -> None:
         a, w = self.a[device], self.w[device]
         for _ in range(CAPACITY_MATMULS):
-            a @ w
+            matmul(a, w)
 
     def measure(self) -> float:
         start = time.perf_counter()

@@ -2,9 +2,9 @@
 
     scaling_worker.py GLOBAL_BATCH STEPS [--replication N]
 
-A compute-bound MLP (1024-wide layers, float32): forward, backward, one fused all-reduce (mean)
-of all gradients, SGD. The global batch is the same whatever the split. Throughput is the
-global batch over the median step time.
+A compute-bound MLP (1024-wide layers, float32, batch-invariant: ``batch_invariant.matmul`` and
+``outer_sum``): forward, backward, one fused all-reduce (mean) of all gradients, SGD. The global
+batch is the same whatever the split. Throughput is the global batch over the median step time.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from popdist_py.engine import Runtime, ops
+from popdist_py.engine import Runtime, canonical_sum, ops
+from popdist_py.engine.batch_invariant import matmul, outer_sum
 
 WIDTH, LAYERS, CLASSES = 1024, 2, 16
 
@@ -42,18 +43,18 @@ def main() -> None:
         acts, h = [xb], xb
         ws = [ctx[w] for w in weights]
         for w in ws[:-1]:
-            h = np.maximum(h @ w, 0)
+            h = np.maximum(matmul(h, w), 0)
             acts.append(h)
-        logits = h @ ws[-1]
+        logits = matmul(h, ws[-1])
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
+        p /= canonical_sum(p, axis=1)[:, None]
         p[np.arange(len(yb)), yb] -= 1
         grad = p / len(yb)
         grads = []
         for i in range(len(ws) - 1, -1, -1):
-            grads.append(acts[i].T @ grad)
+            grads.append(outer_sum(acts[i], grad))
             if i:
-                grad = (grad @ ws[i].T) * (acts[i] > 0)
+                grad = matmul(grad, ws[i].T) * (acts[i] > 0)
         flat = np.concatenate([g.ravel() for g in reversed(grads)])
         mean = ops.replicated_all_reduce(flat, op="mean")
         start = 0

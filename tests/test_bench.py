@@ -85,3 +85,15 @@ def test_pipeline_section_reports_every_mode_the_bubble_the_stash_and_its_target
     assert "| 1F1B on 2 devices | " in table and "| GPipe on 2 devices | " in table
     assert "GPipe step / 1F1B step" in table
     assert "| pipeline: 1F1B on 2 devices / the same stages on 1 device, samples/s | 1.6 |" in table
+
+
+def test_matmul_section_times_each_product_and_checks_the_invariance() -> None:
+    from bench import matmul_worker
+
+    row = matmul_worker.measure(16, 64, 32, rounds=2)
+    assert row["rows_alone_equal_the_call"] is True
+    assert set(row["ratio"]) == {"forward", "input_grad", "weight_grad"}
+    assert all(v > 0 for v in row["ratio"].values())  # type: ignore[attr-defined]
+    target = {"what": "matmul", "limit": 1.3, "value": 1.0, "holds": True}
+    text = report.markdown({"matmul": {"rows": [row], "rounds": 2, "target": target}})
+    assert "| 16x64x32 |" in text and "Rows computed alone equal the rows of the whole call: yes" in text
