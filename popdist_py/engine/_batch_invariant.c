@@ -96,7 +96,8 @@ DEFINE_STORE(float)
 DEFINE_STORE(double)
 
 /* ------------------------------------------------------------------------- micro-kernels */
-/* Each computes an mr x nr tile into acc (row-major, nr wide) from packed panels. */
+/* Each computes an mr x nr tile into acc (row-major, nr wide) from a packed panel of a and rows
+ * of b ldb apart (a packed panel, or b where it lies). */
 typedef void (*ukr_f32)(Py_ssize_t kc, const float *a, const float *b, Py_ssize_t ldb, float *acc);
 typedef void (*ukr_f64)(Py_ssize_t kc, const double *a, const double *b, Py_ssize_t ldb, double *acc);
 
