@@ -7,8 +7,11 @@ from popdist_py.env import is_set, read_topology
 
 
 def isPopdistEnvSet() -> bool:
-    """True when this process was started by ``poprun`` (its ``POPDIST_*`` variables are present)."""
-    return is_set()
+    """True when this process is one instance of several, or was started by ``poprun``: its
+    ``POPDIST_*`` variables are present, or a bare MPI launcher started N > 1 processes (which
+    then run as N instances of one replica each), so that the distributed branch of a program
+    is taken wherever the job is distributed."""
+    return is_set() or read_topology().num_instances > 1
 
 
 def getNumTotalReplicas() -> int:

@@ -1,12 +1,16 @@
 """Where this instance stands, read from the ``POPDIST_*`` environment that ``poprun`` sets.
 
-Without that environment every answer is the one of a single instance with one replica.
-Values are validated on every read (they are cheap to parse), so a malformed environment is
-reported with the variable's name and value instead of producing a wrong topology.
+Started by a bare MPI launcher instead (``mpiexec -n N``, ``srun``), the answers are those of N
+instances with one replica each, read from the launcher's own variables and said once on
+stderr, so that the PopDist functions never describe 1 instance beside an N-process MPI world.
+Without either, every answer is the one of a single instance with one replica. Values are
+validated on every read (they are cheap to parse), so a malformed environment is reported with
+the variable's name and value instead of producing a wrong topology.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -15,12 +19,14 @@ from dataclasses import dataclass
 from poprun_py.environment import (
     INSTANCE_INDEX,
     LOCAL_INSTANCE_INDEX,
+    MPI_LAUNCHERS,
     NUM_INSTANCES,
     NUM_IPUS_PER_REPLICA,
     NUM_LOCAL_REPLICAS,
     NUM_TOTAL_REPLICAS,
     REPLICA_INDEX_OFFSET,
     REQUIRED,
+    SLURM_LOCALID,
     UNIFORM_REPLICAS,
 )
 
@@ -37,6 +43,8 @@ class Topology:
     replica_index_offset: int = 0
     local_instance_index: int = 0
     is_set: bool = False
+    #: Who described it: "poprun", an MPI launcher's name (a bare ``mpiexec``), or "" (alone).
+    source: str = ""
 
     @property
     def num_instances(self) -> int:
@@ -66,15 +74,42 @@ def _int(env: dict[str, str] | os._Environ[str], name: str, default: int, minimu
 
 
 def is_set(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
+    """True when ``poprun`` started this process (its ``POPDIST_*`` variables are present)."""
     env = os.environ if env is None else env
     return any(env.get(name) for name in REQUIRED)
 
 
+_announced = False
+
+
+def launcher_topology(env: dict[str, str] | os._Environ[str]) -> Topology | None:
+    """N instances of one replica each, from the variables of the MPI launcher that started this
+    process without poprun; None when none did. Rank 0 says so once on stderr."""
+    global _announced
+    for launcher, rank_name, size_name, local_name in MPI_LAUNCHERS:
+        if env.get(rank_name) and env.get(size_name):
+            size = _int(env, size_name, 1, 1)
+            rank = _int(env, rank_name, 0, 0)
+            if rank >= size:
+                raise PopdistEnvError(f"{rank_name}={rank} is not below {size_name}={size}")
+            local = _int(env, local_name, _int(env, SLURM_LOCALID, 0, 0), 0)  # srun --mpi=pmi2: PMI_* and Slurm's
+            topo = Topology(num_total_replicas=size, replica_index_offset=rank, local_instance_index=local,
+                            source=launcher)
+            if not _announced and rank == 0 and size > 1 and env is os.environ:
+                _announced = True
+                logging.getLogger("popdist_py").warning(
+                    "popdist_py: started by %s without poprun (%s=%d): %d instances of one replica each; "
+                    "poprun sets the replicas per instance", launcher, size_name, size, size)
+            return topo
+    return None
+
+
 def read_topology(env: dict[str, str] | os._Environ[str] | None = None) -> Topology:
-    """Parse and cross-check the PopDist environment (``os.environ`` by default)."""
+    """Parse and cross-check the PopDist environment (``os.environ`` by default), or the MPI
+    launcher's when poprun did not start this process."""
     env = os.environ if env is None else env
     if not is_set(env):
-        return Topology()
+        return launcher_topology(env) or Topology()
     missing = [name for name in REQUIRED if not env.get(name)]
     if missing:
         present = ", ".join(f"{n}={env.get(n)!r}" for n in REQUIRED if env.get(n))
@@ -89,6 +124,7 @@ def read_topology(env: dict[str, str] | os._Environ[str] | None = None) -> Topol
         replica_index_offset=offset,
         local_instance_index=_int(env, LOCAL_INSTANCE_INDEX, 0, 0),
         is_set=True,
+        source="poprun",
     )
     if local > total:
         raise PopdistEnvError(f"{NUM_LOCAL_REPLICAS}={local} exceeds {NUM_TOTAL_REPLICAS}={total}")

@@ -89,11 +89,12 @@ def world() -> _MPI.Intracomm:
 
 def _check_topology(rank: int, size: int) -> None:
     topo = read_topology()
-    if not topo.is_set:
+    if not topo.source:
         return
     if topo.num_instances != size:
+        described = "the PopDist environment describes" if topo.is_set else f"{topo.source}'s variables describe"
         raise PopdistEnvError(
-            f"the PopDist environment describes {topo.num_instances} instances but the MPI job has "
+            f"{described} {topo.num_instances} instances but the MPI job has "
             f"{size} process(es): start the program with poprun (or mpiexec -n {topo.num_instances})"
         )
     if topo.instance_index != rank:

@@ -99,12 +99,32 @@ UCX_NET_DEVICES = _define("UCX_NET_DEVICES", "the shim (--host-subnet), unless s
                           "the interface MPI traffic uses on this host")
 FI_TCP_IFACE = _define("FI_TCP_IFACE", "the shim (--host-subnet), unless set", "MPICH (libfabric)",
                        "the same, for libfabric's TCP provider")
-#: Set by every MPI launcher for its ranks: popdist_py reads them to tell "started by mpiexec"
-#: from "started alone" (a program given POPDIST_* for several instances but run without mpiexec).
-MPI_RANK_VARIABLES = tuple(
-    _define(name, "mpiexec", "popdist_py", "present in a process mpiexec started")
-    for name in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+# ----------------------------------------- MPI launchers -> a program started without poprun
+# Under a bare `mpiexec -n N` (or `srun`) popdist_py answers as N instances of one replica each,
+# from the launcher's own variables; their presence also tells "started by mpiexec" from
+# "started alone" (a program given POPDIST_* for several instances but run without mpiexec).
+PMI_RANK = _define("PMI_RANK", "MPICH's mpiexec (Hydra), srun --mpi=pmi2", "popdist_py", "this process's MPI rank")
+PMI_SIZE = _define("PMI_SIZE", "MPICH's mpiexec (Hydra), srun --mpi=pmi2", "popdist_py", "the MPI job's process count")
+MPI_LOCALRANKID = _define("MPI_LOCALRANKID", "MPICH's mpiexec (Hydra)", "popdist_py",
+                          "this process's index on its host")
+MPI_LOCALNRANKS = _define("MPI_LOCALNRANKS", "MPICH's mpiexec (Hydra)", "popdist_py", "the processes on this host")
+OMPI_RANK = _define("OMPI_COMM_WORLD_RANK", "Open MPI's mpiexec", "popdist_py", "this process's MPI rank")
+OMPI_SIZE = _define("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec", "popdist_py", "the MPI job's process count")
+OMPI_LOCAL_RANK = _define("OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI's mpiexec", "popdist_py",
+                          "this process's index on its host")
+PMIX_RANK = _define("PMIX_RANK", "PMIx launchers (Open MPI 5, srun --mpi=pmix)", "popdist_py",
+                    "this process's MPI rank")
+SLURM_NTASKS = _define("SLURM_NTASKS", "srun", "popdist_py", "the job's process count (with PMI_RANK or PMIX_RANK)")
+SLURM_LOCALID = _define("SLURM_LOCALID", "srun", "popdist_py", "this process's index on its node")
+
+#: (launcher, rank, size, index on the host) of each MPI launcher, in the order popdist_py tries them.
+MPI_LAUNCHERS = (
+    ("Open MPI", OMPI_RANK, OMPI_SIZE, OMPI_LOCAL_RANK),
+    ("MPICH (Hydra)", PMI_RANK, PMI_SIZE, MPI_LOCALRANKID),
+    ("srun with PMIx", PMIX_RANK, SLURM_NTASKS, SLURM_LOCALID),
 )
+#: Set by every MPI launcher for its ranks.
+MPI_RANK_VARIABLES = (PMI_RANK, PMI_SIZE, OMPI_SIZE, PMIX_RANK, MPI_LOCALNRANKS)
 
 #: Prefixes of the variables Open MPI is told to forward to every host (MPICH forwards all).
 FORWARDED_PREFIXES = ("POPDIST_", "POPRUN_", "MPI4PY_")

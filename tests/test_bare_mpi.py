@@ -1,0 +1,100 @@
+"""A program started by a bare MPI launcher (``mpiexec -n N``, ``srun``), not by poprun: popdist_py
+answers as N instances of one replica each, from the launcher's own variables, and says so once."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from popdist_py.env import PopdistEnvError, read_topology
+from poprun_py import environment as names
+from tests.helpers import MPICH_MPIEXEC, OPENMPI_LIBMPI, OPENMPI_MPIEXEC, PYTHON, ROOT, run
+
+WHERE = """
+import json, sys, numpy as np, popdist_py as p
+answer = json.dumps({"index": p.getInstanceIndex(), "instances": p.getNumInstances(), "local": p.getNumLocalReplicas(),
+                  "offset": p.getReplicaIndexOffset(), "total": p.getNumTotalReplicas(),
+                  "local_index": p.getLocalInstanceIndex(), "set": p.isPopdistEnvSet(),
+                  "sum": p.allreduce(np.ones(1)).tolist()})
+open(f"{sys.argv[1]}/{p.getInstanceIndex()}.json", "w").write(answer)  # bare mpiexec mixes stdout lines
+"""
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({names.PMI_RANK: "1", names.PMI_SIZE: "3", names.MPI_LOCALRANKID: "1"}, (3, 1, 1, "MPICH (Hydra)")),
+    ({names.OMPI_RANK: "2", names.OMPI_SIZE: "4", names.OMPI_LOCAL_RANK: "0"}, (4, 2, 0, "Open MPI")),
+    ({names.PMIX_RANK: "5", names.SLURM_NTASKS: "8", names.SLURM_LOCALID: "1"}, (8, 5, 1, "srun with PMIx")),
+    ({names.PMI_RANK: "3", names.PMI_SIZE: "4", names.SLURM_LOCALID: "1"}, (4, 3, 1, "MPICH (Hydra)")),  # srun pmi2
+])
+def test_each_launchers_variables_give_n_instances_of_one_replica(env: dict[str, str], want: tuple) -> None:
+    topo = read_topology(env)
+    assert (topo.num_instances, topo.instance_index, topo.local_instance_index, topo.source) == want
+    assert topo.num_local_replicas == 1 and topo.num_total_replicas == want[0] and not topo.is_set
+
+
+def test_poprun_environment_wins_over_the_launchers() -> None:
+    env = {names.PMI_RANK: "0", names.PMI_SIZE: "2", names.NUM_TOTAL_REPLICAS: "8",
+           names.NUM_LOCAL_REPLICAS: "4", names.REPLICA_INDEX_OFFSET: "0"}
+    topo = read_topology(env)
+    assert (topo.num_instances, topo.num_local_replicas, topo.source) == (2, 4, "poprun")
+
+
+def test_a_pmix_rank_without_a_size_is_one_instance() -> None:
+    assert read_topology({names.PMIX_RANK: "0"}).num_instances == 1
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({names.PMI_RANK: "2", names.PMI_SIZE: "2"}, "PMI_RANK=2 is not below PMI_SIZE=2"),
+    ({names.OMPI_RANK: "x", names.OMPI_SIZE: "2"}, "OMPI_COMM_WORLD_RANK='x' is not an integer"),
+])
+def test_bad_launcher_variables_are_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(PopdistEnvError, match=re.escape(message)):
+        read_topology(env)
+
+
+def _answers(folder: Path) -> list[dict]:
+    return sorted((json.loads(f.read_text()) for f in folder.glob("*.json")), key=lambda a: a["index"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_bare_mpiexec_gives_popdist_its_instances(mpi: str, tmp_path: Path) -> None:
+    if mpi == "mpich":
+        cmd, env = [str(MPICH_MPIEXEC), "-n", "3"], {}
+    else:
+        cmd, env = [str(OPENMPI_MPIEXEC), "--allow-run-as-root", "--oversubscribe", "-n", "3"], {
+            "MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)}
+    done = run([*cmd, PYTHON, "-c", WHERE, str(tmp_path)], env=env)
+    assert done.returncode == 0, done.stderr
+    got = _answers(tmp_path)
+    assert [(a["index"], a["instances"], a["local"], a["offset"], a["total"], a["set"], a["sum"]) for a in got] == \
+        [(i, 3, 1, i, 3, True, [3.0]) for i in range(3)]
+    assert sorted(a["local_index"] for a in got) == [0, 1, 2]  # one host
+    said = [line for line in done.stderr.splitlines() if "without poprun" in line]
+    assert len(said) == 1 and "3 instances of one replica each" in said[0], done.stderr
+
+
+@pytest.mark.slow
+def test_mnist_under_bare_mpiexec_equals_its_replicas_in_one_process() -> None:
+    """The example no longer trains twice alone: 2 processes are 2 replicas of one job."""
+    script = str(ROOT / "examples" / "mnist_rts.py")
+    bare = run([str(MPICH_MPIEXEC), "-n", "2", PYTHON, script, "--epochs", "2"], timeout=120)
+    one = run([PYTHON, script, "--epochs", "2", "--replication-factor", "2"], timeout=120)
+    assert bare.returncode == 0 and one.returncode == 0, bare.stderr + one.stderr
+    finals = re.findall(r"weights_sha256=(\w{64})", bare.stdout)
+    assert len(finals) == 2 and set(finals) == set(re.findall(r"weights_sha256=(\w{64})", one.stdout))
+
+
+@pytest.mark.slow
+def test_an_explicit_replication_stays_in_its_process() -> None:
+    """``Runtime(replication=R)`` without ``comm`` is R replicas in this process, as it always was
+    without poprun; ``Runtime()`` takes the launcher's processes."""
+    program = ("from popdist_py.engine import Runtime\n"
+               "with Runtime(replication=4) as a, Runtime() as b:\n"
+               "    got = (a.num_instances, a.replication_factor, b.num_instances, b.replication_factor)\n"
+               "assert got == (1, 4, 2, 2), got")
+    done = run([str(MPICH_MPIEXEC), "-n", "2", PYTHON, "-c", program])
+    assert done.returncode == 0, done.stderr
