@@ -18,6 +18,7 @@ from popdist_py.api import (
 )
 from popdist_py.env import PopdistEnvError
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+from poprun_py import __version__ as __version__  # the distribution's one version (poprun_py imports nothing)
 
 #: Names loaded on first use, so that importing popdist_py imports neither mpi4py nor numpy.
 _LAZY = {

@@ -4,4 +4,5 @@ Kept import-free on purpose: the per-instance shim imports this package with ``p
 and ``poprun``'s start-up time counts against every launch.
 """
 
+#: The distribution's one version: pyproject.toml reads it, popdist_py.__version__ is this one.
 __version__ = "0.1.0"

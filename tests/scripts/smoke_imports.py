@@ -1,0 +1,59 @@
+"""Import every module of the installed poprun_py and popdist_py (tests/test_package.py).
+
+    python -P tests/scripts/smoke_imports.py CHECKOUT
+
+Walks both packages with pkgutil from where they are installed, fails if that is under CHECKOUT,
+imports each module (the two that are scripts, ``poprun_py.__main__`` and ``poprun_py.instance``,
+are only found: importing runs them) and prints one JSON object: the packages' files, the
+modules, the compiled extension's file and whether each package has ``py.typed``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import pkgutil
+import sys
+from pathlib import Path
+
+#: Modules that run when imported: `python -m poprun_py` and the shim's script.
+SCRIPTS = ("poprun_py.__main__", "poprun_py.instance")
+
+
+def main(checkout: str) -> int:
+    import popdist_py
+    import poprun_py
+
+    root = Path(checkout).resolve()
+    modules: list[str] = []
+    files: dict[str, str] = {}
+    typed: dict[str, bool] = {}
+    for package in (poprun_py, popdist_py):
+        where = Path(package.__file__ or "").resolve().parent
+        if where.is_relative_to(root):
+            raise SystemExit(f"{package.__name__} comes from the checkout ({where}), not the installed wheel")
+        files[package.__name__] = str(where)
+        typed[package.__name__] = (where / "py.typed").is_file()
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".", onerror=_raise):
+            if info.name in SCRIPTS:
+                if importlib.util.find_spec(info.name) is None:
+                    raise SystemExit(f"{info.name} is missing")
+            else:
+                module = importlib.import_module(info.name)
+                if Path(module.__file__ or "").resolve().is_relative_to(root):
+                    raise SystemExit(f"{info.name} comes from the checkout ({module.__file__})")
+            modules.append(info.name)
+    from popdist_py.engine import _batch_invariant
+
+    print(json.dumps({"modules": modules, "files": files, "typed": typed, "extension": _batch_invariant.__file__,
+                      "version": [poprun_py.__version__, popdist_py.__version__]}))
+    return 0
+
+
+def _raise(name: str) -> None:
+    raise SystemExit(f"cannot import {name} while walking the packages")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
