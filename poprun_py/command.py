@@ -61,6 +61,23 @@ class Count(click.IntRange):
         return number
 
 
+class Port(Count):
+    """``--master-port``: a TCP port, 1..65535; any other value is one line naming it and the range."""
+
+    name = "port"
+
+    def __init__(self) -> None:
+        super().__init__(1, 65535)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            text = str(value)
+            shown = text if len(text) <= SHOWN_DIGITS else text[:SHOWN_DIGITS] + "..."
+            self.fail(f"{shown!r} is not a TCP port: give a whole number in the range 1..65535", param, ctx)
+
+
 class YesNo(click.types.BoolParamType):
     """PopRun's ``yes``/``no`` values: click's boolean words (also true/false, on/off, 1/0), shown
     as YES|NO in the help, and an error that says what is valid."""
@@ -192,6 +209,9 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.option("--error-file", type=click.Path(dir_okay=False), metavar="FILE",
               help="When the job fails, write the failure to FILE as JSON: instance, host, status, signal, "
                    "time, reason, restart and the last lines of its stderr.")
+@click.option("--master-port", type=Port(), metavar="PORT",
+              help="MASTER_PORT, where instance 0 serves torch.distributed's store (env://). Default: a port "
+                   "free on MASTER_ADDR when instance 0 runs on this machine, else 29500 (torchrun's).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact mpiexec command; start nothing.")
 @click.option("-v", "--verbose", count=True, help="-v: progress; -vv: debug.")
 @vipu_options

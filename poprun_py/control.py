@@ -26,6 +26,17 @@ def listen(address: str, backlog: int) -> tuple[_socket.socket, str]:
     return server, f"{address}:{server.getsockname()[1]}"
 
 
+def free_port(address: str) -> int:
+    """A TCP port free on ``address`` now: bound to port 0 there, read, closed again (torch's
+    store binds it moments later; like torchrun's, the choice cannot be held until then)."""
+    probe = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+    finally:
+        probe.close()
+
+
 def accept(server: _socket.socket) -> _socket.socket | None:
     """The next pending connection, non-blocking, or None when there is none."""
     try:

@@ -65,6 +65,31 @@ LOCAL_RANK = _define("LOCAL_RANK", "poprun", "the program", "the instance's inde
 LOCAL_WORLD_SIZE = _define("LOCAL_WORLD_SIZE", "poprun", "popdist_py.engine",
                            "instances on this host: the engine divides the CPU affinity by it")
 
+# ------------------------------------- the rest of torchrun's worker contract (one role, one group per host)
+GROUP_RANK = _define("GROUP_RANK", "poprun", "the program", "the index of this instance's host (torchrun's node rank)")
+GROUP_WORLD_SIZE = _define("GROUP_WORLD_SIZE", "poprun", "the program", "the number of hosts")
+ROLE_NAME = _define("ROLE_NAME", "poprun", "the program", "the role of every instance: default (torchrun's)")
+ROLE_RANK = _define("ROLE_RANK", "poprun", "the program", "the instance's rank in its role: RANK (one role)")
+ROLE_WORLD_SIZE = _define("ROLE_WORLD_SIZE", "poprun", "the program", "the instances of its role: WORLD_SIZE")
+MASTER_ADDR = _define("MASTER_ADDR", "poprun", "torch.distributed (env://)",
+                      "instance 0's host, as an address every host reaches (127.0.0.1 when one host runs the job)")
+MASTER_PORT = _define("MASTER_PORT", "poprun", "torch.distributed (env://)",
+                      "a port found free on MASTER_ADDR when instance 0 runs on poprun's host, else --master-port "
+                      "(29500); --master-port always wins")
+TORCHELASTIC_RUN_ID = _define("TORCHELASTIC_RUN_ID", "poprun", "the program",
+                              "this job's id, the same across its restarts")
+TORCHELASTIC_MAX_RESTARTS = _define("TORCHELASTIC_MAX_RESTARTS", "poprun", "the program", "--max-restarts")
+TORCHELASTIC_USE_AGENT_STORE = _define("TORCHELASTIC_USE_AGENT_STORE", "poprun", "torch.distributed (env://)",
+                                       "False: instance 0 hosts torch's TCPStore (there is no agent)")
+TORCHELASTIC_ERROR_FILE = _define("TORCHELASTIC_ERROR_FILE", "poprun", "torch's @record",
+                                  "this instance's error file, in a directory of the job that the shim creates "
+                                  "and poprun removes; a failing instance's root cause and traceback in it reach "
+                                  "poprun's summary and --error-file")
+TORCH_NCCL_ASYNC_ERROR_HANDLING = _define("TORCH_NCCL_ASYNC_ERROR_HANDLING", "poprun, unless set", "torch (NCCL)",
+                                          "1, as torchrun sets it")
+OMP_NUM_THREADS = _define("OMP_NUM_THREADS", "the shim, unless set", "OpenMP, BLAS",
+                          "with several instances on a host: its usable cores divided by them (at least 1)")
+
 # ------------------------------------------------------------ knobs a user sets for popdist_py
 COLLECTIVE_TIMEOUT = _define("POPDIST_COLLECTIVE_TIMEOUT", "the user", "popdist_py",
                              "seconds to wait for a peer in a collective before naming it (600; inf)")

@@ -14,6 +14,8 @@ from poprun_py.errors import PlanError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from poprun_py.mpi import Command, CommandSpec, MpiLauncher
     from poprun_py.plan import JobPlan
 
@@ -60,7 +62,12 @@ def launch(options: dict) -> int:
     # A dry run asks no resolver: the address remote hosts call back on is shown as a placeholder.
     remote = _remote_hosts(hosts, resolve=not options["dry_run"])
     callback = _callback_address(hosts, remote, options["host_subnet"], resolve=not options["dry_run"])
-    job_env = {**plan.job_env(), environment.UNBUFFERED: os.environ.get(environment.UNBUFFERED, "1")}
+    master_port = _torchrun_contract(plan, options, remote, callback)
+    job_env = {**plan.job_env(), environment.UNBUFFERED: os.environ.get(environment.UNBUFFERED, "1"),
+               environment.TORCH_NCCL_ASYNC_ERROR_HANDLING:
+                   os.environ.get(environment.TORCH_NCCL_ASYNC_ERROR_HANDLING, "1")}
+    if environment.OMP_NUM_THREADS in os.environ:  # the user's, to every host (Open MPI forwards nothing)
+        job_env[environment.OMP_NUM_THREADS] = os.environ[environment.OMP_NUM_THREADS]
     if options["host_subnet"] and hosts:
         job_env[environment.HOST_SUBNET] = options["host_subnet"]
     spec = CommandSpec(
@@ -106,11 +113,28 @@ def launch(options: dict) -> int:
             log.info("the command line would be too long: hosts and app contexts are in %s", ", ".join(written))
         return built.argv(paths)
 
+    if environment.OMP_NUM_THREADS not in os.environ and plan.instances_per_host > 1:
+        from poprun_py.shim import threads_per_instance
+
+        k = plan.instances_per_host
+        here = f"; here {len(os.sched_getaffinity(0))} / {k} = {threads_per_instance(k)}" if not remote else ""
+        sys.stderr.write(f"poprun: {environment.OMP_NUM_THREADS} is not set: each instance gets its host's usable "
+                         f"cores divided by the {k} instances there, at least 1 (torchrun sets 1){here}\n")
+        sys.stderr.flush()
     restarts = options["max_restarts"]
+    if plan.error_dir is not None:
+        try:
+            os.mkdir(plan.error_dir, 0o700)  # a new name: another user cannot have made it first
+        except OSError as exc:
+            log.warning("no %s for the instances: cannot create %s: %s", environment.TORCHELASTIC_ERROR_FILE,
+                        plan.error_dir, exc.strerror or exc)
+            plan.error_dir = None
+            spec.instance_envs = [plan.instance_env(i) for i in range(plan.num_instances)]
     try:
         for restart in range(restarts + 1):
             spec.job_env[environment.RESTART_COUNT] = str(restart)
             spec.job_env[environment.TORCHELASTIC_RESTART_COUNT] = str(restart)
+            spec.job_env[environment.MASTER_PORT] = str(master_port())  # a free one for every start
             supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command,
                                     show_instance=only, listen_address=callback or "127.0.0.1",
                                     remote_hosts=frozenset(remote),
@@ -129,6 +153,72 @@ def launch(options: dict) -> int:
     finally:
         for path in written:
             os.unlink(path)
+        if plan.error_dir is not None:
+            _remove_tree(plan.error_dir)
+
+
+def _torchrun_contract(plan: JobPlan, options: dict, remote: list[str], callback: str | None) -> Callable[[], str]:
+    """Fill in the plan's part of torchrun's worker contract: the job's id, its restarts, the
+    directory of the error files, and MASTER_ADDR, instance 0's host as an address every host
+    reaches: poprun's callback address when instance 0 runs here (loopback for a one-host job),
+    else that host's. Returns what gives MASTER_PORT for each start: --master-port when given, else
+    a port free on MASTER_ADDR when instance 0 runs here (found anew for every start), else
+    torchrun's 29500."""
+    from poprun_py.plan import DEFAULT_MASTER_PORT
+
+    dry_run = options["dry_run"]
+    plan.run_id = "<run-id>" if dry_run else os.urandom(8).hex()  # a dry run prints the same each time
+    plan.max_restarts = options["max_restarts"]
+    plan.error_dir = f"{ERROR_DIR_PARENT}/poprun-{plan.run_id}"
+    first = plan.instance(0).host
+    here = not plan.hosts or first not in remote
+    if here:
+        plan.master_addr = callback or "127.0.0.1"
+    elif dry_run:
+        plan.master_addr = f"<{first}-address>"
+    else:
+        from poprun_py.network import host_address
+
+        plan.master_addr = host_address(first, options["host_subnet"])
+    chosen = options["master_port"]
+
+    def master_port() -> str:
+        if chosen is not None:
+            return str(chosen)
+        if not here:
+            return str(DEFAULT_MASTER_PORT)
+        if dry_run:
+            return "<free-port>"
+        from poprun_py.control import free_port
+
+        return str(free_port(plan.master_addr))
+
+    plan.master_port = master_port()
+    return master_port
+
+
+#: Where the job's directory of error files goes, on every host (a remote host's shims create it).
+ERROR_DIR_PARENT = "/tmp"
+
+
+def _remove_tree(path: str) -> None:
+    """``shutil.rmtree`` without importing shutil on the launch path: the error files' directory."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                _remove_tree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 #: Descriptors MPICH's proxy holds per process it starts (stdin, stdout and stderr pipes, the PMI

@@ -114,6 +114,18 @@ def remote_hosts(hosts: list[str], resolve: bool = True) -> list[str]:
     return remote
 
 
+def host_address(host: str, subnet: str | None) -> str:
+    """An address of the remote ``host`` that every host reaches (torch's MASTER_ADDR when instance
+    0 runs there): the one its name resolves to here, in ``subnet`` when given and one is; its
+    name when it does not resolve (ssh then names the problem)."""
+    resolved = _resolve(host)
+    if subnet:
+        network = parse_subnet(subnet)
+        inside = [a for a in resolved if ipaddress.ip_address(a) in network]
+        resolved = inside or resolved
+    return resolved[0] if resolved else host
+
+
 def callback_address(remote: list[str], subnet: str | None) -> str | None:
     """The address the ``remote`` hosts reach poprun on; None when there are none (loopback)."""
     if subnet:

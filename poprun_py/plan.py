@@ -10,6 +10,10 @@ from poprun_py import environment as names
 from poprun_py.errors import PlanError
 
 LOCAL_HOST = "localhost"
+#: torchrun's default --master-port, used when instance 0 runs on another host than poprun.
+DEFAULT_MASTER_PORT = 29500
+#: torchrun's name for the one role every instance has.
+ROLE = "default"
 #: Longer lists are shown by their ends (plans of thousands of instances stay readable).
 SHOWN_IN_FULL = 16
 
@@ -21,6 +25,12 @@ def elide(items: list[str], keep: int = SHOWN_IN_FULL) -> list[str]:
     head, tail = keep * 3 // 4, keep // 4
     indent = items[0][:len(items[0]) - len(items[0].lstrip())]
     return [*items[:head], f"{indent}... {len(items) - head - tail} more ...", *items[-tail:]]
+
+
+def error_file(directory: str, index: int) -> str:
+    """Instance ``index``'s TORCHELASTIC_ERROR_FILE: a directory of its own, as torchrun gives each
+    worker, so the shims of one host can create and remove theirs without racing each other."""
+    return f"{directory}/{index}/error.json"
 
 
 def span(numbers: range) -> str:
@@ -58,12 +68,21 @@ class JobPlan:
     """The whole job: instances x replicas over hosts; checked on construction."""
 
     def __init__(self, num_instances: int, num_replicas: int, ipus_per_replica: int = 1,
-                 hosts: tuple[str, ...] = (), executable_cache_path: str | None = None) -> None:
+                 hosts: tuple[str, ...] = (), executable_cache_path: str | None = None,
+                 master_addr: str = "127.0.0.1", master_port: int | str = DEFAULT_MASTER_PORT,
+                 run_id: str = "none", max_restarts: int = 0, error_dir: str | None = None) -> None:
         self.num_instances = num_instances
         self.num_replicas = num_replicas
         self.ipus_per_replica = ipus_per_replica
         self.hosts = tuple(hosts)
         self.executable_cache_path = executable_cache_path
+        #: torchrun's contract: where instance 0 hosts torch's store, the job's id, its restarts,
+        #: and the directory of the instances' error files (``None``: no error files).
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self.run_id = run_id
+        self.max_restarts = max_restarts
+        self.error_dir = error_dir
         for name in ("num_instances", "num_replicas", "ipus_per_replica"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -120,6 +139,15 @@ class JobPlan:
             names.NUM_INSTANCES: str(self.num_instances),
             names.WORLD_SIZE: str(self.num_instances),
             names.LOCAL_WORLD_SIZE: str(self.instances_per_host),
+            names.GROUP_WORLD_SIZE: str(len(self.host_names)),
+            names.ROLE_NAME: ROLE,
+            names.ROLE_WORLD_SIZE: str(self.num_instances),
+            names.MASTER_ADDR: self.master_addr,
+            names.MASTER_PORT: str(self.master_port),
+            names.TORCHELASTIC_RUN_ID: self.run_id,
+            names.TORCHELASTIC_MAX_RESTARTS: str(self.max_restarts),
+            names.TORCHELASTIC_RESTART_COUNT: "0",
+            names.TORCHELASTIC_USE_AGENT_STORE: "False",
         }
         if self.executable_cache_path:
             env[names.EXECUTABLE_CACHE_PATH] = self.executable_cache_path
@@ -128,13 +156,18 @@ class JobPlan:
     def instance_env(self, index: int) -> dict[str, str]:
         """Variables that differ between instances."""
         inst = self.instance(index)
-        return {
+        env = {
             names.INSTANCE_INDEX: str(inst.index),
             names.LOCAL_INSTANCE_INDEX: str(inst.local_index),
             names.REPLICA_INDEX_OFFSET: str(inst.replica_offset),
             names.RANK: str(inst.index),
             names.LOCAL_RANK: str(inst.local_index),
+            names.GROUP_RANK: str(inst.index // self.instances_per_host),
+            names.ROLE_RANK: str(inst.index),
         }
+        if self.error_dir is not None:
+            env[names.TORCHELASTIC_ERROR_FILE] = error_file(self.error_dir, inst.index)
+        return env
 
     def describe(self) -> str:
         """One line per instance (the ends of a long plan): what ``--dry-run`` prints."""

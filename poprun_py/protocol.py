@@ -16,6 +16,7 @@ HELLO = 1  # payload: HELLO_FIELDS, then the host name (UTF-8)
 OUTPUT = 2  # stream 1 = stdout, 2 = stderr; payload: raw bytes
 EXIT = 3  # payload: EXIT_FIELDS, then an error message (UTF-8; empty when there is none)
 HEARTBEAT = 4  # no payload: the shim is alive and reachable (see HEARTBEAT_SECONDS)
+ROOT_CAUSE = 5  # before EXIT, from a failed program: its TORCHELASTIC_ERROR_FILE (see root_cause.py)
 
 HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
 EXIT_FIELDS = struct.Struct("!iI")  # exit status, signal number (0: not killed by a signal)

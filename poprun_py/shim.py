@@ -73,6 +73,40 @@ def pin_network(subnet: str) -> None:
     os.environ.setdefault(environment.FI_TCP_IFACE, interface)
 
 
+def divide_cores() -> None:
+    """torchrun's OMP_NUM_THREADS, per host: when the user has not set it and this host runs several
+    instances, each gets the host's usable cores divided by them (at least 1), so that their
+    OpenMP and BLAS threads do not fight over the cores (torchrun sets 1). poprun says so once."""
+    if environment.OMP_NUM_THREADS in os.environ:
+        return
+    text = os.environ.get(environment.LOCAL_WORLD_SIZE, "1")
+    per_host = int(text) if text.isdigit() else 1
+    if per_host > 1:
+        os.environ[environment.OMP_NUM_THREADS] = str(threads_per_instance(per_host))
+
+
+def threads_per_instance(per_host: int) -> int:
+    """This host's usable cores (its CPU affinity) divided by its ``per_host`` instances, at least 1."""
+    return max(1, len(os.sched_getaffinity(0)) // per_host)
+
+
+def prepare_error_file() -> str | None:
+    """The program's TORCHELASTIC_ERROR_FILE, its directories made here (on a remote host they do not
+    exist yet); None, and the variable unset with a warning, when that cannot be done."""
+    path = os.environ.get(environment.TORCHELASTIC_ERROR_FILE)
+    if not path:
+        return None
+    from poprun_py.root_cause import prepare
+
+    problem = prepare(path)
+    if problem is None:
+        return path
+    os.write(2, f"poprun: warning: on host {os.uname().nodename}: no {environment.TORCHELASTIC_ERROR_FILE} "
+                f"for the program: {problem}\n".encode())
+    del os.environ[environment.TORCHELASTIC_ERROR_FILE]
+    return None
+
+
 def main() -> int:
     index, argv = int(sys.argv[1]), sys.argv[2:]
     if not argv:  # a large job: the program came in the environment (see mpi.build_command)
@@ -82,6 +116,8 @@ def main() -> int:
 
     if environment.HOST_SUBNET in os.environ:
         pin_network(os.environ[environment.HOST_SUBNET])
+    divide_cores()
+    error_file = prepare_error_file()
     spawned = spawn(argv)  # first: the program starts while we import and connect
 
     from poprun_py.control import connect
@@ -97,8 +133,12 @@ def main() -> int:
         os.write(2, f"poprun instance {index}: cannot reach poprun at {address} ({exc}); "
                     "output will not be tagged\n".encode())
         control = None
-    pump = Pump(index, control)
+    pump = Pump(index, control, error_file)
     pump.hello()
     if isinstance(spawned, OSError):
+        if error_file:
+            from poprun_py.root_cause import remove
+
+            remove(error_file)
         return pump.spawn_failed(argv[0], spawned)
     return pump.run(*spawned)

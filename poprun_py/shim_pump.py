@@ -11,7 +11,7 @@ import _socket
 import os
 import time
 
-from poprun_py import environment, protocol
+from poprun_py import environment, protocol, root_cause
 from poprun_py.watch import Watch
 
 READ_SIZE = 65536
@@ -48,9 +48,11 @@ class _Leave(Exception):
 
 
 class Pump:
-    def __init__(self, index: int, control: _socket.socket | None) -> None:
+    def __init__(self, index: int, control: _socket.socket | None, error_file: str | None = None) -> None:
         self.index = index
         self.control = control
+        #: The program's TORCHELASTIC_ERROR_FILE: sent to poprun when it fails (see root_cause.py).
+        self.error_file = error_file
         text = os.environ.get(environment.KILL_GRACE)
         grace = protocol.DEFAULT_GRACE if text is None else grace_seconds(text)
         if grace is None:
@@ -107,6 +109,12 @@ class Pump:
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, self.stop_program)
         status, signum = self._pump(stdout_fd, stderr_fd)
+        if self.error_file:
+            if status and self.control is not None:
+                cause = root_cause.collect(self.error_file)
+                if cause is not None:
+                    self.send(protocol.frame(protocol.ROOT_CAUSE, cause))
+            root_cause.remove(self.error_file)
         self.send(protocol.exit_report(status, signum, self.reason))
         self._await_release()
         return status

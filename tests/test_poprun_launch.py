@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.helpers import BIN, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
+from tests.helpers import BIN, OMP_SET, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
 
@@ -87,7 +87,7 @@ def test_long_lines_never_interleave_and_filtering_keeps_one_instance() -> None:
 def test_stderr_is_tagged_on_stderr() -> None:
     result = poprun("--num-instances", "2", PYTHON, "-c",
                     "import os, sys; print('out', os.environ['RANK']); "
-                    "print('err', os.environ['RANK'], file=sys.stderr)")
+                    "print('err', os.environ['RANK'], file=sys.stderr)", env=OMP_SET)
     assert result.returncode == 0
     assert sorted(result.stdout.splitlines()) == ["[0] out 0", "[1] out 1"]
     assert sorted(result.stderr.splitlines()) == ["[0] err 0", "[1] err 1"]
@@ -182,7 +182,7 @@ def test_mpiexec_failing_before_instances_start_is_reported() -> None:
 def test_unknown_host_is_one_line_naming_it(mpi: str) -> None:
     # The C library refuses a name with '!' without asking a DNS server: no traffic leaves here.
     args = ["--mpi", str(OPENMPI_MPIEXEC)] if mpi == "openmpi" else []
-    result = poprun(*args, "--num-instances", "2", "-H", "ghost!host", "/bin/true")
+    result = poprun(*args, "--num-instances", "2", "-H", "ghost!host", "/bin/true", env=OMP_SET)
     assert result.returncode == 255
     assert result.stderr == ("poprun: error: instance(s) 0-1 could not be started: host ghost!host: "
                              "ssh: Could not resolve hostname ghost!host: Name or service not known\n")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, wait_no_processes
+from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, wait_no_processes
 from tests.test_output_tagging import rendered
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
@@ -153,7 +153,7 @@ def test_log_dir_keeps_each_instances_raw_output(tmp_path: Path) -> None:
     program = ("import os, sys; i = os.environ['RANK']; sys.stdout.write(f'out {i}\\rbar\\nlast {i}'); "
                "sys.stdout.flush(); sys.stderr.write(f'err {i}\\n')")
     result = subprocess.run([*POPRUN, "--num-instances", "2", "--log-dir", str(logs), PYTHON, "-c", program],
-                            capture_output=True, timeout=SUBPROCESS_TIMEOUT, cwd=ROOT)
+                            capture_output=True, timeout=SUBPROCESS_TIMEOUT, cwd=ROOT, env={**os.environ, **OMP_SET})
     assert result.returncode == 0, result.stderr
     for i in (0, 1):
         assert (logs / f"instance-{i}" / "stdout.log").read_bytes() == f"out {i}\rbar\nlast {i}".encode()
@@ -163,7 +163,7 @@ def test_log_dir_keeps_each_instances_raw_output(tmp_path: Path) -> None:
     assert sorted(result.stderr.splitlines()) == [b"[0] err 0", b"[1] err 1"]
 
     quiet = poprun("--num-instances", "2", "--log-dir", str(logs), "--tee", "no", PYTHON, "-c",
-                   "import os; print('again', os.environ['RANK'])")
+                   "import os; print('again', os.environ['RANK'])", env=OMP_SET)
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
     assert (logs / "instance-1" / "stdout.log").read_text() == "again 1\n"  # a new run starts afresh
     assert (logs / "instance-1" / "stderr.log").read_text() == ""

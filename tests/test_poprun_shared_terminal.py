@@ -23,7 +23,7 @@ from typing import IO
 
 import pytest
 
-from tests.helpers import POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT
+from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
 
@@ -95,7 +95,7 @@ class Terminal:
 
 def start(args: list[str], stdout: int | IO[bytes], stderr: int | IO[bytes]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([*POPRUN, *args], stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=ROOT,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, **OMP_SET})
 
 
 def wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -> None:

@@ -1,0 +1,139 @@
+"""torchrun's error files: where an instance's program records why it failed, and how that reaches poprun.
+
+Every instance gets ``TORCHELASTIC_ERROR_FILE`` (``plan.error_file``): ``DIR/<i>/error.json``, DIR one
+directory per job. torch's ``@record`` (``torch.distributed.elastic.multiprocessing.errors``) writes
+the exception there as JSON: ``{"message": {"message": "ValueError: ...", "extraInfo":
+{"py_callstack": "Traceback ...", "timestamp": "..."}}}`` (or ``{"message": "...", "timestamp": ...}``).
+
+The instance's shim, on whichever host it runs, creates the directories before the program starts
+(``prepare``), and when the program exits non-zero sends what the file says to poprun over its
+connection (``collect``, at most ``SEND_LIMIT`` bytes), then removes it (``remove``); poprun removes
+DIR on its own host at the end. So poprun never reads a remote host's disk. poprun turns what came
+(``describe``) into its failure summary and ``--error-file``'s ``root_cause``.
+
+The shim's side uses only ``os`` (``json`` only for a file too large to send whole).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+#: The most bytes of an error file a shim sends: a traceback's worth, not a runaway file's.
+SEND_LIMIT = 64 * 1024
+#: The most a shim reads to cut a larger file down to SEND_LIMIT (keeping the traceback's end).
+READ_LIMIT = 16 * 1024 * 1024
+#: Lines of the traceback shown in poprun's summary (its end, where the error is).
+SHOWN_TRACEBACK_LINES = 30
+
+
+# ---------------------------------------------------------------- the shim's side
+def prepare(path: str) -> str | None:
+    """Make ``path``'s directory (and the job's above it) exist, private to this user, and remove a
+    file left there by an earlier start; None when that works, else why not."""
+    directory = os.path.dirname(path)
+    for _ in range(3):  # another instance's shim on this host may remove the job's directory meanwhile
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            break
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"cannot create {directory}: {exc.strerror or exc}"
+    for place in (os.path.dirname(directory), directory):
+        try:
+            info = os.lstat(place)
+        except OSError as exc:
+            return f"cannot use {place}: {exc.strerror or exc}"
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            return f"{place} is not a private directory of this user"
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return f"cannot remove the old {path}: {exc.strerror or exc}"
+    return None
+
+
+def collect(path: str) -> bytes | None:
+    """What the failed program wrote to its error file, at most SEND_LIMIT bytes; None when it wrote
+    nothing. A larger file is cut: as JSON, the message and the traceback's end are kept."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(READ_LIMIT)
+    except OSError:
+        return None
+    if not data:
+        return None
+    if len(data) <= SEND_LIMIT:
+        return data
+    import json
+
+    try:
+        record = json.loads(data)
+        message, traceback, timestamp = _fields(record)
+    except (ValueError, TypeError, AttributeError):
+        return data[:SEND_LIMIT]
+    keep = SEND_LIMIT // 2
+    while keep > 64:
+        cut = json.dumps({"message": message[:keep], "timestamp": timestamp,
+                          "traceback": traceback if len(traceback) <= keep else "...\n" + traceback[-keep:]})
+        if len(cut) <= SEND_LIMIT:  # ASCII: json.dumps escapes everything else
+            return cut.encode()
+        keep //= 2
+    return data[:SEND_LIMIT]
+
+
+def remove(path: str) -> None:
+    """Remove the error file, its instance's directory and, when no other instance's is left in
+    it, the job's directory on this host."""
+    directory = os.path.dirname(path)
+    for action, target in ((os.unlink, path), (os.rmdir, directory), (os.rmdir, os.path.dirname(directory))):
+        try:
+            action(target)
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- poprun's side
+def _fields(record: object) -> tuple[str, str, str | None]:
+    """(message, traceback, timestamp) of an error file's JSON, in either of torch's layouts."""
+    if not isinstance(record, dict):
+        raise TypeError("not a JSON object")
+    message = record.get("message")
+    if isinstance(message, dict):  # ErrorHandler.record_exception's layout
+        extra = message.get("extraInfo") or {}
+        return (str(message.get("message", "")), str(extra.get("py_callstack") or ""),
+                None if extra.get("timestamp") is None else str(extra["timestamp"]))
+    # {"message": "...", "timestamp": ...}, and collect's cut form, which adds "traceback"
+    return (str(message or ""), str(record.get("traceback") or ""),
+            None if record.get("timestamp") is None else str(record["timestamp"]))
+
+
+def describe(data: bytes) -> dict[str, str | None]:
+    """``{"message", "traceback", "timestamp"}`` of what a shim sent; text that is not torch's JSON
+    is kept as the message."""
+    import json
+
+    text = data.decode(errors="replace")
+    try:
+        message, traceback, timestamp = _fields(json.loads(text))
+    except (ValueError, TypeError, AttributeError):
+        return {"message": text.strip(), "traceback": None, "timestamp": None}
+    return {"message": message, "traceback": traceback or None, "timestamp": timestamp}
+
+
+def summary_lines(index: int, cause: dict[str, str | None]) -> list[str]:
+    """The failure summary's lines for instance ``index``'s root cause: the message, then the end of
+    the traceback."""
+    message = (cause["message"] or "").strip() or "(no message)"
+    first, *rest = message.splitlines() or [""]
+    lines = [f"poprun: root cause (instance {index}'s error file): {first}"]
+    lines += [f"    {line}" for line in rest[:SHOWN_TRACEBACK_LINES]]
+    traceback = (cause["traceback"] or "").rstrip().splitlines()
+    if traceback:
+        shown = traceback[-SHOWN_TRACEBACK_LINES:]
+        lines.append(f"poprun: its traceback{'' if len(shown) == len(traceback) else ' (its end)'}:")
+        lines += [f"    {line}" for line in shown]
+    return lines
