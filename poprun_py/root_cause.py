@@ -32,15 +32,20 @@ def prepare(path: str) -> str | None:
     """Make ``path``'s directory (and the job's above it) exist, private to this user, and remove a
     file left there by an earlier start; None when that works, else why not."""
     directory = os.path.dirname(path)
+    job = os.path.dirname(directory)
     for _ in range(3):  # another instance's shim on this host may remove the job's directory meanwhile
         try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            for place in (job, directory):  # not os.makedirs: it makes the job's directory 0o777 & ~umask
+                try:
+                    os.mkdir(place, 0o700)
+                except FileExistsError:
+                    pass
             break
         except FileNotFoundError:
             continue
         except OSError as exc:
             return f"cannot create {directory}: {exc.strerror or exc}"
-    for place in (os.path.dirname(directory), directory):
+    for place in (job, directory):
         try:
             info = os.lstat(place)
         except OSError as exc:

@@ -4,6 +4,7 @@ popdist_py, as exactly the plan's instance i; and the README documents every var
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -76,12 +77,30 @@ plans = st.integers(1, 12).flatmap(lambda instances: st.tuples(
 ))
 
 
+def torchrun_expected(plan: JobPlan, inst: InstancePlan) -> dict[str, str]:
+    """torchrun's worker variables for the plan's instance: one role, one group per host."""
+    expected = {
+        "RANK": str(inst.index), "WORLD_SIZE": str(plan.num_instances), "LOCAL_RANK": str(inst.local_index),
+        "LOCAL_WORLD_SIZE": str(plan.instances_per_host), "GROUP_RANK": str(plan.host_names.index(inst.host)),
+        "GROUP_WORLD_SIZE": str(len(plan.host_names)), "ROLE_RANK": str(inst.index),
+        "ROLE_WORLD_SIZE": str(plan.num_instances), "ROLE_NAME": "default", "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": str(plan.master_port), "TORCHELASTIC_RUN_ID": plan.run_id,
+        "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts), "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+    }
+    if plan.error_dir is not None:
+        expected["TORCHELASTIC_ERROR_FILE"] = f"{plan.error_dir}/{inst.index}/error.json"
+    return expected
+
+
 @settings(max_examples=60, deadline=None)
-@given(plans, st.sampled_from(["mpich", "openmpi"]))
-def test_what_the_launcher_writes_reads_back_as_the_plan(shape: tuple[int, int, int, int], flavour: str) -> None:
+@given(plans, st.sampled_from(["mpich", "openmpi"]), st.booleans())
+def test_what_the_launcher_writes_reads_back_as_the_plan(shape: tuple[int, int, int, int], flavour: str,
+                                                         error_files: bool) -> None:
     instances, replicas, ipus, num_hosts = shape
     hosts = tuple(f"node{h}" for h in range(num_hosts)) if num_hosts > 1 else ()
-    plan = JobPlan(instances, replicas, ipus, hosts=hosts)
+    plan = JobPlan(instances, replicas, ipus, hosts=hosts, master_addr="10.1.2.3", master_port=29511,
+                   run_id="0123456789abcdef", max_restarts=3, error_dir="/tmp/poprun-0123" if error_files else None)
     envs = instance_environments(flavour, plan)
     assert len(envs) == instances
     for inst, env in zip(plan.instances, envs, strict=True):
@@ -90,6 +109,9 @@ def test_what_the_launcher_writes_reads_back_as_the_plan(shape: tuple[int, int, 
         assert env[environment.LOCAL_RANK] == str(inst.local_index)
         assert env[environment.WORLD_SIZE] == str(instances)
         assert env[environment.LOCAL_WORLD_SIZE] == str(plan.instances_per_host)
+        torchrun = torchrun_expected(plan, inst)
+        assert {name: env.get(name) for name in torchrun} == torchrun
+        assert (environment.TORCHELASTIC_ERROR_FILE in env) == error_files
 
 
 @pytest.mark.slow
@@ -106,6 +128,65 @@ def test_real_instances_see_the_plan(mpi: str) -> None:
     assert result.returncode == 0, result.stderr
     plan = JobPlan(3, 6, 2)
     assert tagged_json(result.stdout) == {inst.index: expected(plan, inst) for inst in plan.instances}
+
+
+def _torchrun_launch(mpi: str, *args: str, env: dict[str, str] | None = None) -> tuple[dict[int, dict], str]:
+    extra: list[str] = []
+    env = dict(env or {})
+    if mpi == "openmpi":
+        if not OPENMPI_MPIEXEC.exists():
+            pytest.fail(f"Open MPI is not installed at {OPENMPI_MPIEXEC} (make install puts it there)")
+        extra, env["MPI4PY_LIBMPI"] = ["--mpi", str(OPENMPI_MPIEXEC)], str(OPENMPI_LIBMPI)
+    result = poprun(*extra, *args, PYTHON, str(ROOT / "tests" / "scripts" / "torchrun_env.py"), env=env,
+                    timeout=SUBPROCESS_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    return tagged_json(result.stdout), result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+@pytest.mark.parametrize("instances", [1, 4])
+def test_real_instances_get_torchruns_contract_on_one_host(mpi: str, instances: int) -> None:
+    """Every variable torchrun gives its workers, with torchrun's meaning: one host is group 0 of 1,
+    MASTER_ADDR is loopback and MASTER_PORT a port found free there, one run id, a private error
+    file per instance (removed with the job), and OMP_NUM_THREADS divided among a host's instances."""
+    found, stderr = _torchrun_launch(mpi, "--num-instances", str(instances), "--max-restarts", "2")
+    assert sorted(found) == list(range(instances))
+    run_id = found[0]["env"]["TORCHELASTIC_RUN_ID"]
+    port = found[0]["env"]["MASTER_PORT"]
+    assert re.fullmatch(r"[0-9a-f]{16}", run_id) and 1 <= int(port) <= 65535
+    plan = JobPlan(instances, instances, master_addr="127.0.0.1", master_port=port, run_id=run_id, max_restarts=2,
+                   error_dir=f"/tmp/poprun-{run_id}")
+    cores = found[0]["cores"]
+    notice = [line for line in stderr.splitlines() if "OMP_NUM_THREADS" in line]
+    for inst in plan.instances:
+        report = found[inst.index]
+        expected = {**torchrun_expected(plan, inst), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                    "OMP_NUM_THREADS": str(max(1, cores // instances)) if instances > 1 else None}
+        assert report["env"] == expected, inst.index
+        assert report["error_file_writable"], inst.index
+    assert not Path(f"/tmp/poprun-{run_id}").exists()  # the job's error files went with it
+    if instances > 1:
+        assert notice == [(f"poprun: OMP_NUM_THREADS is not set: each instance gets its host's usable cores divided "
+                           f"by the {instances} instances there, at least 1 (torchrun sets 1); here {cores} / "
+                           f"{instances} = {max(1, cores // instances)}")]
+    else:
+        assert notice == []  # torchrun too sets it only for several workers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_what_the_user_sets_wins(mpi: str) -> None:
+    """The user's OMP_NUM_THREADS and TORCH_NCCL_ASYNC_ERROR_HANDLING reach every instance untouched
+    (Open MPI forwards nothing unless told), and --master-port is MASTER_PORT; nothing is said."""
+    found, stderr = _torchrun_launch(mpi, "--num-instances", "3", "--master-port", "29555",
+                                     env={"OMP_NUM_THREADS": "7", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+                                          "MASTER_ADDR": "192.0.2.1", "MASTER_PORT": "1"})
+    assert stderr == ""
+    for report in found.values():
+        env = report["env"]
+        assert (env["OMP_NUM_THREADS"], env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]) == ("7", "0")
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29555")  # poprun's, as torchrun's
 
 
 def test_the_readme_lists_every_variable_and_only_those() -> None:
