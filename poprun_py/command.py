@@ -102,10 +102,32 @@ FOREIGN_OPTIONS = {
 }
 
 
+#: ``--help``'s sections, in order, by parameter name; every option is in exactly one (a test checks).
+HELP_SECTIONS = {
+    "Launch": ("num_instances", "num_replicas", "ipus_per_replica", "executable_cache_path", "dry_run",
+               "verbose", "version", "help"),
+    "Hosts": ("host", "host_file", "host_subnet", "master_port", "numa_aware"),
+    "Output": ("only_output_from_instance", "log_dir", "tee", "prefix_timestamp", "print_topology"),
+    "Failures and restarts": ("max_restarts", "error_file"),
+    "MPI": ("mpi", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args"),
+    "Configuration files": ("import_config", "export_config", "overwrite_config"),
+    "PopRun options that do nothing here (accepted so PopRun scripts run; each one given is warned about)": (
+        "offline_mode", *(flag[2:].replace("-", "_") for flag in VIPU_FLAGS)),
+}
+
+
 class PoprunCommand(click.Command):
-    """A click command whose unknown-option error names poprun's option for another launcher's."""
+    """A click command with grouped ``--help``, yes/no options that also stand alone as flags, and
+    an unknown-option error that names poprun's option for another launcher's."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        records = {"help" if "--help" in p.opts else p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
+        for title, names in HELP_SECTIONS.items():
+            with formatter.section(title):
+                formatter.write_dl([record for name in names if (record := records[name])])
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = _bare_yes_no(self, args)
         given = list(args)  # click's parser consumes the list it is given
         try:
             return super().parse_args(ctx, args)
@@ -117,6 +139,29 @@ class PoprunCommand(click.Command):
             shown = token if token in FOREIGN_OPTIONS else exc.option_name
             raise click.NoSuchOption(shown, f"No such option {shown!r} (poprun's option is {hint}).",
                                      ctx=exc.ctx) from None
+
+
+def _bare_yes_no(command: click.Command, args: list[str]) -> list[str]:
+    """``args`` with ``yes`` after each yes/no option given alone (``--print-topology hostname``,
+    ``--tee`` last): the option's next word is its value only when it is a yes/no word."""
+    options = {opt: p for p in command.params if isinstance(p, click.Option) for opt in (*p.opts, *p.secondary_opts)}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        out.append(word)
+        i += 1
+        option = options.get(word)
+        if word == "--" or (option is None and not word.startswith("-")):  # the program: the rest is its own
+            return out + args[i:]
+        if option is None or option.is_flag or option.count:
+            continue
+        if isinstance(option.type, YesNo) and (i == len(args) or option.type.str_to_bool(args[i]) is None):
+            out.append("yes")
+        elif i < len(args):  # the option's value, whatever it looks like
+            out.append(args[i])
+            i += 1
+    return out
 
 
 def _typed(option: str, args: list[str]) -> str:
@@ -135,8 +180,7 @@ def _typed(option: str, args: list[str]) -> str:
 def vipu_options(func: Any) -> Any:
     """Declare the V-IPU compatibility options (they take any value)."""
     for flag in reversed(VIPU_FLAGS):
-        func = click.option(flag, metavar="VALUE",
-                            help="Accepted for PopRun compatibility; has no effect (warned).")(func)
+        func = click.option(flag, metavar="VALUE", help="V-IPU: there are no IPUs here.")(func)
     return func
 
 
@@ -152,8 +196,9 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
     cls=PoprunCommand,
     context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"],
                       "max_content_width": 100},
-    epilog="Every instance gets POPDIST_* (see popdist_py), RANK, WORLD_SIZE, LOCAL_RANK and "
-           "LOCAL_WORLD_SIZE. Output lines are tagged '[i] ' with their instance index. "
+    epilog="Every instance gets POPDIST_* (see popdist_py) and torchrun's variables (RANK, WORLD_SIZE, "
+           "LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...). A yes/no option given alone means yes. Output lines "
+           "are tagged '[i] ' with their instance index. "
            "Exit status: 0 when every instance succeeds, else the first failing instance's status "
            "(128+N for signal N).",
 )
@@ -191,7 +236,7 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               help="Print hosts -> instances -> replicas.")
 @click.option("--numa-aware", type=YesNo(), default="no", show_default=True, help="Bind instances to NUMA nodes.")
 @click.option("--offline-mode", type=YesNo(), default="no", show_default=True,
-              help="Run without devices. Every run is offline here; accepted for compatibility.")
+              help="Run without devices: every run is.")
 @click.option("--executable-cache-path", metavar="DIR",
               help="Shared cache directory, given to instances as POPDIST_EXECUTABLE_CACHE_PATH.")
 @click.option("--import-config", type=click.Path(exists=True, dir_okay=False, readable=True), metavar="FILE",
@@ -215,7 +260,7 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact mpiexec command; start nothing.")
 @click.option("-v", "--verbose", count=True, help="-v: progress; -vv: debug.")
 @vipu_options
-@click.version_option(__version__, "--version", prog_name="poprun (poprun-py)")
+@click.version_option(__version__, "--version", prog_name="poprun", message="%(prog)s %(version)s")
 @click.argument("program", required=False, metavar="PROGRAM")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.pass_context

@@ -25,9 +25,16 @@ def _summary(plan: JobPlan) -> str:
 
 
 def _box(plan: JobPlan) -> str:
-    """Each cell spans the replica columns it owns."""
-    width = max(len(str(plan.num_replicas - 1)), 2) + 2
+    """Each cell spans the replica columns it owns, the columns wide enough for every cell's text
+    (a host's name spans its replicas' columns) and the title."""
     per_host = plan.instances_per_host * plan.num_local_replicas
+    hosts = [(name, per_host) for name in plan.host_names]
+    instances = [(str(i.index), plan.num_local_replicas) for i in plan.instances]
+    replicas = [(str(r), 1) for r in range(plan.num_replicas)]
+    title_text = "poprun topology"
+    cells = hosts + instances + replicas
+    width = max(4, *(-(-(len(text) + 2 - (columns - 1)) // columns) for text, columns in cells))
+    width = max(width, -(-(len(title_text) + 2 - 12 - (plan.num_replicas - 1)) // plan.num_replicas))
 
     def row(label: str, cells: list[tuple[str, int]]) -> str:
         parts = []
@@ -36,10 +43,7 @@ def _box(plan: JobPlan) -> str:
             parts.append(text.center(cell_width)[:cell_width])
         return f"| {label:<9} |" + "|".join(parts) + "|"
 
-    hosts = [(name, per_host) for name in plan.host_names]
-    instances = [(str(i.index), plan.num_local_replicas) for i in plan.instances]
-    replicas = [(str(r), 1) for r in range(plan.num_replicas)]
     body = [row("hosts", hosts), row("instances", instances), row("replicas", replicas)]
     rule = "+" + "-" * (len(body[0]) - 2) + "+"
-    title = "| " + "poprun topology".center(len(body[0]) - 4) + " |"
+    title = "| " + title_text.center(len(body[0]) - 4) + " |"
     return "\n".join([rule, title, rule, *body, rule])

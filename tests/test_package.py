@@ -38,7 +38,7 @@ SMOKE = ROOT / "tests" / "scripts"
 #: with the build and the installs it waits for (about 15 s here).
 BUILD_TIMEOUT, INSTALL_TIMEOUT, RUN_TIMEOUT, TEST_TIMEOUT = 120, 150, 60, 240
 #: What `poprun --version` prints (click's version_option in poprun_py/command.py).
-VERSION_LINE = f"poprun (poprun-py), version {__version__}\n"
+VERSION_LINE = f"poprun {__version__}\n"
 
 
 def pyproject() -> dict:

@@ -9,6 +9,7 @@ import shlex
 import uuid
 from pathlib import Path
 
+import click
 import pytest
 
 from poprun_py import __version__
@@ -68,9 +69,10 @@ BAD_INPUTS = [
     (["--num-instances", "2", "--instance-mpi-local-args", "-env A 1"], "is not of the form I:ARGS"),
     (["--num-instances", "2", "--instance-mpi-local-args", "5:-env A 1"], "names instance 5, but instances are 0..1"),
     (["--mpi-global-args", "-foo 'unbalanced"], "--mpi-global-args \"-foo 'unbalanced\" cannot be split"),
-    (["--print-topology", "maybe"], "Invalid value for '--print-topology': 'maybe' is not yes or no"),
-    (["--offline-mode", ""], "Invalid value for '--offline-mode': '' is not yes or no"),
-    (["--numa-aware", "sometimes"], "'sometimes' is not yes or no"),
+    # A yes/no option's value follows "=" (a word that is not yes/no after it is the program).
+    (["--print-topology=maybe"], "Invalid value for '--print-topology': 'maybe' is not yes or no"),
+    (["--offline-mode="], "Invalid value for '--offline-mode': '' is not yes or no"),
+    (["--numa-aware=sometimes"], "'sometimes' is not yes or no"),
     (["--mpi", "/no/such/mpiexec"], "--mpi '/no/such/mpiexec' is not an executable file"),
     (["--mpi", "/bin/echo"], "is neither MPICH (Hydra) nor Open MPI"),
     (["--import-config", "{unreadable}"], "Invalid value for '--import-config': File '{unreadable}' does not exist."),
@@ -271,7 +273,40 @@ def test_help_lists_every_option_with_its_default() -> None:
 
 def test_version() -> None:
     result = poprun("--version")
-    assert (result.returncode, result.stdout) == (0, f"poprun (poprun-py), version {__version__}\n")
+    assert (result.returncode, result.stdout) == (0, f"poprun {__version__}\n")
+
+
+def test_help_groups_every_option_once_with_the_no_ops_last() -> None:
+    """--help's sections: launch, hosts, output, failures, MPI, config files, then PopRun's options
+    that do nothing here; each option in exactly one of them."""
+    from poprun_py.command import HELP_SECTIONS
+    from poprun_py.command import poprun as command
+
+    grouped = [name for names in HELP_SECTIONS.values() for name in names]
+    options = ["help" if "--help" in p.opts else p.name for p in command.params if isinstance(p, click.Option)]
+    assert sorted(grouped) == sorted([*options, "help"]) and len(grouped) == len(set(grouped))
+    out = poprun("--help").stdout
+    titles = [line[:-1] for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert [t for t in titles if not t.startswith("Usage")] == list(HELP_SECTIONS)
+    noops = out.split("PopRun options that do nothing here")[1]
+    assert "--vipu-server-host VALUE" in noops and "--offline-mode" in noops and "--num-instances" not in noops
+
+
+@pytest.mark.parametrize(("argv", "given"), [
+    (["--print-topology", "hostname"], {"print-topology": True, "program": "hostname"}),
+    (["--print-topology", "no", "hostname"], {"print-topology": False, "program": "hostname"}),
+    (["--print-topology=no", "hostname"], {"print-topology": False, "program": "hostname"}),
+    (["--tee", "--log-dir", "d", "--print-topology", "-v", "hostname", "--tee"],
+     {"tee": True, "print-topology": True, "verbose": 1, "program": "hostname", "args": ("--tee",)}),
+    (["--prefix-timestamp", "--", "no"], {"prefix-timestamp": True, "program": "no"}),
+    (["--numa-aware", "off", "-H", "yes", "true"], {"numa-aware": False, "host": "yes", "program": "true"}),
+])
+def test_a_yes_no_option_alone_means_yes(argv: list[str], given: dict) -> None:
+    from poprun_py.command import parse
+
+    options = parse(argv)
+    assert isinstance(options, dict)
+    assert {k: options[k.replace("-", "_")] for k in given} == given
 
 
 def test_verbose_logs_the_command() -> None:

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+import poprun_py
 from tests.helpers import BIN, OMP_SET, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
@@ -162,12 +163,22 @@ def test_print_topology_then_runs() -> None:
     assert re.search(r"\| replicas  \| 0  \| 1  \| 2  \| 3  \|", result.stdout)
 
 
+def test_print_topology_alone_then_the_program_and_long_host_names_fit() -> None:
+    """``--print-topology hostname``: the bare flag, then the program; every cell holds its text."""
+    result = poprun("--print-topology", "hostname")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^\| hosts     \| +localhost +\|$", result.stdout, re.MULTILINE), result.stdout
+    dry = poprun("--dry-run", "--print-topology", "--num-instances", "2", "-H", "a-rather-long-host-name,b", "true")
+    box = [line for line in dry.stdout.splitlines() if line.startswith(("|", "+"))]
+    assert "a-rather-long-host-name" in box[3] and len({len(line) for line in box}) == 1, dry.stdout
+
+
 def test_python_dash_m_entry_point_and_console_script_agree() -> None:
     console = subprocess.run([str(BIN / "poprun"), "--version"],
                              capture_output=True, text=True, timeout=30)
     module = poprun("--version")
     assert console.returncode == module.returncode == 0
-    assert console.stdout == module.stdout and "poprun (poprun-py)" in module.stdout
+    assert console.stdout == module.stdout and module.stdout == f"poprun {poprun_py.__version__}\n"
 
 
 def test_mpiexec_failing_before_instances_start_is_reported() -> None:
