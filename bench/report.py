@@ -1,4 +1,4 @@
-"""Turn results.json into the markdown table the README shows and a plot."""
+"""Turn results.json into the markdown tables docs/benchmarks.md shows and a plot."""
 
 from __future__ import annotations
 

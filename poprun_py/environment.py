@@ -3,7 +3,7 @@
 This is the contract between the launcher and the library: ``poprun`` writes the ``POPDIST_*``
 values of the job plan (``plan.JobPlan.job_env`` / ``instance_env``), ``popdist_py.env`` reads
 them back. Both packages import the names from this module, so a name cannot drift between
-writer and reader. The README's table of variables lists exactly :data:`VARIABLES` (a test
+writer and reader. docs/environment.md's table lists exactly :data:`VARIABLES` (a test
 checks it).
 
 Import-free on purpose: the per-instance shim imports it with ``python -S``, and popdist_py
@@ -28,7 +28,7 @@ class Variable:
         return f"Variable({self.name!r})"
 
 
-#: Every variable, in the order of the README's table.
+#: Every variable, in the order of docs/environment.md's table.
 VARIABLES: list[Variable] = []
 
 
