@@ -177,9 +177,13 @@ def _torchrun_contract(plan: JobPlan, options: dict, remote: list[str], callback
     elif dry_run:
         plan.master_addr = f"<{first}-address>"
     else:
-        from poprun_py.network import host_address
+        from poprun_py.network import host_address, in_subnet
 
         plan.master_addr = host_address(first, options["host_subnet"])
+        if options["host_subnet"] and not in_subnet(plan.master_addr, options["host_subnet"]):
+            log.warning("%s=%s, outside --host-subnet %s: instance 0's host %s resolves to no address in it, so "
+                        "torch's store is reached on the address its name has", environment.MASTER_ADDR,
+                        plan.master_addr, options["host_subnet"], first)
     chosen = options["master_port"]
 
     def master_port() -> str:

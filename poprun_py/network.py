@@ -126,6 +126,14 @@ def host_address(host: str, subnet: str | None) -> str:
     return resolved[0] if resolved else host
 
 
+def in_subnet(address: str, subnet: str) -> bool:
+    """Whether ``address`` (an IPv4 address, else a name: not) is in ``subnet``."""
+    try:
+        return ipaddress.ip_address(address) in parse_subnet(subnet)
+    except ValueError:
+        return False
+
+
 def callback_address(remote: list[str], subnet: str | None) -> str | None:
     """The address the ``remote`` hosts reach poprun on; None when there are none (loopback)."""
     if subnet:

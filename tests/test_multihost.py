@@ -8,6 +8,7 @@ job is left on any host, nor here.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -25,6 +26,7 @@ from tests.conftest import LOUD
 from tests.helpers import (
     BIN,
     MPICH_MPIEXEC,
+    OMP_SET,
     OPENMPI_LIBMPI,
     OPENMPI_MPIEXEC,
     POPRUN,
@@ -125,6 +127,95 @@ def test_slurm_allocation_gives_the_hosts(cluster: Cluster) -> None:
     assert f"using the Slurm allocation's 2 node(s) from SLURM_JOB_NODELIST={cluster.name_prefix}[0-1]" \
         in result.stderr
     assert {i: r["host"] for i, r in tagged_json(result.stdout).items()} == {0: "node0", 1: "node1"}
+
+
+# ------------------------------------------------------------------ torchrun's contract across hosts
+TORCHRUN_ENV = str(SCRIPTS / "torchrun_env.py")
+DDP = str(SCRIPTS / "ddp_train.py")
+#: torch's import takes seconds per process.
+TORCH_TIMEOUT = 120
+
+
+@pytest.mark.parametrize("mpi,user_set", [("mpich", False), ("openmpi", False), ("openmpi", True)])
+def test_torchruns_variables_reach_every_host(cluster: Cluster, mpi: str, user_set: bool) -> None:
+    """Host h is torchrun's group h of 2; MASTER_ADDR is instance 0's host as the others reach it,
+    MASTER_PORT torchrun's 29500 (or --master-port); each host's instances divide its cores, unless
+    the user set OMP_NUM_THREADS, which then reaches every host as set (Open MPI forwards nothing
+    unless told); each instance has an error file it can write on its own host."""
+    extra = {"OMP_NUM_THREADS": "5"} if user_set else {}
+    ports = ["--master-port", "29601"] if user_set else []
+    result = poprun(*mpi_args(mpi), *ports, "--num-instances", "4", "-H", "node0,node1", PYTHON, TORCHRUN_ENV,
+                    env=job_env(mpi, **extra))
+    assert result.returncode == 0, result.stderr
+    found = tagged_json(result.stdout)
+    assert sorted(found) == [0, 1, 2, 3]
+    run_id = found[0]["env"]["TORCHELASTIC_RUN_ID"]
+    for i, report in found.items():
+        env = report["env"]
+        assert report["host"] == f"node{i // 2}" and report["error_file_writable"], i
+        assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == (str(i // 2), "2")
+        assert (env["RANK"], env["ROLE_RANK"], env["LOCAL_RANK"]) == (str(i), str(i), str(i % 2))
+        assert (env["WORLD_SIZE"], env["ROLE_WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("4", "4", "2")
+        assert (env["ROLE_NAME"], env["TORCHELASTIC_USE_AGENT_STORE"]) == ("default", "False")
+        assert env["MASTER_ADDR"] == cluster.host("node0").address
+        assert env["MASTER_PORT"] == ("29601" if user_set else "29500")
+        assert env["TORCHELASTIC_RUN_ID"] == run_id
+        assert env["TORCHELASTIC_ERROR_FILE"] == f"/tmp/poprun-{run_id}/{i}/error.json"
+        assert env["OMP_NUM_THREADS"] == ("5" if user_set else str(max(1, report["cores"] // 2)))
+    assert ("OMP_NUM_THREADS is not set" in result.stderr) != user_set
+
+
+def test_torchruns_master_on_this_machine_with_a_remote_host(cluster: Cluster) -> None:
+    """Instance 0 here: MASTER_ADDR is poprun's own address on --host-subnet's network (the one the
+    remote host calls back on), MASTER_PORT a port poprun found free on it."""
+    result = poprun("--host-subnet", str(cluster.subnets[0]), "--num-instances", "2", "-H", "localhost,node1",
+                    PYTHON, TORCHRUN_ENV, env=job_env("mpich"))
+    assert result.returncode == 0, result.stderr
+    found = tagged_json(result.stdout)
+    assert {r["env"]["MASTER_ADDR"] for r in found.values()} == {cluster.bridge_addresses[0]}
+    ports = {r["env"]["MASTER_PORT"] for r in found.values()}
+    assert len(ports) == 1 and ports != {"29500"}
+    assert [found[i]["env"]["GROUP_RANK"] for i in (0, 1)] == ["0", "1"]
+
+
+def _ddp_hashes(stdout: str) -> set[str]:
+    reports = tagged_json(stdout)
+    assert sorted(reports) == [0, 1]
+    return {report["params_sha256"] for report in reports.values()}
+
+
+@pytest.mark.timeout(3 * TORCH_TIMEOUT)
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_torch_ddp_across_two_hosts_is_one_host(cluster: Cluster, mpi: str) -> None:
+    """An unmodified DDP script (gloo, env://) on node0 and node1 ends with the parameters of the
+    same job on one host, every rank agreeing; torch's traffic crosses the network."""
+    reference = poprun("--num-instances", "2", PYTHON, DDP, "--steps", "3", env=OMP_SET, timeout=TORCH_TIMEOUT)
+    assert reference.returncode == 0, reference.stderr
+    before = tx_bytes(cluster)
+    result = poprun(*mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, DDP, "--steps", "3",
+                    env=job_env(mpi), timeout=TORCH_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    hashes = _ddp_hashes(result.stdout)
+    assert len(hashes) == 1 and hashes == _ddp_hashes(reference.stdout)
+    reports = tagged_json(result.stdout)
+    assert {r["env"]["MASTER_ADDR"] for r in reports.values()} == {cluster.host("node0").address}
+    assert min(tx_bytes(cluster)[h] - before[h] for h in ("node0", "node1")) > 0
+
+
+@pytest.mark.timeout(TORCH_TIMEOUT + 30)
+def test_a_recorded_failure_on_a_remote_host_reaches_the_summary(cluster: Cluster, tmp_path: Path) -> None:
+    """poprun cannot read node1's disk: node1's shim sends the record of the failed program back."""
+    error_file = tmp_path / "failure.json"
+    result = poprun("--error-file", str(error_file), "--num-instances", "2", "-H", "node0,node1", PYTHON, DDP,
+                    "--steps", "3", "--fail-at-step", "1", env=job_env("mpich"), timeout=TORCH_TIMEOUT)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    at = lines.index("poprun: root cause (instance 1's error file): RuntimeError: step 1 failed on purpose")
+    assert lines[at - 1] == "poprun: instance 1 on node1 failed: exit status 1"
+    assert any(line.endswith(", in fail_on_purpose") for line in lines[at:]), result.stderr
+    report = json.loads(error_file.read_text())
+    assert (report["host"], report["root_cause"]["message"]) == ("node1", "RuntimeError: step 1 failed on purpose")
+    assert ", in fail_on_purpose\n" in report["root_cause"]["traceback"]
 
 
 # ------------------------------------------------------------------ collectives across hosts
