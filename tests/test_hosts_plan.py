@@ -36,8 +36,9 @@ def test_plan_layout_consecutive_instances_share_a_host():
     layout = [(i.host, i.local_index, list(i.replicas)) for i in plan.instances]
     assert layout == [("h0", 0, [0, 1]), ("h0", 1, [2, 3]), ("h1", 0, [4, 5]), ("h1", 1, [6, 7])]
     assert plan.instance_env(3) == {"POPDIST_INSTANCE_INDEX": "3", "POPDIST_LOCAL_INSTANCE_INDEX": "1",
-                                    "POPDIST_REPLICA_INDEX_OFFSET": "6", "RANK": "3", "LOCAL_RANK": "1"}
-    assert plan.job_env()["LOCAL_WORLD_SIZE"] == "2"
+                                    "POPDIST_REPLICA_INDEX_OFFSET": "6", "RANK": "3", "LOCAL_RANK": "1",
+                                    "GROUP_RANK": "1", "ROLE_RANK": "3"}  # torchrun's: host h1 is group 1
+    assert plan.job_env()["LOCAL_WORLD_SIZE"] == "2" and plan.job_env()["GROUP_WORLD_SIZE"] == "2"
 
 
 def test_plan_rejects_non_integers():
