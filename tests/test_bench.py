@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -25,7 +26,8 @@ def test_engine_and_raw_all_reduce_are_timed_in_one_job() -> None:
     assert set(got) == {"1024", "65536"}
     for times in got.values():
         assert set(times) == {"engine", "raw"}
-        assert all(0 < t < 0.1 for t in times.values())
+        # Only that both were timed: how fast they are is `make bench`'s collectives section.
+        assert all(isinstance(t, float) and math.isfinite(t) and t > 0 for t in times.values())
 
 
 def test_unknown_worker_mode_is_named() -> None:

@@ -8,6 +8,9 @@ result of the others.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -146,9 +149,22 @@ def test_broadcast_from_every_root() -> None:
 
 @pytest.mark.mpi(min_size=2)
 def test_barrier_and_synchronize() -> None:
-    popdist_py.barrier()
-    popdist_py.synchronize()
-    popdist_py.barrier(timeout=10)
+    # Each call must hold every instance until all have arrived: rank 0 arrives late and writes
+    # its mark just before it arrives, so an instance let through early would not find that mark.
+    rank, n = rank_size()
+    shared = world().bcast(tempfile.mkdtemp(prefix="barrier-") if rank == 0 else None, root=0)
+    for step, wait in enumerate([popdist_py.barrier, popdist_py.synchronize, lambda: popdist_py.barrier(timeout=10)]):
+        if rank == 0:
+            time.sleep(0.3)  # not a timing check: it only makes a barrier that does not wait visible
+        open(os.path.join(shared, f"{step}.{rank}"), "w").close()
+        wait()
+        seen = {name for name in os.listdir(shared) if name.startswith(f"{step}.")}
+        assert seen == {f"{step}.{r}" for r in range(n)}, f"step {step}: passed having seen only {sorted(seen)}"
+    world().Barrier()  # every rank has looked before rank 0 removes the marks
+    if rank == 0:
+        for name in os.listdir(shared):
+            os.remove(os.path.join(shared, name))
+        os.rmdir(shared)
 
 
 @pytest.mark.mpi(min_size=2)
