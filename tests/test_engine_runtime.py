@@ -145,15 +145,29 @@ def test_nested_run_and_ops_outside_a_step() -> None:
             ops.replicated_all_reduce(np.zeros(2))
 
 
+def wait_until_waiting(rt: Runtime, n: int, executor: str) -> None:
+    """Inside a step: return once ``n`` other local replicas wait in a collective, so that a failure
+    raised next has to *wake* them (a replica arriving after the failure is refused without a wake).
+    Under the cooperative executor the replicas run one at a time in index order until they wait,
+    so every lower-indexed replica that entered a collective already waits there."""
+    if executor != "threads":
+        return
+    rendezvous = rt._dispatcher.rendezvous
+    give_up = time.monotonic() + 30
+    while sum(rendezvous._waiting) < n:
+        assert time.monotonic() < give_up, f"{n} replica(s) never waited in the collective"
+        time.sleep(0.001)
+
+
 @pytest.mark.parametrize("L", [2, 4, 8])
-def test_exception_in_one_replica_releases_the_others(L: int) -> None:
+def test_exception_in_one_replica_releases_the_others(L: int, executor: str) -> None:
     class Boom(Exception):
         pass
 
     with Runtime(replication=L, timeout=60) as rt:
         def step(ctx, x):  # type: ignore[no-untyped-def]
             if ctx.local_index == L - 1:
-                time.sleep(0.05)
+                wait_until_waiting(rt, L - 1, executor)
                 raise Boom("replica failed on purpose")
             return ops.replicated_all_reduce(x)
 
@@ -166,31 +180,57 @@ def test_exception_in_one_replica_releases_the_others(L: int) -> None:
         assert np.array_equal(rt.run(lambda ctx, x: ops.replicated_all_reduce(x), np.ones((L, 3))), np.full((L, 3), L))
 
 
-def test_exception_after_a_collective_in_others() -> None:
-    with Runtime(replication=4, timeout=60) as rt:
+# Released, not timed out: a replica left waiting by the failure would end only at the engine's
+# timeout (TIMEOUT s) with a CollectiveTimeoutError instead of StepAborted; released at once, the
+# run ends in milliseconds, so TIMEOUT / 4 separates the two even on a loaded 2-core host.
+TIMEOUT = 8
+
+
+def test_exception_after_a_collective_in_others(executor: str) -> None:
+    seen: dict[int, BaseException] = {}
+    with Runtime(replication=4, timeout=TIMEOUT) as rt:
         def step(ctx, x):  # type: ignore[no-untyped-def]
             y = ops.replicated_all_reduce(x)
             if ctx.local_index == 0:
+                wait_until_waiting(rt, 3, executor)
                 raise KeyError("late")
-            return ops.replicated_all_reduce(y)
+            try:
+                return ops.replicated_all_reduce(y)
+            except BaseException as exc:
+                seen[ctx.local_index] = exc
+                raise
 
+        t = time.monotonic()
         with pytest.raises(KeyError, match="late"):
             rt.run(step, np.ones((4, 2)))
+        elapsed = time.monotonic() - t
+    assert seen, "no replica waited in the second collective"
+    assert all(isinstance(exc, StepAborted) for exc in seen.values()), seen
+    assert elapsed < TIMEOUT / 4, f"the run took {elapsed:.1f} s: the waiting replicas were not released"
 
 
-def test_collective_error_caught_by_user_still_fails_the_run() -> None:
-    with Runtime(replication=2, timeout=60) as rt:
+def test_collective_error_caught_by_user_still_fails_the_run(executor: str) -> None:
+    seen: list[BaseException] = []
+    with Runtime(replication=2, timeout=TIMEOUT) as rt:
         def step(ctx, x):  # type: ignore[no-untyped-def]
             if ctx.local_index == 1:
+                wait_until_waiting(rt, 1, executor)
                 raise ValueError("original")
             try:
                 ops.replicated_all_reduce(x)
-            except StepAborted:
-                return x
+            except BaseException as exc:
+                seen.append(exc)
+                if isinstance(exc, StepAborted):
+                    return x
+                raise
             return x
 
+        t = time.monotonic()
         with pytest.raises(ValueError, match="original"):
             rt.run(step, np.ones((2, 1)))
+        elapsed = time.monotonic() - t
+    assert len(seen) == 1 and isinstance(seen[0], StepAborted), seen
+    assert elapsed < TIMEOUT / 4, f"the run took {elapsed:.1f} s: the waiting replica was not released"
 
 
 def test_mismatched_shapes_name_the_replicas() -> None:
