@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
-.PHONY: install hosts-tools lint test test-fast demo bench bench-quick clean
+.PHONY: install hosts-tools lint test test-fast demo bench bench-quick mutants clean
 
 install: $(STAMP) hosts-tools
 
@@ -64,6 +64,16 @@ bench: install
 bench-quick: install
 	$(PY) -m compileall -q poprun_py popdist_py
 	$(PY) -m bench.run --quick
+
+# Mutation testing (docs/mutation.md): mutmut, from the `mutation` extra, over the modules and tests
+# named in pyproject.toml's [tool.mutmut]; a fresh mutants/ each run, bounded to 30 minutes.
+mutants: install
+	$(PY) -m pip install --quiet --disable-pip-version-check \
+		--config-settings editable_mode=compat -e '.[test,examples,bench,mutation]'
+	rm -rf mutants
+	timeout 1800 $(VENV)/bin/mutmut run --max-children 2 >/dev/null
+	$(VENV)/bin/mutmut results --all true | awk -F': ' '{n[$$NF]++} END {for (s in n) print s": "n[s]}'
+	$(VENV)/bin/mutmut results
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache bench/results.json bench/results.png
