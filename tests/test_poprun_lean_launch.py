@@ -6,11 +6,12 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
+import time
 import uuid
 
 import pytest
 
-from poprun_py import environment, protocol
+from poprun_py import environment, protocol, shim_pump
 from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, run, wait_no_processes
 
 pytestmark = pytest.mark.slow  # every test starts poprun or a shim
@@ -81,21 +82,50 @@ def test_shim_uses_only_builtin_modules() -> None:
     assert modules.isdisjoint(HEAVY), sorted(modules & set(HEAVY))
 
 
-def test_shims_wait_for_release_so_all_exit_together() -> None:
-    # Instance 0 ends at once; instance 1 looks for instance 0's shim a moment later. The shim is
-    # still there (idle), so MPICH's proxy has no exited child to busy-wait on.
+def test_shims_wait_for_release_so_all_exit_together(tmp_path) -> None:
+    # Instance 0 ends at once; instance 1 looks for instance 0's shim once instance 0's program is
+    # gone (its pid, written to a file, no longer in /proc or a zombie), and keeps looking for a
+    # while. The shim is still there (idle), so MPICH's proxy has no exited child to busy-wait on.
     marker = f"marker-{uuid.uuid4().hex}"
     probe = ("import os, sys, time\n"
-             "if os.environ['RANK'] == '0': sys.exit(0)\n"
-             "time.sleep(0.5)\n"
-             "shims = [p for p in os.listdir('/proc') if p.isdigit() and b'instance.py\\x000\\x00' in "
-             "open(f'/proc/{p}/cmdline', 'rb').read() and b'" + marker + "' in "
-             "open(f'/proc/{p}/cmdline', 'rb').read()]\n"
-             "print('shim 0 alive' if shims else 'shim 0 gone')\n")
-    result = poprun("--num-instances", "2", PYTHON, "-c", probe, marker)
+             "pid_file = os.path.join(sys.argv[2], 'pid0')\n"
+             "if os.environ['RANK'] == '0':\n"
+             "    open(pid_file + '.tmp', 'w').write(str(os.getpid())); os.rename(pid_file + '.tmp', pid_file)\n"
+             "    sys.exit(0)\n"
+             "def state(pid):\n"
+             "    try: return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+             "    except OSError: return None\n"
+             "give_up = time.monotonic() + 30\n"
+             "while not os.path.exists(pid_file) and time.monotonic() < give_up: time.sleep(0.01)\n"
+             "pid = open(pid_file).read()\n"
+             "while state(pid) not in (None, 'Z') and time.monotonic() < give_up: time.sleep(0.01)\n"
+             "def cmdline(p):\n"
+             "    try: return open(f'/proc/{p}/cmdline', 'rb').read()\n"
+             "    except OSError: return b''\n"
+             "def shims(): return [p for p in os.listdir('/proc') if p.isdigit() and b'instance.py\\x000\\x00' in "
+             "cmdline(p) and b'" + marker + "' in cmdline(p)]\n"
+             "alive = []\n"
+             "watch_until = time.monotonic() + 0.5\n"
+             "while time.monotonic() < watch_until: alive.append(bool(shims())); time.sleep(0.02)\n"
+             "print('program 0 gone' if state(pid) in (None, 'Z') else 'program 0 still running')\n"
+             "print('shim 0 alive' if all(alive) else 'shim 0 gone')\n")
+    result = poprun("--num-instances", "2", PYTHON, "-c", probe, marker, str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[1] shim 0 alive"
+    assert result.stdout.splitlines() == ["[1] program 0 gone", "[1] shim 0 alive"]
     assert wait_no_processes(marker) == []
+
+
+def test_successful_job_is_released_at_once() -> None:
+    # Once every instance is done poprun sends RELEASE and the shims exit together: a 2-instance
+    # `true` takes well under a second (mpiexec's start-up included), several on a loaded 2-core
+    # host. Without RELEASE each shim falls back to waiting shim_pump.RELEASE_WAIT_SECONDS (10 s):
+    # half of that separates released from fell back.
+    bound = shim_pump.RELEASE_WAIT_SECONDS / 2
+    start = time.monotonic()
+    result = poprun("--num-instances", "2", "true")
+    elapsed = time.monotonic() - start
+    assert result.returncode == 0, result.stderr
+    assert elapsed < bound, f"a 2-instance `true` took {elapsed:.1f} s: the shims were not released"
 
 
 PDEATHSIG = ("import ctypes; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v)); "
