@@ -158,9 +158,16 @@ def test_program_that_does_not_exist() -> None:
 def test_print_topology_then_runs() -> None:
     result = poprun("--num-instances", "2", "--num-replicas", "4", "--print-topology", "yes", "/bin/true")
     assert result.returncode == 0, result.stderr
-    assert "poprun topology" in result.stdout
-    assert re.search(r"\| instances \|\s+0\s+\|\s+1\s+\|", result.stdout)
-    assert re.search(r"\| replicas  \| 0  \| 1  \| 2  \| 3  \|", result.stdout)
+    # The whole box, written out: no -H, so the one host is localhost; two instances of two replicas.
+    assert [line for line in result.stdout.splitlines() if line.startswith(("|", "+"))] == [
+        "+-------------------------------+",
+        "|        poprun topology        |",
+        "+-------------------------------+",
+        "| hosts     |     localhost     |",
+        "| instances |    0    |    1    |",
+        "| replicas  | 0  | 1  | 2  | 3  |",
+        "+-------------------------------+",
+    ], result.stdout
 
 
 def test_print_topology_alone_then_the_program_and_long_host_names_fit() -> None:
