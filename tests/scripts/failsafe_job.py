@@ -48,8 +48,14 @@ def main(mode: str) -> None:
 
             atexit.register(say, "atexit handler ran")  # registered after popdist_py: runs first
             say("last words before exit 3")
+        # Instance 1 fails only once every other instance has said it is entering the collective
+        # (a message, not a guess at how long they take), so the others are waiting when it fails.
+        if RANK != 1:
+            COMM.send("entering the collective", dest=1, tag=29)
         if RANK == 1:
-            time.sleep(0.3)  # let the others be waiting already
+            for other in range(n):
+                if other != 1:
+                    COMM.recv(source=other, tag=29)
             if mode == "raise" or mode == "raise_reduce":
                 raise RuntimeError("boom from instance 1")
             if mode == "thread":
