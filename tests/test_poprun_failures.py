@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py import protocol
 from tests.helpers import (
     OPENMPI_LIBMPI,
     OPENMPI_MPIEXEC,
@@ -79,7 +80,10 @@ def test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once(mpi: str) -> N
         took = time.monotonic() - start
     finally:
         proc.kill()
-    assert proc.returncode != 0 and took < 5, (took, stderr)
+    # Measured from the kill: ended at once (well under a second) vs noticed only when the shims'
+    # silence limit (protocol.SILENCE_LIMIT, 20 s) runs out or the instances' 120 s sleep ends;
+    # half the silence limit separates the two even on a loaded 2-core host.
+    assert proc.returncode != 0 and took < protocol.SILENCE_LIMIT / 2, (took, stderr)
     # Both instances of this host were started by that process; either may report it first.
     assert re.search(rf"^poprun: instance [01] on {socket.gethostname()} failed: .*\n.*\n    the MPI launcher's "
                      rf"process that started instance [01] on {socket.gethostname()} \(PID {launcher}\) died; the "
