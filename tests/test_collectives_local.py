@@ -59,6 +59,7 @@ def test_collective_timeout_sources(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(COLLECTIVE_TIMEOUT, raising=False)
     assert deadline.collective_timeout() == deadline.DEFAULT_TIMEOUT == 600
     assert deadline.collective_timeout(2) == 2.0
+    assert deadline.collective_timeout(0.25) == 0.25  # under a second is still a timeout
     monkeypatch.setenv(COLLECTIVE_TIMEOUT, " 1.5 ")
     assert deadline.collective_timeout() == 1.5
     assert deadline.collective_timeout(3) == 3.0

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from popdist_py.engine.reduce import OPS, Node, Program, decompose, reduce_sequence, reduction_op, split
+from popdist_py.engine.reduce import (
+    OPS,
+    Node,
+    Program,
+    check_operands,
+    decompose,
+    reduce_sequence,
+    reduction_op,
+    split,
+)
 
 pytestmark = pytest.mark.one_executor  # no Runtime here
 
@@ -148,3 +157,50 @@ def test_unknown_ops_name_the_valid_ones(bad: object) -> None:
                                          r"\(or sum for add, prod for mul\)"):
         reduction_op(bad, "collective")
     assert set(OPS) == {"add", "mean", "mul", "min", "max"}
+
+
+def test_a_block_at_most_one_block_long_runs_whole() -> None:
+    rng = np.random.default_rng(4)
+    values = wild(rng, 5, 100)
+    prog = Program((0, 5), [(k, k + 1) for k in range(5)])
+    whole = prog.run(values, np.add, np.empty(100, np.float32))
+    assert prog.run_blocked(values, np.add, np.empty(100, np.float32)).tobytes() == whole.tobytes()
+    mean = prog.run_blocked(values, np.add, np.empty(100, np.float32), divide_by=5, block=100)
+    assert mean.tobytes() == (whole / np.float32(5)).tobytes()
+
+
+def test_square_add_squares_every_member_even_alone() -> None:
+    assert reduce_sequence([np.array([3.0, -2.0]), np.array([4.0, 1.0])], "square_add").tolist() == [25.0, 5.0]
+    assert reduce_sequence([np.array([-3.0])], "square_add").tolist() == [9.0]
+
+
+def test_reduce_sequence_returns_a_copy_and_names_itself() -> None:
+    only = np.array([1.0, 2.0])
+    out = reduce_sequence([only])
+    assert out.tolist() == [1.0, 2.0] and not np.shares_memory(out, only)
+    with pytest.raises(ValueError, match=r"^nothing to reduce$"):
+        reduce_sequence([])
+    with pytest.raises(ValueError, match=r"^reduce_sequence: op='avg' is not supported"):
+        reduce_sequence([only], "avg")
+    with pytest.raises(ValueError, match=r"^reduction: op='avg' is not supported; .*, square_add \(the sum of "
+                                         r"squares\), or on bool inputs and or or$"):
+        reduction_op("avg")
+
+
+def test_operands_each_op_takes_and_refuses() -> None:
+    for op, good, bad in [("mean", "float32", "int32"), ("mean", "complex64", "bool"), ("and", "bool", "int8"),
+                          ("or", "bool", "float32"), ("square_add", "int8", "bool"),
+                          ("square_add", "uint8", "complex64"), ("square_add", "float64", "bool")]:
+        check_operands(op, np.dtype(good), "x")
+        with pytest.raises(TypeError, match=rf"^x: op='{op}' .*, got dtype {bad}"):
+            check_operands(op, np.dtype(bad), "x")
+    for op in ("add", "max"):
+        check_operands(op, np.dtype("int32"), "x")  # no rule of mean, logical or square_add applies
+    with pytest.raises(TypeError, match=r"^x: op='mean' needs a floating-point input, got dtype int32$"):
+        check_operands("mean", np.dtype("int32"), "x")
+    with pytest.raises(TypeError, match=r"^x: op='or' is logical and takes bool inputs only \(as PopXL's\), "
+                                        r"got dtype int8; compare first, e\.g\. x != 0$"):
+        check_operands("or", np.dtype("int8"), "x")
+    square_add = r"^x: op='square_add' needs an integer or floating-point input, got dtype bool$"
+    with pytest.raises(TypeError, match=square_add):
+        check_operands("square_add", np.dtype("bool"), "x")
