@@ -7,18 +7,36 @@ Instances without an action sleep for a long time (until poprun stops them).
 import os
 import signal
 import sys
+import tempfile
 import time
 
 index = os.environ["POPDIST_INSTANCE_INDEX"]
 actions = dict(arg.split(":", 1) for arg in sys.argv[2:])
 print(f"instance {index} started", flush=True)
+# Each instance says it has started with a file in a folder of this job (named by poprun's control
+# address, unique per job) and this host (the instances of other hosts cannot see it).
+_job = os.environ.get("POPRUN_CONTROL", "no-poprun").replace(":", "-")
+started_dir = os.path.join(tempfile.gettempdir(), f"behave-{os.getuid()}-{sys.argv[1]}-{_job}")
+os.makedirs(started_dir, exist_ok=True)
+open(os.path.join(started_dir, index), "w").close()
+
+
+def others_started() -> None:
+    """Wait until every instance on this host has started, so there is something to tear down
+    (ordered by their files, not by a guess at how long they take; gives up after 30 s)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    give_up = time.monotonic() + 30
+    while len(os.listdir(started_dir)) < local and time.monotonic() < give_up:
+        time.sleep(0.01)
+
+
 for step in actions.get(index, "sleep=120").split(","):
     what, _, value = step.partition("=")
     if what == "exit":
-        time.sleep(0.3)  # let the others start, so there is something to tear down
+        others_started()
         sys.exit(int(value))
     elif what == "signal":
-        time.sleep(0.3)
+        others_started()
         os.kill(os.getpid(), getattr(signal, value))
     elif what == "sleep":
         time.sleep(float(value))
