@@ -204,3 +204,30 @@ def test_operands_each_op_takes_and_refuses() -> None:
     square_add = r"^x: op='square_add' needs an integer or floating-point input, got dtype bool$"
     with pytest.raises(TypeError, match=square_add):
         check_operands("square_add", np.dtype("bool"), "x")
+
+
+def test_programs_compile_to_these_slots() -> None:
+    """The compiled form: the output is written first, an owned temporary is reused (9 below)."""
+    def members(n: int) -> Program:
+        return Program((0, n), [(k, k + 1) for k in range(n)])
+
+    two = members(2)
+    assert (two.ops, two.ntemp, two.pair, two.result) == (((0, 1, -1),), 0, (0, 1), -1)
+    assert (members(4).ops, members(4).ntemp, members(4).pair) == (((0, 1, -1), (2, 3, 4), (-1, 4, -1)), 1, None)
+    eight = members(8)
+    assert eight.ops == ((0, 1, -1), (2, 3, 8), (-1, 8, -1), (4, 5, 9), (6, 7, 10), (9, 10, 9), (-1, 9, -1))
+    assert eight.ntemp == 3
+    for covered, missing in [([(0, 1), (1, 2), (2, 3)], 3), ([(1, 2), (2, 3), (3, 4)], 0)]:
+        with pytest.raises(KeyError, match=f"member {missing} of the reduction is missing"):
+            Program((0, 4), covered)
+
+
+def test_programs_use_the_scratch_they_are_given() -> None:
+    rng = np.random.default_rng(5)
+    values = [v.reshape(2, 50) for v in wild(rng, 8, 100)]
+    prog = Program((0, 8), [(k, k + 1) for k in range(8)])
+    fresh = prog.run(values, np.add, np.empty((2, 50), np.float32))
+    scratch = [np.full(128, np.nan, np.float32) for _ in range(prog.ntemp)]
+    reused = prog.run(values, np.add, np.empty((2, 50), np.float32), temps=scratch)
+    assert reused.tobytes() == fresh.tobytes()
+    assert not np.isnan(scratch[0][:100]).any() and np.isnan(scratch[0][100:]).all()
