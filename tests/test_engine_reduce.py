@@ -217,6 +217,8 @@ def test_programs_compile_to_these_slots() -> None:
     eight = members(8)
     assert eight.ops == ((0, 1, -1), (2, 3, 8), (-1, 8, -1), (4, 5, 9), (6, 7, 10), (9, 10, 9), (-1, 9, -1))
     assert eight.ntemp == 3
+    right_owned = Program((0, 8), [(0, 4), (4, 6), (6, 7), (7, 8)])  # (4, 8) reuses its right part's temporary
+    assert (right_owned.ops, right_owned.ntemp) == (((2, 3, 4), (1, 4, 4), (0, 4, -1)), 1)
     for covered, missing in [([(0, 1), (1, 2), (2, 3)], 3), ([(1, 2), (2, 3), (3, 4)], 0)]:
         with pytest.raises(KeyError, match=f"member {missing} of the reduction is missing"):
             Program((0, 4), covered)
@@ -231,3 +233,40 @@ def test_programs_use_the_scratch_they_are_given() -> None:
     reused = prog.run(values, np.add, np.empty((2, 50), np.float32), temps=scratch)
     assert reused.tobytes() == fresh.tobytes()
     assert not np.isnan(scratch[0][:100]).any() and np.isnan(scratch[0][100:]).all()
+
+
+def test_integer_blocked_runs_are_not_divided() -> None:
+    values = [np.arange(300, dtype=np.int32) * (k + 1) for k in range(5)]
+    prog = Program((0, 5), [(k, k + 1) for k in range(5)])
+    for block in (64, 4096):
+        got = prog.run_blocked(values, np.add, np.empty(300, np.int32), block=block)
+        assert got.tolist() == (np.arange(300) * 15).tolist()
+
+
+@pytest.mark.determinism
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_pieces_are_reduced_in_their_own_dtype(dtype: str) -> None:
+    """Inputs in pieces, cut alike and differently, give the bits of the packed arrays (scratch or
+    temporaries of another dtype, e.g. float64 for int32, would not even run)."""
+    from popdist_py.engine.segments import Segments
+
+    rng = np.random.default_rng(6)
+    packed = wild(rng, 5, 1000) if dtype == "float32" else [rng.integers(-1000, 1000, 1000, np.int32) for _ in range(5)]
+    prog = Program((0, 5), [(k, k + 1) for k in range(5)])
+    expect = prog.run_blocked(packed, np.add, np.empty(1000, dtype), block=64)
+    alike = [Segments(np.array_split(p, 7), np.dtype(dtype)) for p in packed]
+    cut_differently = [Segments(np.array_split(p, 3 + k), np.dtype(dtype)) for k, p in enumerate(packed)]
+    for inputs in (alike, cut_differently):
+        got = prog.run_blocked(inputs, np.add, np.empty(1000, dtype), block=64)
+        assert got.tobytes() == expect.tobytes()
+
+
+def test_empty_pieces_reduce_to_nothing() -> None:
+    from popdist_py.engine.segments import Segments
+
+    for n in (2, 5):
+        prog = Program((0, n), [(k, k + 1) for k in range(n)])
+        for pieces in ([], [np.zeros(0, np.float32)]):
+            got = prog.run_blocked([Segments(list(pieces), np.float32) for _ in range(n)], np.add,
+                                   np.empty(0, np.float32), divide_by=n)
+            assert got.shape == (0,) and got.dtype == np.float32
