@@ -3,7 +3,11 @@ the engine tests' executor fixture."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +56,12 @@ def executor(request: pytest.FixtureRequest) -> Iterator[str | None]:
         mp.setenv(ENGINE_EXECUTOR, name)
         mp.delenv(LOCAL_WORLD_SIZE, raising=False)
         yield name
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_start_files_left() -> Iterator[None]:
+    """tests/scripts/behave.py's folders of start files, of jobs whose instances were all stopped
+    before one of them could remove it: removed when the session ends."""
+    yield
+    for folder in Path(tempfile.gettempdir()).glob(f"behave-{os.getuid()}-*"):
+        shutil.rmtree(folder, ignore_errors=True)

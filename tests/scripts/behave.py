@@ -5,6 +5,7 @@ Instances without an action sleep for a long time (until poprun stops them).
 """
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -26,8 +27,12 @@ def others_started() -> None:
     (ordered by their files, not by a guess at how long they take; gives up after 30 s)."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     give_up = time.monotonic() + 30
-    while len(os.listdir(started_dir)) < local and time.monotonic() < give_up:
-        time.sleep(0.01)
+    try:
+        while len(os.listdir(started_dir)) < local and time.monotonic() < give_up:
+            time.sleep(0.01)
+    except FileNotFoundError:  # another instance saw them all and removed the folder
+        return
+    shutil.rmtree(started_dir, ignore_errors=True)  # every instance here has written: nothing is left
 
 
 for step in actions.get(index, "sleep=120").split(","):
@@ -44,4 +49,5 @@ for step in actions.get(index, "sleep=120").split(","):
         print(value, file=sys.stderr, flush=True)
     elif what == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+shutil.rmtree(started_dir, ignore_errors=True)
 print(f"instance {index} done", flush=True)
