@@ -121,6 +121,8 @@ class Supervisor:
         #: mpiexec's output until every instance has called in, held back: if a host cannot be
         #: reached it is a page of launcher noise around the one line that says why.
         self.held: list[tuple[int, bytes]] | None = []
+        #: Streams on which mpiexec's own output left a line unfinished (poprun's lines start anew).
+        self.mpiexec_open: set[int] = set()
 
     # ---------------------------------------------------------------- set-up
     def run(self) -> int:
@@ -207,9 +209,29 @@ class Supervisor:
         if self.held is None:
             return
         for stream, data in self.held:
-            self.sinks[stream].write(data)
-            self.sinks[stream].flush()
+            self._pass_on(stream, data)
         self.held = None
+
+    def _pass_on(self, stream: int, data: bytes) -> None:
+        """mpiexec's own output, as it came; remembers whether it left a line unfinished."""
+        self.sinks[stream].write(data)
+        self.sinks[stream].flush()
+        if data.endswith(b"\n"):
+            self.mpiexec_open.discard(stream)
+        else:
+            self.mpiexec_open.add(stream)
+
+    def _say(self, text: str) -> None:
+        """poprun's own lines on stderr, starting a line of their own even after mpiexec left one
+        unfinished there (or on stdout, when both streams are one terminal or file)."""
+        shared = self.sinks[1].line is self.sinks[2].line
+        cut = 2 in self.mpiexec_open or (shared and 1 in self.mpiexec_open)
+        if shared:
+            self.mpiexec_open.clear()
+        else:
+            self.mpiexec_open.discard(2)
+        self.sinks[2].write((("\n" if cut else "") + text).encode())
+        self.sinks[2].flush()
 
     def _host_failures(self) -> dict[str, str]:
         """What the launcher's output says went wrong on which host (see ``host_errors``)."""
@@ -357,8 +379,7 @@ class Supervisor:
         if self.held is not None:
             self.held.append((stream, data))
         elif self.teardown_started is None:
-            self.sinks[stream].write(data)
-            self.sinks[stream].flush()
+            self._pass_on(stream, data)
         else:
             log.debug("mpiexec during teardown: %s", data.decode(errors="replace").rstrip())
 
@@ -488,8 +509,7 @@ class Supervisor:
                 f"without an exit report ({why})")
 
     def _error(self, message: str) -> None:
-        self.sinks[2].write(f"poprun: error: {message}\n".encode())
-        self.sinks[2].flush()
+        self._say(f"poprun: error: {message}\n")
 
     def _summary(self, reason: str | None) -> None:
         lines = []
@@ -522,8 +542,7 @@ class Supervisor:
         stopped = [s.index for s in self.instances if s.stopped_by_poprun and not s.lost and s not in also]
         if stopped:
             lines.append(f"poprun: stopped instance(s) {_ranges(stopped)}")
-        self.sinks[2].write(("\n".join(lines) + "\n").encode())
-        self.sinks[2].flush()
+        self._say("\n".join(lines) + "\n")
 
     def failure_report(self) -> dict[str, object] | None:
         """The first failure, for --error-file and the restart message: which instance, where, its
