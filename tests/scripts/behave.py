@@ -22,6 +22,16 @@ os.makedirs(started_dir, exist_ok=True)
 open(os.path.join(started_dir, index), "w").close()
 
 
+def remove_if_all_started() -> None:
+    """Remove the folder once every instance on this host has written to it (before that, one
+    that is still starting would find it gone); what is left is removed by the test session."""
+    try:
+        if len(os.listdir(started_dir)) >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")):
+            shutil.rmtree(started_dir, ignore_errors=True)
+    except FileNotFoundError:
+        pass
+
+
 def others_started() -> None:
     """Wait until every instance on this host has started, so there is something to tear down
     (ordered by their files, not by a guess at how long they take; gives up after 30 s)."""
@@ -49,5 +59,5 @@ for step in actions.get(index, "sleep=120").split(","):
         print(value, file=sys.stderr, flush=True)
     elif what == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-shutil.rmtree(started_dir, ignore_errors=True)
+remove_if_all_started()
 print(f"instance {index} done", flush=True)
