@@ -1,9 +1,9 @@
-"""Run the mpiexec command, route every instance's output, and tear the job down on failure.
+"""Run the mpiexec command, route every instance's output, and end the job as one.
 
 One event loop (``watch.Watch``) watches: the control listener and each instance's connection,
 mpiexec's own stdout/stderr, and a wake-up pipe for signals. The first instance to fail is the
-root cause; every other instance is told to stop, then mpiexec's process group is signalled,
-then anything left in mpiexec's session is killed, so no process outlives ``poprun``.
+root cause and starts the teardown (``teardown``); once every instance is done, all the shims are
+released together; at the end, what went wrong is reported (``report``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from poprun_py import control, log, protocol
 from poprun_py.output import InstanceOutput, OutputOptions, sinks_for
 from poprun_py.plan import LOCAL_HOST
 from poprun_py.process import Process
+from poprun_py.states import Failure, InstanceState, describe_status, signal_name
+from poprun_py.teardown import Teardown, remove_files_left
 from poprun_py.watch import Watch
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
@@ -25,73 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import BinaryIO
 
-#: How long after a teardown starts before mpiexec's process group is signalled, then killed.
-TERM_MPIEXEC_AFTER = protocol.DEFAULT_GRACE + 0.5
-KILL_MPIEXEC_AFTER = TERM_MPIEXEC_AFTER + 1.0
-
-
-class InstanceState:
-    """What poprun knows of one instance: its connection, output, and exit report."""
-
-    def __init__(self, index: int, host: str, output: InstanceOutput) -> None:
-        self.index = index
-        self.host = host
-        self.output = output
-        self.connection: _socket.socket | None = None
-        self.reader = protocol.FrameReader()
-        self.pid: int | None = None
-        self.status: int | None = None
-        self.signal: int | None = None
-        self.error: str | None = None
-        self.stopped_by_poprun = False
-        self.lost = False  # disconnected without an exit report
-        self.last_heard = 0.0  # time.monotonic() of its last frame
-        self.silent = False  # lost because nothing came from it for protocol.SILENCE_LIMIT seconds
-        self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss
-        self.root_cause: bytes | None = None  # what its program wrote to TORCHELASTIC_ERROR_FILE, if it failed
-
-    @property
-    def finished(self) -> bool:
-        return self.status is not None
-
-    @property
-    def done(self) -> bool:
-        return self.finished or self.lost
-
-    @property
-    def failed_by_itself(self) -> bool:
-        """It reported a failure of its own: a non-zero status that is not what stopping it gives
-        (SIGTERM, then SIGKILL, or the shell's 128+N for them)."""
-        if not self.status:
-            return False
-        stopped = {_signal.SIGTERM, _signal.SIGKILL}
-        return self.signal not in stopped and self.status not in {128 + s for s in stopped}
-
-
-class Failure:
-    """The root cause of a failed job: the first instance to fail (None: poprun itself)."""
-
-    def __init__(self, index: int | None, status: int, description: str) -> None:
-        self.index = index
-        self.status = status
-        self.description = description
-        self.at = time.time()
-
-
-def signal_name(signum: int) -> str:
-    """``SIGTERM`` for 15; the ``signal`` module (enums) is imported only when a name is needed."""
-    import signal
-
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def describe_status(status: int, signum: int | None) -> str:
-    if signum:
-        return f"killed by {signal_name(signum)} (status {status})"
-    return f"exit status {status}"
+    from poprun_py.report import Report
 
 
 class Supervisor:
@@ -113,7 +49,7 @@ class Supervisor:
         self.watch = Watch()
         self.failure: Failure | None = None
         self.interrupted: int | None = None
-        self.teardown_started: float | None = None
+        self.teardown = Teardown(self.instances)
         self.next_silence_check = 0.0
         self.called_in = 0  # instances whose HELLO has arrived
         self.mpiexec: Process | None = None
@@ -138,7 +74,7 @@ class Supervisor:
             command = self.build_command(address)
             log.info("running command: %s", " ".join(command))
             # A terminal stays with poprun: instances reading stdin would fight over it.
-            self.mpiexec = Process(command, stdin_devnull=os.isatty(0))
+            self.mpiexec = self.teardown.mpiexec = Process(command, stdin_devnull=os.isatty(0))
             log.info("waiting for mpiexec (PID %d)", self.mpiexec.pid)
             self.watch.add(server, ("listen", server))
             self.watch.add(wake_read, ("wake", None))
@@ -151,8 +87,9 @@ class Supervisor:
             _signal.set_wakeup_fd(previous_wakeup)
             for sig, handler in previous_handlers.items():
                 _signal.signal(sig, handler)
-            self._kill_leftovers()
-            self._remove_files_left(started)
+            self.teardown.kill_leftovers()
+            if self.teardown.started is not None or self.interrupted is not None:
+                remove_files_left(started)  # a job that ended by itself cleaned up after itself
             if self.mpiexec is not None:
                 self.mpiexec.close()
             server.close()
@@ -164,17 +101,17 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.interrupted is None:
             self.interrupted = signum
-        elif self.teardown_started is not None:
-            self.teardown_started = -float("inf")  # second signal: escalate at once
+        elif self.teardown.started is not None:
+            self.teardown.started = -float("inf")  # second signal: escalate at once
 
     def _loop(self) -> None:
         assert self.mpiexec is not None
         mpiexec_done_at: float | None = None
         while True:
-            if self.interrupted is not None and self.teardown_started is None:
+            if self.interrupted is not None and self.teardown.started is None:
                 log.warning("received %s: stopping every instance", signal_name(self.interrupted))
-                self._teardown()
-            self._escalate()
+                self.teardown.begin()
+            self.teardown.escalate()
             self._check_silence()
             for sink in self.sinks.values():
                 sink.tick()  # a line that another instance has waited on too long is ended
@@ -284,8 +221,8 @@ class Supervisor:
             state.host = host  # no host list: name the machine; otherwise keep the user's name for it
         self.watch.relabel(conn, ("instance", index))
         log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
-        if self.teardown_started is not None:
-            self._send_terminate(state)
+        if self.teardown.started is not None:
+            self.teardown.terminate(state)
         self._handle_frames(state, frames[1:])
 
     @staticmethod
@@ -323,9 +260,9 @@ class Supervisor:
                     state.output.stderr_tail.append(state.error.encode())
                 log.info("instance %d on %s: %s", state.index, state.host, describe_status(state.status, state.signal))
                 if state.status != 0 and self.failure is None and not state.stopped_by_poprun \
-                        and self.teardown_started is None:
+                        and self.teardown.started is None:
                     self.failure = Failure(state.index, state.status, describe_status(state.status, state.signal))
-                    self._teardown()
+                    self.teardown.begin()
                 self._release_when_all_done()
 
     def _release_when_all_done(self) -> None:
@@ -365,9 +302,11 @@ class Supervisor:
             state.lost = True
             state.ended_at = time.monotonic()
             log.info("instance %d on %s was lost without an exit report", state.index, state.host)
-            if self.failure is None and self.teardown_started is None:
-                self.failure = Failure(state.index, 1, f"lost: {_loss(state)}")
-                self._teardown()
+            if self.failure is None and self.teardown.started is None:
+                from poprun_py.report import loss
+
+                self.failure = Failure(state.index, 1, f"lost: {loss(state)}")
+                self.teardown.begin()
             self._release_when_all_done()
 
     def _read_mpiexec(self, fd: int, stream: int) -> None:
@@ -378,79 +317,10 @@ class Supervisor:
         self.mpiexec_output.append(data)
         if self.held is not None:
             self.held.append((stream, data))
-        elif self.teardown_started is None:
+        elif self.teardown.started is None:
             self._pass_on(stream, data)
         else:
             log.debug("mpiexec during teardown: %s", data.decode(errors="replace").rstrip())
-
-    # ---------------------------------------------------------------- teardown
-    def _send_terminate(self, state: InstanceState) -> None:
-        if state.connection is None or state.finished:
-            return
-        state.stopped_by_poprun = True
-        try:
-            state.connection.sendall(protocol.TERMINATE)
-        except OSError:
-            pass
-
-    def _teardown(self) -> None:
-        if self.teardown_started is not None:
-            return
-        self.teardown_started = time.monotonic()
-        log.info("stopping every instance")
-        for state in self.instances:
-            if not state.finished:
-                state.stopped_by_poprun = True
-                self._send_terminate(state)
-
-    def _escalate(self) -> None:
-        if self.teardown_started is None or self.mpiexec is None or self.mpiexec.poll() is not None:
-            return
-        elapsed = time.monotonic() - self.teardown_started
-        if elapsed >= KILL_MPIEXEC_AFTER:
-            self._signal_mpiexec(_signal.SIGKILL)
-        elif elapsed >= TERM_MPIEXEC_AFTER:
-            self._signal_mpiexec(_signal.SIGTERM)
-
-    def _signal_mpiexec(self, sig: int) -> None:
-        assert self.mpiexec is not None
-        log.debug("sending %s to mpiexec's process group", signal_name(sig))
-        try:
-            os.killpg(self.mpiexec.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _kill_leftovers(self) -> None:
-        """Last resort on this host: nothing started in mpiexec's session may survive poprun."""
-        if self.mpiexec is None:
-            return
-        if self.mpiexec.poll() is None:
-            self._signal_mpiexec(_signal.SIGKILL)
-            if self.mpiexec.wait(timeout=5) is None:
-                log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
-        for pid in session_members(self.mpiexec.pid):
-            command = _command_line(pid)
-            if command:  # an empty command line: the process is already exiting
-                log.warning("killing process %d (%s) left behind in the job's session", pid, command)
-            try:
-                os.kill(pid, _signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for state in self.instances:
-            state.output.flush()
-            if state.connection is not None:
-                state.connection.close()
-                state.connection = None
-
-    def _remove_files_left(self, since: float) -> None:
-        """What killed MPICH processes of this job left on this host (see poprun_py.leftovers)."""
-        if self.teardown_started is None and self.interrupted is None:
-            return  # a job that ended by itself cleaned up after itself
-        from poprun_py import leftovers
-
-        for place in (leftovers.HYDRA_TOPOLOGY, leftovers.SHARED_MEMORY):
-            for path in leftovers.remove_unused(place, since):
-                log.debug("removed %s, left by the job's killed processes", path)
 
     # ---------------------------------------------------------------- result
     def _finish(self) -> int:
@@ -465,13 +335,14 @@ class Supervisor:
         if unstarted:
             # The root cause, even when the launcher then took down instances that did start.
             from poprun_py.host_errors import describe
+            from poprun_py.report import ranges
 
             said = b"".join(self.mpiexec_output).decode(errors="replace").strip()
             if said:
                 log.info("mpiexec said:\n%s", said)
             self.held = None
             never = [s.index for s in self.instances if s.host in unstarted and s.pid is None]
-            self._error(f"instance(s) {_ranges(never)} could not be started: {describe(unstarted)}")
+            self._error(f"instance(s) {ranges(never)} could not be started: {describe(unstarted)}")
             return status
         if self.failure is not None:
             self._show_held()
@@ -480,10 +351,12 @@ class Supervisor:
         self._show_held()
         unreported = [s.index for s in self.instances if s.status is None]
         if unreported:
+            from poprun_py.report import ranges
+
             said = b"".join(self.mpiexec_output).decode(errors="replace").strip()
             self._error(f"mpiexec exited with status {rc} before instance(s) "
-                        f"{_ranges(unreported)} reported an exit status"
-                        + (f"; mpiexec said:\n{said}" if said and self.teardown_started is not None else ""))
+                        f"{ranges(unreported)} reported an exit status"
+                        + (f"; mpiexec said:\n{said}" if said and self.teardown.started is not None else ""))
             return status
         return 0 if rc == 0 else status
 
@@ -494,147 +367,17 @@ class Supervisor:
         never = {state.host for state in self.instances if state.pid is None}
         return {host: why for host, why in self._host_failures().items() if host in never}
 
-    def _lost_host(self, state: InstanceState) -> str | None:
-        """When every instance of a remote host was lost without a report, the host is what
-        failed: say so, with what ssh said about it if anything."""
-        if not state.lost or state.host not in self.remote_hosts:
-            return None
-        on_host = [s for s in self.instances if s.host == state.host]
-        if not all(s.lost for s in on_host):
-            return None
-        silent = next((s for s in on_host if s.silent), None)
-        why = self._host_failures().get(state.host) or \
-            (_loss(silent) if silent else "its processes or the connection to it died")
-        return (f"host {state.host} was lost: instance(s) {_ranges([s.index for s in on_host])} there ended "
-                f"without an exit report ({why})")
-
     def _error(self, message: str) -> None:
         self._say(f"poprun: error: {message}\n")
 
-    def _summary(self, reason: str | None) -> None:
-        lines = []
-        also: list[InstanceState] = []
-        if self.failure is not None and self.failure.index is not None:
-            state = self.instances[self.failure.index]
-            lost_host = self._lost_host(state)
-            left = self._left_early(state)
-            if lost_host:
-                lines.append(f"poprun: {lost_host}")
-            elif left:
-                lines.append(f"poprun: {left}")
-            else:
-                lines.append(f"poprun: instance {state.index} on {state.host} failed: {self.failure.description}")
-            cause = self._root_cause(state)
-            if cause is not None:
-                from poprun_py.root_cause import summary_lines
+    def _report(self) -> Report:
+        from poprun_py.report import Report
 
-                lines += summary_lines(state.index, cause)
-            if state.output.stderr_tail:
-                lines.append(f"poprun: last lines of instance {state.index}'s stderr:")
-                lines += [f"    {line.decode(errors='replace')}" for line in state.output.stderr_tail]
-            # Instances that failed by themselves too (when all fail at once), each with its own status.
-            also = [s for s in self.instances if s is not state and s.failed_by_itself]
-            for other in also:
-                lines.append(f"poprun: instance {other.index} on {other.host} also failed: "
-                             f"{describe_status(other.status or 0, other.signal)}")
-        if reason:
-            lines.append(f"poprun: {reason}")
-        stopped = [s.index for s in self.instances if s.stopped_by_poprun and not s.lost and s not in also]
-        if stopped:
-            lines.append(f"poprun: stopped instance(s) {_ranges(stopped)}")
-        self._say("\n".join(lines) + "\n")
+        return Report(self.instances, self.failure, self.remote_hosts, self._host_failures)
+
+    def _summary(self, reason: str | None) -> None:
+        self._say(self._report().summary(reason))
 
     def failure_report(self) -> dict[str, object] | None:
-        """The first failure, for --error-file and the restart message: which instance, where, its
-        status or signal, when, one line saying why, and the last lines of its stderr."""
-        if self.failure is None or self.failure.index is None:
-            return None
-        state = self.instances[self.failure.index]
-        import datetime
-
-        reason = (self._lost_host(state) or self._left_early(state)
-                  or f"instance {state.index} on {state.host} failed: {self.failure.description}")
-        return {
-            "instance": state.index,
-            "host": state.host,
-            "status": self.failure.status,
-            "signal": signal_name(state.signal) if state.signal else None,
-            "time": datetime.datetime.fromtimestamp(self.failure.at, datetime.UTC).isoformat(),
-            "reason": reason,
-            "stderr_tail": [line.decode(errors="replace") for line in state.output.stderr_tail],
-            "root_cause": self._root_cause(state),
-        }
-
-    @staticmethod
-    def _root_cause(state: InstanceState) -> dict[str, str | None] | None:
-        """What the instance's program recorded in its error file (torch's ``@record``), if anything."""
-        if state.root_cause is None:
-            return None
-        from poprun_py.root_cause import describe
-
-        return describe(state.root_cause)
-
-    def _left_early(self, state: InstanceState) -> str | None:
-        """When the launcher killed an instance (no exit report) after others had exited with status 0
-        while it still ran, those left early: an MPI program that exits without MPI_Finalize (os._exit,
-        a crash below Python) makes mpiexec end the rest of the job. Name them, not the victim."""
-        if not state.lost or state.silent or state.ended_at is None:
-            return None
-        left = [s for s in self.instances
-                if s.status == 0 and s.ended_at is not None and s.ended_at < state.ended_at]
-        if not left:
-            return None
-        victims = [s.index for s in self.instances if s.lost]
-        first = min(s.ended_at or 0.0 for s in left)
-        return (f"instance(s) {_ranges([s.index for s in left])} on {', '.join(sorted({s.host for s in left}))} "
-                f"left early: exited with status 0 while instance(s) {_ranges(victims)} still ran, and "
-                f"{state.ended_at - first:.1f} s later mpiexec ended those without an exit report (an MPI "
-                f"program that exits without MPI_Finalize, e.g. through os._exit, takes the job down)")
-
-def _loss(state: InstanceState) -> str:
-    """Why an instance went without an exit report, as far as poprun can tell."""
-    if state.silent:
-        return f"no word from it for {protocol.SILENCE_LIMIT:.0f} s: its host or the network to it is down"
-    return "its launcher process died without reporting"
-
-
-def _ranges(indices: list[int]) -> str:
-    """``0-3, 7`` for [0, 1, 2, 3, 7]: a job of thousands of instances still fits one line."""
-    parts: list[str] = []
-    start = previous = indices[0]
-    for index in [*indices[1:], None]:
-        if index is not None and index == previous + 1:
-            previous = index
-            continue
-        parts.append(str(start) if start == previous else f"{start}-{previous}")
-        if index is not None:
-            start = previous = index
-    return ", ".join(parts)
-
-
-def _command_line(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def session_members(session_id: int) -> list[int]:
-    """PIDs whose session is ``session_id`` (Linux /proc), excluding zombies."""
-    members = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:  # os.open/os.read: a buffered file object per process would cost 3x as much
-            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
-            try:
-                stat = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        fields = stat.rsplit(b")", 1)[1].split()  # state ppid pgrp session ...
-        if len(fields) > 3 and int(fields[3]) == session_id and fields[0] != b"Z":
-            members.append(int(entry))
-    return members
+        """The first failure, for --error-file and the restart message (see ``report``)."""
+        return self._report().failure_report()

@@ -1,0 +1,137 @@
+"""What poprun says when a job ends badly: the summary on stderr, and the failure report behind
+``--error-file`` and the restart message. Imported only when there is something to report."""
+
+from __future__ import annotations
+
+import datetime
+
+from poprun_py import protocol
+from poprun_py.states import Failure, InstanceState, describe_status, signal_name
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+class Report:
+    """Reads the end of one run: who failed first, how, and what else went wrong."""
+
+    def __init__(self, instances: list[InstanceState], failure: Failure | None, remote_hosts: frozenset[str],
+                 host_failures: Callable[[], dict[str, str]]) -> None:
+        self.instances = instances
+        self.failure = failure
+        self.remote_hosts = remote_hosts
+        #: What the launcher's output says went wrong on which host (read only when needed).
+        self.host_failures = host_failures
+
+    def summary(self, reason: str | None) -> str:
+        """The lines on stderr: the root cause, what its program recorded, the last lines of its
+        stderr, the others that failed by themselves, why poprun stopped, and whom it stopped."""
+        lines = []
+        also: list[InstanceState] = []
+        if self.failure is not None and self.failure.index is not None:
+            state = self.instances[self.failure.index]
+            lines.append(f"poprun: {self._reason(state)}")
+            cause = root_cause(state)
+            if cause is not None:
+                from poprun_py.root_cause import summary_lines
+
+                lines += summary_lines(state.index, cause)
+            if state.output.stderr_tail:
+                lines.append(f"poprun: last lines of instance {state.index}'s stderr:")
+                lines += [f"    {line.decode(errors='replace')}" for line in state.output.stderr_tail]
+            # Instances that failed by themselves too (when all fail at once), each with its own status.
+            also = [s for s in self.instances if s is not state and s.failed_by_itself]
+            for other in also:
+                lines.append(f"poprun: instance {other.index} on {other.host} also failed: "
+                             f"{describe_status(other.status or 0, other.signal)}")
+        if reason:
+            lines.append(f"poprun: {reason}")
+        stopped = [s.index for s in self.instances if s.stopped_by_poprun and not s.lost and s not in also]
+        if stopped:
+            lines.append(f"poprun: stopped instance(s) {ranges(stopped)}")
+        return "\n".join(lines) + "\n"
+
+    def failure_report(self) -> dict[str, object] | None:
+        """The first failure, for --error-file and the restart message: which instance, where, its
+        status or signal, when, one line saying why, and the last lines of its stderr."""
+        if self.failure is None or self.failure.index is None:
+            return None
+        state = self.instances[self.failure.index]
+        return {
+            "instance": state.index,
+            "host": state.host,
+            "status": self.failure.status,
+            "signal": signal_name(state.signal) if state.signal else None,
+            "time": datetime.datetime.fromtimestamp(self.failure.at, datetime.UTC).isoformat(),
+            "reason": self._reason(state),
+            "stderr_tail": [line.decode(errors="replace") for line in state.output.stderr_tail],
+            "root_cause": root_cause(state),
+        }
+
+    def _reason(self, state: InstanceState) -> str:
+        """One line on why the job failed, given its first failed instance."""
+        assert self.failure is not None
+        return (self._lost_host(state) or self._left_early(state)
+                or f"instance {state.index} on {state.host} failed: {self.failure.description}")
+
+    def _lost_host(self, state: InstanceState) -> str | None:
+        """When every instance of a remote host was lost without a report, the host is what
+        failed: say so, with what ssh said about it if anything."""
+        if not state.lost or state.host not in self.remote_hosts:
+            return None
+        on_host = [s for s in self.instances if s.host == state.host]
+        if not all(s.lost for s in on_host):
+            return None
+        silent = next((s for s in on_host if s.silent), None)
+        why = self.host_failures().get(state.host) or \
+            (loss(silent) if silent else "its processes or the connection to it died")
+        return (f"host {state.host} was lost: instance(s) {ranges([s.index for s in on_host])} there ended "
+                f"without an exit report ({why})")
+
+    def _left_early(self, state: InstanceState) -> str | None:
+        """When the launcher killed an instance (no exit report) after others had exited with status 0
+        while it still ran, those left early: an MPI program that exits without MPI_Finalize (os._exit,
+        a crash below Python) makes mpiexec end the rest of the job. Name them, not the victim."""
+        if not state.lost or state.silent or state.ended_at is None:
+            return None
+        left = [s for s in self.instances
+                if s.status == 0 and s.ended_at is not None and s.ended_at < state.ended_at]
+        if not left:
+            return None
+        victims = [s.index for s in self.instances if s.lost]
+        first = min(s.ended_at or 0.0 for s in left)
+        return (f"instance(s) {ranges([s.index for s in left])} on {', '.join(sorted({s.host for s in left}))} "
+                f"left early: exited with status 0 while instance(s) {ranges(victims)} still ran, and "
+                f"{state.ended_at - first:.1f} s later mpiexec ended those without an exit report (an MPI "
+                f"program that exits without MPI_Finalize, e.g. through os._exit, takes the job down)")
+
+
+def root_cause(state: InstanceState) -> dict[str, str | None] | None:
+    """What the instance's program recorded in its error file (torch's ``@record``), if anything."""
+    if state.root_cause is None:
+        return None
+    from poprun_py.root_cause import describe
+
+    return describe(state.root_cause)
+
+
+def loss(state: InstanceState) -> str:
+    """Why an instance went without an exit report, as far as poprun can tell."""
+    if state.silent:
+        return f"no word from it for {protocol.SILENCE_LIMIT:.0f} s: its host or the network to it is down"
+    return "its launcher process died without reporting"
+
+
+def ranges(indices: list[int]) -> str:
+    """``0-3, 7`` for [0, 1, 2, 3, 7]: a job of thousands of instances still fits one line."""
+    parts: list[str] = []
+    start = previous = indices[0]
+    for index in [*indices[1:], None]:
+        if index is not None and index == previous + 1:
+            previous = index
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if index is not None:
+            start = previous = index
+    return ", ".join(parts)

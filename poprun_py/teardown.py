@@ -1,0 +1,132 @@
+"""Tear a job down on this host so that no process outlives poprun.
+
+The instances still running are told to stop (TERMINATE to their shims); mpiexec's process group
+is sent SIGTERM, then SIGKILL, if it has not ended by then; and when poprun is done, whatever is
+still in mpiexec's session is killed and the files MPICH's killed processes left are removed.
+"""
+
+from __future__ import annotations
+
+import _signal
+import os
+import time
+
+from poprun_py import log, protocol
+from poprun_py.states import signal_name
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from poprun_py.process import Process
+    from poprun_py.states import InstanceState
+
+#: How long after a teardown starts before mpiexec's process group is signalled, then killed.
+TERM_MPIEXEC_AFTER = protocol.DEFAULT_GRACE + 0.5
+KILL_MPIEXEC_AFTER = TERM_MPIEXEC_AFTER + 1.0
+
+
+class Teardown:
+    """The teardown of one run of mpiexec: when it started, and each step of it."""
+
+    def __init__(self, instances: list[InstanceState]) -> None:
+        self.instances = instances
+        self.mpiexec: Process | None = None
+        #: time.monotonic() when it started (None: not started; -inf: escalate at once).
+        self.started: float | None = None
+
+    def begin(self) -> None:
+        """Tell every instance still running to stop (once)."""
+        if self.started is not None:
+            return
+        self.started = time.monotonic()
+        log.info("stopping every instance")
+        for state in self.instances:
+            if not state.finished:
+                state.stopped_by_poprun = True
+                self.terminate(state)
+
+    def terminate(self, state: InstanceState) -> None:
+        """Tell one instance to stop, if it is connected and still running."""
+        if state.connection is None or state.finished:
+            return
+        state.stopped_by_poprun = True
+        try:
+            state.connection.sendall(protocol.TERMINATE)
+        except OSError:
+            pass
+
+    def escalate(self) -> None:
+        """Signal mpiexec's process group once the instances have had their time to stop."""
+        if self.started is None or self.mpiexec is None or self.mpiexec.poll() is not None:
+            return
+        elapsed = time.monotonic() - self.started
+        if elapsed >= KILL_MPIEXEC_AFTER:
+            self._signal_mpiexec(_signal.SIGKILL)
+        elif elapsed >= TERM_MPIEXEC_AFTER:
+            self._signal_mpiexec(_signal.SIGTERM)
+
+    def _signal_mpiexec(self, sig: int) -> None:
+        assert self.mpiexec is not None
+        log.debug("sending %s to mpiexec's process group", signal_name(sig))
+        try:
+            os.killpg(self.mpiexec.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill_leftovers(self) -> None:
+        """Last resort on this host: nothing started in mpiexec's session may survive poprun."""
+        if self.mpiexec is None:
+            return
+        if self.mpiexec.poll() is None:
+            self._signal_mpiexec(_signal.SIGKILL)
+            if self.mpiexec.wait(timeout=5) is None:
+                log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
+        for pid in session_members(self.mpiexec.pid):
+            command = _command_line(pid)
+            if command:  # an empty command line: the process is already exiting
+                log.warning("killing process %d (%s) left behind in the job's session", pid, command)
+            try:
+                os.kill(pid, _signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for state in self.instances:
+            state.output.flush()
+            if state.connection is not None:
+                state.connection.close()
+                state.connection = None
+
+
+def remove_files_left(since: float) -> None:
+    """What killed MPICH processes of this job left on this host (see poprun_py.leftovers)."""
+    from poprun_py import leftovers
+
+    for place in (leftovers.HYDRA_TOPOLOGY, leftovers.SHARED_MEMORY):
+        for path in leftovers.remove_unused(place, since):
+            log.debug("removed %s, left by the job's killed processes", path)
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def session_members(session_id: int) -> list[int]:
+    """PIDs whose session is ``session_id`` (Linux /proc), excluding zombies."""
+    members = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:  # os.open/os.read: a buffered file object per process would cost 3x as much
+            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(fd, 1024)
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[1].split()  # state ppid pgrp session ...
+        if len(fields) > 3 and int(fields[3]) == session_id and fields[0] != b"Z":
+            members.append(int(entry))
+    return members
