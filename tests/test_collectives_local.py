@@ -85,6 +85,24 @@ def test_mismatch_messages() -> None:
     assert message == "x: signatures differ between instances: instance 0 (1,), instance 3 (1, 2)"
 
 
+def test_mismatch_messages_name_each_field_that_differs() -> None:
+    d = lambda r: f"replica {r}"  # noqa: E731
+    # Different collectives: listed per instance, even when two of three agree.
+    message = agreement.mismatch_message("x", [0, 1, 2], [("allreduce", ()), ("allreduce", ()), ("broadcast", ())],
+                                         d, None)
+    assert message == ("x: instances are in different collectives: replica 0 allreduce, replica 1 allreduce, "
+                       "replica 2 broadcast")
+    # Mappings with the same keys: each differing field, plural once, strings shown as they are.
+    message = agreement.mismatch_message(
+        "x", [4, 5], [("x", {"shape": (2,), "dtype": "int8", "groups": 1}),
+                      ("x", {"shape": (2,), "dtype": "int16", "groups": 2})], d, None)
+    assert message == ("x: dtypes differ between instances: replica 4 int8, replica 5 int16; "
+                       "groups differ between instances: replica 4 1, replica 5 2")
+    # Mappings with other keys cannot be compared field by field.
+    message = agreement.mismatch_message("x", [0, 1], [("x", {"a": 1}), ("x", {"b": 1})], d, None)
+    assert message == "x: signatures differ between instances: replica 0 {'a': 1}, replica 1 {'b': 1}"
+
+
 def test_encoding_is_fixed_size_and_round_trips() -> None:
     small = agreement.encode_signature("allreduce", ("sum", (3, 4), "float32"))
     large = agreement.encode_signature("allreduce", ("x" * 5000,))

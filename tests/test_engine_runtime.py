@@ -206,6 +206,8 @@ def test_exception_after_a_collective_in_others(executor: str) -> None:
         elapsed = time.monotonic() - t
     assert seen, "no replica waited in the second collective"
     assert all(isinstance(exc, StepAborted) for exc in seen.values()), seen
+    # Each is told who failed first, and how.
+    assert {str(exc) for exc in seen.values()} == {"step abandoned: replica 0 failed (KeyError: 'late')"}
     assert elapsed < TIMEOUT / 4, f"the run took {elapsed:.1f} s: the waiting replicas were not released"
 
 
@@ -230,6 +232,7 @@ def test_collective_error_caught_by_user_still_fails_the_run(executor: str) -> N
             rt.run(step, np.ones((2, 1)))
         elapsed = time.monotonic() - t
     assert len(seen) == 1 and isinstance(seen[0], StepAborted), seen
+    assert str(seen[0]) == "step abandoned: replica 1 failed (ValueError: original)"
     assert elapsed < TIMEOUT / 4, f"the run took {elapsed:.1f} s: the waiting replica was not released"
 
 

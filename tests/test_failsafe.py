@@ -92,9 +92,11 @@ def test_uncaught_exception_in_a_thread_aborts_the_job() -> None:
     assert job.returncode == 1, job.output
     assert job.elapsed < STOPPED_AT_ONCE, f"took {job.elapsed:.1f}s\n{job.output}"
     assert "ZeroDivisionError" in job.output and "worker" in job.output
+    assert "instance 1 of 2: uncaught ZeroDivisionError in thread 'worker'; ending the job with status 1" \
+        in job.output, job.output
 
 
-@pytest.mark.parametrize("mode", ["exit3", "raise_exit3"])
+@pytest.mark.parametrize("mode", ["exit3", "raise_exit3", "quit3"])
 def test_sys_exit_status_ends_the_job_with_that_status(mode: str) -> None:
     job = run_job(mode)
     assert job.returncode == 3, job.output
@@ -102,6 +104,8 @@ def test_sys_exit_status_ends_the_job_with_that_status(mode: str) -> None:
     assert "instance 1: last words before exit 3" in job.output
     assert "instance 1: atexit handler ran" in job.output
     assert "instance 0: done" not in job.output
+    if mode == "quit3":  # the wrapped builtin still says what the interpreter's own says
+        assert "instance 1: Use quit() or Ctrl-D (i.e. EOF) to exit" in job.output, job.output
 
 
 @pytest.mark.parametrize("mode", ["exit_caught", "raise_exit_caught"])

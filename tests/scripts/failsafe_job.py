@@ -10,6 +10,7 @@ thread       instance 1 has an uncaught exception in a thread             -> job
 exit3        instance 1 calls sys.exit(3) while the others wait          -> job status 3
 exit_caught  instance 1 catches its sys.exit(3), then ends normally      -> status 0
 raise_exit3  instance 1 writes `raise SystemExit(3)` while the others wait -> job status 3
+quit3        instance 1 prints repr(quit), then calls the builtin quit(3)  -> job status 3
 raise_exit_caught  instance 1 catches its `raise SystemExit(3)`, ends normally -> status 0
 ok           collectives on every instance, normal exit                  -> status 0
 mismatch     shapes differ between instances; each prints its error      -> status 0
@@ -42,8 +43,9 @@ def say(*parts: object) -> None:
 def main(mode: str) -> None:
     popdist_py.init()
     n = COMM.Get_size()
-    if mode in ("raise", "raise_reduce", "thread", "exit3", "exit_caught", "raise_exit3", "raise_exit_caught"):
-        if mode in ("exit3", "raise_exit3") and RANK == 1:
+    if mode in ("raise", "raise_reduce", "thread", "exit3", "exit_caught", "raise_exit3", "raise_exit_caught",
+                "quit3"):
+        if mode in ("exit3", "raise_exit3", "quit3") and RANK == 1:
             import atexit
 
             atexit.register(say, "atexit handler ran")  # registered after popdist_py: runs first
@@ -67,6 +69,9 @@ def main(mode: str) -> None:
                 sys.exit(3)
             if mode == "raise_exit3":
                 raise SystemExit(3)
+            if mode == "quit3":
+                say(repr(quit))
+                quit(3)
             if mode == "exit_caught":
                 try:
                     sys.exit(3)
