@@ -8,6 +8,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from poprun_py.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
 from tests.helpers import ROOT, UNDER_MUTANTS
+from tests.mutation.selection import TESTS_OF_MODULE
 
 #: Skip reasons that start with this are not quiet: the summary repeats them in red.
 LOUD = "MULTI-HOST TESTS NOT RUN"
@@ -40,6 +42,7 @@ ENGINE_EXECUTORS = ("threads", "cooperative")
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "one_executor: an engine test that does not depend on the executor (runs once)")
     if UNDER_MUTANTS:
+        _check_selection()
         _children_import_the_mutants()
 
 
@@ -100,16 +103,36 @@ def _children_import_the_mutants() -> None:
             SHIM_ENTRY.write_text("import sitecustomize  # noqa: F401  (make mutants: tests/conftest.py)\n" + entry)
 
 
+def _module_of(function: str) -> str:
+    """``popdist_py.engine.reduce`` for mutmut's ``popdist_py.engine.reduce.xǁProgramǁrun``."""
+    return function[:function.rindex(".x")]
+
+
+def _check_selection() -> None:
+    """tests/mutation/selection.py names exactly the modules and test files of [tool.mutmut]."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    mutated = {path.removesuffix(".py").replace("/", ".") for path in config["only_mutate"]}
+    selected = {arg for arg in config["pytest_add_cli_args_test_selection"] if arg.startswith("tests/")
+                and arg.endswith(".py")}
+    listed = {test for tests in TESTS_OF_MODULE.values() for test in tests}
+    if mutated != set(TESTS_OF_MODULE) or selected != listed:
+        raise pytest.UsageError(f"tests/mutation/selection.py and [tool.mutmut] differ: modules "
+                                f"{sorted(mutated ^ set(TESTS_OF_MODULE))}, tests {sorted(selected ^ listed)}")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """While mutmut collects its statistics: the functions this test reached, in this process or
+    in its children, credited to it where its file is listed for their module."""
     yield
     if not (UNDER_MUTANTS and os.environ.get("MUTANT_UNDER_TEST") == "stats"
             and os.environ.get(CHILD_HITS_OWNER) == str(os.getpid())):
         return
-    from mutmut.stats import record_trampoline_hit  # only `make mutants` installs mutmut
+    from mutmut.state import state  # only `make mutants` installs mutmut
 
     hits = Path(os.environ[CHILD_HITS])
-    names = set(hits.read_text().split())
+    reached = state()._stats | set(hits.read_text().split())
     hits.write_text("")
-    for name in names:
-        record_trampoline_hit(name)
+    test_file = item.path.relative_to(ROOT).as_posix()
+    state()._stats.clear()
+    state()._stats.update(f for f in reached if test_file in TESTS_OF_MODULE.get(_module_of(f), ()))

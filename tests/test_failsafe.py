@@ -96,6 +96,17 @@ def test_uncaught_exception_in_a_thread_aborts_the_job() -> None:
         in job.output, job.output
 
 
+@pytest.mark.parametrize("thread", [False, True])
+def test_an_interactive_session_is_not_ended_by_its_exception(thread: bool) -> None:
+    # Under `python -i` an uncaught exception leads to the prompt, not out of the program: the
+    # fail-safe leaves the session to its user (here the prompt reads the end of stdin and exits).
+    mode = "interactive_thread" if thread else "interactive"
+    job = run_job(mode, program=[PYTHON, "-i", str(SCRIPT), mode])
+    assert job.returncode == 0, job.output
+    assert "RuntimeError: boom in an interactive session" in job.output, job.output
+    assert "ending the job" not in job.output, job.output
+
+
 @pytest.mark.parametrize("mode", ["exit3", "raise_exit3", "quit3"])
 def test_sys_exit_status_ends_the_job_with_that_status(mode: str) -> None:
     job = run_job(mode)

@@ -13,6 +13,9 @@ raise_exit3  instance 1 writes `raise SystemExit(3)` while the others wait -> jo
 quit3        instance 1 prints repr(quit), then calls the builtin quit(3)  -> job status 3
 raise_exit_caught  instance 1 catches its `raise SystemExit(3)`, ends normally -> status 0
 ok           collectives on every instance, normal exit                  -> status 0
+interactive  (under ``python -i``) instance 1 raises, the others end at once: its interpreter goes
+             on to its prompt, which reads the end of stdin                -> status 0
+interactive_thread  the same with the exception in a thread of instance 1   -> status 0
 mismatch     shapes differ between instances; each prints its error      -> status 0
 late         instance 1 never calls allreduce (uncaught timeout on the others ends the job, status 1)
 subset       execute_on_instances({0, 2}) with collectives inside (3 instances)
@@ -23,6 +26,7 @@ finalize     init(), finalize(), then a collective                       -> Runt
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -86,6 +90,21 @@ def main(mode: str) -> None:
             popdist_py.allreduce(np.ones(3))
         else:
             popdist_py.barrier()
+        say("done")
+    elif mode in ("interactive", "interactive_thread"):
+        # The prompt that follows reads stdin, which the launcher may hold open: /dev/null instead.
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        if RANK == 1:
+            def boom() -> None:
+                raise RuntimeError("boom in an interactive session")
+
+            if mode == "interactive":
+                boom()
+            worker = threading.Thread(target=boom, name="worker")
+            worker.start()
+            worker.join()
         say("done")
     elif mode == "ok":
         x = np.arange(6, dtype=np.float32).reshape(2, 3) + RANK

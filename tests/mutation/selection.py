@@ -1,0 +1,36 @@
+"""Which tests `make mutants` runs against the mutants of each module it mutates.
+
+mutmut runs, for each mutant, every selected test that reached the mutated function; a function
+that every job reaches (reading the topology, the supervisor's loop) would be run against the
+whole launcher suite. Here each module is tested by the files written for it, so a surviving
+mutant costs seconds, not minutes. ``tests/conftest.py`` credits a test with a function only when
+the test's file is listed for the function's module, and checks that these lists and the
+modules are what ``[tool.mutmut]`` in pyproject.toml selects and mutates.
+"""
+
+from __future__ import annotations
+
+_LAUNCH = ("tests/test_poprun_lean_launch.py", "tests/test_poprun_launch.py", "tests/test_poprun_failures.py")
+
+TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
+    # the canonical reduction order
+    "popdist_py.engine.reduce": ("tests/test_engine_reduce.py", "tests/test_engine_segments.py",
+                                 "tests/test_collectives_local.py"),
+    # deadlines of every wait, failure release, agreement
+    "popdist_py.deadline": ("tests/test_collectives_local.py", "tests/test_engine_runtime.py",
+                            "tests/test_mpi_suites.py"),
+    "popdist_py.engine.rendezvous": ("tests/test_engine_runtime.py", "tests/test_engine_executor.py"),
+    "popdist_py.agreement": ("tests/test_collectives_local.py", "tests/test_mpi_suites.py"),
+    "popdist_py.failsafe": ("tests/test_failsafe.py", "tests/test_collectives_local.py"),
+    # teardown and release, on both sides of the control connection
+    "poprun_py.supervisor": _LAUNCH,
+    "poprun_py.teardown": _LAUNCH,
+    "poprun_py.shim": (*_LAUNCH, "tests/test_root_cause.py"),
+    "poprun_py.shim_pump": (*_LAUNCH, "tests/test_root_cause.py"),
+    # output framing
+    "poprun_py.output": ("tests/test_output_tagging.py", "tests/test_poprun_output.py",
+                         "tests/test_poprun_shared_terminal.py"),
+    # the environment contract
+    "poprun_py.environment": ("tests/test_environment.py",),
+    "popdist_py.env": ("tests/test_environment.py", "tests/test_bare_mpi.py", "tests/test_popdist_under_poprun.py"),
+}
