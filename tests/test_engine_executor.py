@@ -232,11 +232,16 @@ def test_cooperative_runs_from_several_threads_in_turn() -> None:
 
 def test_cooperative_stall_is_reported_at_once_as_a_timeout() -> None:
     """A replica that leaves its greenlet outside a collective can never arrive: no deadline needed."""
+    seen: dict[int, BaseException] = {}
     with Runtime(replication=3, executor="cooperative", timeout=600) as rt:
         def step(ctx):  # type: ignore[no-untyped-def]
             if ctx.local_index == 2:
                 greenlet.getcurrent().parent.switch()  # what a step must not do
-            return ops.replicated_all_reduce(np.ones(1))
+            try:
+                return ops.replicated_all_reduce(np.ones(1))
+            except BaseException as exc:
+                seen[ctx.local_index] = exc
+                raise
 
         t = time.monotonic()
         with pytest.raises(CollectiveTimeoutError) as info:
@@ -244,6 +249,12 @@ def test_cooperative_stall_is_reported_at_once_as_a_timeout() -> None:
         assert time.monotonic() - t < 10
         msg = str(info.value)
         assert "replicated_all_reduce #1 of the step: replica 2 did not arrive" in msg
+        # The first waiter gets the timeout, the other waiter is told who failed and how.
+        assert seen[0] is info.value and msg == (
+            "replicated_all_reduce #1 of the step: replica 2 did not arrive and never will (no local replica was "
+            "left to run under the cooperative executor; the others waited)")
+        assert isinstance(seen[1], StepAborted)
+        assert str(seen[1]) == f"step abandoned: replica 0 failed (CollectiveTimeoutError: {msg})"
         notes = " ".join(getattr(info.value, "__notes__", []))
         assert "replica 2" in notes and "switched away from its greenlet" in notes
         assert rt.run(lambda ctx, x: ops.replicated_all_reduce(x), np.ones((3, 1)))[0, 0] == 3

@@ -194,7 +194,7 @@ class Dispatcher:
         return entry
 
     # -- combining (run by the last local replica to arrive) -------------------------------------------
-    def _combine(self, deposits: list[Any], index: int) -> list[Any] | None:
+    def _combine(self, deposits: list[Any]) -> list[Any] | None:
         """Check that every local replica agrees, then execute the plan (or end the step)."""
         first = deposits[0]
         if first is END:

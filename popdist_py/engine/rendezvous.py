@@ -73,18 +73,25 @@ END = object()
 class Rendezvous:
     """One meeting point for ``size`` replicas, reused for every collective of every run."""
 
+    _deposits: list[Any]
+    _results: list[Any]
+    _waiting: list[bool]
+    _count: int
+    _failure: BaseException | None
+    _failed_by: int | None
+
     def __init__(
         self,
         size: int,
-        combine: Callable[[list[Any], int], list[Any] | None],
+        combine: Callable[[list[Any]], list[Any] | None],
         describe: Callable[[list[int]], str],
         describe_deposit: Callable[[Any], str],
         waits: Waits | None = None,
     ) -> None:
-        """``combine(deposits, index)`` is run by the last arrival (``index``) and returns one
-        result per replica (or None); ``describe`` names replicas by index and
-        ``describe_deposit`` names what a deposit is waiting in, for error messages. ``waits``:
-        the executor's way of waiting (default: replica threads)."""
+        """``combine(deposits)`` is run by the last arrival and returns one result per replica
+        (or None); ``describe`` names replicas by index and ``describe_deposit`` names what a
+        deposit is waiting in, for error messages. ``waits``: the executor's way of waiting
+        (default: replica threads)."""
         self.size = size
         self.combine = combine
         self.describe = describe
@@ -92,25 +99,22 @@ class Rendezvous:
         self._lock = threading.Lock()
         self._waits: Waits = waits if waits is not None else ThreadWaits(size)
         self._sleep, self._wake = self._waits.sleep, self._waits.wake  # bound once: hot path
-        self._waiting = [False] * size
-        self._results: list[Any] = [None] * size
-        self._deposits: list[Any] = [None] * size
-        self._count = 0
-        self._gen = 0
-        self._failure: BaseException | None = None
-        self._failed_by: int | None = None
+        self._gen = 0  # collectives completed: a waiter whose deadline passed tells "all arrived" by it
+        self._forget()
 
     def reset(self) -> None:
         """Start a new run: forget deposits and any failure of the previous run."""
         with self._lock:
-            self._deposits = [None] * self.size
-            self._results = [None] * self.size
-            self._waiting = [False] * self.size
-            self._count = 0
-            self._gen += 1
-            self._failure = None
-            self._failed_by = None
+            self._forget()
             self._waits.reset()
+
+    def _forget(self) -> None:
+        self._deposits = [None] * self.size
+        self._results = [None] * self.size
+        self._waiting = [False] * self.size
+        self._count = 0
+        self._failure = None
+        self._failed_by = None
 
     @property
     def failed(self) -> bool:
@@ -127,7 +131,7 @@ class Rendezvous:
         return self._failed_by
 
     def arrive(self, index: int, deposit: Any, timeout: float, wait: bool = True) -> Any:
-        """Deposit and, when last, run ``combine(deposits, index)``; return this replica's result.
+        """Deposit and, when last, run ``combine(deposits)``; return this replica's result.
 
         ``wait=False`` (a replica ending its step) returns at once unless it is the last to arrive.
         """
@@ -135,7 +139,7 @@ class Rendezvous:
             if self._failure is not None:
                 raise self._abort_error()
             try:
-                results = self.combine([deposit], 0)
+                results = self.combine([deposit])
             except BaseException as exc:
                 self.fail(index, exc)
                 raise
@@ -168,7 +172,7 @@ class Rendezvous:
                 raise result.error
             return result
         try:
-            results = self.combine(deposits, index)
+            results = self.combine(deposits)
         except BaseException as exc:
             self.fail(index, exc)
             raise
@@ -222,11 +226,12 @@ class Rendezvous:
             if not waiting:
                 return False
             first = waiting[0]
+            # Replicas wait only while one has not arrived (once all have, the last one combines).
             missing = [j for j in range(self.size) if self._deposits[j] is None]
-            who = self.describe(missing) if missing else "a replica"
+            what = self.describe_deposit(self._deposits[first])
             error = CollectiveTimeoutError(
-                f"{self.describe_deposit(self._deposits[first])}: {who} did not arrive and never will "
-                "(no local replica was left to run under the cooperative executor; the others waited)"
+                f"{what}: {self.describe(missing)} did not arrive and never will (no local replica was left "
+                "to run under the cooperative executor; the others waited)"
             )
             self._waiting[first] = False
             self._results[first] = _Raise(error)
@@ -250,6 +255,6 @@ class Rendezvous:
                 self._wake(j)
 
     def _abort_error(self) -> StepAborted:
-        err = self._failure
-        who = self.describe([self._failed_by]) if self._failed_by is not None else "a replica"
-        return StepAborted(f"step abandoned: {who} failed ({type(err).__name__}: {err})")
+        err, by = self._failure, self._failed_by
+        assert by is not None  # recorded with the failure
+        return StepAborted(f"step abandoned: {self.describe([by])} failed ({type(err).__name__}: {err})")

@@ -1,0 +1,159 @@
+"""The rendezvous at the moment a waiting replica's deadline passes, with the interleavings fixed.
+
+A replica thread whose deadline passed may have been released at that very moment, or everyone
+may have arrived while the last one is still combining, or someone really is missing: three
+races that real threads hit rarely and never on demand. Here the executor's part of the
+rendezvous (:class:`Waits`) is scripted by the test: a finite sleep is a deadline that has passed
+unless a wake-up is already there, and the test decides what happens meanwhile.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from popdist_py.engine.errors import CollectiveTimeoutError, StepAborted
+from popdist_py.engine.rendezvous import Rendezvous
+
+pytestmark = pytest.mark.one_executor
+
+
+class ScriptedWaits:
+    """Waits whose deadlines have always passed: a finite sleep answers at once whether a wake-up
+    was there, then ``meanwhile(call)`` runs (what happened as the deadline passed); a sleep
+    without a deadline runs ``meanwhile`` first, then blocks until woken."""
+
+    def __init__(self, size: int, meanwhile: Callable[[int], None] = lambda call: None) -> None:
+        self.calls: list[tuple[int, float]] = []
+        self.meanwhile = meanwhile
+        self.wakes = [threading.Semaphore(0) for _ in range(size)]
+
+    def reset(self) -> None:
+        for wake in self.wakes:
+            while wake.acquire(blocking=False):
+                pass
+
+    def sleep(self, index: int, timeout: float) -> bool:
+        self.calls.append((index, timeout))
+        if math.isinf(timeout):
+            self.meanwhile(len(self.calls))
+            assert self.wakes[index].acquire(timeout=30), "never woken"
+            return True
+        woken = self.wakes[index].acquire(blocking=False)
+        self.meanwhile(len(self.calls))
+        return woken
+
+    def wake(self, index: int) -> None:
+        self.wakes[index].release()
+
+    def pending(self) -> list[int]:
+        """Replicas with a wake-up nobody consumed (it would end their next sleep at once)."""
+        left = [i for i, wake in enumerate(self.wakes) if wake.acquire(blocking=False)]
+        for i in left:
+            self.wakes[i].release()
+        return left
+
+
+def rendezvous(waits: ScriptedWaits, combine: Callable[[list[Any]], list[Any]] | None = None) -> Rendezvous:
+    r = Rendezvous(2, combine or (lambda deposits: [f"{d} for {i}" for i, d in enumerate(deposits)]),
+                   lambda js: ", ".join(f"replica {j}" for j in js), lambda d: f"collective {d}", waits)
+    r.reset()
+    return r
+
+
+def test_a_replica_released_as_its_deadline_passed_takes_its_result() -> None:
+    got: dict[int, Any] = {}
+
+    def meanwhile(call: int) -> None:
+        if call == 1:  # replica 1 arrives, combines and releases replica 0 just as 0's deadline passes
+            got[1] = r.arrive(1, "b", timeout=5)
+
+    waits = ScriptedWaits(2, meanwhile)
+    r = rendezvous(waits)
+    got[0] = r.arrive(0, "a", timeout=5)
+    assert got == {0: "a for 0", 1: "b for 1"}
+    assert waits.calls == [(0, 5), (0, 0.0)]  # a second look, without waiting, found the wake-up
+    assert waits.pending() == [] and not r.failed
+
+
+def test_a_replica_whose_deadline_passed_while_the_last_one_combines_waits_for_the_result() -> None:
+    combining, proceed = threading.Event(), threading.Event()
+    got: dict[int, Any] = {}
+
+    def combine(deposits: list[Any]) -> list[Any]:
+        combining.set()
+        assert proceed.wait(30)
+        return [f"{d} combined" for d in deposits]
+
+    def meanwhile(call: int) -> None:
+        if call == 1:  # replica 1 arrives last and is still combining when 0's deadline passes
+            worker = threading.Thread(target=lambda: got.update({1: r.arrive(1, "b", timeout=5)}))
+            worker.start()
+            threads.append(worker)
+            assert combining.wait(30)
+        elif call == 3:  # replica 0 waits for the result without a deadline: let the combine end
+            proceed.set()
+
+    threads: list[threading.Thread] = []
+    waits = ScriptedWaits(2, meanwhile)
+    r = rendezvous(waits, combine)
+    got[0] = r.arrive(0, "a", timeout=5)
+    threads[0].join(30)
+    assert got == {0: "a combined", 1: "b combined"}
+    assert waits.calls == [(0, 5), (0, 0.0), (0, math.inf)]
+    assert waits.pending() == [] and not r.failed
+
+
+def test_a_replica_that_never_arrives_is_named_and_fails_the_run() -> None:
+    waits = ScriptedWaits(2)
+    r = rendezvous(waits)
+    with pytest.raises(CollectiveTimeoutError) as info:
+        r.arrive(0, "a", timeout=5)
+    assert str(info.value) == ("collective a: replica 1 did not arrive within 5 s (the other local replicas "
+                               "waited); set POPDIST_COLLECTIVE_TIMEOUT to wait longer")
+    assert waits.calls == [(0, 5), (0, 0.0)]
+    assert waits.pending() == []  # replica 0 is not woken again by its own failure
+    assert r.failure is info.value and r.failed_by == 0
+    with pytest.raises(StepAborted) as late:  # the latecomer is refused at once
+        r.arrive(1, "a", timeout=5)
+    assert str(late.value) == f"step abandoned: replica 0 failed (CollectiveTimeoutError: {info.value})"
+    assert waits.calls == [(0, 5), (0, 0.0)]
+    r.reset()  # a new run forgets it
+    assert not r.failed and r.failed_by is None
+
+
+def test_a_failure_releases_the_waiting_replica_with_who_failed_and_how() -> None:
+    def meanwhile(call: int) -> None:
+        if call == 1:
+            r.fail(1, KeyError("late"))
+
+    waits = ScriptedWaits(2, meanwhile)
+    r = rendezvous(waits)
+    with pytest.raises(StepAborted, match=r"^step abandoned: replica 1 failed \(KeyError: 'late'\)$"):
+        r.arrive(0, "a", timeout=5)
+    assert waits.calls == [(0, 5), (0, 0.0)] and waits.pending() == []
+    assert r.failed_by == 1 and isinstance(r.failure, KeyError)
+
+
+def test_one_replica_combines_alone_and_records_its_failure() -> None:
+    calls: list[list[Any]] = []
+
+    def combine(deposits: list[Any]) -> list[Any]:
+        calls.append(deposits)
+        if deposits == ["bad"]:
+            raise ValueError("bad deposit")
+        return [f"{deposits[0]}!"]
+
+    r = Rendezvous(1, combine, lambda js: f"replica {js[0]}", str, ScriptedWaits(1))
+    r.reset()
+    assert r.arrive(0, "a", timeout=5) == "a!"
+    with pytest.raises(ValueError, match="bad deposit"):
+        r.arrive(0, "bad", timeout=5)
+    assert r.failed_by == 0 and str(r.failure) == "bad deposit"
+    with pytest.raises(StepAborted, match=r"^step abandoned: replica 0 failed \(ValueError: bad deposit\)$"):
+        r.arrive(0, "c", timeout=5)
+    assert calls == [["a"], ["bad"]]
