@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import BIN, PYTHON, ROOT, wait_no_processes
+from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, wait_no_processes
 
 MPIEXEC = str(BIN / "mpiexec")
 SCRIPT = ROOT / "tests" / "scripts" / "failsafe_job.py"
@@ -42,7 +42,7 @@ class Job:
     elapsed: float
 
 
-def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout: float = 60,
+def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout: float = SUBPROCESS_TIMEOUT,
             program: list[str] | None = None) -> Job:
     """Run ``mpiexec -n N python failsafe_job.py MODE`` and check that it leaves no process behind."""
     marker = f"--marker={uuid.uuid4().hex}"

@@ -96,7 +96,7 @@ def test_daemons_left_by_the_program_end_with_the_job(mode: str, status: int) ->
     """A daemon (setsid, out of the program's process group) holds mpiexec's pipes: without care
     the job never ends after success, and the daemon survives a failure."""
     marker = f"marker-{uuid.uuid4().hex}"
-    result = poprun("--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker, mode, timeout=60)
+    result = poprun("--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker, mode)
     assert result.returncode == status, result.stderr
     assert wait_no_processes(marker) == []
 
@@ -144,7 +144,7 @@ def test_files_of_killed_mpi_processes_are_removed() -> None:
     """MPICH's shared-memory segments (megabytes each) and Hydra's topology file stay behind when
     their processes are killed in a teardown; poprun removes the ones its job left."""
     before = _mpich_files()
-    result = poprun("--num-instances", "3", PYTHON, str(SCRIPTS / "fail_in_mpi.py"), timeout=60)
+    result = poprun("--num-instances", "3", PYTHON, str(SCRIPTS / "fail_in_mpi.py"))
     assert result.returncode == 3, result.stderr
     assert _mpich_files() - before == set()
 
