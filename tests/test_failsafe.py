@@ -94,6 +94,13 @@ def test_uncaught_exception_in_a_thread_aborts_the_job() -> None:
     assert "ZeroDivisionError" in job.output and "worker" in job.output
     assert "instance 1 of 2: uncaught ZeroDivisionError in thread 'worker'; ending the job with status 1" \
         in job.output, job.output
+    assert "ZeroDivisionError: division by zero" in job.output, job.output  # the thread's own traceback
+
+
+def test_a_thread_of_an_interactive_console_is_not_ended_by_its_exception() -> None:
+    job = run_job("console_thread")
+    assert job.returncode == 0, job.output
+    assert "ZeroDivisionError: division by zero" in job.output and "ending the job" not in job.output, job.output
 
 
 @pytest.mark.parametrize("thread", [False, True])

@@ -21,7 +21,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
                             "tests/test_mpi_suites.py"),
     "popdist_py.engine.rendezvous": ("tests/test_engine_rendezvous.py", "tests/test_engine_runtime.py",
                                      "tests/test_engine_executor.py"),
-    "popdist_py.agreement": ("tests/test_collectives_local.py", "tests/test_mpi_suites.py"),
+    "popdist_py.agreement": ("tests/test_collectives_local.py", "tests/test_mpi_suites.py", "tests/test_failsafe.py"),
     "popdist_py.failsafe": ("tests/test_failsafe.py", "tests/test_collectives_local.py"),
     # teardown and release, on both sides of the control connection
     "poprun_py.supervisor": _LAUNCH,

@@ -16,6 +16,8 @@ ok           collectives on every instance, normal exit                  -> stat
 interactive  (under ``python -i``) instance 1 raises, the others end at once: its interpreter goes
              on to its prompt, which reads the end of stdin                -> status 0
 interactive_thread  the same with the exception in a thread of instance 1   -> status 0
+console_thread  instance 1 sets sys.ps1 (as an interactive console does), then has an uncaught
+             exception in a thread                                         -> status 0
 mismatch     shapes differ between instances; each prints its error      -> status 0
 late         instance 1 never calls allreduce (uncaught timeout on the others ends the job, status 1)
 subset       execute_on_instances({0, 2}) with collectives inside (3 instances)
@@ -90,6 +92,13 @@ def main(mode: str) -> None:
             popdist_py.allreduce(np.ones(3))
         else:
             popdist_py.barrier()
+        say("done")
+    elif mode == "console_thread":
+        if RANK == 1:
+            sys.ps1 = ">>> "
+            worker = threading.Thread(target=lambda: 1 / 0, name="worker")
+            worker.start()
+            worker.join()
         say("done")
     elif mode in ("interactive", "interactive_thread"):
         # The prompt that follows reads stdin, which the launcher may hold open: /dev/null instead.
