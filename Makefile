@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
-.PHONY: install hosts-tools lint test test-fast demo bench bench-quick mutants clean
+.PHONY: install hosts-tools lint test test-fast demo bench bench-quick mutants mutants-launcher mutmut-run clean
 
 install: $(STAMP) hosts-tools
 
@@ -66,13 +66,24 @@ bench-quick: install
 	$(PY) -m bench.run --quick
 
 # Mutation testing (docs/mutation.md): mutmut, from the `mutation` extra, over the modules and tests
-# named in pyproject.toml's [tool.mutmut]; a fresh mutants/ each run, bounded to 30 minutes.
+# named in pyproject.toml's [tool.mutmut] (which test which: tests/mutation/selection.py); a fresh
+# mutants/ each run. `mutants`: the library, output framing and the environment contract, bounded
+# to 30 minutes; `mutants-launcher`: the supervisor, teardown and shim, whose every test is a job.
+MUTMUT_LIBRARY  := "popdist_py.*" "poprun_py.output.*" "poprun_py.environment.*"
+MUTMUT_LAUNCHER := "poprun_py.supervisor.*" "poprun_py.teardown.*" "poprun_py.shim.*" "poprun_py.shim_pump.*"
+
 mutants: install
+	$(MAKE) --no-print-directory mutmut-run MUTMUT_WHAT='$(MUTMUT_LIBRARY)' MUTMUT_LIMIT=1800
+
+mutants-launcher: install
+	$(MAKE) --no-print-directory mutmut-run MUTMUT_WHAT='$(MUTMUT_LAUNCHER)' MUTMUT_LIMIT=5400
+
+mutmut-run:
 	$(PY) -m pip install --quiet --disable-pip-version-check \
 		--config-settings editable_mode=compat -e '.[test,examples,bench,mutation]'
 	rm -rf mutants
-	timeout 1800 $(VENV)/bin/mutmut run --max-children 2 >/dev/null
-	$(VENV)/bin/mutmut results --all true | awk -F': ' '{n[$$NF]++} END {for (s in n) print s": "n[s]}'
+	timeout $(MUTMUT_LIMIT) $(VENV)/bin/mutmut run --max-children 2 $(MUTMUT_WHAT) >/dev/null
+	$(VENV)/bin/mutmut results --all true | $(PY) -m tests.mutation.summary
 	$(VENV)/bin/mutmut results
 
 clean:
