@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import protocol
+from poprun_py import protocol, teardown
 from tests.helpers import (
     OPENMPI_LIBMPI,
     OPENMPI_MPIEXEC,
@@ -98,6 +98,36 @@ def test_daemons_left_by_the_program_end_with_the_job(mode: str, status: int) ->
     marker = f"marker-{uuid.uuid4().hex}"
     result = poprun("--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker, mode)
     assert result.returncode == status, result.stderr
+    assert wait_no_processes(marker) == []
+
+
+def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp_path) -> None:
+    # Instance 0's shim is frozen (SIGSTOP), so it cannot stop its program when instance 1 fails:
+    # poprun sends mpiexec's process group SIGTERM, then SIGKILL (teardown.TERM/KILL_MPIEXEC_AFTER),
+    # and sweeps what is left in its session. Without that the job would sleep out instance 0's 120 s.
+    marker = f"marker-{uuid.uuid4().hex}"
+    go = tmp_path / "go"
+    proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker,
+                             f"1:waitfile={go},exit=3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        seen = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
+        assert seen == {"[0] instance 0 started", "[1] instance 1 started"}, proc.communicate(timeout=30)
+        shims = [line for line in processes_matching(marker)  # "PID: python -S .../instance.py 0 ..."
+                 if line.split()[2:3] == ["-S"] and "instance.py 0 " in line]
+        assert len(shims) == 1, processes_matching(marker)
+        os.kill(int(shims[0].split(":")[0]), signal.SIGSTOP)
+        go.touch()
+        start = time.monotonic()
+        _, stderr = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - start
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, stderr
+    assert "poprun: instance 1 on" in stderr and "failed: exit status 3" in stderr, stderr
+    # KILL_MPIEXEC_AFTER (4.5 s) plus 10 s of slack for a loaded 2-core host, against 120 s.
+    assert elapsed < teardown.KILL_MPIEXEC_AFTER + 10, f"the job took {elapsed:.1f} s to end"
     assert wait_no_processes(marker) == []
 
 

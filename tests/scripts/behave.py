@@ -1,6 +1,7 @@
 """A test program whose behaviour per instance is chosen on the command line.
 
-    behave.py MARKER [I:ACTION ...]   actions: exit=N, signal=NAME, sleep=S, stderr=TEXT, ok
+    behave.py MARKER [I:ACTION ...]   actions: exit=N, signal=NAME, sleep=S, stderr=TEXT, ok,
+                                      ignore-term, waitfile=PATH (until the test creates it; 30 s at most)
 Instances without an action sleep for a long time (until poprun stops them).
 """
 
@@ -59,5 +60,9 @@ for step in actions.get(index, "sleep=120").split(","):
         print(value, file=sys.stderr, flush=True)
     elif what == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif what == "waitfile":
+        give_up = time.monotonic() + 30
+        while not os.path.exists(value) and time.monotonic() < give_up:
+            time.sleep(0.01)
 remove_if_all_started()
 print(f"instance {index} done", flush=True)
