@@ -155,6 +155,16 @@ def test_missing_program_on_a_host_is_reported_by_the_shim() -> None:
     assert error is not None and error.startswith("program 'no-such-program-xyz' not found on host ")
 
 
+def test_a_program_that_cannot_be_executed_is_reported_by_the_shim(tmp_path) -> None:
+    program = tmp_path / "not-executable"
+    program.write_text("#!/bin/sh\n")
+    result, frames = run_shim(str(program))
+    assert result.returncode == 126
+    status, signum, error = protocol.read_exit(frames[-1][2])
+    assert (status, signum) == (126, None)
+    assert error == f"program {str(program)!r} cannot be executed (Permission denied) on host {socket.gethostname()}"
+
+
 def test_shim_that_cannot_reach_poprun_passes_output_through() -> None:
     result = run([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", PYTHON, "-c", "print('plain')"],
                  env={environment.CONTROL: "127.0.0.1:1"})
