@@ -6,11 +6,14 @@ command line that launches nothing (help, version, a usage error).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from poprun_py import __version__, log
+
+if TYPE_CHECKING:
+    from poprun_py.launch_options import LaunchOptions
 
 #: PopRun's V-IPU options: accepted so PopRun scripts run, each one used is warned about and ignored.
 VIPU_FLAGS = (
@@ -276,7 +279,7 @@ def poprun(ctx: click.Context, **options: Any) -> dict[str, Any]:
     return options
 
 
-def parse(argv: list[str]) -> dict[str, Any] | int:
+def parse(argv: list[str]) -> LaunchOptions | int:
     """The options for ``argv``, or an exit status when there is nothing to launch (help,
     version, or a usage error, already printed as one line)."""
     try:
@@ -291,4 +294,4 @@ def parse(argv: list[str]) -> dict[str, Any] | int:
         return exc.exit_code
     except click.exceptions.Abort:
         return 130
-    return result if isinstance(result, dict) else int(result or 0)
+    return cast("LaunchOptions", result) if isinstance(result, dict) else int(result or 0)

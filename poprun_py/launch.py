@@ -16,6 +16,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the l
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from poprun_py.launch_options import LaunchOptions
     from poprun_py.mpi import Command, CommandSpec, MpiLauncher
     from poprun_py.plan import JobPlan
 
@@ -28,30 +29,16 @@ class ProgramError(Exception):
         self.status = status
 
 
-def launch(options: dict) -> int:
+def launch(options: LaunchOptions) -> int:
     """Run the job ``options`` describe (as click would parse them); its exit status."""
     log.configure(options["verbose"])
-    grace = os.environ.get(environment.KILL_GRACE)
-    if grace is not None:  # every shim reads it: one line here rather than a warning from each
-        from poprun_py.shim_pump import bad_grace, grace_seconds
-
-        if grace_seconds(grace) is None:
-            raise PlanError(bad_grace(grace))
-
-    from poprun_py.mpi import (
-        CommandSpec,
-        build_command,
-        detect_launcher,
-        find_mpiexec,
-        parse_instance_local_args,
-        split_args,
-    )
+    _check_kill_grace()
+    from poprun_py.mpi import detect_launcher, find_mpiexec
     from poprun_py.plan import JobPlan
 
     hosts = _resolve_hosts(options)
-    num_replicas = options["num_replicas"] or options["num_instances"]
-    plan = JobPlan(options["num_instances"], num_replicas, options["ipus_per_replica"],
-                   tuple(hosts), options["executable_cache_path"])
+    plan = JobPlan(options["num_instances"], options["num_replicas"] or options["num_instances"],
+                   options["ipus_per_replica"], tuple(hosts), options["executable_cache_path"])
     only = options["only_output_from_instance"]
     if only is not None and only >= plan.num_instances:
         raise PlanError(f"--only-output-from-instance {only} is outside the instances 0..{plan.num_instances - 1}")
@@ -63,40 +50,92 @@ def launch(options: dict) -> int:
     remote = _remote_hosts(hosts, resolve=not options["dry_run"])
     callback = _callback_address(hosts, remote, options["host_subnet"], resolve=not options["dry_run"])
     master_port = _torchrun_contract(plan, options, remote, callback)
-    job_env = {**plan.job_env(), environment.UNBUFFERED: os.environ.get(environment.UNBUFFERED, "1"),
-               environment.TORCH_NCCL_ASYNC_ERROR_HANDLING:
-                   os.environ.get(environment.TORCH_NCCL_ASYNC_ERROR_HANDLING, "1")}
-    if environment.OMP_NUM_THREADS in os.environ:  # the user's, to every host (Open MPI forwards nothing)
-        job_env[environment.OMP_NUM_THREADS] = os.environ[environment.OMP_NUM_THREADS]
-    if options["host_subnet"] and hosts:
-        job_env[environment.HOST_SUBNET] = options["host_subnet"]
-    spec = CommandSpec(
-        job_env=job_env,
-        instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],
-        shim=[],
-        program=[options["program"], *options["args"]],
-        global_args=split_args(options["mpi_global_args"], "--mpi-global-args"),
-        local_args=split_args(options["mpi_local_args"], "--mpi-local-args"),
-        instance_local_args=parse_instance_local_args(options["instance_mpi_local_args"], plan.num_instances),
-        numa_aware=options["numa_aware"],
-        explicit_hosts=bool(hosts),
-        callback_address=callback,
-        host_subnet=options["host_subnet"] if hosts else None,
-    )
+    spec = _command_spec(options, plan, callback)
     _check_program(options["program"], bool(remote))
     launcher = detect_launcher(find_mpiexec(options["mpi"]), need_version=options["dry_run"] or options["verbose"] > 0)
     log.info("using %s (%s %s)", launcher.path, launcher.flavour, launcher.version)
-    spec.shim = [sys.executable, "-S", os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")]
 
     if options["print_topology"] or options["dry_run"]:
         from poprun_py.plan_table import render_plan_table
 
         print(render_plan_table(plan))
     if options["dry_run"]:
+        from poprun_py.mpi import build_command
+
         _print_dry_run(plan, launcher, build_command(launcher, plan, _with_control(spec, "<poprun-address>:<port>")))
         return 0
-
     _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
+    _say_threads_per_instance(plan, remote)
+    _make_error_dir(plan, spec)
+    return _run(options, plan, spec, launcher, remote, callback, master_port)
+
+
+def _check_kill_grace() -> None:
+    """Every shim reads $POPRUN_KILL_GRACE: one line here rather than a warning from each."""
+    grace = os.environ.get(environment.KILL_GRACE)
+    if grace is not None:
+        from poprun_py.shim_pump import bad_grace, grace_seconds
+
+        if grace_seconds(grace) is None:
+            raise PlanError(bad_grace(grace))
+
+
+def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -> CommandSpec:
+    """What the mpiexec command is built from: the environments, the program and the user's MPI arguments."""
+    from poprun_py.mpi import CommandSpec, parse_instance_local_args, split_args
+
+    job_env = {**plan.job_env(), environment.UNBUFFERED: os.environ.get(environment.UNBUFFERED, "1"),
+               environment.TORCH_NCCL_ASYNC_ERROR_HANDLING:
+                   os.environ.get(environment.TORCH_NCCL_ASYNC_ERROR_HANDLING, "1")}
+    if environment.OMP_NUM_THREADS in os.environ:  # the user's, to every host (Open MPI forwards nothing)
+        job_env[environment.OMP_NUM_THREADS] = os.environ[environment.OMP_NUM_THREADS]
+    if options["host_subnet"] and plan.hosts:
+        job_env[environment.HOST_SUBNET] = options["host_subnet"]
+    return CommandSpec(
+        job_env=job_env,
+        instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],
+        shim=[sys.executable, "-S", os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")],
+        program=[options["program"] or "", *options["args"]],
+        global_args=split_args(options["mpi_global_args"], "--mpi-global-args"),
+        local_args=split_args(options["mpi_local_args"], "--mpi-local-args"),
+        instance_local_args=parse_instance_local_args(options["instance_mpi_local_args"], plan.num_instances),
+        numa_aware=options["numa_aware"],
+        explicit_hosts=bool(plan.hosts),
+        callback_address=callback,
+        host_subnet=options["host_subnet"] if plan.hosts else None,
+    )
+
+
+def _say_threads_per_instance(plan: JobPlan, remote: list[str]) -> None:
+    """Several instances to a host and no OMP_NUM_THREADS: each gets its share of the cores; say so."""
+    if environment.OMP_NUM_THREADS in os.environ or plan.instances_per_host <= 1:
+        return
+    from poprun_py.shim import threads_per_instance
+
+    k = plan.instances_per_host
+    here = f"; here {len(os.sched_getaffinity(0))} / {k} = {threads_per_instance(k)}" if not remote else ""
+    sys.stderr.write(f"poprun: {environment.OMP_NUM_THREADS} is not set: each instance gets its host's usable "
+                     f"cores divided by the {k} instances there, at least 1 (torchrun sets 1){here}\n")
+    sys.stderr.flush()
+
+
+def _make_error_dir(plan: JobPlan, spec: CommandSpec) -> None:
+    """The directory of the instances' error files; without it they get no TORCHELASTIC_ERROR_FILE."""
+    if plan.error_dir is None:
+        return
+    try:
+        os.mkdir(plan.error_dir, 0o700)  # a new name: another user cannot have made it first
+    except OSError as exc:
+        log.warning("no %s for the instances: cannot create %s: %s", environment.TORCHELASTIC_ERROR_FILE,
+                    plan.error_dir, exc.strerror or exc)
+        plan.error_dir = None
+        spec.instance_envs = [plan.instance_env(i) for i in range(plan.num_instances)]
+
+
+def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: MpiLauncher, remote: list[str],
+         callback: str | None, master_port: Callable[[], str]) -> int:
+    """Start the job, and start it again after a failure while --max-restarts allows; the last status."""
+    from poprun_py.mpi import build_command
     from poprun_py.output import OutputOptions
     from poprun_py.supervisor import Supervisor
 
@@ -113,31 +152,16 @@ def launch(options: dict) -> int:
             log.info("the command line would be too long: hosts and app contexts are in %s", ", ".join(written))
         return built.argv(paths)
 
-    if environment.OMP_NUM_THREADS not in os.environ and plan.instances_per_host > 1:
-        from poprun_py.shim import threads_per_instance
-
-        k = plan.instances_per_host
-        here = f"; here {len(os.sched_getaffinity(0))} / {k} = {threads_per_instance(k)}" if not remote else ""
-        sys.stderr.write(f"poprun: {environment.OMP_NUM_THREADS} is not set: each instance gets its host's usable "
-                         f"cores divided by the {k} instances there, at least 1 (torchrun sets 1){here}\n")
-        sys.stderr.flush()
     restarts = options["max_restarts"]
-    if plan.error_dir is not None:
-        try:
-            os.mkdir(plan.error_dir, 0o700)  # a new name: another user cannot have made it first
-        except OSError as exc:
-            log.warning("no %s for the instances: cannot create %s: %s", environment.TORCHELASTIC_ERROR_FILE,
-                        plan.error_dir, exc.strerror or exc)
-            plan.error_dir = None
-            spec.instance_envs = [plan.instance_env(i) for i in range(plan.num_instances)]
+    status = 1
     try:
         for restart in range(restarts + 1):
             spec.job_env[environment.RESTART_COUNT] = str(restart)
             spec.job_env[environment.TORCHELASTIC_RESTART_COUNT] = str(restart)
-            spec.job_env[environment.MASTER_PORT] = str(master_port())  # a free one for every start
+            spec.job_env[environment.MASTER_PORT] = master_port()  # a free one for every start
             supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command,
-                                    show_instance=only, listen_address=callback or "127.0.0.1",
-                                    remote_hosts=frozenset(remote),
+                                    show_instance=options["only_output_from_instance"],
+                                    listen_address=callback or "127.0.0.1", remote_hosts=frozenset(remote),
                                     output=OutputOptions(options["log_dir"], options["tee"],
                                                          options["prefix_timestamp"], append=restart > 0))
             status = supervisor.run()
@@ -157,7 +181,8 @@ def launch(options: dict) -> int:
             _remove_tree(plan.error_dir)
 
 
-def _torchrun_contract(plan: JobPlan, options: dict, remote: list[str], callback: str | None) -> Callable[[], str]:
+def _torchrun_contract(plan: JobPlan, options: LaunchOptions, remote: list[str],
+                       callback: str | None) -> Callable[[], str]:
     """Fill in the plan's part of torchrun's worker contract: the job's id, its restarts, the
     directory of the error files, and MASTER_ADDR, instance 0's host as an address every host
     reaches: poprun's callback address when instance 0 runs here (loopback for a one-host job),
@@ -326,7 +351,7 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command) -> None
             print("  " + line)
 
 
-def _resolve_hosts(options: dict) -> list[str]:
+def _resolve_hosts(options: LaunchOptions) -> list[str]:
     """-H or --host-file; without either, inside a Slurm allocation its nodes; else none (this machine)."""
     if options["host"] is not None and options["host_file"] is not None:
         raise PlanError("--host and --host-file exclude each other; give only one of them")
@@ -344,6 +369,7 @@ def _resolve_hosts(options: dict) -> list[str]:
 
     if options["host"] is not None:
         return expand_hosts(options["host"])
+    assert options["host_file"] is not None
     return read_host_file(options["host_file"])
 
 

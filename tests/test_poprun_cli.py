@@ -329,3 +329,16 @@ def test_a_bad_kill_grace_is_one_line_before_anything_starts(grace: str, monkeyp
     assert Pump(0, None).grace == 3.0
     assert capfd.readouterr().err == (f"poprun: warning: POPRUN_KILL_GRACE={grace!r} is not a number of "
                                       "seconds (>= 0); using 3\n")
+
+
+def test_launch_options_name_every_option_that_reaches_launch() -> None:
+    # LaunchOptions types what command.parse gives launch: the command's options and arguments,
+    # less the V-IPU ones (warned about and dropped) and --import-config (not passed on).
+    from typing import get_type_hints
+
+    from poprun_py import command
+    from poprun_py.launch_options import LaunchOptions
+
+    given = {p.name for p in command.poprun.params if p.expose_value and p.name}
+    vipu = {flag[2:].replace("-", "_") for flag in command.VIPU_FLAGS}
+    assert set(get_type_hints(LaunchOptions)) == given - vipu
