@@ -14,6 +14,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from popdist_py.settings import PopdistEnvError, integer
+
 # The names are the launcher's contract, defined once in poprun_py.environment (an import-free
 # module: importing it loads nothing of the launcher).
 from poprun_py.environment import (
@@ -29,10 +31,6 @@ from poprun_py.environment import (
     SLURM_LOCALID,
     UNIFORM_REPLICAS,
 )
-
-
-class PopdistEnvError(ValueError):
-    """The ``POPDIST_*`` environment is malformed; the message names the variable and value."""
 
 
 @dataclass(frozen=True)
@@ -60,19 +58,6 @@ class Topology:
         return range(self.replica_index_offset, self.replica_index_offset + self.num_local_replicas)
 
 
-def _int(env: dict[str, str] | os._Environ[str], name: str, default: int, minimum: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise PopdistEnvError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise PopdistEnvError(f"{name}={raw!r} must be >= {minimum}")
-    return value
-
-
 def is_set(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
     """True when ``poprun`` started this process (its ``POPDIST_*`` variables are present)."""
     env = os.environ if env is None else env
@@ -88,11 +73,11 @@ def launcher_topology(env: dict[str, str] | os._Environ[str]) -> Topology | None
     global _announced
     for launcher, rank_name, size_name, local_name in MPI_LAUNCHERS:
         if env.get(rank_name) and env.get(size_name):
-            size = _int(env, size_name, 1, 1)
-            rank = _int(env, rank_name, 0, 0)
+            size = integer(size_name, 1, 1, env)
+            rank = integer(rank_name, 0, 0, env)
             if rank >= size:
                 raise PopdistEnvError(f"{rank_name}={rank} is not below {size_name}={size}")
-            local = _int(env, local_name, _int(env, SLURM_LOCALID, 0, 0), 0)  # srun --mpi=pmi2: PMI_* and Slurm's
+            local = integer(local_name, integer(SLURM_LOCALID, 0, 0, env), 0, env)  # srun --mpi=pmi2: PMI_* and Slurm's
             topo = Topology(num_total_replicas=size, replica_index_offset=rank, local_instance_index=local,
                             source=launcher)
             if not _announced and rank == 0 and size > 1 and env is os.environ:
@@ -114,15 +99,15 @@ def read_topology(env: dict[str, str] | os._Environ[str] | None = None) -> Topol
     if missing:
         present = ", ".join(f"{n}={env.get(n)!r}" for n in REQUIRED if env.get(n))
         raise PopdistEnvError(f"incomplete PopDist environment: {', '.join(missing)} missing while {present} is set")
-    total = _int(env, NUM_TOTAL_REPLICAS, 1, 1)
-    local = _int(env, NUM_LOCAL_REPLICAS, 1, 1)
-    offset = _int(env, REPLICA_INDEX_OFFSET, 0, 0)
+    total = integer(NUM_TOTAL_REPLICAS, 1, 1, env)
+    local = integer(NUM_LOCAL_REPLICAS, 1, 1, env)
+    offset = integer(REPLICA_INDEX_OFFSET, 0, 0, env)
     topo = Topology(
         num_total_replicas=total,
         num_local_replicas=local,
-        ipus_per_replica=_int(env, NUM_IPUS_PER_REPLICA, 1, 1),
+        ipus_per_replica=integer(NUM_IPUS_PER_REPLICA, 1, 1, env),
         replica_index_offset=offset,
-        local_instance_index=_int(env, LOCAL_INSTANCE_INDEX, 0, 0),
+        local_instance_index=integer(LOCAL_INSTANCE_INDEX, 0, 0, env),
         is_set=True,
         source="poprun",
     )
@@ -140,7 +125,7 @@ def read_topology(env: dict[str, str] | os._Environ[str] | None = None) -> Topol
     if uniform not in (None, "", "0", "1"):
         raise PopdistEnvError(f"{UNIFORM_REPLICAS}={uniform!r} must be 0 or 1")
     for name, derived in ((NUM_INSTANCES, topo.num_instances), (INSTANCE_INDEX, topo.instance_index)):
-        given = _int(env, name, derived, 0)
+        given = integer(name, derived, 0, env)
         if given != derived:
             raise PopdistEnvError(
                 f"{name}={given} contradicts the replica counts, which give {derived} "

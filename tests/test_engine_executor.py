@@ -53,7 +53,6 @@ def test_both_executors_have_one_run_signature(executor: str) -> None:
         (3, "2", 2, "cooperative"),     # 1.5 cores each is not 2
         (1, None, 4, "cooperative"),
         (64, None, 1, "cooperative"),   # L == 1: nothing to schedule (the step runs inline anyway)
-        (8, "junk", 2, "threads"),      # an unusable LOCAL_WORLD_SIZE counts as 1 instance
     ],
 )
 def test_auto_rule(clean_env: pytest.MonkeyPatch, executor: str, ncores: int, local_world_size: str | None,
@@ -67,6 +66,14 @@ def test_auto_rule(clean_env: pytest.MonkeyPatch, executor: str, ncores: int, lo
         assert rt.executor == expect
     with Runtime(replication=L, executor="auto") as rt:
         assert rt.executor == expect
+
+
+def test_an_unusable_local_world_size_is_an_error(clean_env: pytest.MonkeyPatch, executor: str) -> None:
+    if executor != "threads":
+        pytest.skip("independent of the module's executor")
+    clean_env.setenv("LOCAL_WORLD_SIZE", "junk")
+    with pytest.raises(ValueError, match=r"^LOCAL_WORLD_SIZE='junk' is not an integer \(use a whole number >= 1\)$"):
+        Runtime(replication=2)
 
 
 def test_auto_rule_without_affinity(clean_env: pytest.MonkeyPatch, executor: str) -> None:

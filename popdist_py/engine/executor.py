@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 # The variables' names are the launcher's contract, defined once in poprun_py.environment (import-free).
+from popdist_py import settings
 from poprun_py.environment import ENGINE_EXECUTOR as ENV
 from poprun_py.environment import LOCAL_WORLD_SIZE
 
@@ -65,18 +66,8 @@ def available_cores() -> int:
 
 
 def instances_on_host() -> int:
-    """``LOCAL_WORLD_SIZE`` (set by poprun), 1 when absent or unusable."""
-    raw = os.environ.get(LOCAL_WORLD_SIZE, "").strip()
-    if not raw:
-        return 1
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        log.warning("ignoring %s=%r (not a positive integer); assuming 1 instance on this host", LOCAL_WORLD_SIZE, raw)
-        return 1
-    return value
+    """``LOCAL_WORLD_SIZE`` (set by poprun and torchrun); 1 when absent."""
+    return settings.integer(LOCAL_WORLD_SIZE, 1, minimum=1)
 
 
 def cores_per_instance() -> int:
@@ -91,10 +82,7 @@ def choose(requested: str | None, num_local_replicas: int) -> str:
             raise ValueError(f"executor={requested!r} is not one of {', '.join(EXECUTORS)}")
         name = requested
     else:
-        raw = os.environ.get(ENV, "")
-        name = raw.strip().lower() or AUTO
-        if name not in EXECUTORS:
-            raise ValueError(f"{ENV}={raw!r} is not one of {', '.join(EXECUTORS)}")
+        name = settings.choice(ENV, EXECUTORS, AUTO)
     if name != AUTO:
         return name
     from popdist_py.engine.pool import MAX_THREADS

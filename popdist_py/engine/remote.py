@@ -33,7 +33,6 @@ import numpy as np
 
 from popdist_py import validate
 from poprun_py.environment import REMOTE_DIR
-from poprun_py.leftovers import SHARED_MEMORY
 
 if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine.variables import Variable
@@ -197,11 +196,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+#: Linux's shared memory, a tmpfs.
+SHARED_MEMORY_DIR = "/dev/shm"
+
+
 def _parents() -> list[Path]:
     """Where default spill directories go, best first: shared memory (``/dev/shm``, a tmpfs: host
     RAM outside the process, as PopART's streaming memory is, with no writeback to a disk), then
     the temporary directory."""
-    shm = Path(SHARED_MEMORY[0])  # (directory, file prefix of MPICH's segments)
+    shm = Path(SHARED_MEMORY_DIR)
     parents = [shm] if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else []
     return [*parents, Path(tempfile.gettempdir())]
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from popdist_py import settings
 from popdist_py.engine.executor import available_cores, instances_on_host
 from poprun_py.environment import LOCAL_RANK
 
@@ -32,10 +33,7 @@ def core_share(workers: int) -> list[int] | None:
     except (AttributeError, OSError):  # pragma: no cover - no affinity on this OS
         return None
     here = instances_on_host()
-    try:
-        rank = int(os.environ.get(LOCAL_RANK, "0"))
-    except ValueError:
-        rank = 0
+    rank = settings.integer(LOCAL_RANK, 0)
     share = len(cores) // here if here > 1 else len(cores)
     mine = cores[rank * share:(rank + 1) * share] if 0 <= rank < here else []
     return mine[:workers] if len(mine) >= workers else None

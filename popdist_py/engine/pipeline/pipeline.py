@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from popdist_py import validate
+from popdist_py import settings, validate
 from popdist_py.engine.errors import PipelineStageError, StepAborted
 from popdist_py.engine.pipeline import sync
 from popdist_py.engine.pipeline.devices import Devices
@@ -387,8 +387,7 @@ def _job_devices() -> int | None:
     """``--ipus-per-replica`` of the poprun job this process is an instance of, if any."""
     from poprun_py.environment import NUM_IPUS_PER_REPLICA
 
-    raw = os.environ.get(NUM_IPUS_PER_REPLICA, "").strip()
-    return validate.count(NUM_IPUS_PER_REPLICA, int(raw) if raw.isdigit() else raw) if raw else None
+    return settings.optional_integer(NUM_IPUS_PER_REPLICA, minimum=1)
 
 
 __all__ = ["BACKWARD", "FORWARD", "Pipeline", "PipelineStageError"]
