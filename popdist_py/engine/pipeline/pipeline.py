@@ -167,147 +167,14 @@ class Pipeline:
         devices = self._devices
         if devices is None:
             raise RuntimeError("Pipeline.run before start(local_replicas): give the pipeline to a Trainer")
-        K, M = len(self.stages), len(micro_batches)
-        forward_in: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]
-        backward_in: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]
-        losses: list[Any] = [None] * M
-        events: list[Event] = []
-        records: list[ExchangeRecord] = []
-        failed = threading.Event()
-        inputs = list(micro_batches)
-        plan = self.plan(M)
-        host_inside = self.feed is not None and self.sync_pattern == sync.FULL  # the host feeds inside the meeting
-        run_key, meeting = self._meeting(local, plan, host_inside)
-        fed = [threading.Event() for _ in range(M)]  # the host has fed micro-batch m
-        taken = [threading.Event() for _ in range(M)]  # stage 0 has taken micro-batch m
-
-        requests: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (stage, micro-batch) of a finished backward
-        released: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]  # a stage's new params
-
-        def stop_all() -> None:
-            failed.set()
-            for q in (*forward_in, *backward_in, *released):
-                q.put(_ABORT)
-            requests.put(_ABORT)
-            meeting.abort()
-            for event in (*fed, *taken):
-                event.set()
-
-        def host_loop() -> None:
-            """The host's data feed: inside each input exchange (full), or one micro-batch ahead."""
-            group = sync.group(self.sync_pattern, 0, K)
-            m = -1
-            try:
-                for m in range(M):
-                    if host_inside:
-                        x = Exchange(sync.INPUT, m, group)
-                        meeting.arrive(x, replica, HOST)
-                    elif m:
-                        taken[m - 1].wait()  # double buffering: feed m while stage 0 works on m - 1
-                    if failed.is_set():
-                        raise _Stopped
-                    start = time.perf_counter_ns()
-                    inputs[m] = tuple(self.feed(*inputs[m]))  # type: ignore[misc]
-                    events.append(Event(replica, HOST, sync.INPUT, -1, m, start, time.perf_counter_ns()))
-                    fed[m].set()
-                    if host_inside:
-                        meeting.leave(x)
-            except (_Stopped, threading.BrokenBarrierError):
-                stop_all()
-                raise _Stopped from None
-            except BaseException as e:
-                stop_all()
-                raise PipelineStageError(f"replica {replica}: the host's feed of micro-batch {m} failed: "
-                                         f"{type(e).__name__}: {e}") from e
-
-        def exchange(x: Exchange, s: int) -> None:
-            """Meet the exchange's group; the devices doing the I/O do it while the others wait."""
-            io = s == (0 if x.kind == sync.INPUT else K - 1)
-            try:
-                meeting.arrive(x, replica, self.stages[s].device)
-                start = time.perf_counter_ns()
-                if io and x.kind == sync.INPUT and self.feed is not None and not host_inside:
-                    fed[x.micro_batch].wait()  # fed ahead by the host
-                    if failed.is_set():
-                        raise _Stopped
-                end = time.perf_counter_ns()
-                meeting.leave(x)
-                if io and x.kind == sync.INPUT:
-                    taken[x.micro_batch].set()
-            except threading.BrokenBarrierError:
-                raise _Stopped from None
-            if io:  # every member arrived before the barrier let anyone go
-                waited = dict(meeting.arrivals[x.kind, x.micro_batch])
-                records.append(ExchangeRecord(x.kind, x.micro_batch, waited, next(meeting.tickets), start, end))
-                events.append(Event(replica, self.stages[s].device, x.kind, s, x.micro_batch, start, end))
-
-        def take(q: queue.SimpleQueue[Any], op: Op) -> Any:
-            item = q.get()
-            if item is _ABORT:
-                raise _Stopped
-            m, value = item
-            assert m == op.micro_batch, (m, op)  # the schedules keep every queue in micro-batch order
-            return value
-
-        def device_loop(s: int, items: list[Op | Exchange]) -> None:
-            stage = self.stages[s]
-            mine = params  # replaced by each update in continuous pipelining
-            stash = self._stashes[local, s]
-            stash.clear()  # what a failed step left
-            op: Op | Exchange | None = None
-            try:
-                for op in items:
-                    if failed.is_set():
-                        raise _Stopped
-                    if isinstance(op, Exchange):
-                        exchange(op, s)
-                        continue
-                    m = op.micro_batch
-                    if op.kind == FORWARD:
-                        carry = take(forward_in[s], op) if s else None
-                        start = time.perf_counter_ns()
-                        out, saved = stage.forward(mine, carry, *inputs[m])
-                        stash.put(m, saved)
-                        del saved
-                        end = time.perf_counter_ns()
-                        if s == K - 1:
-                            losses[m] = out
-                        else:
-                            forward_in[s + 1].put((m, out))
-                    else:
-                        grad_out = take(backward_in[s], op) if s < K - 1 else None
-                        start = time.perf_counter_ns()
-                        assert stage.backward is not None
-                        grad_carry, grads = stage.backward(mine, stash.pop(m), grad_out)
-                        for w in stage.weights:
-                            on_grads(w, grads[w])
-                        end = time.perf_counter_ns()
-                        if s:
-                            backward_in[s - 1].put((m, grad_carry))
-                        if update is not None:  # wait for this stage's update on the calling thread
-                            requests.put((s, m))
-                            new = released[s].get()
-                            if new is _ABORT:
-                                raise _Stopped
-                            mine = new
-                    events.append(Event(replica, stage.device, op.kind, s, m, start, end))
-            except _Stopped:
-                stop_all()  # the rest of this replica's devices too
-                raise
-            except BaseException as e:
-                stop_all()
-                assert op is not None
-                what = op.describe() if isinstance(op, Exchange) else f"{op.kind} of micro-batch {op.micro_batch}"
-                raise PipelineStageError(f"replica {replica}: {stage.label(s)} (device {stage.device}) failed in the "
-                                         f"{what}: {type(e).__name__}: {e}") from e
-
-        futures = [devices.submit(local, stage.device, functools.partial(device_loop, s, items))
-                   for s, (stage, items) in enumerate(zip(self.stages, plan, strict=True))]
+        run = _Run(self, local, replica, params, micro_batches, on_grads, update)
+        futures = [devices.submit(local, stage.device, functools.partial(run.device_loop, s, items))
+                   for s, (stage, items) in enumerate(zip(self.stages, run.plan, strict=True))]
         if self.feed is not None:
-            futures.append(devices.submit(local, HOST, host_loop))
+            futures.append(devices.submit(local, HOST, run.host_loop))
         errors: list[BaseException] = []
         if update is not None:
-            self._serve_updates(update, M, requests, released, stop_all, errors)
+            self._serve_updates(update, run.M, run.requests, run.released, run.stop_all, errors)
         stopped = False
         for f in futures:
             try:
@@ -316,14 +183,14 @@ class Pipeline:
                 stopped = True
             except BaseException as e:
                 errors.append(e)
-        self._leave(run_key, meeting)
-        self.events[local] = events
-        self.exchanges[local] = sorted(records, key=lambda r: r.done)
+        self._leave(run.key, run.meeting)
+        self.events[local] = run.events
+        self.exchanges[local] = sorted(run.records, key=lambda r: r.done)
         if errors:
             raise errors[0]
         if stopped:  # another replica's stage failed and broke the meetings
             raise StepAborted(f"replica {replica}: the pipeline stopped because another replica's stage failed")
-        return losses
+        return run.losses
 
     def _meeting(self, local: int, plan: list[list[Op | Exchange]], host_inside: bool) -> tuple[Any, sync.Meeting]:
         """This run's meeting: shared by every local replica's run of the same step when they run at
@@ -388,6 +255,172 @@ def _job_devices() -> int | None:
     from poprun_py.environment import NUM_IPUS_PER_REPLICA
 
     return settings.optional_integer(NUM_IPUS_PER_REPLICA, minimum=1)
+
+
+
+class _Run:
+    """One batch through the pipeline on one local replica: what its devices' threads and its host
+    feed share (queues between stages, the meeting of the host exchanges, events), and each one's loop."""
+
+    def __init__(self, pipeline: Pipeline, local: int, replica: int, params: dict[str, Any],
+                 micro_batches: Sequence[tuple[Any, ...]], on_grads: Callable[[str, Any], None],
+                 update: Callable[[int, int], dict[str, Any]] | None) -> None:
+        self.pipeline, self.local, self.replica = pipeline, local, replica
+        self.params, self.on_grads, self.update = params, on_grads, update
+        self.K, self.M = K, M = len(pipeline.stages), len(micro_batches)
+        self.forward_in: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]
+        self.backward_in: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]
+        self.losses: list[Any] = [None] * M
+        self.events: list[Event] = []
+        self.records: list[ExchangeRecord] = []
+        self.failed = threading.Event()
+        self.inputs = list(micro_batches)
+        self.plan = pipeline.plan(M)
+        # the host feeds inside the meeting
+        self.host_inside = pipeline.feed is not None and pipeline.sync_pattern == sync.FULL
+        self.key, self.meeting = pipeline._meeting(local, self.plan, self.host_inside)
+        self.fed = [threading.Event() for _ in range(M)]  # the host has fed micro-batch m
+        self.taken = [threading.Event() for _ in range(M)]  # stage 0 has taken micro-batch m
+        self.requests: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (stage, micro-batch) of a finished backward
+        self.released: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(K)]  # a stage's new params
+
+    def stop_all(self) -> None:
+        """Wake every wait of this run: a device or the feed failed."""
+        self.failed.set()
+        for q in (*self.forward_in, *self.backward_in, *self.released):
+            q.put(_ABORT)
+        self.requests.put(_ABORT)
+        self.meeting.abort()
+        for event in (*self.fed, *self.taken):
+            event.set()
+
+    def host_loop(self) -> None:
+        """The host's data feed: inside each input exchange (full), or one micro-batch ahead."""
+        feed = self.pipeline.feed
+        assert feed is not None
+        group = sync.group(self.pipeline.sync_pattern, 0, self.K)
+        m = -1
+        try:
+            for m in range(self.M):
+                if self.host_inside:
+                    x = Exchange(sync.INPUT, m, group)
+                    self.meeting.arrive(x, self.replica, HOST)
+                elif m:
+                    self.taken[m - 1].wait()  # double buffering: feed m while stage 0 works on m - 1
+                if self.failed.is_set():
+                    raise _Stopped
+                start = time.perf_counter_ns()
+                self.inputs[m] = tuple(feed(*self.inputs[m]))
+                self.events.append(Event(self.replica, HOST, sync.INPUT, -1, m, start, time.perf_counter_ns()))
+                self.fed[m].set()
+                if self.host_inside:
+                    self.meeting.leave(x)
+        except (_Stopped, threading.BrokenBarrierError):
+            self.stop_all()
+            raise _Stopped from None
+        except BaseException as e:
+            self.stop_all()
+            raise PipelineStageError(f"replica {self.replica}: the host's feed of micro-batch {m} failed: "
+                                     f"{type(e).__name__}: {e}") from e
+
+    def exchange(self, x: Exchange, s: int) -> None:
+        """Meet the exchange's group; the devices doing the I/O do it while the others wait."""
+        device = self.pipeline.stages[s].device
+        io = s == (0 if x.kind == sync.INPUT else self.K - 1)
+        try:
+            self.meeting.arrive(x, self.replica, device)
+            start = time.perf_counter_ns()
+            if io and x.kind == sync.INPUT and self.pipeline.feed is not None and not self.host_inside:
+                self.fed[x.micro_batch].wait()  # fed ahead by the host
+                if self.failed.is_set():
+                    raise _Stopped
+            end = time.perf_counter_ns()
+            self.meeting.leave(x)
+            if io and x.kind == sync.INPUT:
+                self.taken[x.micro_batch].set()
+        except threading.BrokenBarrierError:
+            raise _Stopped from None
+        if io:  # every member arrived before the barrier let anyone go
+            waited = dict(self.meeting.arrivals[x.kind, x.micro_batch])
+            self.records.append(ExchangeRecord(x.kind, x.micro_batch, waited, next(self.meeting.tickets), start, end))
+            self.events.append(Event(self.replica, device, x.kind, s, x.micro_batch, start, end))
+
+    @staticmethod
+    def take(q: queue.SimpleQueue[Any], op: Op) -> Any:
+        item = q.get()
+        if item is _ABORT:
+            raise _Stopped
+        m, value = item
+        assert m == op.micro_batch, (m, op)  # the schedules keep every queue in micro-batch order
+        return value
+
+    def device_loop(self, s: int, items: list[Op | Exchange]) -> None:
+        """Stage ``s``'s device: its forwards, backwards and exchanges in the schedule's order."""
+        stage = self.pipeline.stages[s]
+        mine = self.params  # replaced by each update in continuous pipelining
+        stash = self.pipeline._stashes[self.local, s]
+        stash.clear()  # what a failed step left
+        op: Op | Exchange | None = None
+        try:
+            for op in items:
+                if self.failed.is_set():
+                    raise _Stopped
+                if isinstance(op, Exchange):
+                    self.exchange(op, s)
+                    continue
+                if op.kind == FORWARD:
+                    start, end = self._forward(s, op, mine, stash)
+                else:
+                    start, end, mine = self._backward(s, op, mine, stash)
+                self.events.append(Event(self.replica, stage.device, op.kind, s, op.micro_batch, start, end))
+        except _Stopped:
+            self.stop_all()  # the rest of this replica's devices too
+            raise
+        except BaseException as e:
+            self.stop_all()
+            assert op is not None
+            what = op.describe() if isinstance(op, Exchange) else f"{op.kind} of micro-batch {op.micro_batch}"
+            raise PipelineStageError(f"replica {self.replica}: {stage.label(s)} (device {stage.device}) failed in "
+                                     f"the {what}: {type(e).__name__}: {e}") from e
+
+    def _forward(self, s: int, op: Op, mine: dict[str, Any], stash: Stash) -> tuple[int, int]:
+        """Stage ``s``'s forward of one micro-batch: its output goes to the next stage (the loss, from
+        the last); what its backward needs is stashed. Returns when it started and ended."""
+        m = op.micro_batch
+        carry = self.take(self.forward_in[s], op) if s else None
+        start = time.perf_counter_ns()
+        out, saved = self.pipeline.stages[s].forward(mine, carry, *self.inputs[m])
+        stash.put(m, saved)
+        del saved
+        end = time.perf_counter_ns()
+        if s == self.K - 1:
+            self.losses[m] = out
+        else:
+            self.forward_in[s + 1].put((m, out))
+        return start, end
+
+    def _backward(self, s: int, op: Op, mine: dict[str, Any], stash: Stash) -> tuple[int, int, dict[str, Any]]:
+        """Stage ``s``'s backward of one micro-batch: its weights' gradients to ``on_grads``, the
+        carried gradient to the stage before; in continuous pipelining, the stage's params after
+        its update. Returns when it started and ended, and the params to compute with from now on."""
+        m = op.micro_batch
+        stage = self.pipeline.stages[s]
+        grad_out = self.take(self.backward_in[s], op) if s < self.K - 1 else None
+        start = time.perf_counter_ns()
+        assert stage.backward is not None
+        grad_carry, grads = stage.backward(mine, stash.pop(m), grad_out)
+        for w in stage.weights:
+            self.on_grads(w, grads[w])
+        end = time.perf_counter_ns()
+        if s:
+            self.backward_in[s - 1].put((m, grad_carry))
+        if self.update is not None:  # wait for this stage's update on the calling thread
+            self.requests.put((s, m))
+            new = self.released[s].get()
+            if new is _ABORT:
+                raise _Stopped
+            mine = new
+        return start, end, mine
 
 
 __all__ = ["BACKWARD", "FORWARD", "Pipeline", "PipelineStageError"]
