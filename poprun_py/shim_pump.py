@@ -65,6 +65,14 @@ class Pump:
         self.started = time.time()
         #: Why the shim stopped its program by itself (its launcher died), for the exit report.
         self.reason: str | None = None
+        # The loop's state (_pump): the program's pipes still open, its status once it has exited,
+        # until when its pipes may stay open after that, and the pidfds watched.
+        self.open_streams = 2
+        self.returncode: int | None = None
+        self.drain_until: float | None = None
+        self.exit_fd: int | None = None
+        self.launcher = 0
+        self.launcher_fd: int | None = None
 
     def send(self, data: bytes) -> None:
         if self.control is None:
@@ -140,97 +148,115 @@ class Pump:
             return
 
     def _pump(self, stdout_fd: int, stderr_fd: int) -> tuple[int, int | None]:
+        """Pass the program's output on and poprun's TERMINATE in until the program has exited and
+        its pipes are drained; then end what it left. Its status, and the signal that killed it."""
+        assert self.pid is not None
+        watch = self._watch(stdout_fd, stderr_fd)
+        while True:
+            now = time.monotonic()
+            if self.kill_at is not None and now >= self.kill_at:
+                self._signal_group(_signal.SIGKILL)
+                self.kill_at = float("inf")
+            if self.returncode is None:
+                waited, wait_status = os.waitpid(self.pid, os.WNOHANG)
+                if waited:
+                    self._exited(wait_status, now)
+            if self.drain_until is not None and (self.open_streams == 0 or now >= self.drain_until):
+                break
+            if now - self.last_sent >= protocol.HEARTBEAT_SECONDS:
+                self.send(protocol.HEARTBEAT_FRAME)
+            for fd, key in watch.ready(self._timeout(now)):
+                self._ready(watch, fd, key)
+        for watched in (self.exit_fd, self.launcher_fd):
+            if watched is not None:
+                os.close(watched)
+        self._end_descendants()
+        assert self.returncode is not None
+        if self.returncode < 0:
+            return 128 - self.returncode, -self.returncode
+        return self.returncode, None
+
+    def _watch(self, stdout_fd: int, stderr_fd: int) -> Watch:
+        """The program's pipes, poprun's connection, the program's exit and its launcher's death."""
         assert self.pid is not None
         watch = Watch()
         watch.add(stdout_fd, STDOUT)
         watch.add(stderr_fd, STDERR)
         if self.control is not None:
             watch.add(self.control, CONTROL)
-        exit_fd: int | None
         try:  # wake the moment the program exits instead of polling (Linux >= 5.3)
-            exit_fd = os.pidfd_open(self.pid)
+            self.exit_fd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
-            exit_fd = None
-        if exit_fd is not None:
-            watch.add(exit_fd, EXITED)
+            self.exit_fd = None
+        if self.exit_fd is not None:
+            watch.add(self.exit_fd, EXITED)
         # The process that started this shim (MPICH's hydra_pmi_proxy, Open MPI's prted): when it
         # dies the MPI job on this host is broken, so stop the program at once and say why,
         # instead of letting MPI fail much later in a collective or in MPI_Finalize.
-        launcher = os.getppid()
-        launcher_fd: int | None
+        self.launcher = os.getppid()
         try:
-            launcher_fd = os.pidfd_open(launcher) if launcher > 1 else None
+            self.launcher_fd = os.pidfd_open(self.launcher) if self.launcher > 1 else None
         except (AttributeError, OSError):
-            launcher_fd = None
-        if launcher_fd is not None:
-            watch.add(launcher_fd, LAUNCHER)
-        open_streams = 2
-        drain_until: float | None = None
-        returncode: int | None = None
-        while True:
-            now = time.monotonic()
-            if self.kill_at is not None and now >= self.kill_at:
-                self._signal_group(_signal.SIGKILL)
-                self.kill_at = float("inf")
-            if returncode is None:
-                waited, wait_status = os.waitpid(self.pid, os.WNOHANG)
-                if waited:
-                    returncode = os.waitstatus_to_exitcode(wait_status)
-                    drain_until = now + DRAIN_SECONDS
-            if drain_until is not None and (open_streams == 0 or now >= drain_until):
-                break
-            if now - self.last_sent >= protocol.HEARTBEAT_SECONDS:
-                self.send(protocol.HEARTBEAT_FRAME)
-            if self.kill_at is not None:
-                timeout = max(0.0, self.kill_at - now) if self.kill_at != float("inf") else 0.05
-            elif drain_until is not None:
-                timeout = max(0.0, drain_until - now)
+            self.launcher_fd = None
+        if self.launcher_fd is not None:
+            watch.add(self.launcher_fd, LAUNCHER)
+        return watch
+
+    def _exited(self, wait_status: int, now: float) -> None:
+        """The program has exited: its status; its pipes may stay open DRAIN_SECONDS longer."""
+        self.returncode = os.waitstatus_to_exitcode(wait_status)
+        self.drain_until = now + DRAIN_SECONDS
+
+    def _timeout(self, now: float) -> float:
+        """How long the next wait may last: until the kill or the end of the drain, else a second
+        (polling every 50 ms when neither a pidfd nor a pipe can wake it)."""
+        if self.kill_at is not None:
+            return max(0.0, self.kill_at - now) if self.kill_at != float("inf") else 0.05
+        if self.drain_until is not None:
+            return max(0.0, self.drain_until - now)
+        return 1.0 if self.exit_fd is not None or self.open_streams else 0.05
+
+    def _ready(self, watch: Watch, fd: int, key: int) -> None:
+        """One descriptor that woke the loop."""
+        assert self.pid is not None
+        if key == EXITED:
+            watch.remove(fd)
+            if self.returncode is None:  # exited: a blocking wait returns at once
+                self._exited(os.waitpid(self.pid, 0)[1], time.monotonic())
+        elif key == LAUNCHER:
+            watch.remove(fd)
+            if self.returncode is None:
+                self.reason = (f"the MPI launcher's process that started instance {self.index} on "
+                               f"{_socket.gethostname()} (PID {self.launcher}) died; the instance was stopped")
+                self.stop_program()
+        elif key == CONTROL:
+            assert self.control is not None
+            try:
+                message = self.control.recv(64)
+            except OSError:
+                message = b""
+            if not message or protocol.TERMINATE in message:
+                # poprun asked us to stop, or poprun itself is gone: stop the program.
+                watch.remove(fd)
+                self.stop_program()
+        else:
+            data = os.read(fd, READ_SIZE)
+            if data:
+                self.output(key, data)
             else:
-                timeout = 1.0 if exit_fd is not None or open_streams else 0.05
-            for fd, key in watch.ready(timeout):
-                if key == EXITED:
-                    watch.remove(fd)
-                    if returncode is None:  # exited: a blocking wait returns at once
-                        returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-                        drain_until = time.monotonic() + DRAIN_SECONDS
-                elif key == LAUNCHER:
-                    watch.remove(fd)
-                    if returncode is None:
-                        self.reason = (f"the MPI launcher's process that started instance {self.index} on "
-                                       f"{_socket.gethostname()} (PID {launcher}) died; the instance was stopped")
-                        self.stop_program()
-                elif key == CONTROL:
-                    try:
-                        message = self.control.recv(64)  # type: ignore[union-attr]
-                    except OSError:
-                        message = b""
-                    if not message or protocol.TERMINATE in message:
-                        # poprun asked us to stop, or poprun itself is gone: stop the program.
-                        watch.remove(fd)
-                        self.stop_program()
-                else:
-                    data = os.read(fd, READ_SIZE)
-                    if data:
-                        self.output(key, data)
-                    else:
-                        watch.remove(fd)
-                        os.close(fd)
-                        open_streams -= 1
-        for watched in (exit_fd, launcher_fd):
-            if watched is not None:
-                os.close(watched)
-        # Descendants that outlived the program (or held its pipes) must not outlive the job:
-        # its process group, and daemons that left the group (setsid).
+                watch.remove(fd)
+                os.close(fd)
+                self.open_streams -= 1
+
+    def _end_descendants(self) -> None:
+        """Descendants that outlived the program (or held its pipes) must not outlive the job:
+        its process group, and daemons that left the group (setsid)."""
         self._signal_group(_signal.SIGKILL)
         end_escaped(self.index)
         if self.kill_at is not None:  # stopped: MPICH's segments of its killed processes stay behind
             from poprun_py import leftovers
 
             leftovers.remove_unused(leftovers.SHARED_MEMORY, self.started)
-        assert returncode is not None
-        if returncode < 0:
-            return 128 - returncode, -returncode
-        return returncode, None
 
 
 def end_escaped(index: int) -> None:
