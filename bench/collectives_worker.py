@@ -18,9 +18,13 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
+
+if TYPE_CHECKING:
+    from popdist_py.engine import Runtime, StepContext
 
 BATCHES = 7
 
@@ -32,6 +36,7 @@ def iterations_for(nbytes: int) -> int:
 def raw_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Callable[[], None]:
     n = nbytes // 4
     send = np.ones(n, dtype=np.float32)
+    call: Callable[[], object]
     if op == "allreduce":
         recv = np.empty_like(send)
         call = lambda: comm.Allreduce(send, recv, op=MPI.SUM)  # noqa: E731
@@ -55,11 +60,11 @@ def engine_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Calla
 
     rt = _runtime()
     data = np.ones((rt.instance_replication_factor, nbytes // 4), dtype=np.float32)
-    call = {"allreduce": lambda x: ops.replicated_all_reduce(x, op="add"),
+    call: Callable[[np.ndarray], object] = {"allreduce": lambda x: ops.replicated_all_reduce(x, op="add"),
             "allgather": lambda x: ops.replicated_all_gather(x),
             "reduce_scatter": lambda x: ops.replicated_reduce_scatter(x, op="add")}[op]
 
-    def step(ctx, x, count):
+    def step(ctx: StepContext, x: np.ndarray, count: np.ndarray) -> None:
         for _ in range(int(count)):
             call(x)
 
@@ -67,10 +72,10 @@ def engine_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Calla
     return lambda: rt.run(step, data, counts)
 
 
-_RT = None
+_RT: Runtime | None = None
 
 
-def _runtime():
+def _runtime() -> Runtime:
     global _RT
     if _RT is None:
         from popdist_py.engine import Runtime

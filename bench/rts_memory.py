@@ -23,7 +23,8 @@ def _measure(mode: str, elements: int) -> dict[str, object]:
                          env={**os.environ, **MALLOC_ENV})
     if out.returncode != 0:
         raise RuntimeError(f"rts_memory_worker {mode} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    measured: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return measured
 
 
 def run(quick: bool) -> dict[str, object]:

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from popdist_py.engine import Runtime, Shard, Variable, ops
+from popdist_py.engine import Runtime, Shard, StepContext, Variable, ops
 
 L = 4
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-8
@@ -46,7 +46,7 @@ def main() -> None:
     if mode == "replicated":
         w, m, v = (rt.variable(a, name=name) for a, name in ((init, "w"), (zeros, "m"), (zeros, "v")))
 
-        def step(ctx, seed):
+        def step(ctx: StepContext, seed: np.ndarray) -> None:
             g = np.full(n, 1e-3 * (int(seed) + 1), np.float32)
             mm = B1 * ctx[m] + (1 - B1) * g
             vv = B2 * ctx[v] + (1 - B2) * g * g
@@ -63,7 +63,7 @@ def main() -> None:
             rt.remote_replica_sharded_variable(zeros, buf, 0, name="m")
             rt.remote_replica_sharded_variable(zeros, buf, 1, name="v")
 
-        def step(ctx, seed):
+        def step(ctx: StepContext, seed: np.ndarray) -> None:
             g = ops.replica_sharded_slice(np.full(n, 1e-3 * (int(seed) + 1), np.float32))
             if mode == "rts":
                 old_m, old_v = ctx[m], ctx[v]

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from popdist_py.engine import Runtime, canonical_sum, ops
+from popdist_py.engine import Runtime, StepContext, canonical_sum, ops
 from popdist_py.engine.batch_invariant import matmul, outer_sum
 
 WIDTH, LAYERS, CLASSES = 1024, 2, 16
@@ -39,7 +39,7 @@ def main() -> None:
     x, y = x_all[offset:offset + local], y_all[offset:offset + local]
     sizes = [int(np.prod(s)) for s in shapes]
 
-    def step(ctx, xb, yb):
+    def step(ctx: StepContext, xb: np.ndarray, yb: np.ndarray) -> None:
         acts, h = [xb], xb
         ws = [ctx[w] for w in weights]
         for w in ws[:-1]:
@@ -58,8 +58,8 @@ def main() -> None:
         flat = np.concatenate([g.ravel() for g in reversed(grads)])
         mean = ops.replicated_all_reduce(flat, op="mean")
         start = 0
-        for w, value, n, shape in zip(weights, ws, sizes, shapes, strict=True):
-            ctx[w] = value - 0.01 * mean[start:start + n].reshape(shape)
+        for weight, value, n, shape in zip(weights, ws, sizes, shapes, strict=True):
+            ctx[weight] = value - 0.01 * mean[start:start + n].reshape(shape)
             start += n
 
     rt.run(step, x, y)  # warm-up

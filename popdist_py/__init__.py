@@ -3,6 +3,8 @@
 Importing is cheap: MPI is initialised only by ``init()`` or the first call that needs it.
 """
 
+from typing import Any
+
 from popdist_py import failsafe as _failsafe  # noqa: F401  (registers its exit handler early)
 from popdist_py.api import (
     checkNumIpusPerReplica,
@@ -16,8 +18,8 @@ from popdist_py.api import (
     getReplicaIndexOffset,
     isPopdistEnvSet,
 )
-from popdist_py.env import PopdistEnvError
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+from popdist_py.settings import PopdistEnvError
 from poprun_py import __version__ as __version__  # the distribution's one version (poprun_py imports nothing)
 
 #: Names loaded on first use, so that importing popdist_py imports neither mpi4py nor numpy.
@@ -36,7 +38,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):  # PEP 562
+def __getattr__(name: str) -> Any:  # PEP 562
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'popdist_py' has no attribute {name!r}")

@@ -72,7 +72,7 @@ def _checker(comm: Any, what: str, deadline: float, timeout: float) -> _Checker:
     with _keyval_lock:
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_free_checker)
-        checker = comm.Get_attr(_keyval)
+        checker: _Checker | None = comm.Get_attr(_keyval)
         if checker is None:
             dup, request = comm.Idup()
             checker = _Checker(dup, request)
@@ -125,13 +125,14 @@ class _Opaque(str):
 
 def decode_signature(row: bytes) -> tuple[str, Any]:
     n = int.from_bytes(row[:4], "little")
-    return pickle.loads(row[4 : 4 + n])
+    decoded: tuple[str, Any] = pickle.loads(row[4 : 4 + n])
+    return decoded
 
 
 def agree(
     comm: Any,
     what: str,
-    signature: tuple | Mapping[str, Any],
+    signature: tuple[Any, ...] | Mapping[str, Any],
     *,
     timeout: float | None = None,
     describe_rank: Describe | None = None,
@@ -194,7 +195,7 @@ def agree(
     raise CollectiveMismatchError(mismatch_message(what, members, values, describe, fields))
 
 
-def _abandon(recvs: list, sends: list) -> None:
+def _abandon(recvs: list[Any], sends: list[Any]) -> None:
     """Cancel the receives a late rank never matched; leave its (eager) sends to complete."""
     for r in recvs:
         if not r.Test():

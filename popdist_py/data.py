@@ -238,7 +238,8 @@ def shard(data: Any, num_shards: int | None = None, index: int | None = None, **
     if isinstance(data, np.ndarray):
         if data.ndim == 0:
             raise ValueError(f"data is a 0-d array ({data!r}); it has no leading axis to shard")
-        return data[shard_indices(len(data), num_shards, index, **options)]
+        part: np.ndarray = data[shard_indices(len(data), num_shards, index, **options)]
+        return part
     return [data[i] for i in shard_indices(len(data), num_shards, index, **options).tolist()]
 
 

@@ -92,7 +92,7 @@ def _mpi_op(op: str, kind: str) -> Any:
     return {"sum": MPI.SUM, "mean": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[op]
 
 
-def _agree(scope: Scope, what: str, signature: tuple, fields: tuple[str, ...], timeout: float | None) -> None:
+def _agree(scope: Scope, what: str, signature: tuple[Any, ...], fields: tuple[str, ...], timeout: float | None) -> None:
     agreement.agree(scope.comm, what, signature, timeout=timeout, describe_rank=scope.describe, fields=fields)
 
 

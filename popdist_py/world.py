@@ -14,7 +14,8 @@ import threading
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from popdist_py.env import PopdistEnvError, read_topology
+from popdist_py.env import read_topology
+from popdist_py.settings import PopdistEnvError
 from poprun_py.environment import MPI_RANK_VARIABLES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,14 +71,15 @@ def world() -> _MPI.Intracomm:
         MPI = sys.modules["mpi4py.MPI"]
         if MPI.Is_finalized():
             raise RuntimeError("MPI has been finalised (popdist_py.finalize()); no more collectives are possible")
-        return MPI.COMM_WORLD
+        world_comm: _MPI.Intracomm = MPI.COMM_WORLD
+        return world_comm
     with _lock:
         MPI = _MPI_module()
         if MPI.Is_finalized():
             raise RuntimeError("MPI has been finalised (popdist_py.finalize()); no more collectives are possible")
         if not MPI.Is_initialized():  # mpi4py.rc.initialize was turned off by someone
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        comm = MPI.COMM_WORLD
+        comm: _MPI.Intracomm = MPI.COMM_WORLD
         if not _ready:
             _check_topology(comm.Get_rank(), comm.Get_size())
             from popdist_py import failsafe

@@ -267,7 +267,7 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.argument("program", required=False, metavar="PROGRAM")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.pass_context
-def poprun(ctx: click.Context, **options: Any) -> dict[str, Any]:
+def poprun(ctx: click.Context, /, **options: Any) -> dict[str, Any]:
     """Launch PROGRAM as --num-instances processes on MPI, each driving its share of --num-replicas."""
     if options["export_config"]:
         from poprun_py.config import export

@@ -18,7 +18,9 @@ class Process:
     def __init__(self, argv: list[str], stdin_devnull: bool = False) -> None:
         out_read, out_write = os.pipe()  # both ends close-on-exec; dup2 makes 1 and 2 inheritable
         err_read, err_write = os.pipe()
-        actions: list[tuple] = [(os.POSIX_SPAWN_DUP2, out_write, 1), (os.POSIX_SPAWN_DUP2, err_write, 2)]
+        actions: list[tuple[int | str, ...]] = [
+            (os.POSIX_SPAWN_DUP2, out_write, 1), (os.POSIX_SPAWN_DUP2, err_write, 2)
+        ]
         if stdin_devnull:
             actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
         try:

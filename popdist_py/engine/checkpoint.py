@@ -74,7 +74,7 @@ def _entry(v: Variable, key: str) -> dict[str, Any]:
     }
 
 
-def _signature(variables: Sequence[Variable]) -> tuple:
+def _signature(variables: Sequence[Variable]) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     return tuple((v.name, v.shape, v.dtype.str) for v in variables)
 
 
@@ -311,7 +311,8 @@ def _read_manifest(zf: zipfile.ZipFile, path: Path) -> dict[str, Any]:
                 f"{path}: the data of variable {e.get('name')!r} has shape {tuple(shape)} and dtype {dtype} but the "
                 f"manifest says {tuple(e.get('host_shape') or ())} and {e.get('dtype')}: the file is inconsistent"
             )
-    return manifest
+    checked: dict[str, Any] = manifest  # a dict: its format and version were found above
+    return checked
 
 
 def _open_checked(path: Path) -> tuple[zipfile.ZipFile, dict[str, Any]]:

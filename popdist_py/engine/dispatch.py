@@ -34,6 +34,8 @@ from popdist_py.op_names import SQUARE_ADD
 _END_HASH = int.from_bytes(hashlib.blake2b(b"end of step", digest_size=8).digest(), "little", signed=True)
 #: Validated collective signatures kept (each with its plan and buffers); cleared when full.
 _ENTRY_CACHE = 256
+#: What an :class:`Entry` is cached by: a call's raw (kind, op, dtype, shape, group, axis, meta_shape)
+_Key = tuple[str, str, np.dtype[Any], tuple[int, ...], Group, int, tuple[int, ...] | None]
 
 
 class CallLink:
@@ -58,7 +60,7 @@ class CallLink:
     def transfer(self, recvs: Sequence[Message], sends: Sequence[Message], tag: int) -> None:
         self.transport.transfer(recvs, sends, tag, self.describe)
 
-    def describe(self) -> tuple[str, tuple, Sequence[str]]:
+    def describe(self) -> tuple[str, tuple[Any, ...], Sequence[str]]:
         assert self.sig is not None
         values, fields = self.sig.agree_signature(self.index)
         return f"{self.sig.kind} #{self.index} of the step", values, fields
@@ -102,7 +104,7 @@ class Dispatcher:
                                      self._describe_deposit, waits)
         self._everyone = ReplicaGrouping.create(placement.replication_factor)
         self._link = CallLink(transport) if transport is not None else None
-        self._entries: dict[tuple, Entry] = {}
+        self._entries: dict[_Key, Entry] = {}
         #: collectives (and step ends) exchanged with the other instances so far: each header's sequence number
         self.seq = 0
         self._step_collectives = 0  # collectives combined so far in the current run
@@ -154,10 +156,11 @@ class Dispatcher:
         if entry.square:
             arr = np.square(arr)
         n = ctx.ncoll = ctx.ncoll + 1
-        return self.rendezvous.arrive(ctx.local_index, (entry, arr, n), self.timeout)
+        result: np.ndarray = self.rendezvous.arrive(ctx.local_index, (entry, arr, n), self.timeout)
+        return result
 
     def _entry(
-        self, key: tuple, kind: str, arr: np.ndarray, op: str, group: Group, axis: int,
+        self, key: _Key, kind: str, arr: np.ndarray, op: str, group: Group, axis: int,
         meta_shape: tuple[int, ...] | None = None,
     ) -> Entry:
         """Validate a collective's arguments (first call with these arguments only)."""
@@ -203,7 +206,7 @@ class Dispatcher:
             if self.transport is not None and self._step_collectives:
                 self._end_exchange(self.transport)
             return None
-        entry = first[0]
+        entry: Entry = first[0]
         if len(deposits) > 1:
             for d in deposits:
                 if d is END or (d[0] is not entry and d[0].sig != entry.sig):
@@ -240,7 +243,7 @@ class Dispatcher:
 
         what = f"end of step (after {n - 1} collective{'' if n == 2 else 's'})"
 
-        def describe() -> tuple[str, tuple, Sequence[str]]:
+        def describe() -> tuple[str, tuple[Any, ...], Sequence[str]]:
             return what, (what, "", "", (), "", 0), ("collective", "op", "dtype", "shape", "group", "axis")
 
         transport.exchange(channel, describe)

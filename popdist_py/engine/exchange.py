@@ -77,7 +77,7 @@ class Signature(NamedTuple):
             parts.append(f"RTS full shape={self.meta_shape}")
         return f"{self.kind}({', '.join(parts)})"
 
-    def agree_signature(self, index: int) -> tuple:
+    def agree_signature(self, index: int) -> tuple[tuple[str, str, str, tuple[int, ...], str, int], tuple[str, ...]]:
         """(signature, field names) in the form ``agreement.agree`` reports."""
         rts = "" if self.meta_shape is None else f" (RTS, full shape {self.meta_shape})"
         values = (f"{self.kind}{rts} #{index} of the step", self.op, np.dtype(self.dtype).name, self.shape,

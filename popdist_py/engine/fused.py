@@ -155,7 +155,8 @@ def _scatter(b: Bucket, grads: Mapping[str, np.ndarray], op: str, replica: int,
         piece = ops.replicated_reduce_scatter(flat, op="add", group=domain)
         total = ops.replicated_all_reduce(piece, op="add", group=domain.transpose())
         if op == "mean":  # divided once by the replica count, as a mean over all replicas is
-            return np.divide(total, b.dtype.type(everyone.group_size))
+            mean: np.ndarray = np.divide(total, b.dtype.type(everyone.group_size))
+            return mean
         return total
     j = domain.index_in_group(replica)
     return ops.replicated_all_reduce(flat, op=op)[j * width:(j + 1) * width]

@@ -115,7 +115,7 @@ class ReplicaGrouping:
         return self.irregular is None
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[int, tuple[int, ...]] | tuple[int, int, int]:
         """What identifies the grouping (used in collective signatures)."""
         if self.irregular is not None:
             return (self.num_replicas, self.irregular)

@@ -403,7 +403,8 @@ class SGD(Optimizer):
             np.multiply(buf, t(momentum), out=buf)
             np.add(buf, t(1.0 - dampening) * d, out=buf)
         if self.nesterov:
-            return d + t(momentum) * buf
+            ahead: np.ndarray = d + t(momentum) * buf
+            return ahead
         return buf.copy()
 
 
@@ -466,7 +467,7 @@ class Adam(Optimizer):
         np.add(v, t(1.0 - beta2) * (g * g), out=v)
         m_hat = m / t(1.0 - beta1 ** step)
         v_hat = v / t(1.0 - beta2 ** step)
-        d = m_hat / (np.sqrt(v_hat) + t(eps))
+        d: np.ndarray = m_hat / (np.sqrt(v_hat) + t(eps))
         if decay and self.decoupled:
             d += t(decay) * weight
         return d

@@ -28,7 +28,7 @@ class ReadAhead:
     def __init__(self, workers: int) -> None:
         self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: weakref.finalize[..., ReadAhead] | None = None
 
     def _submit(self, job: Callable[[], T]) -> Future[T]:
         if self._pool is None:

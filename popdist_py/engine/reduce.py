@@ -252,7 +252,8 @@ def reduce_sequence(values: Sequence[np.ndarray], op: str = "add") -> np.ndarray
         if hi - lo == 1:
             return prepare(op, np.asarray(values[lo]))
         mid = split(lo, hi)
-        return ufunc(rec(lo, mid), rec(mid, hi))
+        combined: np.ndarray = ufunc(rec(lo, mid), rec(mid, hi))
+        return combined
 
     if not values:
         raise ValueError("nothing to reduce")

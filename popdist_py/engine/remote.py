@@ -135,7 +135,8 @@ class RemoteBuffer:
     @property
     def entry_nbytes(self) -> int:
         """Bytes of one entry over all local replicas (0 once closed)."""
-        return self._data.shape[0] * math.prod(self.shape) * self.dtype.itemsize
+        rows: int = self._data.shape[0]
+        return rows * math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def is_memory_mapped(self) -> bool:

@@ -468,7 +468,8 @@ class Runtime:
         if not self._remote.owns(buf):
             raise ValueError(f"{what}: {buf!r} is not a remote buffer of this Runtime "
                              "(create it with rt.remote_buffer)")
-        return buf
+        owned: RemoteBuffer = buf
+        return owned
 
     def write_variable_data(self, var: Variable, data: Any) -> None:
         """Replace every replica's value from host data shaped like the variable's ``shape_on_host``."""

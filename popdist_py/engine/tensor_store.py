@@ -47,7 +47,8 @@ def _madvise(view: np.ndarray, advice: int) -> bool:
         _libc = ctypes.CDLL(None, use_errno=True)
     address = view.__array_interface__["data"][0]
     start = address - address % mmap.PAGESIZE
-    return _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + view.nbytes - start), advice) == 0
+    done: bool = _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + view.nbytes - start), advice) == 0
+    return done
 
 
 def release(view: np.ndarray) -> None:

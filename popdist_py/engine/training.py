@@ -130,13 +130,13 @@ class SpillSlots:
         self._local = local_index
 
     def keep(self, index: int, value: np.ndarray) -> np.ndarray:
-        slot = self._buffer.slot(self._local, index)
+        slot: np.ndarray = self._buffer.slot(self._local, index)
         np.copyto(slot, value)
         release(slot)
         return slot
 
     def load(self, index: int) -> np.ndarray:
-        slot = self._buffer.slot(self._local, index)
+        slot: np.ndarray = self._buffer.slot(self._local, index)
         prefault(slot)
         return slot
 
@@ -153,7 +153,7 @@ def canonical_sum(values: np.ndarray, axis: int = 0) -> np.ndarray:
     n = x.shape[0]
     if n == 0:
         raise ValueError("canonical_sum: the axis is empty")
-    result = None
+    result: np.ndarray | None = None
     start = 0
     for bit in reversed(range(n.bit_length())):
         size = 1 << bit
@@ -394,7 +394,7 @@ class Trainer:
         """Restore weights, optimizer state and update count saved by :meth:`save` (or ``rt.save``)
         under any split and location setting; returns the caller's metadata. Collective; raises
         :class:`~popdist_py.engine.CheckpointError` naming what does not fit before changing anything."""
-        metadata = self.rt.load(path, strict)
+        metadata: dict[str, Any] = self.rt.load(path, strict)
         metadata.pop(TRAINER_METADATA, None)
         return metadata
 

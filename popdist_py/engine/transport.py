@@ -141,7 +141,9 @@ class Transport:
         self._channels.append(ch)
         return ch
 
-    def exchange(self, channel: HeaderChannel, describe: Callable[[], tuple[str, tuple, Sequence[str]]]) -> None:
+    def exchange(
+        self, channel: HeaderChannel, describe: Callable[[], tuple[str, tuple[Any, ...], Sequence[str]]]
+    ) -> None:
         """Send each peer its message of ``channel``, receive its message, and check that the headers match.
 
         Every outgoing message starts with the same header (status OK); each peer's must equal it.
@@ -198,13 +200,16 @@ class Transport:
                 f"{what}: the instances disagree about this collective (signature hashes differ)"
             )
 
-    def _settle(self, channel: HeaderChannel, describe: Callable[[], tuple[str, tuple, Sequence[str]]]) -> None:
+    def _settle(
+        self, channel: HeaderChannel, describe: Callable[[], tuple[str, tuple[Any, ...], Sequence[str]]]
+    ) -> None:
         """Wait, with the deadline, until each request has completed (truncated ones raise when tested)."""
         MPI = self.MPI
 
         def completed(request: Any) -> bool:
             try:
-                return request.Test()
+                done: bool = request.Test()
+                return done
             except MPI.Exception:
                 return True
 
@@ -217,7 +222,9 @@ class Transport:
         if not poll(all_completed, time.monotonic() + self.timeout):
             self._timed_out(channel, describe)
 
-    def _timed_out(self, channel: HeaderChannel, describe: Callable[[], tuple[str, tuple, Sequence[str]]]) -> None:
+    def _timed_out(
+        self, channel: HeaderChannel, describe: Callable[[], tuple[str, tuple[Any, ...], Sequence[str]]]
+    ) -> None:
         """Some peers never sent their message: withdraw our receives and name those peers."""
         count = len(self.peers)
         missing = [p for p, r in zip(self.peers, channel.requests[:count], strict=True) if not _withdraw(r)]
@@ -241,7 +248,7 @@ class Transport:
         recvs: Sequence[tuple[int, np.ndarray]],
         sends: Sequence[tuple[int, np.ndarray]],
         tag: int,
-        describe: Callable[[], tuple[str, tuple, Sequence[str]]],
+        describe: Callable[[], tuple[str, tuple[Any, ...], Sequence[str]]],
     ) -> None:
         """Post all receives, then all sends, and wait for everything (polling MPI without sleeping).
 
@@ -339,7 +346,7 @@ class Transport:
             self.bcast(buf, root, what)
         return buf.tobytes()
 
-    def agree(self, what: str, signature: tuple, fields: Sequence[str] | None = None) -> None:
+    def agree(self, what: str, signature: tuple[Any, ...], fields: Sequence[str] | None = None) -> None:
         agreement.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe, fields=fields)
 
     def close(self, free: bool) -> None:
