@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 #: ``make mutants`` (docs/mutation.md) runs the tests in mutmut's copy of the tree, named ``mutants``.
@@ -43,7 +44,7 @@ def poprun(*args: str, timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, str] 
     return run([*POPRUN, *args], timeout=timeout, env=env, cwd=cwd)
 
 
-def tagged_json(stdout: str) -> dict[int, dict]:
+def tagged_json(stdout: str) -> dict[int, dict[str, Any]]:
     """``{instance: object}`` from output whose every line is ``[i] {json}`` (poprun's tags)."""
     found = {}
     for line in stdout.splitlines():

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from popdist_py.env import PopdistEnvError, read_topology
+from popdist_py.env import read_topology
+from popdist_py.settings import PopdistEnvError
 from poprun_py import environment as names
 from tests.helpers import MPICH_MPIEXEC, OPENMPI_LIBMPI, OPENMPI_MPIEXEC, PYTHON, ROOT, run
 
@@ -29,7 +31,8 @@ open(f"{sys.argv[1]}/{p.getInstanceIndex()}.json", "w").write(answer)  # bare mp
     ({names.PMIX_RANK: "5", names.SLURM_NTASKS: "8", names.SLURM_LOCALID: "1"}, (8, 5, 1, "srun with PMIx")),
     ({names.PMI_RANK: "3", names.PMI_SIZE: "4", names.SLURM_LOCALID: "1"}, (4, 3, 1, "MPICH (Hydra)")),  # srun pmi2
 ])
-def test_each_launchers_variables_give_n_instances_of_one_replica(env: dict[str, str], want: tuple) -> None:
+def test_each_launchers_variables_give_n_instances_of_one_replica(env: dict[str, str],
+                                                                  want: tuple[int, int, int, str]) -> None:
     topo = read_topology(env)
     assert (topo.num_instances, topo.instance_index, topo.local_instance_index, topo.source) == want
     assert topo.num_local_replicas == 1 and topo.num_total_replicas == want[0] and not topo.is_set
@@ -55,7 +58,7 @@ def test_bad_launcher_variables_are_named(env: dict[str, str], message: str) -> 
         read_topology(env)
 
 
-def _answers(folder: Path) -> list[dict]:
+def _answers(folder: Path) -> list[dict[str, Any]]:
     return sorted((json.loads(f.read_text()) for f in folder.glob("*.json")), key=lambda a: a["index"])
 
 

@@ -69,9 +69,9 @@ def test_collective_timeout_sources(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(COLLECTIVE_TIMEOUT, bad)
         with pytest.raises(ValueError, match=f"POPDIST_COLLECTIVE_TIMEOUT='{bad}'"):
             deadline.collective_timeout()
-    for bad in (0, -1.0, "x", True, float("nan")):
+    for wrong in (0, -1.0, "x", True, float("nan")):
         with pytest.raises(ValueError, match="timeout="):
-            deadline.collective_timeout(bad)
+            deadline.collective_timeout(wrong)  # type: ignore[arg-type]  # a caller's wrong type, refused
 
 
 def test_mismatch_messages() -> None:

@@ -18,9 +18,10 @@ import pytest
 
 from popdist_py.engine import Runtime, StepAborted, context, ops
 from popdist_py.engine.cooperative import CooperativePool
-from popdist_py.engine.executor import ENV, cores_per_instance
+from popdist_py.engine.executor import cores_per_instance
 from popdist_py.engine.pool import ReplicaPool
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+from poprun_py.environment import ENGINE_EXECUTOR as ENV
 
 
 @pytest.fixture
@@ -243,7 +244,9 @@ def test_cooperative_stall_is_reported_at_once_as_a_timeout() -> None:
     with Runtime(replication=3, executor="cooperative", timeout=600) as rt:
         def step(ctx):  # type: ignore[no-untyped-def]
             if ctx.local_index == 2:
-                greenlet.getcurrent().parent.switch()  # what a step must not do
+                parent = greenlet.getcurrent().parent
+                assert parent is not None
+                parent.switch()  # what a step must not do
             try:
                 return ops.replicated_all_reduce(np.ones(1))
             except BaseException as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -130,7 +131,7 @@ def test_real_instances_see_the_plan(mpi: str) -> None:
     assert tagged_json(result.stdout) == {inst.index: expected(plan, inst) for inst in plan.instances}
 
 
-def _torchrun_launch(mpi: str, *args: str, env: dict[str, str] | None = None) -> tuple[dict[int, dict], str]:
+def _torchrun_launch(mpi: str, *args: str, env: dict[str, str] | None = None) -> tuple[dict[int, dict[str, Any]], str]:
     extra: list[str] = []
     env = dict(env or {})
     if mpi == "openmpi":

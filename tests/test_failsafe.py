@@ -64,7 +64,7 @@ def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout
     return Job(proc.returncode, output, time.monotonic() - start)
 
 
-def _kill_session(proc: subprocess.Popen) -> None:
+def _kill_session(proc: subprocess.Popen[str]) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
 
 
-def test_instances_failing_together_each_report_their_own_status(tmp_path) -> None:
+def test_instances_failing_together_each_report_their_own_status(tmp_path: Path) -> None:
     result = poprun("--num-instances", "3", PYTHON, str(SCRIPTS / "fail_together.py"), str(tmp_path))
     first = re.search(r"^poprun: instance (\d) on \S+ failed: exit status (\d)$", result.stderr, re.MULTILINE)
     assert first, result.stderr
@@ -101,7 +101,7 @@ def test_daemons_left_by_the_program_end_with_the_job(mode: str, status: int) ->
     assert wait_no_processes(marker) == []
 
 
-def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp_path) -> None:
+def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp_path: Path) -> None:
     # Instance 0's shim is frozen (SIGSTOP), so it cannot stop its program when instance 1 fails:
     # poprun sends mpiexec's process group SIGTERM, then SIGKILL (teardown.TERM/KILL_MPIEXEC_AFTER),
     # and sweeps what is left in its session. Without that the job would sleep out instance 0's 120 s.
@@ -179,7 +179,7 @@ def test_files_of_killed_mpi_processes_are_removed() -> None:
     assert _mpich_files() - before == set()
 
 
-def test_a_restarted_job_resumes_from_its_checkpoint_and_ends_as_if_it_never_failed(tmp_path) -> None:
+def test_a_restarted_job_resumes_from_its_checkpoint_and_ends_as_if_it_never_failed(tmp_path: Path) -> None:
     """--max-restarts: instance 1 dies mid-epoch; the job restarts with POPDIST_RESTART_COUNT=1,
     resumes from the last checkpoint, and ends with the weights of a run that never failed."""
     job = ["--num-instances", "2", "--num-replicas", "4"]

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,7 @@ def test_each_instance_gets_its_environment(instances: int, replicas: int) -> No
         assert env["PYTHONUNBUFFERED"] == "1"
 
 
-def test_replicas_default_to_one_per_instance_and_options_reach_instances(tmp_path) -> None:
+def test_replicas_default_to_one_per_instance_and_options_reach_instances(tmp_path: Path) -> None:
     result = poprun("--num-instances", "2", "--ipus-per-replica", "2", "--executable-cache-path", str(tmp_path),
                     "--mpi-local-args", "-env FOO from-local", "--instance-mpi-local-args", "1:-env BAR only-one",
                     PYTHON, str(SCRIPTS / "print_env.py"))
@@ -149,7 +150,7 @@ def test_signal_to_poprun_stops_every_instance(sig: signal.Signals, status: int)
     # takes a little over 3 s; never killed, it would sleep its 120 s (proc.wait gives up at 30 s).
     # The grace plus 10 s of slack for a loaded 2-core host separates the two.
     assert elapsed < protocol.DEFAULT_GRACE + 10, f"stopping took {elapsed:.1f}s (instance 0 needs SIGKILL)"
-    assert f"interrupted by {sig.name}" in proc.stderr.read()
+    assert proc.stderr is not None and f"interrupted by {sig.name}" in proc.stderr.read()
     assert wait_no_processes(marker) == []
 
 

@@ -8,6 +8,7 @@ import subprocess
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_shim_uses_only_builtin_modules() -> None:
     assert modules.isdisjoint(HEAVY), sorted(modules & set(HEAVY))
 
 
-def test_shims_wait_for_release_so_all_exit_together(tmp_path) -> None:
+def test_shims_wait_for_release_so_all_exit_together(tmp_path: Path) -> None:
     # Instance 0 ends at once; instance 1 looks for instance 0's shim once instance 0's program is
     # gone (its pid, written to a file, no longer in /proc or a zombie), and keeps looking for a
     # while. The shim is still there (idle), so MPICH's proxy has no exited child to busy-wait on.
@@ -138,7 +139,7 @@ def test_program_dies_with_its_shim_and_leads_its_own_process_group() -> None:
     assert sorted(result.stdout.splitlines()) == ["[0] 9 True", "[1] 9 True"]  # SIGKILL
 
 
-def test_without_setpriv_the_program_still_runs(tmp_path) -> None:
+def test_without_setpriv_the_program_still_runs(tmp_path: Path) -> None:
     # No setpriv on PATH: the shim starts the program directly (no death signal, the session
     # sweep is what remains) rather than failing.
     result = poprun("--num-instances", "2", PYTHON, "-c", PDEATHSIG, env={"PATH": str(tmp_path)})
@@ -155,7 +156,7 @@ def test_missing_program_on_a_host_is_reported_by_the_shim() -> None:
     assert error is not None and error.startswith("program 'no-such-program-xyz' not found on host ")
 
 
-def test_a_program_that_cannot_be_executed_is_reported_by_the_shim(tmp_path) -> None:
+def test_a_program_that_cannot_be_executed_is_reported_by_the_shim(tmp_path: Path) -> None:
     program = tmp_path / "not-executable"
     program.write_text("#!/bin/sh\n")
     result, frames = run_shim(str(program))

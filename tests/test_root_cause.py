@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from poprun_py import root_cause
 from tests.helpers import OMP_SET, PYTHON, poprun
 
 #: What torch's ErrorHandler.record_exception writes (torch 2.13).
-RECORDED = {"message": {"message": "ValueError: bad batch 7",
+RECORDED: dict[str, Any] = {"message": {"message": "ValueError: bad batch 7",
                         "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\", line 3, "
                                                       "in load_batch\n    raise ValueError('bad batch 7')\n"
                                                       "ValueError: bad batch 7\n",

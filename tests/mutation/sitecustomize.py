@@ -25,4 +25,4 @@ if os.environ.get("MUTANT_UNDER_TEST") == "stats" and os.environ.get("MUTMUT_CHI
             finally:
                 os.close(fd)
 
-    _trampoline.record_trampoline_hit = _record
+    _trampoline.record_trampoline_hit = _record  # type: ignore[attr-defined]  # replaced, not exported
