@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -46,131 +47,166 @@ def say(*parts: object) -> None:
     sys.stdout.flush()
 
 
+FAILS_IN_INSTANCE_1 = ("raise", "raise_reduce", "thread", "exit3", "exit_caught", "raise_exit3",
+                       "raise_exit_caught", "quit3")
+
+
+def fails_in_instance_1(mode: str, n: int) -> None:
+    """Instance 1 fails (or exits, or catches its exit) while the others wait in a collective."""
+    if mode in ("exit3", "raise_exit3", "quit3") and RANK == 1:
+        import atexit
+
+        atexit.register(say, "atexit handler ran")  # registered after popdist_py: runs first
+        say("last words before exit 3")
+    # Instance 1 fails only once every other instance has said it is entering the collective
+    # (a message, not a guess at how long they take), so the others are waiting when it fails.
+    if RANK != 1:
+        COMM.send("entering the collective", dest=1, tag=29)
+    else:
+        for other in range(n):
+            if other != 1:
+                COMM.recv(source=other, tag=29)
+        fail_as(mode)
+    if mode == "raise_reduce":
+        popdist_py.allreduce(np.ones(3))
+    else:
+        popdist_py.barrier()
+    say("done")
+
+
+def fail_as(mode: str) -> None:
+    """Instance 1's part of :func:`fails_in_instance_1`."""
+    if mode in ("raise", "raise_reduce"):
+        raise RuntimeError("boom from instance 1")
+    if mode == "thread":
+        worker = threading.Thread(target=lambda: 1 / 0, name="worker")
+        worker.start()
+        worker.join()
+        time.sleep(30)
+    elif mode == "exit3":
+        sys.exit(3)
+    elif mode == "raise_exit3":
+        raise SystemExit(3)
+    elif mode == "quit3":
+        say(repr(quit))
+        quit(3)
+    elif mode == "exit_caught":
+        try:
+            sys.exit(3)
+        except SystemExit as exc:
+            say("caught SystemExit", exc.code)
+    elif mode == "raise_exit_caught":
+        try:
+            raise SystemExit(3)
+        except SystemExit as exc:
+            say("caught SystemExit", exc.code)
+
+
+def console_thread() -> None:
+    if RANK == 1:
+        sys.ps1 = ">>> "
+        worker = threading.Thread(target=lambda: 1 / 0, name="worker")
+        worker.start()
+        worker.join()
+    say("done")
+
+
+def interactive(in_thread: bool) -> None:
+    # The prompt that follows reads stdin, which the launcher may hold open: /dev/null instead.
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if RANK == 1:
+        def boom() -> None:
+            raise RuntimeError("boom in an interactive session")
+
+        if not in_thread:
+            boom()
+        worker = threading.Thread(target=boom, name="worker")
+        worker.start()
+        worker.join()
+    say("done")
+
+
+def ok(n: int) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) + RANK
+    total = popdist_py.allreduce(x)
+    expected = sum(np.arange(6, dtype=np.float32).reshape(2, 3) + r for r in range(n))
+    assert np.array_equal(total, expected), (total, expected)
+    gathered = popdist_py.allgather(np.array([RANK, RANK * 10]))
+    assert gathered.tolist() == [[r, r * 10] for r in range(n)], gathered
+    b = popdist_py.broadcast(np.full(2, RANK, dtype=np.int64), root=n - 1)
+    assert b.tolist() == [n - 1, n - 1], b
+    mean = popdist_py.allreduce(np.array([RANK], dtype=np.int32), op="mean")
+    assert mean.dtype == np.int32 and mean[0] == sum(range(n)) // n
+    popdist_py.synchronize()
+    say("ok", total.sum(), gathered[:, 0].tolist())
+
+
+def mismatch() -> None:
+    shape = (3, 4) if RANK == 0 else (4,)
+    try:
+        popdist_py.allreduce(np.zeros(shape, dtype=np.float32))
+    except CollectiveMismatchError as exc:
+        say("error:", exc)
+    popdist_py.barrier()
+
+
+def late() -> None:
+    if RANK == 1:
+        # Never arrives, whatever the scheduling: instance 0's uncaught timeout ends the job
+        # while this instance waits. Should that not happen within 30 s, it fails the job
+        # (status 2) rather than arrive late and let the allreduce succeed.
+        time.sleep(30)
+        say("was not stopped by the others' timeout")
+        sys.exit(2)
+    popdist_py.allreduce(np.ones(3))
+    say("done")
+
+
+def subset() -> None:
+    def on_subset(offset: int) -> list[object]:
+        total = popdist_py.allreduce(np.array([float(RANK + offset)]))
+        popdist_py.synchronize()
+        gathered = popdist_py.allgather(np.array([RANK]))
+        inner = popdist_py.execute_on_instances({2}, lambda: popdist_py.allreduce(np.array([7.0]))[0])
+        return [float(total[0]), gathered[:, 0].tolist(), inner]
+
+    result = popdist_py.execute_on_instances({0, 2}, on_subset, offset=1)
+    say("subset result", result)
+    again = popdist_py.execute_on_instances({0, 2}, on_subset, 0)  # reuses the communicator
+    say("again", again)
+    popdist_py.barrier()
+
+
+def subset_mismatch() -> None:
+    wanted = {0, 1, 2} if RANK == 2 else {0, 2}
+    try:
+        popdist_py.execute_on_instances(wanted, popdist_py.barrier)
+    except popdist_py.CollectiveError as exc:
+        say(f"error: {type(exc).__name__}: {exc}")
+    else:
+        say("no error")
+    say("world usable afterwards", popdist_py.allreduce(np.ones(1))[0])
+
+
+def finalize() -> None:
+    popdist_py.finalize()
+    say("finalized")
+    popdist_py.barrier()
+
+
 def main(mode: str) -> None:
     popdist_py.init()
     n = COMM.Get_size()
-    if mode in ("raise", "raise_reduce", "thread", "exit3", "exit_caught", "raise_exit3", "raise_exit_caught",
-                "quit3"):
-        if mode in ("exit3", "raise_exit3", "quit3") and RANK == 1:
-            import atexit
-
-            atexit.register(say, "atexit handler ran")  # registered after popdist_py: runs first
-            say("last words before exit 3")
-        # Instance 1 fails only once every other instance has said it is entering the collective
-        # (a message, not a guess at how long they take), so the others are waiting when it fails.
-        if RANK != 1:
-            COMM.send("entering the collective", dest=1, tag=29)
-        if RANK == 1:
-            for other in range(n):
-                if other != 1:
-                    COMM.recv(source=other, tag=29)
-            if mode == "raise" or mode == "raise_reduce":
-                raise RuntimeError("boom from instance 1")
-            if mode == "thread":
-                worker = threading.Thread(target=lambda: 1 / 0, name="worker")
-                worker.start()
-                worker.join()
-                time.sleep(30)
-            if mode == "exit3":
-                sys.exit(3)
-            if mode == "raise_exit3":
-                raise SystemExit(3)
-            if mode == "quit3":
-                say(repr(quit))
-                quit(3)
-            if mode == "exit_caught":
-                try:
-                    sys.exit(3)
-                except SystemExit as exc:
-                    say("caught SystemExit", exc.code)
-            if mode == "raise_exit_caught":
-                try:
-                    raise SystemExit(3)
-                except SystemExit as exc:
-                    say("caught SystemExit", exc.code)
-        if mode == "raise_reduce":
-            popdist_py.allreduce(np.ones(3))
-        else:
-            popdist_py.barrier()
-        say("done")
-    elif mode == "console_thread":
-        if RANK == 1:
-            sys.ps1 = ">>> "
-            worker = threading.Thread(target=lambda: 1 / 0, name="worker")
-            worker.start()
-            worker.join()
-        say("done")
-    elif mode in ("interactive", "interactive_thread"):
-        # The prompt that follows reads stdin, which the launcher may hold open: /dev/null instead.
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        if RANK == 1:
-            def boom() -> None:
-                raise RuntimeError("boom in an interactive session")
-
-            if mode == "interactive":
-                boom()
-            worker = threading.Thread(target=boom, name="worker")
-            worker.start()
-            worker.join()
-        say("done")
-    elif mode == "ok":
-        x = np.arange(6, dtype=np.float32).reshape(2, 3) + RANK
-        total = popdist_py.allreduce(x)
-        expected = sum(np.arange(6, dtype=np.float32).reshape(2, 3) + r for r in range(n))
-        assert np.array_equal(total, expected), (total, expected)
-        gathered = popdist_py.allgather(np.array([RANK, RANK * 10]))
-        assert gathered.tolist() == [[r, r * 10] for r in range(n)], gathered
-        b = popdist_py.broadcast(np.full(2, RANK, dtype=np.int64), root=n - 1)
-        assert b.tolist() == [n - 1, n - 1], b
-        mean = popdist_py.allreduce(np.array([RANK], dtype=np.int32), op="mean")
-        assert mean.dtype == np.int32 and mean[0] == sum(range(n)) // n
-        popdist_py.synchronize()
-        say("ok", total.sum(), gathered[:, 0].tolist())
-    elif mode == "mismatch":
-        shape = (3, 4) if RANK == 0 else (4,)
-        try:
-            popdist_py.allreduce(np.zeros(shape, dtype=np.float32))
-        except CollectiveMismatchError as exc:
-            say("error:", exc)
-        popdist_py.barrier()
-    elif mode == "late":
-        if RANK == 1:
-            # Never arrives, whatever the scheduling: instance 0's uncaught timeout ends the job
-            # while this instance waits. Should that not happen within 30 s, it fails the job
-            # (status 2) rather than arrive late and let the allreduce succeed.
-            time.sleep(30)
-            say("was not stopped by the others' timeout")
-            sys.exit(2)
-        popdist_py.allreduce(np.ones(3))
-        say("done")
-    elif mode == "subset":
-        def on_subset(offset: int) -> list[float]:
-            total = popdist_py.allreduce(np.array([float(RANK + offset)]))
-            popdist_py.synchronize()
-            gathered = popdist_py.allgather(np.array([RANK]))
-            inner = popdist_py.execute_on_instances({2}, lambda: popdist_py.allreduce(np.array([7.0]))[0])
-            return [float(total[0]), gathered[:, 0].tolist(), inner]
-
-        result = popdist_py.execute_on_instances({0, 2}, on_subset, offset=1)
-        say("subset result", result)
-        again = popdist_py.execute_on_instances({0, 2}, on_subset, 0)  # reuses the communicator
-        say("again", again)
-        popdist_py.barrier()
-    elif mode == "subset_mismatch":
-        wanted = {0, 1, 2} if RANK == 2 else {0, 2}
-        try:
-            popdist_py.execute_on_instances(wanted, popdist_py.barrier)
-        except popdist_py.CollectiveError as exc:
-            say(f"error: {type(exc).__name__}: {exc}")
-        else:
-            say("no error")
-        say("world usable afterwards", popdist_py.allreduce(np.ones(1))[0])
-    elif mode == "finalize":
-        popdist_py.finalize()
-        say("finalized")
-        popdist_py.barrier()
+    others: dict[str, Callable[[], None]] = {
+        "console_thread": console_thread, "interactive": lambda: interactive(False),
+        "interactive_thread": lambda: interactive(True), "ok": lambda: ok(n), "mismatch": mismatch, "late": late,
+        "subset": subset, "subset_mismatch": subset_mismatch, "finalize": finalize}
+    if mode in FAILS_IN_INSTANCE_1:
+        fails_in_instance_1(mode, n)
+    elif mode in others:
+        others[mode]()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 
