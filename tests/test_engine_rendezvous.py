@@ -80,6 +80,21 @@ def test_a_replica_released_as_its_deadline_passed_takes_its_result() -> None:
     assert waits.pending() == [] and not r.failed
 
 
+def test_a_replica_released_after_its_second_look_takes_the_wake_up_with_it() -> None:
+    got: dict[int, Any] = {}
+
+    def meanwhile(call: int) -> None:
+        if call == 2:  # the second look found nothing; replica 1 releases 0 right after it
+            got[1] = r.arrive(1, "b", timeout=5)
+
+    waits = ScriptedWaits(2, meanwhile)
+    r = rendezvous(waits)
+    got[0] = r.arrive(0, "a", timeout=5)
+    assert got == {0: "a for 0", 1: "b for 1"}
+    assert waits.calls == [(0, 5), (0, 0.0), (0, 0.0)]
+    assert waits.pending() == []  # left behind, it would end the next collective's wait at once
+
+
 def test_a_replica_whose_deadline_passed_while_the_last_one_combines_waits_for_the_result() -> None:
     combining, proceed = threading.Event(), threading.Event()
     got: dict[int, Any] = {}
