@@ -147,3 +147,23 @@ def test_one_line_for_both_streams_keeps_each_instances_line_whole(tmp_path: Pat
         second.flush()
         assert (tmp_path / "both").read_bytes() == (b"[1] partial-from-1 end-of-1\n[0] whole-line-from-0\n"
                                                      b"[1] own stderr\n[1] next\npoprun: a message\n")
+
+
+def test_a_log_file_that_can_no_longer_be_written_is_said_once_and_output_goes_on(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # A full disk, as /dev/full is: the first failed write is reported, the logs are closed, and
+    # what the instance writes is still shown.
+    from poprun_py.output import OutputOptions
+
+    (tmp_path / "instance-0").mkdir()
+    os.symlink("/dev/full", tmp_path / "instance-0" / "stdout.log")
+    sink = io.BytesIO()
+    output = InstanceOutput(0, True, {1: Sink(sink), 2: Sink(io.BytesIO())}, OutputOptions(str(tmp_path)))
+    output.feed(1, b"first\n")
+    output.feed(1, b"second\n")
+    output.flush()
+    assert sink.getvalue() == b"[0] first\n[0] second\n"
+    assert output.logs == {}
+    warnings = [line.split(" POPRUN [W] ", 1)[1] for line in capfd.readouterr().err.splitlines()
+                if "no longer written" in line]
+    assert warnings == [f"instance 0's output is no longer written to {tmp_path}/instance-0: No space left on device"]
