@@ -95,32 +95,58 @@ def test_a_replica_released_after_its_second_look_takes_the_wake_up_with_it() ->
     assert waits.pending() == []  # left behind, it would end the next collective's wait at once
 
 
-def test_a_replica_whose_deadline_passed_while_the_last_one_combines_waits_for_the_result() -> None:
+@pytest.mark.parametrize("earlier", [0, 2])
+def test_a_replica_whose_deadline_passed_while_the_last_one_combines_waits_for_the_result(earlier: int) -> None:
+    # After ``earlier`` collectives completed as usual (replica 0 released as its deadline passes):
+    # each completed collective counts, so the waiter can tell "all arrived" from "one missing".
     combining, proceed = threading.Event(), threading.Event()
     got: dict[int, Any] = {}
+    round_ = [0]
 
     def combine(deposits: list[Any]) -> list[Any]:
-        combining.set()
-        assert proceed.wait(30)
+        if round_[0] == earlier:
+            combining.set()
+            assert proceed.wait(30)
         return [f"{d} combined" for d in deposits]
 
     def meanwhile(call: int) -> None:
-        if call == 1:  # replica 1 arrives last and is still combining when 0's deadline passes
+        base = 2 * earlier  # each earlier collective took two sleeps
+        if call <= base:
+            if call % 2 == 1:
+                got[1] = r.arrive(1, "b", timeout=5)
+        elif call == base + 1:  # replica 1 arrives last and is still combining when 0's deadline passes
             worker = threading.Thread(target=lambda: got.update({1: r.arrive(1, "b", timeout=5)}))
             worker.start()
             threads.append(worker)
             assert combining.wait(30)
-        elif call == 3:  # replica 0 waits for the result without a deadline: let the combine end
+        elif call == base + 3:  # replica 0 waits for the result without a deadline: let the combine end
             proceed.set()
 
     threads: list[threading.Thread] = []
     waits = ScriptedWaits(2, meanwhile)
     r = rendezvous(waits, combine)
-    got[0] = r.arrive(0, "a", timeout=5)
+    for round_[0] in range(earlier + 1):
+        got[0] = r.arrive(0, "a", timeout=5)
     threads[0].join(30)
     assert got == {0: "a combined", 1: "b combined"}
-    assert waits.calls == [(0, 5), (0, 0.0), (0, math.inf)]
+    assert waits.calls == [(0, 5), (0, 0.0)] * earlier + [(0, 5), (0, 0.0), (0, math.inf)]
     assert waits.pending() == [] and not r.failed
+
+
+def test_a_failed_combine_releases_the_waiting_replica_with_its_error() -> None:
+    def combine(deposits: list[Any]) -> list[Any]:
+        raise ValueError("bad deposits")
+
+    def meanwhile(call: int) -> None:
+        if call == 1:
+            with pytest.raises(ValueError, match="bad deposits"):  # raised in the combiner itself
+                r.arrive(1, "b", timeout=5)
+
+    waits = ScriptedWaits(2, meanwhile)
+    r = rendezvous(waits, combine)
+    with pytest.raises(StepAborted, match=r"^step abandoned: replica 1 failed \(ValueError: bad deposits\)$"):
+        r.arrive(0, "a", timeout=5)
+    assert r.failed_by == 1 and str(r.failure) == "bad deposits"
 
 
 def test_a_replica_that_never_arrives_is_named_and_fails_the_run() -> None:

@@ -167,3 +167,14 @@ def test_a_log_file_that_can_no_longer_be_written_is_said_once_and_output_goes_o
     warnings = [line.split(" POPRUN [W] ", 1)[1] for line in capfd.readouterr().err.splitlines()
                 if "no longer written" in line]
     assert warnings == [f"instance 0's output is no longer written to {tmp_path}/instance-0: No space left on device"]
+
+
+def test_poprun_s_own_line_ends_an_open_line_and_lets_the_waiting_instance_go_next() -> None:
+    sink, first, second = two_instances()
+    first.feed(1, b"partial")  # instance 0 owns the line, unfinished
+    second.feed(1, b"waiting\n")  # instance 1 waits for it
+    assert sink.getvalue() == b"[0] partial"
+    first.sinks[1].write(b"poprun: note\n")
+    assert sink.getvalue() == b"[0] partial\npoprun: note\n[1] waiting\n"
+    first.feed(1, b" rest\n")  # instance 0's line goes on, tagged again
+    assert sink.getvalue() == b"[0] partial\npoprun: note\n[1] waiting\n[0]  rest\n"

@@ -86,18 +86,18 @@ class Rendezvous:
         combine: Callable[[list[Any]], list[Any] | None],
         describe: Callable[[list[int]], str],
         describe_deposit: Callable[[Any], str],
-        waits: Waits | None = None,
+        waits: Waits,
     ) -> None:
         """``combine(deposits)`` is run by the last arrival and returns one result per replica
         (or None); ``describe`` names replicas by index and ``describe_deposit`` names what a
         deposit is waiting in, for error messages. ``waits``: the executor's way of waiting
-        (default: replica threads)."""
+        (:class:`ThreadWaits` for replica threads)."""
         self.size = size
         self.combine = combine
         self.describe = describe
         self.describe_deposit = describe_deposit
         self._lock = threading.Lock()
-        self._waits: Waits = waits if waits is not None else ThreadWaits(size)
+        self._waits = waits
         self._sleep, self._wake = self._waits.sleep, self._waits.wake  # bound once: hot path
         self._gen = 0  # collectives completed: a waiter whose deadline passed tells "all arrived" by it
         self._forget()
