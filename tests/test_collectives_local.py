@@ -110,6 +110,7 @@ def test_encoding_is_fixed_size_and_round_trips() -> None:
     assert agreement.decode_signature(bytes(small)) == ("allreduce", ("sum", (3, 4), "float32"))
     what, opaque = agreement.decode_signature(bytes(large))
     assert what == "allreduce" and "..." in opaque and "#" in opaque
+    assert repr((opaque,)) == f"({opaque},)"  # shown inside other values as it is, without quotes
     assert agreement.encode_signature("a", ("x" * 5000,)) != agreement.encode_signature("a", ("x" * 4999 + "y",))
 
 
