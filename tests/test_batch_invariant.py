@@ -48,8 +48,8 @@ def reference_matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_is_its_defined_fma_chain(dtype: type, isa: int) -> None:
     rng = np.random.default_rng(1)
-    a = rng.standard_normal((3, KC + 7)).astype(dtype)  # two k blocks, the second partial
-    w = rng.standard_normal((KC + 7, 3)).astype(dtype)
+    a: np.ndarray = rng.standard_normal((3, KC + 7)).astype(dtype)  # two k blocks, the second partial
+    w: np.ndarray = rng.standard_normal((KC + 7, 3)).astype(dtype)
     assert matmul(a, w, isa=isa).tobytes() == reference_matmul(a, w).tobytes()
 
 
@@ -62,8 +62,9 @@ SHAPES = [(1, 1), (3, 5), (17, 9), (64, 64), (100, 33), (KC, 70), (KC + 1, 40), 
 def test_a_row_does_not_depend_on_its_call(dtype: type, k: int, n: int, transposed: bool) -> None:
     """Every count of rows from 1, at any position, strided or not, on every ISA: the row's bits."""
     rng = np.random.default_rng([k, n])
-    w = rng.standard_normal((n, k)).astype(dtype).T if transposed else rng.standard_normal((k, n)).astype(dtype)
-    x = rng.standard_normal((72, k)).astype(dtype)
+    w: np.ndarray = (rng.standard_normal((n, k)).astype(dtype).T if transposed
+                     else rng.standard_normal((k, n)).astype(dtype))
+    x: np.ndarray = rng.standard_normal((72, k)).astype(dtype)
     alone = np.concatenate([matmul(x[i:i + 1], w) for i in range(len(x))])
     for isa in ISAS:
         assert matmul(x, w, isa=isa).tobytes() == alone.tobytes()
@@ -84,8 +85,8 @@ def test_a_row_does_not_depend_on_its_call(dtype: type, k: int, n: int, transpos
 @pytest.mark.parametrize(("k", "n"), [(1, 1), (5, 3), (9, 70), (64, 64), (130, 33)])
 def test_outer_sum_is_the_canonical_tree_of_products(dtype: type, k: int, n: int) -> None:
     rng = np.random.default_rng([k, n, 7])
-    x = rng.standard_normal((67, k)).astype(dtype)
-    y = rng.standard_normal((67, n)).astype(dtype)
+    x: np.ndarray = rng.standard_normal((67, k)).astype(dtype)
+    y: np.ndarray = rng.standard_normal((67, n)).astype(dtype)
     for rows in [*range(1, 26), 31, 32, 33, 64, 67]:
         want = canonical_sum(x[:rows, :, None] * y[:rows, None, :]).tobytes()
         for isa in ISAS:
@@ -140,7 +141,8 @@ def test_replica_threads_compute_at_once_with_the_same_bits() -> None:
      "both be float32 or both float64, got float32 and float64"),
     (lambda: matmul(np.ones((2, 3), np.int64), np.ones((3, 2), np.int64)), "got int64 and int64"),
     (lambda: matmul(np.ones((2, 3), np.float32), np.ones((4, 2), np.float32)), "got shapes (2, 3) and (4, 2)"),
-    (lambda: matmul(np.float32(1), np.ones((1, 2), np.float32)), "x must be [..., K] and w [K, N]"),
+    (lambda: matmul(np.float32(1), np.ones((1, 2), np.float32)),  # type: ignore[arg-type]  # a scalar, refused
+     "x must be [..., K] and w [K, N]"),
     (lambda: matmul(np.ones((2, 3), np.float32), np.ones(3, np.float32)), "got shapes (2, 3) and (3,)"),
     (lambda: outer_sum(np.ones((2, 3)), np.ones((3, 2))), "the same B >= 1, got shapes (2, 3) and (3, 2)"),
     (lambda: outer_sum(np.ones((0, 3)), np.ones((0, 2))), "the same B >= 1, got shapes (0, 3) and (0, 2)"),

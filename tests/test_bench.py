@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
@@ -13,9 +14,10 @@ from tests.helpers import PYTHON, poprun, run
 pytestmark = pytest.mark.slow  # every test starts the workers (under poprun or alone)
 
 
-def _json_line(stdout: str) -> dict:
+def _json_line(stdout: str) -> dict[str, Any]:
     line = [ln for ln in stdout.splitlines() if "{" in ln][-1]
-    return json.loads(line[line.index("{"):])
+    parsed: dict[str, Any] = json.loads(line[line.index("{"):])
+    return parsed
 
 
 def test_engine_and_raw_all_reduce_are_timed_in_one_job() -> None:
@@ -37,7 +39,7 @@ def test_unknown_worker_mode_is_named() -> None:
 
 
 def test_scaling_section_reports_both_batches_and_its_target() -> None:
-    section = scaling.run(quick=True)
+    section: dict[str, Any] = scaling.run(quick=True)  # the report's JSON, read key by key
     assert set(section["samples_per_s"]) == {"1_instance", "2_instances", "1_instance_2_replicas"}
     assert all(v > 0 for v in section["samples_per_s"].values())
     small = section["small_batch"]
@@ -51,7 +53,7 @@ def test_scaling_section_reports_both_batches_and_its_target() -> None:
 
 
 def test_training_section_reports_every_setting_split_and_target() -> None:
-    section = training.run(quick=True, size=(2, 64), rounds=1)  # tiny weights: the shape of the section
+    section: dict[str, Any] = training.run(quick=True, size=(2, 64), rounds=1)  # tiny weights: the shape of the section
     for split in ("1x4", "2x2"):
         got = section["splits"][split]
         assert list(got["steps"]["seconds"]) == list(training.SETTINGS)
@@ -69,7 +71,7 @@ def test_training_section_reports_every_setting_split_and_target() -> None:
 
 @pytest.mark.timeout(90)
 def test_pipeline_section_reports_every_mode_the_bubble_the_stash_and_its_target() -> None:
-    section = pipeline.run(quick=True, size=(64, 8, 4), rounds=2)  # tiny layers: the shape of the section
+    section: dict[str, Any] = pipeline.run(quick=True, size=(64, 8, 4), rounds=2)  # tiny layers: the section's shape
     assert set(section["samples_per_s"]) == set(pipeline.MODES)
     assert all(v > 0 for v in section["samples_per_s"].values())
     assert section["bitwise_equal"] is True  # the worker asserts it
@@ -92,10 +94,10 @@ def test_pipeline_section_reports_every_mode_the_bubble_the_stash_and_its_target
 def test_matmul_section_times_each_product_and_checks_the_invariance() -> None:
     from bench import matmul_worker
 
-    row = matmul_worker.measure(16, 64, 32, rounds=2)
+    row: dict[str, Any] = matmul_worker.measure(16, 64, 32, rounds=2)
     assert row["rows_alone_equal_the_call"] is True
     assert set(row["ratio"]) == {"forward", "input_grad", "weight_grad"}
-    assert all(v > 0 for v in row["ratio"].values())  # type: ignore[attr-defined]
+    assert all(v > 0 for v in row["ratio"].values())
     target = {"what": "matmul", "limit": 1.3, "value": 1.0, "holds": True}
     text = report.markdown({"matmul": {"rows": [row], "rounds": 2, "target": target}})
     assert "| 16x64x32 |" in text and "Rows computed alone equal the rows of the whole call: yes" in text

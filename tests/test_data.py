@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
+from typing import TypedDict
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 from popdist_py.data import (
     TORCH_RANDPERM_MAX_N,
     DistributedSampler,
+    SplitOrder,
     global_batch_size,
     instance_batch_slice,
     local_replica_shard_indices,
@@ -25,6 +28,29 @@ from popdist_py.data import (
 )
 
 PROPS = settings(max_examples=150, deadline=None)
+
+
+class Topology(TypedDict):
+    """The explicit topology keywords of the replica-level helpers."""
+
+    num_total_replicas: int
+    num_local_replicas: int
+    replica_index_offset: int
+
+
+class Shuffling(TypedDict, total=False):
+    """The keyword options every sharding helper takes, but the layout."""
+
+    shuffle: bool
+    seed: int
+    epoch: int
+    drop_last: bool
+
+
+class ShardOptions(Shuffling, total=False):
+    """Every keyword option of the sharding helpers."""
+
+    layout: SplitOrder
 
 
 @pytest.fixture(autouse=True)
@@ -166,7 +192,8 @@ def test_sampler_default_shuffles() -> None:
 
 
 def test_sampler_accepts_numpy_integers() -> None:
-    sampler = DistributedSampler(np.int64(9), np.int32(2), np.int64(1), shuffle=False)
+    # numpy integers are typed out of the signature but accepted at run time (arg-type ignored)
+    sampler = DistributedSampler(np.int64(9), np.int32(2), np.int64(1), shuffle=False)  # type: ignore[arg-type]
     assert (sampler.num_replicas, sampler.rank, list(sampler)) == (2, 1, [1, 3, 5, 7, 0])
     assert type(sampler.rank) is int
 
@@ -222,14 +249,17 @@ def test_negative_seed_is_its_low_32_bits() -> None:
 
 
 def test_flags_accept_0_and_1_like_torch() -> None:
-    sampler = DistributedSampler(10, 3, 1, shuffle=1, drop_last=0)
+    # 0/1 and numpy flags are typed out of the signatures but accepted at run time (arg-type ignored)
+    sampler = DistributedSampler(10, 3, 1, shuffle=1, drop_last=0)  # type: ignore[arg-type]
     assert (sampler.shuffle, sampler.drop_last) == (True, False)
     assert type(sampler.shuffle) is bool and len(sampler) == 4
     assert list(sampler) == torch_reference(10, 3, 1, True, 0, 0, False)
-    unshuffled = DistributedSampler(10, 3, 1, shuffle=0, drop_last=1)
+    unshuffled = DistributedSampler(10, 3, 1, shuffle=0, drop_last=1)  # type: ignore[arg-type]
     assert (unshuffled.shuffle, unshuffled.drop_last, list(unshuffled)) == (False, True, [1, 4, 7])
-    assert shard_indices(10, 3, 1, shuffle=np.int64(0), drop_last=np.uint8(1)).tolist() == [1, 4, 7]
-    assert shard_indices(10, 3, 1, shuffle=np.bool_(False)).tolist() == [1, 4, 7, 0]
+    assert shard_indices(
+        10, 3, 1, shuffle=np.int64(0), drop_last=np.uint8(1)  # type: ignore[arg-type]
+    ).tolist() == [1, 4, 7]
+    assert shard_indices(10, 3, 1, shuffle=np.bool_(False)).tolist() == [1, 4, 7, 0]  # type: ignore[arg-type]
 
 
 def test_largest_shuffled_length_is_accepted() -> None:
@@ -282,7 +312,7 @@ def test_shard_rejects_non_sequences() -> None:
 
 
 def test_replica_shards_explicit_topology() -> None:
-    topo = dict(num_total_replicas=4, num_local_replicas=2, replica_index_offset=2)
+    topo: Topology = dict(num_total_replicas=4, num_local_replicas=2, replica_index_offset=2)
     # n=10 over R=4: blocks of 3 from [0..9, 0, 1]; this instance owns global replicas 2 and 3
     assert replica_shard_indices(10, 0, **topo).tolist() == [6, 7, 8]
     assert replica_shard_indices(10, 1, **topo).tolist() == [9, 0, 1]
@@ -315,7 +345,7 @@ def test_split_for_replicas_errors_name_size_and_l() -> None:
     with pytest.raises(ValueError, match=r"batch\[1\] has leading size 5.*num_local_replicas=2"):
         split_for_replicas((np.zeros(4), np.zeros(5)), 2)
     with pytest.raises(ValueError, match=r"0-d"):
-        split_for_replicas(np.float64(1.0), 1)
+        split_for_replicas(np.float64(1.0), 1)  # type: ignore[call-overload]  # a scalar, refused
     with pytest.raises(ValueError, match=r"num_local_replicas=0.*>= 1"):
         split_for_replicas(np.zeros(4), 0)
 
@@ -380,9 +410,11 @@ def test_malformed_env_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
 # errors name the value and what would be valid
 
 
-TOPO = dict(num_total_replicas=4, num_local_replicas=2, replica_index_offset=2)
+TOPO: Topology = dict(num_total_replicas=4, num_local_replicas=2, replica_index_offset=2)
 
 
+# The ignored arg-type errors below are the point: values the signatures refuse, which the
+# run-time checks must refuse too, naming the value.
 @pytest.mark.parametrize(
     ("call", "exc", "pattern"),
     [
@@ -391,40 +423,51 @@ TOPO = dict(num_total_replicas=4, num_local_replicas=2, replica_index_offset=2)
         (lambda: shard_indices(10, 0, 0), ValueError, r"num_shards=0 .*>= 1"),
         (lambda: shard_indices(10, -2, 0), ValueError, r"num_shards=-2 .*>= 1"),
         (lambda: shard_indices(-1, 2, 0), ValueError, r"n=-1 .*>= 0"),
-        (lambda: shard_indices(10.0, 2, 0), TypeError, r"n must be an integer, got 10.0 of type float"),
+        (lambda: shard_indices(10.0, 2, 0), TypeError,  # type: ignore[arg-type]
+         r"n must be an integer, got 10.0 of type float"),
         (lambda: shard_indices(True, 2, 0), TypeError, r"n must be an integer, got True of type bool"),
         (lambda: shard_indices(10, True, 0), TypeError, r"num_shards must be an integer, got True"),
-        (lambda: shard_indices(10, 2, np.bool_(True)), TypeError, r"index must be an integer, got .*True"),
-        (lambda: shard_indices(10, 2, "1"), TypeError, r"index must be an integer, got '1' of type str"),
+        (lambda: shard_indices(10, 2, np.bool_(True)), TypeError,  # type: ignore[arg-type]
+         r"index must be an integer, got .*True"),
+        (lambda: shard_indices(10, 2, "1"), TypeError,  # type: ignore[arg-type]
+         r"index must be an integer, got '1' of type str"),
         (lambda: shard_indices(10, 2, 0, shuffle=True, seed=2**64), ValueError,
          r"seed \+ epoch = 18446744073709551616 is outside the seeds torch accepts"),
         (lambda: shard_indices(10, 2, 0, shuffle=True, seed=-(2**63) - 1), ValueError, r"outside the seeds torch"),
         (lambda: shard_indices(10, 2, 0, epoch=-3), ValueError, r"epoch=-3 .*>= 0"),
-        (lambda: shard_indices(10, 2, 0, shuffle=2), ValueError,
+        (lambda: shard_indices(10, 2, 0, shuffle=2), ValueError,  # type: ignore[arg-type]
          r"shuffle=2 is invalid: it must be True, False, 0 or 1"),
-        (lambda: shard_indices(10, 2, 0, drop_last="no"), TypeError,
+        (lambda: shard_indices(10, 2, 0, drop_last="no"), TypeError,  # type: ignore[arg-type]
          r"drop_last must be True, False, 0 or 1, got 'no' of type str"),
-        (lambda: DistributedSampler(10, 2, 0, shuffle="yes"), TypeError,
+        (lambda: DistributedSampler(10, 2, 0, shuffle="yes"), TypeError,  # type: ignore[arg-type]
          r"shuffle must be True, False, 0 or 1, got 'yes' of type str"),
-        (lambda: DistributedSampler(10, 2, 0, shuffle=2), ValueError, r"shuffle=2 is invalid"),
-        (lambda: DistributedSampler(10, 2, 0, drop_last=-1), ValueError, r"drop_last=-1 is invalid"),
-        (lambda: DistributedSampler(10, 2, 0, drop_last=None), TypeError, r"drop_last must be .*got None"),
-        (lambda: DistributedSampler(10, 2, 0, shuffle=1.0), TypeError, r"shuffle must be .*got 1.0 of type float"),
+        (lambda: DistributedSampler(10, 2, 0, shuffle=2), ValueError,  # type: ignore[arg-type]
+         r"shuffle=2 is invalid"),
+        (lambda: DistributedSampler(10, 2, 0, drop_last=-1), ValueError,  # type: ignore[arg-type]
+         r"drop_last=-1 is invalid"),
+        (lambda: DistributedSampler(10, 2, 0, drop_last=None), TypeError,  # type: ignore[arg-type]
+         r"drop_last must be .*got None"),
+        (lambda: DistributedSampler(10, 2, 0, shuffle=1.0), TypeError,  # type: ignore[arg-type]
+         r"shuffle must be .*got 1.0 of type float"),
         (lambda: DistributedSampler(TORCH_RANDPERM_MAX_N, 2, 0), ValueError,
          r"shuffling n=214748364 samples is not supported: .*only for n < 214748364"),
         (lambda: shard_indices(TORCH_RANDPERM_MAX_N, 2, 0, shuffle=True), ValueError, r"shuffling n=214748364"),
         (lambda: torch_randperm(-1, 0), ValueError, r"n=-1 .*>= 0"),
-        (lambda: torch_randperm(3, 0.5), TypeError, r"seed must be an integer, got 0.5"),
-        (lambda: shard_indices(10, 2, 0, layout="blocks"), ValueError, r"layout='blocks' .*'strided', 'contiguous'"),
+        (lambda: torch_randperm(3, 0.5), TypeError, r"seed must be an integer, got 0.5"),  # type: ignore[arg-type]
+        (lambda: shard_indices(10, 2, 0, layout="blocks"), ValueError,  # type: ignore[arg-type]
+         r"layout='blocks' .*'strided', 'contiguous'"),
         (lambda: DistributedSampler(10, 4, 4), ValueError,
          r"rank=4 is outside the valid range \[0, 3\] for num_replicas=4"),
         (lambda: DistributedSampler(10, 0, 0), ValueError, r"num_replicas=0 .*>= 1"),
-        (lambda: DistributedSampler(10, 2, 0, seed=1.5), TypeError, r"seed must be an integer, got 1.5"),
+        (lambda: DistributedSampler(10, 2, 0, seed=1.5), TypeError,  # type: ignore[arg-type]
+         r"seed must be an integer, got 1.5"),
         (lambda: DistributedSampler(-5, 2, 0), ValueError, r"dataset length=-5 .*>= 0"),
-        (lambda: DistributedSampler(object(), 2, 0), TypeError, r"integer length or an object with __len__.*object"),
+        (lambda: DistributedSampler(object(), 2, 0), TypeError,  # type: ignore[arg-type]
+         r"integer length or an object with __len__.*object"),
         (lambda: DistributedSampler(False, 2, 0), TypeError, r"got False of type bool"),
         (lambda: DistributedSampler(10, 2, 0).set_epoch(-1), ValueError, r"epoch=-1 .*>= 0"),
-        (lambda: DistributedSampler(10, 2, 0).set_epoch(1.0), TypeError, r"epoch must be an integer, got 1.0"),
+        (lambda: DistributedSampler(10, 2, 0).set_epoch(1.0), TypeError,  # type: ignore[arg-type]
+         r"epoch must be an integer, got 1.0"),
         (lambda: replica_shard_indices(10, 2, **TOPO), ValueError,
          r"local_replica=2 is outside the valid range \[0, 1\] for num_local_replicas=2"),
         (lambda: replica_shard_indices(10, 0, num_total_replicas=4, num_local_replicas=2, replica_index_offset=3),
@@ -440,14 +483,15 @@ TOPO = dict(num_total_replicas=4, num_local_replicas=2, replica_index_offset=2)
         (lambda: global_batch_size(0), ValueError, r"micro_batch_size=0 .*>= 1"),
         (lambda: global_batch_size(2, -1), ValueError, r"gradient_accumulation=-1 .*>= 1"),
         (lambda: global_batch_size(2, True), TypeError, r"gradient_accumulation must be an integer, got True"),
-        (lambda: global_batch_size(2.5), TypeError, r"micro_batch_size must be an integer, got 2.5"),
+        (lambda: global_batch_size(2.5), TypeError,  # type: ignore[arg-type]
+         r"micro_batch_size must be an integer, got 2.5"),
         (lambda: shuffle_buffer_size(-3), ValueError, r"n=-3 .*>= 0"),
         (lambda: shuffle_buffer_size(10, num_instances=0), ValueError, r"num_instances=0 .*>= 1"),
         (lambda: split_for_replicas(np.zeros(4), False), TypeError,
          r"num_local_replicas must be an integer, got False"),
     ],
 )
-def test_errors_name_the_value(call, exc: type[Exception], pattern: str) -> None:
+def test_errors_name_the_value(call: Callable[[], object], exc: type[Exception], pattern: str) -> None:
     with pytest.raises(exc, match=pattern):
         call()
 
@@ -495,16 +539,16 @@ def _check_cover(shards: list[np.ndarray], n: int, k: int, drop_last: bool) -> N
 @given(n=sizes, instances=counts, local=counts, shuffle=st.booleans(), seed=seeds, epoch=epochs,
        drop_last=st.booleans(), layout=st.sampled_from(["strided", "contiguous"]))
 def test_shards_over_instances_and_replicas_cover_the_data(
-    n: int, instances: int, local: int, shuffle: bool, seed: int, epoch: int, drop_last: bool, layout: str
+    n: int, instances: int, local: int, shuffle: bool, seed: int, epoch: int, drop_last: bool, layout: SplitOrder
 ) -> None:
-    opts = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last, layout=layout)
+    opts: ShardOptions = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last, layout=layout)
     total = instances * local
     by_instance = [shard_indices(n, instances, i, **opts) for i in range(instances)]
     _check_cover(by_instance, n, instances, drop_last)
 
     by_replica = []
     for i in range(instances):
-        topo = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
+        topo: Topology = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
         stacked = local_replica_shard_indices(n, **topo, **opts)
         rows = [replica_shard_indices(n, r, **topo, **opts) for r in range(local)]
         per = n // total if drop_last else -(-n // total)
@@ -523,11 +567,11 @@ def test_shards_over_instances_and_replicas_cover_the_data(
 def test_contiguous_instance_block_split_equals_global_replica_shards(
     n: int, instances: int, local: int, shuffle: bool, seed: int, epoch: int, drop_last: bool
 ) -> None:
-    opts = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+    opts: Shuffling = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
     total = instances * local
     blocks = []
     for i in range(instances):
-        topo = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
+        topo: Topology = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
         stacked = local_replica_shard_indices(n, **topo, **opts)
         block = stacked.reshape(-1)  # the instance's one contiguous block
         blocks.append(block)
@@ -548,10 +592,10 @@ def test_instance_shard_then_split_equals_replica_shard_when_divisible(
 ) -> None:
     total = instances * local
     n = per_replica_items * total
-    opts = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last, layout="contiguous")
+    opts: ShardOptions = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last, layout="contiguous")
     for i in range(instances):
         split = split_for_replicas(shard_indices(n, instances, i, **opts), local)
-        topo = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
+        topo: Topology = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
         np.testing.assert_array_equal(split, local_replica_shard_indices(n, **topo, **opts))
 
 
@@ -561,7 +605,7 @@ def test_instance_batch_slices_split_a_global_batch_in_replica_order(micro: int,
     total = instances * local
     global_batch = np.arange(global_batch_size(micro, num_total_replicas=total))
     for i in range(instances):
-        topo = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
+        topo: Topology = dict(num_total_replicas=total, num_local_replicas=local, replica_index_offset=i * local)
         part = split_for_replicas(global_batch[instance_batch_slice(len(global_batch), **topo)], local)
         assert part.shape == (local, micro)
         for r in range(local):

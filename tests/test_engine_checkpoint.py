@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from popdist_py.engine import CheckpointError, CommGroup, Runtime, ops
+from popdist_py.engine import CheckpointError, CommGroup, Runtime, Variable, ops
 from tests.helpers import PYTHON, ROOT, poprun, run
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "engine_checkpoint.py")
@@ -24,11 +24,11 @@ W = np.arange(1, 31, dtype=np.float32).reshape(5, 6) / 7
 G = np.array([[1.0, 2.0], [3.0, 4.0]])  # two groups
 
 
-def build(rt: Runtime, rts: bool, remote: bool = True) -> dict[str, object]:
+def build(rt: Runtime, rts: bool, remote: bool = True) -> dict[str, Variable]:
     """The same named variables, stored as plain, sharded or remote variables."""
     R = rt.replication_factor
     halves = rt.replica_grouping(group_size=R // 2)
-    out: dict[str, object] = {}
+    out: dict[str, Variable] = {}
     if rts:
         out["w"], _ = rt.replica_sharded_variable(W, name="w")
         out["g"], _ = rt.replica_sharded_variable(G, replica_grouping=halves, name="g")
@@ -49,10 +49,10 @@ def values(rt: Runtime) -> dict[str, np.ndarray]:
     return {v.name: rt.get_tensor_data(v) for v in rt.variables}
 
 
-def perturb(rt: Runtime, vs: dict[str, object]) -> None:
+def perturb(rt: Runtime, vs: dict[str, Variable]) -> None:
     """Change every variable (as the owner of the data would) so a load has something to restore."""
     for v in vs.values():
-        rt.write_variable_data(v, np.zeros(v.shape_on_host, v.dtype))  # type: ignore[attr-defined]
+        rt.write_variable_data(v, np.zeros(v.shape_on_host, v.dtype))
 
 
 @pytest.mark.determinism
@@ -63,7 +63,7 @@ def test_restores_under_other_splits(tmp_path: Path, saved_R: int, saved_rts: bo
     path = tmp_path / "ck.npz"
     with Runtime(replication=saved_R) as rt:
         vs = build(rt, saved_rts)
-        buf = vs["r"].remote_buffer  # type: ignore[attr-defined]
+        buf = vs["r"].remote_buffer
         rt.run(lambda ctx: ops.remote_store(buf, 1, ops.remote_load(buf, 1) + 1))
         saved = values(rt)
         rt.save(path, {"epoch": 7, "note": "x"})

@@ -97,7 +97,7 @@ def test_wrong_types() -> None:
     with pytest.raises(TypeError, match="stride"):
         ReplicaGrouping.create(8, 2.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="group_size"):
-        ReplicaGrouping.create(8, 1, True)  # type: ignore[arg-type]
+        ReplicaGrouping.create(8, 1, True)
 
 
 @pytest.mark.parametrize(

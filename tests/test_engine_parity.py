@@ -4,7 +4,9 @@ against numpy references. Across instances: tests/mpi/test_engine_parity_mpi.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +18,8 @@ from tests.engine_helpers import valid_groupings
 
 R = 4
 #: Assignments of 4 and 8 replicas that no (stride, group_size) describes.
-IRREGULAR = {4: [(0, 1, 1, 0)], 8: [(0, 0, 1, 1, 0, 0, 1, 1), (0, 1, 2, 3, 3, 2, 1, 0), (0, 1, 1, 0, 2, 3, 3, 2)]}
+IRREGULAR: dict[int, list[tuple[int, ...]]] = {
+    4: [(0, 1, 1, 0)], 8: [(0, 0, 1, 1, 0, 0, 1, 1), (0, 1, 2, 3, 3, 2, 1, 0), (0, 1, 1, 0, 2, 3, 3, 2)]}
 
 
 def groupings(n: int) -> list[ReplicaGrouping]:
@@ -28,7 +31,7 @@ def wild(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return (rng.standard_normal(shape) * 10.0 ** rng.integers(-4, 5, shape)).astype(np.float32)
 
 
-def per_member(rg: ReplicaGrouping, x: np.ndarray, f) -> list:  # type: ignore[no-untyped-def]
+def per_member(rg: ReplicaGrouping, x: np.ndarray, f: Callable[[list[np.ndarray]], object]) -> list[Any]:
     """``f(members' inputs in member order)`` for every replica, in replica order (the reference),
     as nested lists."""
     return [np.asarray(f([x[m] for m in rg.members(rg.group_of(r))])).tolist() for r in range(rg.num_replicas)]
@@ -243,7 +246,9 @@ def test_repr_shows_num_groups_or_the_assignment() -> None:
 def test_from_assignments_of_constant_strides_gives_the_plain_grouping(n: int) -> None:
     for rg in valid_groupings(n):
         got = ReplicaGrouping.from_assignments(rg.assignment)
-        assert got == rg and got.is_const and ReplicaGrouping.from_assignment(np.array(rg.assignment)) == rg
+        assert got == rg and got.is_const
+        # an array for the Sequence[int], accepted at run time
+        assert ReplicaGrouping.from_assignment(np.array(rg.assignment)) == rg  # type: ignore[arg-type]
 
 
 @pytest.mark.one_executor

@@ -18,7 +18,7 @@ from popdist_py.engine import PipelineStageError, Runtime, Trainer, TrainingOpti
 from popdist_py.engine.batch_invariant import matmul, outer_sum
 from popdist_py.engine.optimizers import SGD, Adam
 from popdist_py.engine.pipeline import GPIPE, ONE_F_ONE_B, Pipeline, Stage, bubble, ideal_bubble
-from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, device_order, in_flight
+from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, Op, device_order, in_flight
 from popdist_py.engine.pipeline.stash import Stash
 from popdist_py.engine.pipeline.sync import timeline
 from popdist_py.engine.training import canonical_sum
@@ -99,7 +99,7 @@ def test_schedules_run_every_op_once_in_micro_batch_order(K: int, M: int) -> Non
             for kind in (FORWARD, BACKWARD):
                 assert [op.micro_batch for op in order if op.kind == kind] == list(range(M))
             # a backward never comes before its own forward
-            assert all(order.index((FORWARD, s, op.micro_batch)) < i
+            assert all(order.index(Op(FORWARD, s, op.micro_batch)) < i
                        for i, op in enumerate(order) if op.kind == BACKWARD)
             stash = in_flight(order)
             assert stash == (M if schedule == GPIPE else min(K - s, M))
@@ -352,7 +352,7 @@ def test_without_accumulation_the_pipeline_runs_continuously_with_stale_weights(
     updates = pipe.update_order(B)
     start, _ = timeline(orders)
     saved: dict[tuple[int, int], Any] = {}
-    carry: dict[tuple[int, int], Any] = {}
+    carry: dict[tuple[int | str, int], Any] = {}  # (stage, m) forward, ("back", m) backward
     ref_losses = [0.0] * B
     for op in sorted((op for order in orders for op in order), key=lambda op: (start[op], op.stage)):
         stage, m = pipe.stages[op.stage], op.micro_batch
@@ -366,7 +366,7 @@ def test_without_accumulation_the_pipeline_runs_continuously_with_stale_weights(
             grad_out = carry.pop(("back", m)) if op.stage == 0 else None
             dh, grads = stage.backward(expect, saved.pop((op.stage, m)), grad_out)  # type: ignore[misc]
             if op.stage == 1:
-                carry["back", m] = dh  # type: ignore[index]
+                carry["back", m] = dh
             assert (op.stage, m) in updates
             for n in stage.weights:
                 opt.update(expect[n], grads[n].astype(np.float32), state[n], m + 1)

@@ -39,7 +39,8 @@ def tree(values: list[np.ndarray], lo: int = 0, hi: int | None = None) -> np.nda
     p = 1
     while p * 2 < n:
         p *= 2
-    return tree(values, lo, lo + p) + tree(values, lo + p, hi)
+    total: np.ndarray = tree(values, lo, lo + p) + tree(values, lo + p, hi)
+    return total
 
 
 def test_split_points() -> None:
@@ -53,7 +54,8 @@ def test_six_members_shape() -> None:
 
     def add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         calls.append((a[0], b[0]))
-        return np.add(a, b, out=out)
+        summed: np.ndarray = np.add(a, b, out=out)
+        return summed
 
     class U:  # stands in for a ufunc to record the order of operations
         def __call__(self, a, b, out):  # type: ignore[no-untyped-def]

@@ -215,7 +215,7 @@ def test_errors_name_the_values() -> None:
                                              r"entries=2"):
             rt.run(lambda ctx: ops.remote_load(buf, 2))
         with pytest.raises(TypeError, match=r"offset must be an integer, got 1\.0"):
-            rt.run(lambda ctx: ops.remote_load(buf, 1.0))
+            rt.run(lambda ctx: ops.remote_load(buf, 1.0))  # type: ignore[arg-type]  # a wrong type, refused
         with pytest.raises(ValueError, match=r"offset=-1 is outside the valid range \[0, 1\]"):
             rt.run(lambda ctx: ops.remote_store(buf, -1, np.zeros(3, np.float32)))
         with pytest.raises(ValueError, match=r"value has shape \(4,\) but remote buffer 'remote_buffer_0' has slots "

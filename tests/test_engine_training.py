@@ -334,13 +334,18 @@ def test_fused_buckets_equal_one_collective_per_tensor_for_every_layout() -> Non
         assert all(one_each[n].tobytes() == fused_[n].tobytes() for n in fused_), how
 
 
+def _shard_the_accumulator_only(o: TrainingOptions) -> None:
+    """The accumulator sharded over the whole group, the optimizer state (and so the update) whole."""
+    o.accumulator_tensor_location_settings.location.replicated_tensor_sharding = True
+    o.optimizer_state_tensor_location_settings.location = TensorLocation()
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda o: setattr(o.accumulator_tensor_location_settings, "location", TensorLocation(
         replicated_tensor_sharding=True, sharding_domain=CommGroup.consecutive(2))),
      (r"the accumulator of weight 'W' is sharded over stride=1, group_size=2 but the weight's update runs on "
       r"shards over stride=1, group_size=4")),
-    (lambda o: (setattr(o.accumulator_tensor_location_settings.location, "replicated_tensor_sharding", True),
-                setattr(o.optimizer_state_tensor_location_settings, "location", TensorLocation())),
+    (_shard_the_accumulator_only,
      (r"the accumulator of weight 'W' is sharded over stride=1, group_size=4 but the weight's update runs on the "
       r"whole tensor")),
     (lambda o: setattr(o.weight_tensor_location_settings.location, "storage", "disk"),

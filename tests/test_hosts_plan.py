@@ -1,6 +1,7 @@
 """Host lists and the job plan, without launching anything."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -21,17 +22,17 @@ from poprun_py.plan import JobPlan
     ("gpu[007-009,010],cpu1", ["gpu007", "gpu008", "gpu009", "gpu010", "cpu1"]),
     ("r[1-2]n[08-09]", ["r1n08", "r1n09", "r2n08", "r2n09"]),
 ])
-def test_expand_hosts(spec, hosts):
+def test_expand_hosts(spec: str, hosts: list[str]) -> None:
     assert expand_hosts(spec) == hosts
 
 
-def test_host_file_with_comments_and_slots(tmp_path):
+def test_host_file_with_comments_and_slots(tmp_path: Path) -> None:
     path = tmp_path / "hosts"
     path.write_text("# cluster\nnode[0-1] slots=4\n\nhead  # login\n")
     assert read_host_file(path) == ["node0", "node1", "head"]
 
 
-def test_plan_layout_consecutive_instances_share_a_host():
+def test_plan_layout_consecutive_instances_share_a_host() -> None:
     plan = JobPlan(4, 8, hosts=("h0", "h1"))
     layout = [(i.host, i.local_index, list(i.replicas)) for i in plan.instances]
     assert layout == [("h0", 0, [0, 1]), ("h0", 1, [2, 3]), ("h1", 0, [4, 5]), ("h1", 1, [6, 7])]
@@ -41,17 +42,17 @@ def test_plan_layout_consecutive_instances_share_a_host():
     assert plan.job_env()["LOCAL_WORLD_SIZE"] == "2" and plan.job_env()["GROUP_WORLD_SIZE"] == "2"
 
 
-def test_plan_rejects_non_integers():
+def test_plan_rejects_non_integers() -> None:
     with pytest.raises(PlanError, match=r"--num-instances must be a positive integer, got 1.5"):
         JobPlan(1.5, 3)  # type: ignore[arg-type]
 
 
-def test_host_range_errors_name_the_range():
+def test_host_range_errors_name_the_range() -> None:
     with pytest.raises(PlanError, match=r"host range 'x' in 'r\[1\]n\[x\]' is not 'N' or 'N-M'"):
         expand_hosts("r[1]n[x]")
 
 
-def test_large_plan_is_described_by_its_ends():
+def test_large_plan_is_described_by_its_ends() -> None:
     plan = JobPlan(4096, 4096, hosts=tuple(expand_hosts("n[0000-1023]")))
     lines = plan.describe().splitlines()
     assert lines[0].startswith("job: 4096 instance(s) x 1 local replica(s)") and len(lines) == 18
@@ -62,7 +63,7 @@ def test_large_plan_is_described_by_its_ends():
     assert len(str(error.value)) < 200 and "... 1016 more ..., n1022, n1023" in str(error.value)
 
 
-def test_host_lists_are_counted_before_they_are_expanded():
+def test_host_lists_are_counted_before_they_are_expanded() -> None:
     assert count_hosts("n[0-99999999],m[1-2]x[01-03]") == 100_000_006
     assert len(expand_hosts("n[0-65535]")) == 65536
     with pytest.raises(PlanError, match=r"host list 'n\[0-65536\]' names 65537 hosts, more than poprun runs on "
@@ -72,7 +73,7 @@ def test_host_lists_are_counted_before_they_are_expanded():
         expand_hosts("n[0-" + "9" * 5000 + "]")
 
 
-def test_host_files_are_read_in_bounded_time_and_memory(tmp_path):
+def test_host_files_are_read_in_bounded_time_and_memory(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # nobody writes: reads as empty instead of waiting
     with pytest.raises(PlanError, match="lists no hosts"):

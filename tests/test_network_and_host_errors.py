@@ -74,7 +74,7 @@ def test_launcher_output_is_read_into_one_line_per_host() -> None:
     assert describe({"a": "x", "b": "y"}) == "host a: x; host b: y"
 
 
-@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",))),
+@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=["Cs"])),
                 min_size=1, max_size=5))
 def test_program_arguments_survive_the_config_file_encoding(argv: list[str]) -> None:
     encoded = encode_argv(argv)

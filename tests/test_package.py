@@ -22,7 +22,7 @@ import tomllib
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -41,7 +41,7 @@ BUILD_TIMEOUT, INSTALL_TIMEOUT, RUN_TIMEOUT, TEST_TIMEOUT = 120, 150, 60, 240
 VERSION_LINE = f"poprun {__version__}\n"
 
 
-def pyproject() -> dict:
+def pyproject() -> dict[str, Any]:
     with (ROOT / "pyproject.toml").open("rb") as f:
         return tomllib.load(f)
 
@@ -184,7 +184,7 @@ def test_installed_poprun_version(built: Built) -> None:
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_installed_poprun_runs_a_pipelined_engine_job(built: Built) -> None:
     python, poprun = built.venv / "bin" / "python", built.venv / "bin" / "poprun"
-    job = [python, "-P", SMOKE / "smoke_job.py"]
+    job: list[str | Path] = [python, "-P", SMOKE / "smoke_job.py"]
     result = check([poprun, "--num-instances", "2", "--num-replicas", "4", "--ipus-per-replica", "2", *job],
                  built.away, RUN_TIMEOUT, built.venv)
     line = re.compile(r"\[(\d)\] smoke-job instance=(\d) of=2 replicas=4 devices=2 weights-sha256 ([0-9a-f]{64}) "

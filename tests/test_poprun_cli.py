@@ -7,7 +7,9 @@ import json
 import os
 import shlex
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -119,7 +121,7 @@ def test_empty_host_file(tmp_path: Path) -> None:
     assert f"host file '{hosts}' lists no hosts" in result.stderr
 
 
-def _read(tmp_path: Path, *argv: str) -> tuple[dict, list[str]]:
+def _read(tmp_path: Path, *argv: str) -> tuple[dict[str, Any], list[str]]:
     """What poprun made of ``argv``: its options (as --export-config writes them) and the program
     line each instance runs (from the --dry-run command). ``tmp_path`` comes first on PATH."""
     config = tmp_path / "effective.json"
@@ -150,7 +152,9 @@ READINGS = [
 
 
 @pytest.mark.parametrize("argv,options,program", READINGS, ids=[" ".join(a) for a, _, _ in READINGS])
-def test_how_a_command_line_is_read(tmp_path: Path, argv: list[str], options: dict, program: list[str]) -> None:
+def test_how_a_command_line_is_read(
+    tmp_path: Path, argv: list[str], options: dict[str, object], program: list[str]
+) -> None:
     (tmp_path / "-program").symlink_to("/bin/echo")  # found on PATH (see _read)
     read, line = _read(tmp_path, *argv)
     assert {key: read[key] for key in options} == options
@@ -165,7 +169,8 @@ def _dry_run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = N
 
 
 def _contexts(command: list[str]) -> list[list[str]]:
-    contexts, current = [], []
+    contexts: list[list[str]] = []
+    current: list[str] = []
     for token in command[1:]:
         if token == ":":
             contexts.append(current)
@@ -301,12 +306,13 @@ def test_help_groups_every_option_once_with_the_no_ops_last() -> None:
     (["--prefix-timestamp", "--", "no"], {"prefix-timestamp": True, "program": "no"}),
     (["--numa-aware", "off", "-H", "yes", "true"], {"numa-aware": False, "host": "yes", "program": "true"}),
 ])
-def test_a_yes_no_option_alone_means_yes(argv: list[str], given: dict) -> None:
+def test_a_yes_no_option_alone_means_yes(argv: list[str], given: dict[str, object]) -> None:
     from poprun_py.command import parse
 
     options = parse(argv)
     assert isinstance(options, dict)
-    assert {k: options[k.replace("-", "_")] for k in given} == given
+    fields: Mapping[str, object] = options  # looked up by names built from the option names
+    assert {k: fields[k.replace("-", "_")] for k in given} == given
 
 
 def test_verbose_logs_the_command() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,12 +15,13 @@ from tests.helpers import poprun
 pytestmark = pytest.mark.slow  # every test starts poprun
 
 
-def _effective(tmp_path: Path, *argv: str) -> dict:
+def _effective(tmp_path: Path, *argv: str) -> dict[str, Any]:
     """The options poprun runs with for ``argv`` (as --export-config writes them)."""
     out = tmp_path / "effective.json"
     result = poprun("--dry-run", "--export-config", str(out), "--overwrite-config", *argv, "/bin/true", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    return json.loads(out.read_text())
+    effective: dict[str, Any] = json.loads(out.read_text())
+    return effective
 
 
 def test_config_round_trip(tmp_path: Path) -> None:
@@ -57,7 +59,7 @@ FILE = {"num-instances": 4, "num-replicas": 8, "print-topology": "yes", "verbose
     (["--instance-mpi-local-args", "1:-env D 4"], {**FILE, "print-topology": True,
                                                    "instance-mpi-local-args": ["1:-env D 4"]}),
 ], ids=["file only", "integers", "yes-no and count", "repeatable"])
-def test_command_line_wins_over_the_imported_file(tmp_path: Path, argv: list[str], expected: dict) -> None:
+def test_command_line_wins_over_the_imported_file(tmp_path: Path, argv: list[str], expected: dict[str, object]) -> None:
     config = tmp_path / "job.json"
     config.write_text(json.dumps(FILE))
     # Where --import-config stands does not matter: it is read before every other option.

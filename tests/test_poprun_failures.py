@@ -117,13 +117,16 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
         shims = [line for line in processes_matching(marker)  # "PID: python -S .../instance.py 0 ..."
                  if line.split()[2:3] == ["-S"] and "instance.py 0 " in line]
         assert len(shims) == 1, processes_matching(marker)
-        os.kill(int(shims[0].split(":")[0]), signal.SIGSTOP)
+        frozen = int(shims[0].split(":")[0])
+        os.kill(frozen, signal.SIGSTOP)
         go.touch()
         start = time.monotonic()
         _, stderr = proc.communicate(timeout=30)
         elapsed = time.monotonic() - start
     finally:
         proc.kill()
+        for pid in [int(line.split(":")[0]) for line in processes_matching(marker)]:
+            os.kill(pid, signal.SIGKILL)  # when the escalation failed: nothing stays behind, frozen or not
     assert proc.returncode == 3, stderr
     assert "poprun: instance 1 on" in stderr and "failed: exit status 3" in stderr, stderr
     # KILL_MPIEXEC_AFTER (4.5 s) plus 10 s of slack for a loaded 2-core host, against 120 s.

@@ -36,7 +36,7 @@ def reference(instances: int, steps: int) -> str:
     """The parameters' hash of an uninterrupted run."""
     result = ddp(instances, "--steps", str(steps))
     assert result.returncode == 0, result.stderr
-    hashes = {report["params_sha256"] for report in tagged_json(result.stdout).values()}
+    hashes: set[str] = {report["params_sha256"] for report in tagged_json(result.stdout).values()}
     assert len(hashes) == 1, hashes
     return hashes.pop()
 

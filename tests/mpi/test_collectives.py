@@ -11,6 +11,8 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,7 +34,7 @@ def rank_size() -> tuple[int, int]:
     return world().Get_rank(), world().Get_size()
 
 
-def data(rank: int, dtype: str, shape=(2, 3)) -> np.ndarray:
+def data(rank: int, dtype: str, shape: tuple[int, ...] = (2, 3)) -> np.ndarray:
     return (np.arange(int(np.prod(shape))).reshape(shape) % 5 + 1 + rank).astype(dtype)
 
 
@@ -55,7 +57,8 @@ def test_allreduce_ops_and_dtypes(op: str, dtype: str) -> None:
     if op == "mean":
         expected = stack.sum(0) // n if np.dtype(dtype).kind in "iu" else stack.sum(0) / n
     else:
-        expected = {"sum": np.sum, "min": np.min, "max": np.max, "prod": np.prod}[op](stack, axis=0)
+        reductions: dict[str, Callable[..., Any]] = {"sum": np.sum, "min": np.min, "max": np.max, "prod": np.prod}
+        expected = reductions[op](stack, axis=0)
     expected = expected.astype(dtype)
     if np.dtype(dtype).kind in "iu":
         assert np.array_equal(out, expected)
@@ -218,9 +221,9 @@ def test_bad_arguments_are_rejected_before_any_communication() -> None:
 @pytest.mark.mpi(min_size=2)
 def test_execute_on_one_instance() -> None:
     rank, n = rank_size()
-    calls = []
+    calls: list[float] = []
 
-    def f(x, *, scale):
+    def f(x: float, *, scale: int) -> float:
         calls.append(x)
         total = popdist_py.allreduce(np.array([x * scale]))  # only instance 0 takes part
         popdist_py.synchronize()
@@ -262,7 +265,7 @@ def test_different_instance_sets_are_a_mismatch_on_every_instance() -> None:
     others = ", ".join(f"instance {i} (0, 2)" for i in range(3, n))
     expected = ("execute_on_instances: instance sets differ between instances: instance 0 (0, 2), "
                 "instance 1 (0, 2), instance 2 (0, 1, 2)" + (f", {others}" if others else ""))
-    calls = []
+    calls: list[int] = []
     with pytest.raises(CollectiveMismatchError) as info:
         popdist_py.execute_on_instances(wanted, calls.append, rank)
     assert str(info.value) == expected
@@ -277,7 +280,7 @@ def test_different_instance_sets_are_a_mismatch_on_every_instance() -> None:
 def test_execute_on_a_subset_of_three() -> None:
     rank, n = rank_size()
 
-    def on_subset() -> tuple:
+    def on_subset() -> tuple[int, list[int], int, list[int] | None]:
         total = popdist_py.allreduce(np.array([rank], dtype=np.int64))
         gathered = popdist_py.allgather(np.array(rank))
         root2 = popdist_py.broadcast(np.array([rank]), root=2)

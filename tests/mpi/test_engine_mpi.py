@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from popdist_py.engine import CommGroup, InstancesDisagreeError, PeerAborted, PeerClosed, Runtime, ops
+from popdist_py.engine import CommGroup, InstancesDisagreeError, PeerAborted, PeerClosed, Runtime, StepContext, ops
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from tests.engine_helpers import instances, load_script, valid_groupings, world
 
@@ -224,7 +224,7 @@ def test_op_spellings_agree_between_instances(n: int) -> None:
             other = rt.instance_index == 1
             x = np.arange(1, n + 1, dtype=np.float32) / n
 
-            def step(ctx, op):  # type: ignore[no-untyped-def]
+            def step(ctx: StepContext, op: str) -> np.ndarray:
                 return ops.replicated_all_reduce(x * (ctx.replica_index + 1), op=op)
 
             want = rt.run(lambda ctx: step(ctx, "add"))

@@ -17,8 +17,8 @@ from popdist_py.engine import ReplicaGrouping, Runtime, ops
 from tests.engine_helpers import instances, on_every_split, shared_dir, valid_groupings, wild, world
 
 #: Irregular assignments (no constant stride) per replica count.
-IRREGULAR = {4: [(0, 1, 1, 0)], 6: [(0, 1, 1, 0, 2, 2)],
-             8: [(0, 0, 1, 1, 0, 0, 1, 1), (0, 1, 2, 3, 3, 2, 1, 0)]}
+IRREGULAR: dict[int, list[tuple[int, ...]]] = {4: [(0, 1, 1, 0)], 6: [(0, 1, 1, 0, 2, 2)],
+                                              8: [(0, 0, 1, 1, 0, 0, 1, 1), (0, 1, 2, 3, 3, 2, 1, 0)]}
 
 
 def groupings(n: int) -> list[ReplicaGrouping]:
@@ -62,7 +62,8 @@ def test_new_ops_are_bitwise_the_same_in_every_split(replicas: int) -> None:
 
     def body(rt: Runtime) -> tuple[np.ndarray, ...]:
         off, L = rt.replica_index_offset, rt.instance_replication_factor
-        return rt.run(step, small[off : off + L], big[off : off + L], flags[off : off + L])
+        outputs: tuple[np.ndarray, ...] = rt.run(step, small[off : off + L], big[off : off + L], flags[off : off + L])
+        return outputs
 
     on_every_split(replicas, body)
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from popdist_py.engine import Runtime, Trainer, TrainingOptions
+from popdist_py.engine import Pipeline, Runtime, Trainer, TrainingOptions
 from popdist_py.engine.optimizers import Adam
+from popdist_py.engine.training import LossAndGrads
 from tests.engine_helpers import on_every_split
 from tests.test_engine_pipeline import SAMPLES, SIZES, STEPS, X, Y, batch, init, mlp
 
@@ -19,7 +20,7 @@ def test_pipelined_replicas_give_one_process_sequential_weights_on_every_split(s
     R, A = 4, 2
     micro = SAMPLES // (R * A)
 
-    def fit(rt: Runtime, model: object) -> list[np.ndarray]:
+    def fit(rt: Runtime, model: LossAndGrads | Pipeline) -> list[np.ndarray]:
         L, off = rt.instance_replication_factor, rt.replica_index_offset
         opts = TrainingOptions(accumulation_factor=A)
         opts.optimizer_state_tensor_location_settings.location.replicated_tensor_sharding = True

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -20,6 +22,9 @@ from popdist_py import agreement, deadline
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from popdist_py.world import is_initialized, world
 from poprun_py.environment import COLLECTIVE_TIMEOUT
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 FIELDS = ("op", "shape", "dtype")
 
@@ -31,7 +36,7 @@ def _short_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def comm():
+def comm() -> Iterator[MPI.Intracomm]:
     """A fresh duplicate of the world (its own check state), freed after the test."""
     c = world().Dup()
     yield c
@@ -43,20 +48,20 @@ GAVE_UP = 7
 
 
 @pytest.fixture
-def gate():
+def gate() -> Iterator[MPI.Intracomm]:
     """A second duplicate, for the messages that order a test's ranks, apart from the collective's own."""
     g = world().Dup()
     yield g
     g.Free()
 
 
-def release_late_ranks(gate) -> None:
+def release_late_ranks(gate: MPI.Intracomm) -> None:
     """Rank 0 has seen what it waited for (call it in a ``finally``): the late ranks may go on."""
     for r in range(1, gate.Get_size()):
         gate.send(None, dest=r, tag=GAVE_UP)
 
 
-def wait_until_released(gate, within: float = 60) -> None:
+def wait_until_released(gate: MPI.Intracomm, within: float = 60) -> None:
     """Wait for rank 0's GAVE_UP, polling with short sleeps so that rank 0 keeps a core while it waits."""
     end = time.monotonic() + within
     while not gate.Iprobe(source=0, tag=GAVE_UP):
@@ -66,7 +71,7 @@ def wait_until_released(gate, within: float = 60) -> None:
     gate.recv(source=0, tag=GAVE_UP)
 
 
-def names(ranks) -> str:
+def names(ranks: Iterable[int]) -> str:
     return ", ".join(f"instance {r}" for r in ranks)
 
 
@@ -179,7 +184,7 @@ def test_only_the_mismatching_rank_differs_among_three_or_more() -> None:
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_rank_that_never_arrives_is_named(comm, gate) -> None:
+def test_a_rank_that_never_arrives_is_named(comm: MPI.Intracomm, gate: MPI.Intracomm) -> None:
     n, rank = comm.Get_size(), comm.Get_rank()
     agreement.agree(comm, "set-up", ())
     if rank == 0:
@@ -202,7 +207,7 @@ def test_a_rank_that_never_arrives_is_named(comm, gate) -> None:
 
 
 @pytest.mark.mpi(min_size=2)
-def test_agree_among_some_ranks_only(comm) -> None:
+def test_agree_among_some_ranks_only(comm: MPI.Intracomm) -> None:
     n, rank = comm.Get_size(), comm.Get_rank()
     ranks = [0, n - 1]
     if rank in ranks:
@@ -216,7 +221,7 @@ def test_agree_among_some_ranks_only(comm) -> None:
 
 
 @pytest.mark.mpi(min_size=2)
-def test_wait_bounds_a_nonblocking_collective(comm, gate) -> None:
+def test_wait_bounds_a_nonblocking_collective(comm: MPI.Intracomm, gate: MPI.Intracomm) -> None:
     rank = comm.Get_rank()
     timed_out = r"ibarrier: timed out after 0.2 s waiting for the collective over instance 0, instance 1"
     if rank == 0:

@@ -98,7 +98,7 @@ def train(args: argparse.Namespace, rank: int, restart: int) -> tuple[int, str]:
             hold(os.path.join(args.marker_dir, "go"))
         x, y = batch(step, rank)
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()  # type: ignore[no-untyped-call]  # torch: unannotated
         optimizer.step()
         if args.checkpoint:
             if rank == 0:

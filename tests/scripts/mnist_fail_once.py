@@ -11,7 +11,8 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
-from mnist import datasets  # noqa: E402  (needs the examples directory on the path)
+# E402: mnist needs the examples directory on the path first
+from mnist import datasets  # noqa: E402
 
 train_batches = datasets.train_batches
 

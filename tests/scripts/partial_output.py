@@ -12,13 +12,14 @@
 import os
 import sys
 import time
+from typing import TextIO
 
 index = int(os.environ["POPDIST_INSTANCE_INDEX"])
 letter = "abcdefgh"[index]
 out = sys.stdout
 
 
-def write(text: str, stream=out) -> None:
+def write(text: str, stream: TextIO = out) -> None:
     stream.write(text)
     stream.flush()
 
