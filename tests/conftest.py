@@ -104,7 +104,7 @@ def _children_import_the_mutants() -> None:
 
 
 def _module_of(function: str) -> str:
-    """``popdist_py.engine.reduce`` for mutmut's ``popdist_py.engine.reduce.xǁProgramǁrun``."""
+    """``popdist_py.deadline`` for mutmut's ``popdist_py.deadline.x_wait``."""
     return function[:function.rindex(".x")]
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from popdist_py.engine._state.sharding import ShardLayout
 from popdist_py.engine.optimizers import (
     LAMB,
     MAX_NORM_ELEMENTS,
@@ -23,7 +24,6 @@ from popdist_py.engine.optimizers import (
     norm_from_parts,
     sum_squares_parts,
 )
-from popdist_py.engine.sharding import ShardLayout
 
 STEPS = 6
 Lr = float | Callable[[int], float]

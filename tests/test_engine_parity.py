@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CheckpointError, CollectiveMismatchError, CommGroup, ReplicaGrouping, Runtime, ops
-from popdist_py.engine.reduce import ALL_OPS, reduce_sequence
+from popdist_py.engine._collectives.reduce import ALL_OPS, reduce_sequence
 from popdist_py.op_names import ENGINE_OPS
 from tests.engine_helpers import valid_groupings
 

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import PipelineStageError, Runtime, Trainer, TrainingOptions
+from popdist_py.engine._training.training import canonical_sum
 from popdist_py.engine.batch_invariant import matmul, outer_sum
 from popdist_py.engine.optimizers import SGD, Adam
 from popdist_py.engine.pipeline import GPIPE, ONE_F_ONE_B, Pipeline, Stage, bubble, ideal_bubble
 from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, Op, device_order, in_flight
 from popdist_py.engine.pipeline.stash import Stash
 from popdist_py.engine.pipeline.sync import timeline
-from popdist_py.engine.training import canonical_sum
 
 rng = np.random.default_rng(15)
 SIZES = (6, 8, 8, 3)  # features, hidden, hidden, outputs
@@ -338,7 +338,7 @@ def test_without_accumulation_the_pipeline_runs_continuously_with_stale_weights(
     pipe = two_stages()
     x, y = X[0][:B * micro].reshape(B, micro, -1), Y[0][:B * micro].reshape(B, micro, -1)
     shapes = [(micro, SIZES[0]), (micro, SIZES[-1])]
-    with caplog.at_level("WARNING", logger="popdist_py.engine.training"), Runtime(replication=1) as rt, \
+    with caplog.at_level("WARNING", logger="popdist_py.engine._training.training"), Runtime(replication=1) as rt, \
             Trainer(rt, init(), pipe, SGD(0.1), shapes, TrainingOptions(accumulation_factor=1)) as trainer:
         losses = trainer.step(x, y)
         got = trainer.weights()
@@ -381,7 +381,7 @@ def test_without_accumulation_the_pipeline_runs_continuously_with_stale_weights(
 
 
 def test_a_pipeline_with_accumulation_does_not_warn(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="popdist_py.engine.training"):
+    with caplog.at_level("WARNING", logger="popdist_py.engine._training.training"):
         _, _, trainer = train(mlp(), 1, 2, steps=1)
     assert not trainer.continuous and not [r for r in caplog.records if "stale" in r.getMessage()]
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from popdist_py.engine.reduce import (
+from popdist_py.engine._collectives.reduce import (
     OPS,
     Node,
     Program,
@@ -250,7 +250,7 @@ def test_integer_blocked_runs_are_not_divided() -> None:
 def test_pieces_are_reduced_in_their_own_dtype(dtype: str) -> None:
     """Inputs in pieces, cut alike and differently, give the bits of the packed arrays (scratch or
     temporaries of another dtype, e.g. float64 for int32, would not even run)."""
-    from popdist_py.engine.segments import Segments
+    from popdist_py.engine._collectives.segments import Segments
 
     rng = np.random.default_rng(6)
     packed = wild(rng, 5, 1000) if dtype == "float32" else [rng.integers(-1000, 1000, 1000, np.int32) for _ in range(5)]
@@ -264,7 +264,7 @@ def test_pieces_are_reduced_in_their_own_dtype(dtype: str) -> None:
 
 
 def test_empty_pieces_reduce_to_nothing() -> None:
-    from popdist_py.engine.segments import Segments
+    from popdist_py.engine._collectives.segments import Segments
 
     for n in (2, 5):
         prog = Program((0, n), [(k, k + 1) for k in range(n)])

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from popdist_py.engine._collectives.rendezvous import Rendezvous
 from popdist_py.engine.errors import CollectiveTimeoutError, StepAborted
-from popdist_py.engine.rendezvous import Rendezvous
 
 pytestmark = pytest.mark.one_executor
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, Shard, ShardArray, ShardLayout, ops
-from popdist_py.engine.sharding import spread
+from popdist_py.engine._state.sharding import spread
 from tests.engine_helpers import valid_groupings
 
 

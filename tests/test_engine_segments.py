@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, fused, ops
-from popdist_py.engine.reduce import BLOCK, Program
-from popdist_py.engine.segments import DIRECT, Segments, dense
-from popdist_py.engine.sharding import ShardLayout
+from popdist_py.engine._collectives.reduce import BLOCK, Program
+from popdist_py.engine._collectives.segments import DIRECT, Segments, dense
+from popdist_py.engine._state.sharding import ShardLayout
 from tests.engine_helpers import valid_groupings
 
 #: piece sizes: tiny, around DIRECT, and longer than a block

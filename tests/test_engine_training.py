@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, Runtime
+from popdist_py.engine._collectives.reduce import reduce_sequence
+from popdist_py.engine._training.locations import TensorLocation, TensorStorage, TileSet, TrainingOptions
+from popdist_py.engine._training.training import STEP_VARIABLE, PairwiseSum, Trainer, canonical_sum
 from popdist_py.engine.batch_invariant import matmul, outer_sum
-from popdist_py.engine.locations import TensorLocation, TensorStorage, TileSet, TrainingOptions
 from popdist_py.engine.optimizers import LAMB, SGD, Adam, AdamW, Optimizer
-from popdist_py.engine.reduce import reduce_sequence
-from popdist_py.engine.training import STEP_VARIABLE, PairwiseSum, Trainer, canonical_sum
 
 SAMPLES = 16  # per batch, over all replicas and micro-batches
 STEPS = 3
@@ -271,7 +271,7 @@ def test_placements_follow_the_settings_minimums_and_overrides() -> None:
 
 
 def test_off_chip_state_is_not_resident_and_is_read_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    from popdist_py.engine import tensor_store
+    from popdist_py.engine._training import tensor_store
 
     threads: set[str] = set()
     prefault = tensor_store.prefault

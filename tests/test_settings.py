@@ -1,15 +1,11 @@
-"""popdist_py.settings: one way to read a setting, one kind of error for a bad value; and the
-layering rule that keeps popdist_py independent of the launcher."""
+"""popdist_py.settings: one way to read a setting, one kind of error for a bad value."""
 
 from __future__ import annotations
-
-import ast
 
 import pytest
 
 from popdist_py import settings
 from popdist_py.settings import PopdistEnvError
-from tests.helpers import ROOT
 
 
 @pytest.mark.parametrize("raw, expect", [(None, 7), ("", 7), ("  ", 7), ("3", 3), (" 4 ", 4), ("0", 0)])
@@ -43,18 +39,3 @@ def test_choice_ignores_case_and_spaces_and_names_the_choices() -> None:
     with pytest.raises(PopdistEnvError) as info:
         settings.choice("E", ("auto", "threads"), "auto", env={"E": "fast"})
     assert str(info.value) == "E='fast' is not one of auto, threads"
-
-
-def test_popdist_py_takes_only_the_environment_contract_from_the_launcher() -> None:
-    # popdist_py runs without poprun (bare mpiexec, srun, one process): of poprun_py it may import
-    # only the contract (poprun_py.environment, which imports nothing) and the distribution's version.
-    for path in sorted((ROOT / "popdist_py").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("poprun_py"):
-                names = {alias.name for alias in node.names}
-                assert node.module == "poprun_py.environment" or (
-                    node.module == "poprun_py" and names <= {"environment", "__version__"}), (path, node.module, names)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    ok = not alias.name.startswith("poprun_py") or alias.name == "poprun_py.environment"
-                    assert ok, (path, alias.name)

@@ -10,16 +10,13 @@
         rt.run(step, batch)                    # batch has a leading axis of L
         rt.get_tensor_data(w)                  # the full global value, on every instance
 
-Modules: ``runtime`` (Runtime: variables, checkpoints, runs), ``dispatch`` (a replica's
-collective call: validation, the local meeting, the plan), ``exchange`` (the plan of one
-collective signature: who sends what to whom), ``grouping`` (ReplicaGrouping, CommGroup),
-``variables``, ``ops`` (collectives and remote loads/stores inside a step), ``reduce`` (the
-canonical reduction order), ``sharding`` (replicated tensor sharding: the balanced shard layout,
-domains, shard arrays), ``remote`` (remote buffers in memory or in memory-mapped files),
-``checkpoint`` (save/load under any split), ``rendezvous`` (local meeting of the replicas),
-``transport`` (MPI between instances), ``executor`` (which executor runs the replicas), ``pool``
-(replica threads), ``cooperative`` (replica greenlets), ``replicas`` (which instance runs which
-replica), ``context`` (the replica a step runs as), ``errors`` (the engine's exceptions).
+Layout: ``runtime`` (Runtime, the facade), ``ops`` (what a step calls), ``errors``,
+``optimizers``, ``fused`` (bucket planning), ``batch_invariant`` (row-invariant products) and
+``pipeline`` are public; the rest is private, in four sub-packages: ``_execution`` (which
+replicas run here and how: placement, step context, executors), ``_collectives`` (one
+collective: dispatch, the local rendezvous, the exchange plan, the reduction order, MPI
+transport, groupings), ``_state`` (variables, sharding, remote buffers, checkpoints) and
+``_training`` (the Trainer, tensor locations, off-chip storage, read-ahead).
 
 Executors (``Runtime(executor=...)``, ``$POPDIST_ENGINE_EXECUTOR``; ``rt.executor`` tells):
 ``threads`` run the L replicas in parallel, which pays when the process has spare cores (numpy
@@ -81,7 +78,20 @@ PipelineStageError from a pipeline stage that raised.
 """
 
 from popdist_py.engine import ops
-from popdist_py.engine.context import StepContext
+from popdist_py.engine._collectives.grouping import CommGroup, CommGroupType, ReplicaGrouping
+from popdist_py.engine._execution.context import StepContext
+from popdist_py.engine._state.remote import RemoteBuffer
+from popdist_py.engine._state.sharding import ShardArray, ShardLayout, ShardMeta
+from popdist_py.engine._state.variables import RETRIEVAL_MODES, Shard, Variable
+from popdist_py.engine._training.locations import (
+    ReplicatedTensorSharding,
+    TensorLocation,
+    TensorLocationSettings,
+    TensorStorage,
+    TileSet,
+    TrainingOptions,
+)
+from popdist_py.engine._training.training import Trainer, canonical_sum
 from popdist_py.engine.errors import (
     CheckpointError,
     CollectiveError,
@@ -93,21 +103,8 @@ from popdist_py.engine.errors import (
     PipelineStageError,
     StepAborted,
 )
-from popdist_py.engine.grouping import CommGroup, CommGroupType, ReplicaGrouping
-from popdist_py.engine.locations import (
-    ReplicatedTensorSharding,
-    TensorLocation,
-    TensorLocationSettings,
-    TensorStorage,
-    TileSet,
-    TrainingOptions,
-)
 from popdist_py.engine.pipeline import Pipeline, Stage
-from popdist_py.engine.remote import RemoteBuffer
 from popdist_py.engine.runtime import Runtime
-from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
-from popdist_py.engine.training import Trainer, canonical_sum
-from popdist_py.engine.variables import RETRIEVAL_MODES, Shard, Variable
 
 __all__ = [
     "RETRIEVAL_MODES",

@@ -3,12 +3,12 @@
 Consecutive tensors reduced the same way (whole, or scattered over one sharding domain) and of one
 dtype are grouped into buckets of about ``limit`` bytes (Horovod's fusion buffer, DDP's buckets).
 A bucket is never copied into a buffer of its own: the collective reads its tensors in place as
-:class:`~popdist_py.engine.segments.Segments`, a cache-sized block at a time.
+:class:`~popdist_py.engine._collectives.segments.Segments`, a cache-sized block at a time.
 
 - *whole*: the flattened gradients, one after the other, are all-reduced over all replicas;
 - *scatter* over domain ``D`` of ``k`` replicas: the bucket is laid out shard-major, ``[k, S]``
   where row ``j`` is the concatenation of shard ``j`` of every tensor (the balanced RTS layout of
-  :class:`~popdist_py.engine.sharding.ShardLayout`, padding included), so the member ``j`` of ``D``
+  :class:`~popdist_py.engine._state.sharding.ShardLayout`, padding included), so the member ``j`` of ``D``
   receives exactly its shards of every tensor: with ``D`` all replicas one reduce-scatter; with
   ``D`` a power-of-two run of consecutive replicas (such as ``CommGroup.consecutive(L)``), a
   reduce-scatter inside ``D`` and an all-reduce of that piece across the domains (the engine's
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from popdist_py.engine import ops
-from popdist_py.engine.grouping import ReplicaGrouping
-from popdist_py.engine.segments import Segments
-from popdist_py.engine.sharding import ShardLayout
+from popdist_py.engine._collectives.grouping import ReplicaGrouping
+from popdist_py.engine._collectives.segments import Segments
+from popdist_py.engine._state.sharding import ShardLayout
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def reduce(fusion: Fusion, grads: Mapping[str, np.ndarray], op: str, replica: in
     """Inside a step: every tensor's reduced gradient, flat: whole (read-only, shared by the local
     replicas) or, for a scattered bucket, this replica's shard (``op``: "add" or "mean").
 
-    A bucket of several tensors goes to the collective as :class:`~popdist_py.engine.segments.Segments`:
+    A bucket of several tensors goes to the collective as :class:`~popdist_py.engine._collectives.segments.Segments`:
     the gradients are read where they are, never packed into a bucket buffer first (that copy
     costs about what the reduction does)."""
     results = []

@@ -26,20 +26,20 @@ from typing import Any
 import numpy as np
 
 from popdist_py import deadline
-from popdist_py.engine import checkpoint, context
-from popdist_py.engine.context import StepContext
-from popdist_py.engine.cooperative import CooperativePool
-from popdist_py.engine.dispatch import Dispatcher
-from popdist_py.engine.errors import CollectiveError, InstancesDisagreeError, PeerAborted, StepAborted
-from popdist_py.engine.executor import THREADS, ReplicaExecutor, choose
-from popdist_py.engine.grouping import CommGroup, Group, ReplicaGrouping
-from popdist_py.engine.pool import ReplicaPool
-from popdist_py.engine.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
-from popdist_py.engine.rendezvous import ThreadWaits, Waits
-from popdist_py.engine.replicas import ReplicaPlacement, resolve
-from popdist_py.engine.sharding import ShardMeta, sharding_domain
-from popdist_py.engine.transport import Transport
-from popdist_py.engine.variables import (
+from popdist_py.engine._collectives.dispatch import Dispatcher
+from popdist_py.engine._collectives.grouping import CommGroup, Group, ReplicaGrouping
+from popdist_py.engine._collectives.rendezvous import ThreadWaits, Waits
+from popdist_py.engine._collectives.transport import Transport
+from popdist_py.engine._execution import context
+from popdist_py.engine._execution.context import StepContext
+from popdist_py.engine._execution.cooperative import CooperativePool
+from popdist_py.engine._execution.executor import THREADS, ReplicaExecutor, choose
+from popdist_py.engine._execution.pool import ReplicaPool
+from popdist_py.engine._execution.replicas import ReplicaPlacement, resolve
+from popdist_py.engine._state import checkpoint
+from popdist_py.engine._state.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
+from popdist_py.engine._state.sharding import ShardMeta, sharding_domain
+from popdist_py.engine._state.variables import (
     Shard,
     Variable,
     VariableRegistry,
@@ -48,6 +48,7 @@ from popdist_py.engine.variables import (
     host_value,
     per_group_values,
 )
+from popdist_py.engine.errors import CollectiveError, InstancesDisagreeError, PeerAborted, StepAborted
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +349,7 @@ class Runtime:
         """A variable stored as RTS shards: ``(full, shard)`` as PopXL's ``replica_sharded_variable``.
 
         Each replica keeps only its ``ceil(n / shard_over)`` elements of the flattened value of
-        its group (balanced padding, :mod:`popdist_py.engine.sharding`); ``shard_over`` (default:
+        its group (balanced padding, :mod:`popdist_py.engine._state.sharding`); ``shard_over`` (default:
         the group size; a divisor of it, or a ReplicaGrouping/CommGroup such as
         ``CommGroup.consecutive(L)``) sets the sharding domain. ``full`` is the variable (host
         access: ``get_tensor_data`` gives the original shape, padding removed); ``shard`` is the
@@ -515,7 +516,7 @@ class Runtime:
 
         Every instance must call it; instance 0 writes, via a temporary file renamed into place.
         ``metadata`` (JSON-serialisable, e.g. an epoch counter) comes back from :meth:`load`.
-        See :mod:`popdist_py.engine.checkpoint`.
+        See :mod:`popdist_py.engine._state.checkpoint`.
         """
         self._check_idle("save")
         checkpoint.save(self._variables, self._placement, self._transport, path, metadata)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import Pipeline, Runtime, Trainer, TrainingOptions
+from popdist_py.engine._training.training import LossAndGrads
 from popdist_py.engine.optimizers import Adam
-from popdist_py.engine.training import LossAndGrads
 from tests.engine_helpers import on_every_split
 from tests.test_engine_pipeline import SAMPLES, SIZES, STEPS, X, Y, batch, init, mlp
 

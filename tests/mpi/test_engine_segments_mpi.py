@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, Runtime, fused, ops
-from popdist_py.engine.segments import Segments
+from popdist_py.engine._collectives.segments import Segments
 from tests.engine_helpers import on_every_split, valid_groupings
 from tests.test_engine_segments import MIXED, gradients, pieces
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import CommGroup, Runtime
-from popdist_py.engine.training import Trainer
+from popdist_py.engine._training.training import Trainer
 from tests.engine_helpers import instances, on_every_split, shared_dir, world
 from tests.test_engine_training import (
     B0,

@@ -14,13 +14,13 @@ _LAUNCH = ("tests/test_poprun_lean_launch.py", "tests/test_poprun_launch.py", "t
 
 TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     # the canonical reduction order
-    "popdist_py.engine.reduce": ("tests/test_engine_reduce.py", "tests/test_engine_segments.py",
-                                 "tests/test_collectives_local.py"),
+    "popdist_py.engine._collectives.reduce": ("tests/test_engine_reduce.py", "tests/test_engine_segments.py",
+                                              "tests/test_collectives_local.py"),
     # deadlines of every wait, failure release, agreement
     "popdist_py.deadline": ("tests/test_collectives_local.py", "tests/test_engine_runtime.py",
                             "tests/test_mpi_suites.py"),
-    "popdist_py.engine.rendezvous": ("tests/test_engine_rendezvous.py", "tests/test_engine_runtime.py",
-                                     "tests/test_engine_executor.py"),
+    "popdist_py.engine._collectives.rendezvous": ("tests/test_engine_rendezvous.py", "tests/test_engine_runtime.py",
+                                                  "tests/test_engine_executor.py"),
     "popdist_py.agreement": ("tests/test_collectives_local.py", "tests/test_mpi_suites.py", "tests/test_failsafe.py"),
     "popdist_py.failsafe": ("tests/test_failsafe.py", "tests/test_collectives_local.py"),
     # teardown and release, on both sides of the control connection

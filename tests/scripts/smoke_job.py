@@ -21,9 +21,9 @@ import numpy as np
 
 import popdist_py
 from popdist_py.engine import Pipeline, Runtime, Stage, Trainer, TrainingOptions
+from popdist_py.engine._training.training import canonical_sum
 from popdist_py.engine.batch_invariant import matmul, outer_sum
 from popdist_py.engine.optimizers import Adam
-from popdist_py.engine.training import canonical_sum
 
 SIZES = (6, 8, 3)  # features, hidden, outputs: one layer per stage
 MICRO, ACCUMULATION, STEPS = 4, 4, 2

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from popdist_py import settings
-from popdist_py.engine.executor import available_cores, instances_on_host
+from popdist_py.engine._execution.executor import available_cores, instances_on_host
 from poprun_py.environment import LOCAL_RANK
 
 log = logging.getLogger(__name__)

@@ -33,13 +33,13 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from popdist_py.engine._collectives.grouping import ReplicaGrouping
+from popdist_py.engine._execution.replicas import ReplicaPlacement
+from popdist_py.engine._state.variables import Variable, collect, host_value, per_group_values
 from popdist_py.engine.errors import CheckpointError
-from popdist_py.engine.grouping import ReplicaGrouping
-from popdist_py.engine.replicas import ReplicaPlacement
-from popdist_py.engine.variables import Variable, collect, host_value, per_group_values
 
 if TYPE_CHECKING:  # pragma: no cover
-    from popdist_py.engine.transport import Transport
+    from popdist_py.engine._collectives.transport import Transport
 
 log = logging.getLogger(__name__)
 

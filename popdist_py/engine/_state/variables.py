@@ -2,9 +2,9 @@
 
 A :class:`Variable` keeps its description (name, grouping, retrieval mode, shape, dtype) and the
 values of this instance's replicas in a storage: private arrays (:class:`LocalStorage`) or the
-slots of a remote buffer (:class:`popdist_py.engine.remote.RemoteSlots`). A replica-sharded
+slots of a remote buffer (:class:`popdist_py.engine._state.remote.RemoteSlots`). A replica-sharded
 variable (``sharding`` set) stores only each replica's flat shard (see
-:mod:`popdist_py.engine.sharding`); its ``shape`` stays the full per-group shape. The runtime
+:mod:`popdist_py.engine._state.sharding`); its ``shape`` stays the full per-group shape. The runtime
 keeps every variable in a :class:`VariableRegistry`, which checkpoints walk by name.
 """
 
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from popdist_py.engine.grouping import ReplicaGrouping
-from popdist_py.engine.replicas import ReplicaPlacement
-from popdist_py.engine.sharding import ShardArray, ShardMeta
+from popdist_py.engine._collectives.grouping import ReplicaGrouping
+from popdist_py.engine._execution.replicas import ReplicaPlacement
+from popdist_py.engine._state.sharding import ShardArray, ShardMeta
 
 if TYPE_CHECKING:  # pragma: no cover
-    from popdist_py.engine.transport import Transport
+    from popdist_py.engine._collectives.transport import Transport
 
 RETRIEVAL_MODES = ("one_per_group", "all_replicas")
 
@@ -169,7 +169,7 @@ class Variable:
 
     @property
     def remote_buffer(self) -> Any:
-        """The :class:`~popdist_py.engine.remote.RemoteBuffer` holding the values, or None."""
+        """The :class:`~popdist_py.engine._state.remote.RemoteBuffer` holding the values, or None."""
         return getattr(self.storage, "buffer", None)
 
     @property

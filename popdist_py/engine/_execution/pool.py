@@ -12,16 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 
-from popdist_py.engine.executor import Stall, Task
+from popdist_py.engine._execution.executor import MAX_THREADS, Stall, Task
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
 
-#: Most local replicas the threads executor runs (one OS thread each): ``auto`` picks the
-#: cooperative executor above it and ``executor="threads"`` is refused. Beyond it every
-#: collective would wake over a thousand threads, and the OS limits on threads come near.
-MAX_THREADS = 1024
 
 
 class ReplicaPool:

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from popdist_py.engine.locations import Placement
-from popdist_py.engine.sharding import ShardArray, ShardLayout
-from popdist_py.engine.variables import Variable
+from popdist_py.engine._state.sharding import ShardArray, ShardLayout
+from popdist_py.engine._state.variables import Variable
+from popdist_py.engine._training.locations import Placement
 
 _MADV_DONTNEED = 4  # Linux's madvise advice values
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+

@@ -33,12 +33,12 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from popdist_py.engine.grouping import ReplicaGrouping
-from popdist_py.engine.reduce import UFUNCS, Node, Program, decompose
-from popdist_py.engine.replicas import ReplicaPlacement
-from popdist_py.engine.segments import dense
-from popdist_py.engine.sharding import ShardLayout, end_bounds, spread
-from popdist_py.engine.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
+from popdist_py.engine._collectives.grouping import ReplicaGrouping
+from popdist_py.engine._collectives.reduce import UFUNCS, Node, Program, decompose
+from popdist_py.engine._collectives.segments import dense
+from popdist_py.engine._collectives.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
+from popdist_py.engine._execution.replicas import ReplicaPlacement
+from popdist_py.engine._state.sharding import ShardLayout, end_bounds, spread
 
 #: Per-replica input size (bytes) up to which data travels inside the header message.
 EAGER_LIMIT = 32 * 1024

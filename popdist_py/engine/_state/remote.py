@@ -35,7 +35,7 @@ from popdist_py import validate
 from poprun_py.environment import REMOTE_DIR
 
 if TYPE_CHECKING:  # pragma: no cover
-    from popdist_py.engine.variables import Variable
+    from popdist_py.engine._state.variables import Variable
 
 log = logging.getLogger(__name__)
 

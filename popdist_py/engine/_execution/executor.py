@@ -6,7 +6,7 @@ replica an OS wake-up and a GIL hand-off (tens of microseconds). ``cooperative``
 (:mod:`.cooperative`) runs them one at a time as greenlets on the calling thread: a collective
 costs a few greenlet switches, and a replica that can never arrive is detected at once, but
 replicas never compute in parallel. ``auto`` picks threads when 1 < L <= 1024
-(:data:`.pool.MAX_THREADS`) and this instance has at least 2 cores to itself (the CPUs it may
+(:data:`MAX_THREADS`) and this instance has at least 2 cores to itself (the CPUs it may
 run on, divided by the instances on its host: ``LOCAL_WORLD_SIZE`` from poprun, default 1),
 else cooperative. With L == 1 neither is used:
 the step runs directly on the calling thread.
@@ -57,6 +57,12 @@ class ReplicaExecutor(Protocol):
         """Release the executor's resources (idempotent)."""
 
 
+#: Most local replicas the threads executor runs (one OS thread each): ``auto`` picks the
+#: cooperative executor above it and ``executor="threads"`` is refused. Beyond it every
+#: collective would wake over a thousand threads, and the OS limits on threads come near.
+MAX_THREADS = 1024
+
+
 def available_cores() -> int:
     """CPUs this process may run on (its affinity mask where the OS has one, else all of them)."""
     try:
@@ -85,8 +91,6 @@ def choose(requested: str | None, num_local_replicas: int) -> str:
         name = settings.choice(ENV, EXECUTORS, AUTO)
     if name != AUTO:
         return name
-    from popdist_py.engine.pool import MAX_THREADS
-
     cores = cores_per_instance()
     chosen = THREADS if 1 < num_local_replicas <= MAX_THREADS and cores >= 2 else COOPERATIVE
     log.debug("executor auto -> %s (L=%d, %d core(s) for this instance)", chosen, num_local_replicas, cores)

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from popdist_py.engine.grouping import Group, ReplicaGrouping
-from popdist_py.engine.remote import RemoteBuffer
-from popdist_py.engine.variables import Shard, Variable
+from popdist_py.engine._collectives.grouping import Group, ReplicaGrouping
+from popdist_py.engine._state.remote import RemoteBuffer
+from popdist_py.engine._state.variables import Shard, Variable
 
 _current: ContextVar[StepContext | None] = ContextVar("popdist_step_context", default=None)
 

@@ -26,8 +26,8 @@ from functools import partial
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
+from popdist_py.engine._execution.executor import Stall, Task
 from popdist_py.engine.errors import CollectiveError
-from popdist_py.engine.executor import Stall, Task
 
 log = logging.getLogger(__name__)
 

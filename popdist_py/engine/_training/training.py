@@ -53,9 +53,10 @@ import numpy as np
 
 from popdist_py import validate
 from popdist_py.engine import fused, ops
-from popdist_py.engine.executor import THREADS
-from popdist_py.engine.grouping import ReplicaGrouping
-from popdist_py.engine.locations import (
+from popdist_py.engine._collectives.grouping import ReplicaGrouping
+from popdist_py.engine._execution.executor import THREADS
+from popdist_py.engine._state.sharding import ShardArray, ShardLayout, ShardMeta
+from popdist_py.engine._training.locations import (
     OFF_CHIP,
     TensorStorage,
     TrainingOptions,
@@ -64,11 +65,10 @@ from popdist_py.engine.locations import (
     resolve,
     state_name,
 )
+from popdist_py.engine._training.readahead import Job, ReadAhead
+from popdist_py.engine._training.tensor_store import TensorStore, prefault, release
 from popdist_py.engine.optimizers import Optimizer, exact_norm, norm_from_parts, sum_squares_parts
 from popdist_py.engine.pipeline import Pipeline
-from popdist_py.engine.readahead import Job, ReadAhead
-from popdist_py.engine.sharding import ShardArray, ShardLayout, ShardMeta
-from popdist_py.engine.tensor_store import TensorStore, prefault, release
 
 log = logging.getLogger(__name__)
 

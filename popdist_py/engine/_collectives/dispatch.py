@@ -20,15 +20,15 @@ from typing import Any
 import numpy as np
 
 from popdist_py import validate
-from popdist_py.engine.context import StepContext
+from popdist_py.engine._collectives.exchange import ALL_GATHER, EAGER_LIMIT, REDUCE_SCATTER, Message, Plan, Signature
+from popdist_py.engine._collectives.grouping import Group, ReplicaGrouping, replica_grouping_of
+from popdist_py.engine._collectives.reduce import check_operands, reduction_op
+from popdist_py.engine._collectives.rendezvous import END, Rendezvous, Waits
+from popdist_py.engine._collectives.segments import Segments
+from popdist_py.engine._collectives.transport import HDR_BYTES, HeaderChannel, Transport
+from popdist_py.engine._execution.context import StepContext
+from popdist_py.engine._execution.replicas import ReplicaPlacement
 from popdist_py.engine.errors import CollectiveMismatchError, StepAborted
-from popdist_py.engine.exchange import ALL_GATHER, EAGER_LIMIT, REDUCE_SCATTER, Message, Plan, Signature
-from popdist_py.engine.grouping import Group, ReplicaGrouping, replica_grouping_of
-from popdist_py.engine.reduce import check_operands, reduction_op
-from popdist_py.engine.rendezvous import END, Rendezvous, Waits
-from popdist_py.engine.replicas import ReplicaPlacement
-from popdist_py.engine.segments import Segments
-from popdist_py.engine.transport import HDR_BYTES, HeaderChannel, Transport
 from popdist_py.op_names import SQUARE_ADD
 
 _END_HASH = int.from_bytes(hashlib.blake2b(b"end of step", digest_size=8).digest(), "little", signed=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from popdist_py.engine.segments import Segments
+from popdist_py.engine._collectives.segments import Segments
 from popdist_py.op_names import ARITHMETIC, ENGINE_OPS, LOGICAL, SQUARE_ADD, TO_ENGINE
 
 Node = tuple[int, int]

@@ -1,0 +1,2 @@
+"""The Trainer (``training``): tensor location settings (``locations``), off-chip storage
+(``tensor_store``) and its read-ahead (``readahead``)."""
