@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from popdist_py import validate
-from popdist_py.engine._collectives.exchange import ALL_GATHER, EAGER_LIMIT, REDUCE_SCATTER, Message, Plan, Signature
+from popdist_py.engine._collectives.exchange import (
+    ALL_GATHER,
+    EAGER_LIMIT,
+    REDUCE_SCATTER,
+    CollectivePlan,
+    Message,
+    Signature,
+)
 from popdist_py.engine._collectives.grouping import Group, ReplicaGrouping, replica_grouping_of
 from popdist_py.engine._collectives.reduce import check_operands, reduction_op
 from popdist_py.engine._collectives.rendezvous import END, Rendezvous, Waits
@@ -77,7 +84,7 @@ class Entry:
 
     def __init__(self, sig: Signature) -> None:
         self.sig = sig
-        self.plan: Plan | None = None
+        self.plan: CollectivePlan | None = None
         #: square_add: each replica squares its input before depositing it (then the plan adds)
         self.square = sig.op == SQUARE_ADD
         self.hash = int.from_bytes(hashlib.blake2b(repr(sig).encode(), digest_size=8).digest(), "little", signed=True)
@@ -116,7 +123,7 @@ class Dispatcher:
             return self._everyone
         return replica_grouping_of(group, self.placement.replication_factor)
 
-    def plans(self) -> list[Plan]:
+    def plans(self) -> list[CollectivePlan]:
         """The plans built so far (one per collective signature that has run)."""
         return [e.plan for e in self._entries.values() if e.plan is not None]
 
@@ -213,7 +220,7 @@ class Dispatcher:
                     raise CollectiveMismatchError(self._mismatch(deposits))
         plan = entry.plan
         if plan is None:
-            plan = entry.plan = Plan(self.placement, entry.sig)
+            plan = entry.plan = CollectivePlan(self.placement, entry.sig)
         self.seq += 1
         self._step_collectives = first[2]
         link = self._link

@@ -1,6 +1,6 @@
 """The exchange of one replicated collective on one instance: its plan, and running it.
 
-A :class:`Plan` is built once per collective signature (kind, op, dtype, shape, grouping) and
+A :class:`CollectivePlan` is built once per collective signature (kind, op, dtype, shape, grouping) and
 cached: which local replicas belong to which group, which groups span instances, what this
 instance sends to and receives from each other instance (:class:`SendSpec`, :class:`RecvSpec`,
 in an order both sides derive identically), and the reductions compiled to flat
@@ -152,7 +152,7 @@ class GroupPlan:
 class SendSpec(NamedTuple):
     """One piece of data this instance sends a peer in a collective."""
 
-    #: index of the group in :attr:`Plan.groups`
+    #: index of the group in :attr:`CollectivePlan.groups`
     group: int
     #: the tree node whose partial is sent (a reduction), or the leaf ``(k, k + 1)``: member
     #: ``k``'s whole input (an all-gather)
@@ -165,7 +165,7 @@ class SendSpec(NamedTuple):
 class RecvSpec(NamedTuple):
     """One piece of data this instance receives from a peer in a collective."""
 
-    #: index of the group in :attr:`Plan.groups`
+    #: index of the group in :attr:`CollectivePlan.groups`
     group: int
     #: the peer's tree node (its partial over that node, or member ``node[0]``'s input)
     node: Node
@@ -223,7 +223,7 @@ class SmallJob(NamedTuple):
     arrays: list[np.ndarray]
 
 
-class Plan:
+class CollectivePlan:
     """Everything about one collective signature on this instance that does not depend on the data."""
 
     def __init__(self, placement: ReplicaPlacement, sig: Signature, eager_limit: int = EAGER_LIMIT) -> None:
@@ -250,6 +250,29 @@ class Plan:
             self.rts = ShardLayout(math.prod(sig.meta_shape), G)
         self.bounds = (self.rts.bounds if self.rts is not None and self.kind == REDUCE_SCATTER
                        else end_bounds(n, G))
+        self._set_regions()
+        self.cross = [gp for gp in self.groups if gp.cross]
+        self.peers = tuple(p for p in range(placement.num_instances) if p != me)
+        self._set_specs(me)
+        if self.kind != ALL_GATHER:
+            self._set_region_programs()
+        self._set_buffers()
+        #: the outgoing messages' headers, as buffers for ``struct.pack_into``
+        self._headers = [b.data[:HDR_BYTES] for b in self.sendbufs]
+        #: the header messages as persistent requests, built by the first call that has a link
+        self.channel: Any = None
+        self._compile_jobs()
+        self.flat_shape = len(self.shape) == 1
+        #: the divisor of a mean, as the dtype's scalar (what :func:`.reduce.finish_mean` divides by)
+        self.divisor = self.dtype.type(self.divide_by) if self.divide_by else None
+        self.small = self.kind == ALL_REDUCE and self.eager
+        if self.small:
+            self._compile_small()
+
+    def _set_regions(self) -> None:
+        """Each owner's region of the tensor in each local group: the whole tensor (eager all-reduce),
+        an even share (bulk all-reduce) or its members' slices (reduce-scatter)."""
+        n = self.n
         for gp in self.groups:
             if self.kind == ALL_REDUCE:
                 if self.eager:
@@ -260,10 +283,11 @@ class Plan:
             elif self.kind == REDUCE_SCATTER:
                 bd = self.bounds
                 gp.regions = {j: (bd[a], bd[b]) for j, (a, b) in gp.ranges.items()}
-        self.cross = [gp for gp in self.groups if gp.cross]
-        self.peers = tuple(p for p in range(placement.num_instances) if p != me)
-        # What goes to / comes from each peer, in an order both sides derive identically:
-        # groups ascending, then the sender's pieces (or members) ascending.
+
+    def _set_specs(self, me: int) -> None:
+        """What goes to / comes from each peer, in an order both sides derive identically: groups
+        ascending, then the sender's pieces (or members) ascending."""
+        n = self.n
         self.send_specs: list[list[SendSpec]] = []
         self.recv_specs: list[list[RecvSpec]] = []
         for p in self.peers:
@@ -283,18 +307,25 @@ class Plan:
                     recvs += [RecvSpec(gi, node, mhi - mlo) for node in gp.pieces[p]]
             self.send_specs.append(sends)
             self.recv_specs.append(recvs)
-        if self.kind != ALL_GATHER:
-            for gi, gp in enumerate(self.groups):
-                if not gp.cross:
-                    continue
-                inputs = [(k, k + 1) for k in range(gp.k0, gp.k1)]
-                for pi, rspecs in enumerate(self.recv_specs):
-                    for si, rspec in enumerate(rspecs):
-                        if rspec.group == gi:
-                            inputs.append(rspec.node)
-                            gp.remote_inputs.append((pi, si))
-                gp.region_program = Program((0, G), inputs)
-        #: eager: typed views of the payloads in the messages, one per spec (the buffers never move)
+
+    def _set_region_programs(self) -> None:
+        """A group that spans instances reduces its region from its local pieces and the peers'."""
+        for gi, gp in enumerate(self.groups):
+            if not gp.cross:
+                continue
+            inputs = [(k, k + 1) for k in range(gp.k0, gp.k1)]
+            for pi, rspecs in enumerate(self.recv_specs):
+                for si, rspec in enumerate(rspecs):
+                    if rspec.group == gi:
+                        inputs.append(rspec.node)
+                        gp.remote_inputs.append((pi, si))
+            gp.region_program = Program((0, self.group_size), inputs)
+
+    def _set_buffers(self) -> None:
+        """The messages' buffers: eager, the payload follows the header in one message (typed views
+        of it, one per spec; the buffers never move); bulk, headers alone, with partials of non-leaf
+        pieces computed into send buffers and the peers' partials landing in receive buffers."""
+        isz = self.itemsize
         self.send_views: list[list[np.ndarray]] = []
         self.recv_data: list[list[np.ndarray]]
         if self.eager:
@@ -309,7 +340,6 @@ class Plan:
         else:
             self.sendbufs = [np.zeros(HDR_BYTES, np.uint8) for _ in self.peers]
             self.recvbufs = [np.zeros(HDR_BYTES, np.uint8) for _ in self.peers]
-            # bulk: partials of non-leaf pieces are computed into send buffers; peers' partials land in recv buffers
             self.send_data = [
                 [None if self.kind == ALL_GATHER or s.node[1] - s.node[0] == 1 else np.empty(s.hi - s.lo, self.dtype)
                  for s in specs]
@@ -319,17 +349,6 @@ class Plan:
                 [np.empty(0 if self.kind == ALL_GATHER else r.elements, self.dtype) for r in specs]
                 for specs in self.recv_specs
             ]
-        #: the outgoing messages' headers, as buffers for ``struct.pack_into``
-        self._headers = [b.data[:HDR_BYTES] for b in self.sendbufs]
-        #: the header messages as persistent requests, built by the first call that has a link
-        self.channel: Any = None
-        self._compile_jobs()
-        self.flat_shape = len(self.shape) == 1
-        #: the divisor of a mean, as the dtype's scalar (what :func:`.reduce.finish_mean` divides by)
-        self.divisor = self.dtype.type(self.divide_by) if self.divide_by else None
-        self.small = self.kind == ALL_REDUCE and self.eager
-        if self.small:
-            self._compile_small()
 
     def _compile_jobs(self) -> None:
         """Flatten the per-call work of reductions into lists, so a call does no lookups."""
