@@ -187,6 +187,46 @@ def _check_pipeline(pipeline: Pipeline, weights: Mapping[str, np.ndarray],
                          "support (a reduce-scatter per micro-batch from the stages' devices); keep them whole")
 
 
+def _checked_options(name: str, options: TrainingOptions | None, optimizer: Optimizer,
+                     loss_and_grads: LossAndGrads | Pipeline) -> TrainingOptions:
+    """The Trainer's arguments other than its weights, checked; its own copy of the options."""
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"Trainer name {name!r} is not valid (a non-empty str without '/'); it names the update "
+                         "counter, '<name>/step', so that several trainers can share a runtime")
+    options = copy.deepcopy(options) if options is not None else TrainingOptions()
+    if not isinstance(options, TrainingOptions):
+        raise TypeError(f"options is a {type(options).__name__}, not a TrainingOptions")
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"optimizer is a {type(optimizer).__name__}, not a popdist_py.engine.optimizers.Optimizer")
+    if not callable(loss_and_grads) and not isinstance(loss_and_grads, Pipeline):
+        raise TypeError("loss_and_grads must be callable, (params, *micro_batch) -> (loss, grads), or a Pipeline")
+    return options
+
+
+def _checked_weights(params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The initial weights by name, as arrays: names without '/', floating point values."""
+    if not params:
+        raise ValueError("params is empty: give the initial weights by name")
+    arrays: dict[str, np.ndarray] = {}
+    for weight, value in params.items():
+        if not isinstance(weight, str) or not weight or "/" in weight:
+            raise ValueError(f"weight name {weight!r} is not valid (a non-empty str without '/')")
+        arr = np.asarray(value)
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise TypeError(f"weight {weight!r} has dtype {arr.dtype}; weights are floating point")
+        arrays[weight] = arr
+    return arrays
+
+
+def _check_names_free(rt: Any, names: list[str]) -> None:
+    """A Trainer's variables are named after its weights and its update counter: none may exist yet."""
+    taken = [n for n in names if n in rt.variables]
+    if taken:
+        raise ValueError(f"this runtime already has variables named {', '.join(map(repr, taken))}; a Trainer "
+                         "names its variables after the weights and its update counter '<name>/step' (give "
+                         "another trainer of the runtime other weight names and another name=)")
+
+
 class Trainer:
     """Owns the training step of a runtime: see the module docstring.
 
@@ -200,37 +240,14 @@ class Trainer:
     def __init__(self, rt: Any, params: Mapping[str, Any], loss_and_grads: LossAndGrads | Pipeline,
                  optimizer: Optimizer, micro_batch_shapes: Sequence[tuple[int, ...]],
                  options: TrainingOptions | None = None, name: str = "trainer") -> None:
-        if not isinstance(name, str) or not name or "/" in name:
-            raise ValueError(f"Trainer name {name!r} is not valid (a non-empty str without '/'); it names the update "
-                             "counter, '<name>/step', so that several trainers can share a runtime")
-        options = copy.deepcopy(options) if options is not None else TrainingOptions()
-        if not isinstance(options, TrainingOptions):
-            raise TypeError(f"options is a {type(options).__name__}, not a TrainingOptions")
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"optimizer is a {type(optimizer).__name__}, not a popdist_py.engine.optimizers.Optimizer")
-        if not callable(loss_and_grads) and not isinstance(loss_and_grads, Pipeline):
-            raise TypeError("loss_and_grads must be callable, (params, *micro_batch) -> (loss, grads), or a Pipeline")
-        if not params:
-            raise ValueError("params is empty: give the initial weights by name")
-        arrays: dict[str, np.ndarray] = {}
-        for weight, value in params.items():
-            if not isinstance(weight, str) or not weight or "/" in weight:
-                raise ValueError(f"weight name {weight!r} is not valid (a non-empty str without '/')")
-            arr = np.asarray(value)
-            if not np.issubdtype(arr.dtype, np.floating):
-                raise TypeError(f"weight {weight!r} has dtype {arr.dtype}; weights are floating point")
-            arrays[weight] = arr
+        options = _checked_options(name, options, optimizer, loss_and_grads)
+        arrays = _checked_weights(params)
         self.micro_batch_shapes = [tuple(validate.non_negative("micro_batch_shapes entry", d) for d in s)
                                    for s in micro_batch_shapes]
         everyone = rt.replica_grouping()
         placements = resolve(options, everyone, {n: a.shape for n, a in arrays.items()}, tuple(optimizer.state_names))
         step_name = f"{name}/step"
-        taken = [n for n in (*arrays, *(state_name(w, s) for w in arrays for s in optimizer.state_names),
-                             step_name) if n in rt.variables]
-        if taken:
-            raise ValueError(f"this runtime already has variables named {', '.join(map(repr, taken))}; a Trainer "
-                             "names its variables after the weights and its update counter '<name>/step' (give "
-                             "another trainer of the runtime other weight names and another name=)")
+        _check_names_free(rt, [*arrays, *(state_name(w, s) for w in arrays for s in optimizer.state_names), step_name])
         self.pipeline = loss_and_grads if isinstance(loss_and_grads, Pipeline) else None
         if self.pipeline is not None:
             _check_pipeline(self.pipeline, arrays, placements)
@@ -265,17 +282,22 @@ class Trainer:
         self.continuous = (self.pipeline is not None and options.accumulation_factor == 1
                            and len(self.pipeline.stages) > 1)
         if self.pipeline is not None:
-            activations = options.activation_tensor_location_settings
-            self.pipeline.start(rt.instance_replication_factor,
-                                TensorStorage.parse(activations.location.storage, "activation storage") is OFF_CHIP,
-                                activations.min_elements_for_off_chip, replicas_meet=rt.executor == THREADS)
-            self._stage_fusions = [fused.plan({n: (arrays[n].size, arrays[n].dtype,
-                                                   self._scatter_domain(placements[n])) for n in stage.weights},
-                                              options.fused_reduction_bytes) for stage in self.pipeline.stages]
+            self._start_pipeline(self.pipeline, arrays)
         if self.continuous:
             log.warning("pipelining without gradient accumulation: each stage updates its weights while later "
                         "micro-batches are in flight, so they see stale weights (Zhang et al., arXiv:1912.12675); "
                         "set accumulation_factor > 1 to flush the pipeline before each update")
+
+    def _start_pipeline(self, pipeline: Pipeline, arrays: dict[str, np.ndarray]) -> None:
+        """The pipeline's devices started for this runtime's replicas, and each stage's fused reduction."""
+        options, rt = self.options, self.rt
+        activations = options.activation_tensor_location_settings
+        pipeline.start(rt.instance_replication_factor,
+                       TensorStorage.parse(activations.location.storage, "activation storage") is OFF_CHIP,
+                       activations.min_elements_for_off_chip, replicas_meet=rt.executor == THREADS)
+        self._stage_fusions = [fused.plan({n: (arrays[n].size, arrays[n].dtype,
+                                               self._scatter_domain(self.placements[n])) for n in stage.weights},
+                                          options.fused_reduction_bytes) for stage in pipeline.stages]
 
     def _spill_buffer(self, rt: Any, value: np.ndarray, p: WeightPlacement) -> Any:
         """The file-backed slots of an off-chip accumulator: one per pending block of the pairwise
