@@ -32,29 +32,46 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"!!! {reason} !!!", red=True, bold=True)
 
 
-# -- the engine's two executors ---------------------------------------------------------------------
-#: Every test of a ``test_engine_*`` module runs under both executors of popdist_py.engine (chosen
-#: through the environment; an explicit ``Runtime(executor=...)`` in a test still wins), unless the
-#: module or test is marked ``one_executor``. Tests read the current one from the ``executor`` fixture.
+# -- layers and the engine's two executors -----------------------------------------------------------
+#: The folders of tests/, each a layer, each test marked with its folder's name (``-m engine``).
+LAYERS = ("launcher", "library", "engine", "mpi", "integration")
+#: Every test marked ``engine`` (those in tests/engine/, and the engine's MPI files, marked by their
+#: module) runs under both executors of popdist_py.engine (chosen through the environment; an
+#: explicit ``Runtime(executor=...)`` in a test still wins), unless marked ``one_executor``. Tests
+#: read the current one from the ``executor`` fixture.
 ENGINE_EXECUTORS = ("threads", "cooperative")
+
+
+def _layer(path: Path) -> str | None:
+    parts = path.relative_to(ROOT / "tests").parts
+    return parts[0] if len(parts) > 1 and parts[0] in LAYERS else None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "one_executor: an engine test that does not depend on the executor (runs once)")
+    for layer in LAYERS:
+        config.addinivalue_line("markers", f"{layer}: a test of tests/{layer}/")
     if UNDER_MUTANTS:
         _check_selection()
         _children_import_the_mutants()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        layer = _layer(item.path)
+        if layer is not None:
+            item.add_marker(layer)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    module = metafunc.module.__name__.rpartition(".")[2]
-    if module.startswith("test_engine_") and metafunc.definition.get_closest_marker("one_executor") is None:
+    engine = _layer(metafunc.definition.path) == "engine" or metafunc.definition.get_closest_marker("engine")
+    if engine and metafunc.definition.get_closest_marker("one_executor") is None:
         metafunc.parametrize("executor", ENGINE_EXECUTORS, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def executor(request: pytest.FixtureRequest) -> Iterator[str | None]:
-    """The engine executor of the current ``test_engine_*`` test (module-scoped: tests are grouped
+    """The engine executor of the current engine test (module-scoped: tests are grouped
     by executor, and hypothesis may use it); None elsewhere."""
     name = getattr(request, "param", None)
     if name is None:
@@ -89,7 +106,7 @@ def _children_import_the_mutants() -> None:
     """PYTHONPATH for every child: the copy first, then tests/mutation/sitecustomize.py (which
     records what a child reaches), then site-packages (the ``-S`` shim imports mutmut too). The
     file of children's hits belongs to mutmut's own pytest process; a pytest under mpiexec
-    (tests/test_mpi_suites.py) writes to it like any other child."""
+    (tests/integration/test_mpi_suites.py) writes to it like any other child."""
     paths = [str(ROOT), str(ROOT / "tests" / "mutation"), sysconfig.get_paths()["purelib"]]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     if CHILD_HITS not in os.environ:

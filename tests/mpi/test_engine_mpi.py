@@ -20,6 +20,8 @@ from popdist_py.engine import CommGroup, InstancesDisagreeError, PeerAborted, Pe
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from tests.engine_helpers import instances, load_script, valid_groupings, world
 
+pytestmark = pytest.mark.engine  # under both executors (tests/conftest.py)
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_train.py"
 #: Tag of the message that tells a late instance the others have given up (test communicator).
 GAVE_UP = 77

@@ -16,6 +16,8 @@ import pytest
 from popdist_py.engine import ReplicaGrouping, Runtime, ops
 from tests.engine_helpers import instances, on_every_split, shared_dir, valid_groupings, wild, world
 
+pytestmark = pytest.mark.engine  # under both executors (tests/conftest.py)
+
 #: Irregular assignments (no constant stride) per replica count.
 IRREGULAR: dict[int, list[tuple[int, ...]]] = {4: [(0, 1, 1, 0)], 6: [(0, 1, 1, 0, 2, 2)],
                                               8: [(0, 0, 1, 1, 0, 0, 1, 1), (0, 1, 2, 3, 3, 2, 1, 0)]}

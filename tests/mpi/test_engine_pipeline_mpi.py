@@ -10,8 +10,10 @@ import pytest
 from popdist_py.engine import Pipeline, Runtime, Trainer, TrainingOptions
 from popdist_py.engine._training.training import LossAndGrads
 from popdist_py.engine.optimizers import Adam
+from tests.engine.pipeline_model import SAMPLES, SIZES, STEPS, X, Y, batch, init, mlp
 from tests.engine_helpers import on_every_split
-from tests.test_engine_pipeline import SAMPLES, SIZES, STEPS, X, Y, batch, init, mlp
+
+pytestmark = pytest.mark.engine  # under both executors (tests/conftest.py)
 
 
 @pytest.mark.mpi(min_size=2)

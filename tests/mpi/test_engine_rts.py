@@ -24,6 +24,8 @@ from tests.engine_helpers import (
     world,
 )
 
+pytestmark = pytest.mark.engine  # under both executors (tests/conftest.py)
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_checkpoint.py"
 
 

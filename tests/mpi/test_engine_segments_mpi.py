@@ -11,8 +11,10 @@ import pytest
 
 from popdist_py.engine import CommGroup, Runtime, fused, ops
 from popdist_py.engine._collectives.segments import Segments
+from tests.engine.segments_data import MIXED, gradients, pieces
 from tests.engine_helpers import on_every_split, valid_groupings
-from tests.test_engine_segments import MIXED, gradients, pieces
+
+pytestmark = pytest.mark.engine  # under both executors (tests/conftest.py)
 
 
 @pytest.mark.parametrize("R", [4, 6])

@@ -12,8 +12,7 @@ import pytest
 
 from popdist_py.engine import CommGroup, Runtime
 from popdist_py.engine._training.training import Trainer
-from tests.engine_helpers import instances, on_every_split, shared_dir, world
-from tests.test_engine_training import (
+from tests.engine.training_model import (
     B0,
     OPTIMIZERS,
     PLACEMENTS,
@@ -27,6 +26,9 @@ from tests.test_engine_training import (
     options,
     with_accumulators,
 )
+from tests.engine_helpers import instances, on_every_split, shared_dir, world
+
+pytestmark = pytest.mark.engine  # under both executors (tests/conftest.py)
 
 
 def run_trainer(rt: Runtime, opt: str, accumulation: int, shard: Any, steps: range = range(STEPS),

@@ -10,28 +10,37 @@ modules are what ``[tool.mutmut]`` in pyproject.toml selects and mutates.
 
 from __future__ import annotations
 
-_LAUNCH = ("tests/test_poprun_lean_launch.py", "tests/test_poprun_launch.py", "tests/test_poprun_failures.py")
+_LAUNCH = ("tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_poprun_launch.py",
+           "tests/launcher/test_poprun_failures.py")
 
 TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     # the canonical reduction order
-    "popdist_py.engine._collectives.reduce": ("tests/test_engine_reduce.py", "tests/test_engine_segments.py",
-                                              "tests/test_collectives_local.py"),
+    "popdist_py.engine._collectives.reduce": (
+        "tests/engine/test_engine_reduce.py", "tests/engine/test_engine_segments.py",
+        "tests/library/test_collectives_local.py"),
     # deadlines of every wait, failure release, agreement
-    "popdist_py.deadline": ("tests/test_collectives_local.py", "tests/test_engine_runtime.py",
-                            "tests/test_mpi_suites.py"),
-    "popdist_py.engine._collectives.rendezvous": ("tests/test_engine_rendezvous.py", "tests/test_engine_runtime.py",
-                                                  "tests/test_engine_executor.py"),
-    "popdist_py.agreement": ("tests/test_collectives_local.py", "tests/test_mpi_suites.py", "tests/test_failsafe.py"),
-    "popdist_py.failsafe": ("tests/test_failsafe.py", "tests/test_collectives_local.py"),
+    "popdist_py.deadline": (
+        "tests/library/test_collectives_local.py", "tests/engine/test_engine_runtime.py",
+        "tests/integration/test_mpi_suites.py"),
+    "popdist_py.engine._collectives.rendezvous": (
+        "tests/engine/test_engine_rendezvous.py", "tests/engine/test_engine_runtime.py",
+        "tests/engine/test_engine_executor.py"),
+    "popdist_py.agreement": (
+        "tests/library/test_collectives_local.py", "tests/integration/test_mpi_suites.py",
+        "tests/library/test_failsafe.py"),
+    "popdist_py.failsafe": ("tests/library/test_failsafe.py", "tests/library/test_collectives_local.py"),
     # teardown and release, on both sides of the control connection
     "poprun_py.supervisor": _LAUNCH,
     "poprun_py.teardown": _LAUNCH,
-    "poprun_py.shim": (*_LAUNCH, "tests/test_root_cause.py"),
-    "poprun_py.shim_pump": (*_LAUNCH, "tests/test_root_cause.py"),
+    "poprun_py.shim": (*_LAUNCH, "tests/launcher/test_root_cause.py"),
+    "poprun_py.shim_pump": (*_LAUNCH, "tests/launcher/test_root_cause.py"),
     # output framing
-    "poprun_py.output": ("tests/test_output_tagging.py", "tests/test_poprun_output.py",
-                         "tests/test_poprun_shared_terminal.py"),
+    "poprun_py.output": (
+        "tests/launcher/test_output_tagging.py", "tests/launcher/test_poprun_output.py",
+        "tests/launcher/test_poprun_shared_terminal.py"),
     # the environment contract
-    "poprun_py.environment": ("tests/test_environment.py",),
-    "popdist_py.env": ("tests/test_environment.py", "tests/test_bare_mpi.py", "tests/test_popdist_under_poprun.py"),
+    "poprun_py.environment": ("tests/library/test_environment.py",),
+    "popdist_py.env": (
+        "tests/library/test_environment.py", "tests/library/test_bare_mpi.py",
+        "tests/library/test_popdist_under_poprun.py"),
 }

@@ -1,4 +1,4 @@
-"""Partial lines, carriage returns and binary output, for tests/test_poprun_output.py.
+"""Partial lines, carriage returns and binary output, for tests/launcher/test_poprun_output.py.
 
     progress GO       write 'progress <i>\\r' (no newline), wait until the file GO exists, then 'done <i>\\n'
     hold GO0 GO1      instance 0 writes 'partial 0' and, once GO0 exists, ' end\\n'; instance 1 waits

@@ -1,4 +1,4 @@
-"""Import every module of the installed poprun_py and popdist_py (tests/test_package.py).
+"""Import every module of the installed poprun_py and popdist_py (tests/integration/test_package.py).
 
     python -P tests/scripts/smoke_imports.py CHECKOUT
 

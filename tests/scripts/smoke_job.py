@@ -1,4 +1,4 @@
-"""The installed wheel's job (tests/test_package.py): a 2-stage pipelined MLP trained by the engine.
+"""The installed wheel's job (tests/integration/test_package.py): a 2-stage pipelined MLP trained by the engine.
 
     poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 2 python -P tests/scripts/smoke_job.py
     python -P tests/scripts/smoke_job.py --replicas 4 --sequential    # the same weights, bitwise

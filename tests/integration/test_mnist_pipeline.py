@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import PYTHON, ROOT, poprun
-from tests.test_mnist_train import finals
+from tests.integration.mnist_output import finals
 
 sys.path.insert(0, str(ROOT / "examples"))
 

@@ -4,8 +4,6 @@ RELEASE and death-signal guarantees hold on real processes."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -13,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from poprun_py import environment, protocol, shim_pump
-from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, run, wait_no_processes
+from tests.helpers import BIN, PYTHON, ROOT, poprun, run, wait_no_processes
+from tests.launcher.shim import run_shim
 
 pytestmark = pytest.mark.slow  # every test starts poprun or a shim
 
@@ -47,30 +46,6 @@ def test_plain_launch_imports_nothing_heavy_besides_click() -> None:
     assert modules.isdisjoint(HEAVY_BESIDES_CLICK), sorted(modules & set(HEAVY_BESIDES_CLICK))
 
 
-def run_shim(*argv: str, python_flags: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str],
-                                                                     list[tuple[int, int, bytes]]]:
-    """Run the shim as mpiexec would, against a real listener standing in for poprun; return the
-    shim's result and every frame it sent (RELEASE goes back once its EXIT arrives)."""
-    frames: list[tuple[int, int, bytes]] = []
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
-
-        def serve() -> None:
-            connection, _ = server.accept()
-            with connection:
-                reader = protocol.FrameReader()
-                while received := reader.feed(connection.recv(65536)):
-                    frames.extend(received)
-                    if any(kind == protocol.EXIT for kind, _, _ in received):
-                        connection.sendall(protocol.RELEASE)
-                        break
-
-        thread = threading.Thread(target=serve, daemon=True)
-        thread.start()
-        result = run([PYTHON, *python_flags, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", *argv],
-                     env={environment.CONTROL: f"127.0.0.1:{port}"})
-        thread.join(timeout=SUBPROCESS_TIMEOUT)
-    return result, frames
 
 
 def test_shim_uses_only_builtin_modules() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, wait_no_processes
-from tests.test_output_tagging import rendered
+from tests.launcher.rendering import rendered
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
 

@@ -2,7 +2,7 @@
 initialisation, torch's ``@record``) trains on one host with 2 and 4 instances, a rank killed
 mid-run ends the job at once, ``--max-restarts`` resumes from the script's own checkpoint, and a
 recorded failure's root cause reaches poprun's summary and ``--error-file``. (Across hosts:
-tests/test_multihost.py.)"""
+tests/integration/test_multihost.py.)"""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ micro-batches against one batch, and across a resume; each optimizer trains."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,9 +22,9 @@ from mnist.model import init_params, loss_and_grads
 from mnist.trainer import LEVELS, OPTIMIZERS, training_options
 
 from popdist_py.engine import TensorStorage, TileSet, canonical_sum
+from tests.integration.mnist_output import FINAL, finals
 
 SCRIPT = str(ROOT / "examples" / "mnist_rts.py")
-FINAL = re.compile(r"^(?:\[(\d+)\] )?final: test_accuracy=(\d\.\d{4}) weights_sha256=([0-9a-f]{64})$")
 #: ``make demo``'s options (the Makefile's demo line), run there by 2 instances x 2 replicas.
 DEMO = ("--optimizer", "adam", "--shard", "weights", "--offchip", "optimizer")
 
@@ -36,14 +35,6 @@ def run_inline(*argv: str) -> tuple[float, str]:
     return float(f"{accuracy:.4f}"), weights  # as printed
 
 
-def finals(stdout: str) -> dict[int, tuple[float, str]]:
-    """instance -> (accuracy, hash) from the ``final:`` lines (untagged: instance 0)."""
-    found = {}
-    for line in stdout.splitlines():
-        m = FINAL.match(line)
-        if m:
-            found[int(m.group(1) or 0)] = (float(m.group(2)), m.group(3))
-    return found
 
 
 def run_poprun(instances: int, replicas: int, *argv: str) -> tuple[tuple[float, str], subprocess.CompletedProcess[str]]:

@@ -1,6 +1,6 @@
 """torchrun's error files: the shim prepares, sends back (bounded) and removes each instance's
 TORCHELASTIC_ERROR_FILE; poprun shows what a failed program recorded there. Without torch: the
-programs here write what torch's ``@record`` writes (tests/test_torch_ddp.py uses torch itself)."""
+programs here write what torch's ``@record`` writes (tests/integration/test_torch_ddp.py uses torch itself)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_a_shim_where_the_jobs_directory_does_not_exist_makes_it_and_sends_the_r
     """As on a remote host: nothing of the job's directory exists there; the shim makes it, sends the
     failed program's record before its exit report, and removes it again."""
     from poprun_py import protocol
-    from tests.test_poprun_lean_launch import run_shim
+    from tests.launcher.shim import run_shim
 
     job = tmp_path / "poprun-remote"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(job / "5" / "error.json"))

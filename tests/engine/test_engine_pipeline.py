@@ -15,65 +15,12 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import PipelineStageError, Runtime, Trainer, TrainingOptions
-from popdist_py.engine._training.training import canonical_sum
-from popdist_py.engine.batch_invariant import matmul, outer_sum
 from popdist_py.engine.optimizers import SGD, Adam
 from popdist_py.engine.pipeline import GPIPE, ONE_F_ONE_B, Pipeline, Stage, bubble, ideal_bubble
 from popdist_py.engine.pipeline.schedule import BACKWARD, FORWARD, Op, device_order, in_flight
 from popdist_py.engine.pipeline.stash import Stash
 from popdist_py.engine.pipeline.sync import timeline
-
-rng = np.random.default_rng(15)
-SIZES = (6, 8, 8, 3)  # features, hidden, hidden, outputs
-SAMPLES = 32
-STEPS = 2
-X = rng.standard_normal((STEPS, SAMPLES, SIZES[0])).astype(np.float32)
-Y = rng.standard_normal((STEPS, SAMPLES, SIZES[-1])).astype(np.float32)
-
-
-def init(sizes: tuple[int, ...] = SIZES) -> dict[str, np.ndarray]:
-    r = np.random.default_rng(1)
-    out = {}
-    for k, (a, b) in enumerate(itertools.pairwise(sizes)):
-        out[f"W{k}"] = (r.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
-        out[f"b{k}"] = np.zeros(b, np.float32)
-    return out
-
-
-def layer_stage(k: int, last: bool, device: int) -> Stage:
-    """Layer ``k`` of an MLP (tanh inside, mean squared error after the last) as one stage."""
-    W, b = f"W{k}", f"b{k}"
-
-    def forward(params: dict[str, np.ndarray], carry: Any, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
-        h = x if carry is None else carry
-        z = matmul(h, params[W]) + params[b]
-        if last:
-            err = z - y
-            return float(np.mean(err * err)), (h, err)
-        a = np.tanh(z)
-        return a, (h, a)
-
-    def backward(params: dict[str, np.ndarray], saved: Any, grad_out: Any) -> tuple[Any, dict[str, np.ndarray]]:
-        h, other = saved
-        # the loss's gradient, or tanh's
-        dz = np.float32(2) * other / np.float32(other.size) if last else grad_out * (np.float32(1) - other * other)
-        grads = {W: outer_sum(h, dz), b: canonical_sum(dz)}
-        return matmul(dz, params[W].T), grads
-
-    return Stage(forward, backward, device, (W, b), name=f"layer {k}")
-
-
-def mlp(devices: int = 3, schedule: str = ONE_F_ONE_B, placement: tuple[int, ...] | None = None,
-        sync_pattern: str = "single_pipeline") -> Pipeline:
-    layers = len(SIZES) - 1
-    placement = placement or tuple(range(layers))
-    return Pipeline([layer_stage(k, k == layers - 1, placement[k]) for k in range(layers)], devices, schedule,
-                    sync_pattern)
-
-
-def batch(x: np.ndarray, replicas: int, accumulation: int) -> np.ndarray:
-    micro = len(x) // (replicas * accumulation)
-    return x.reshape(replicas, accumulation, micro, *x.shape[1:]).swapaxes(0, 1)
+from tests.engine.pipeline_model import SAMPLES, SIZES, STEPS, X, Y, batch, init, layer_stage, mlp
 
 
 def train(model: Any, replicas: int, accumulation: int, opts: TrainingOptions | None = None,

@@ -1,0 +1,1 @@
+"""The parts together: examples, torch, several hosts, the package, the docs, the bench, the layout."""

@@ -1,0 +1,1 @@
+"""poprun itself: its command line, plan, launch, supervision, output and failures."""
