@@ -20,8 +20,8 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/library/test_collectives_local.py"),
     # deadlines of every wait, failure release, agreement
     "popdist_py.deadline": (
-        "tests/library/test_collectives_local.py", "tests/engine/test_engine_runtime.py",
-        "tests/integration/test_mpi_suites.py"),
+        "tests/library/test_deadline_poll.py", "tests/library/test_collectives_local.py",
+        "tests/engine/test_engine_runtime.py", "tests/integration/test_mpi_suites.py"),
     "popdist_py.engine._collectives.rendezvous": (
         "tests/engine/test_engine_rendezvous.py", "tests/engine/test_engine_runtime.py",
         "tests/engine/test_engine_executor.py"),
