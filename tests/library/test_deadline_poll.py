@@ -5,6 +5,7 @@ own view of ``time`` and ``os``; nothing else sees it."""
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 
 import pytest
 
@@ -42,7 +43,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return c
 
 
-def never(clock: Clock) -> deadline.Callable[[], bool]:
+def never(clock: Clock) -> Callable[[], bool]:
     def test() -> bool:
         clock.now += TICK
         return False
