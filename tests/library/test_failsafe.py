@@ -83,8 +83,24 @@ def test_uncaught_exception_aborts_the_job_with_its_traceback(mode: str) -> None
     assert job.returncode == 1, job.output
     assert job.elapsed < STOPPED_AT_ONCE, f"took {job.elapsed:.1f}s\n{job.output}"
     assert "Traceback (most recent call last)" in job.output
+    assert 'raise RuntimeError("boom from instance 1")' in job.output  # the traceback's own lines
     assert "RuntimeError: boom from instance 1" in job.output
+    assert "instance 1 of 2: uncaught RuntimeError; ending the job with status 1" in job.output
     assert "instance 0: done" not in job.output
+
+
+def test_an_uncaught_keyboard_interrupt_ends_the_job_with_status_130() -> None:
+    job = run_job("interrupt")
+    assert job.returncode == 130, job.output
+    assert "instance 1 of 2: uncaught KeyboardInterrupt; ending the job with status 130" in job.output
+    assert "instance 0: done" not in job.output
+
+
+def test_an_exception_at_an_interactive_console_is_left_to_its_user() -> None:
+    job = run_job("console")
+    assert job.returncode == 1, job.output  # that process's own status, the job not ended for it
+    assert "RuntimeError: boom at the console" in job.output and "ending the job" not in job.output
+    assert "instance 0: done" in job.output
 
 
 def test_uncaught_exception_in_a_thread_aborts_the_job() -> None:
@@ -114,7 +130,7 @@ def test_an_interactive_session_is_not_ended_by_its_exception(thread: bool) -> N
     assert "ending the job" not in job.output, job.output
 
 
-@pytest.mark.parametrize("mode", ["exit3", "raise_exit3", "quit3"])
+@pytest.mark.parametrize("mode", ["exit3", "raise_exit3", "quit3", "held_exit3"])
 def test_sys_exit_status_ends_the_job_with_that_status(mode: str) -> None:
     job = run_job(mode)
     assert job.returncode == 3, job.output

@@ -11,6 +11,11 @@ exit3        instance 1 calls sys.exit(3) while the others wait          -> job 
 exit_caught  instance 1 catches its sys.exit(3), then ends normally      -> status 0
 raise_exit3  instance 1 writes `raise SystemExit(3)` while the others wait -> job status 3
 quit3        instance 1 prints repr(quit), then calls the builtin quit(3)  -> job status 3
+held_exit3   instance 1 keeps a caught SystemExit(5), then exits with 3, dropping the first as the
+             second leaves                                                 -> job status 3
+interrupt    instance 1 raises KeyboardInterrupt while the others wait     -> job status 130
+console      instance 1 sets sys.ps1 (as an interactive console does) and raises: its user's
+             session, the job is not ended for it (the others end normally) -> status 1
 raise_exit_caught  instance 1 catches its `raise SystemExit(3)`, ends normally -> status 0
 ok           collectives on every instance, normal exit                  -> status 0
 interactive  (under ``python -i``) instance 1 raises, the others end at once: its interpreter goes
@@ -48,12 +53,12 @@ def say(*parts: object) -> None:
 
 
 FAILS_IN_INSTANCE_1 = ("raise", "raise_reduce", "thread", "exit3", "exit_caught", "raise_exit3",
-                       "raise_exit_caught", "quit3")
+                       "raise_exit_caught", "quit3", "held_exit3", "interrupt")
 
 
 def fails_in_instance_1(mode: str, n: int) -> None:
     """Instance 1 fails (or exits, or catches its exit) while the others wait in a collective."""
-    if mode in ("exit3", "raise_exit3", "quit3") and RANK == 1:
+    if mode in ("exit3", "raise_exit3", "quit3", "held_exit3") and RANK == 1:
         import atexit
 
         atexit.register(say, "atexit handler ran")  # registered after popdist_py: runs first
@@ -90,6 +95,18 @@ def fail_as(mode: str) -> None:
     elif mode == "quit3":
         say(repr(quit))
         quit(3)
+    elif mode == "held_exit3":
+        held: list[SystemExit] = []
+        try:
+            sys.exit(5)
+        except SystemExit as exc:
+            held.append(exc)
+        try:
+            sys.exit(3)
+        finally:
+            held.clear()  # the first exit is freed while the second one leaves
+    elif mode == "interrupt":
+        raise KeyboardInterrupt
     elif mode == "exit_caught":
         try:
             sys.exit(3)
@@ -100,6 +117,13 @@ def fail_as(mode: str) -> None:
             raise SystemExit(3)
         except SystemExit as exc:
             say("caught SystemExit", exc.code)
+
+
+def console() -> None:
+    if RANK == 1:
+        sys.ps1 = ">>> "
+        raise RuntimeError("boom at the console")
+    say("done")
 
 
 def console_thread() -> None:
@@ -200,7 +224,7 @@ def main(mode: str) -> None:
     popdist_py.init()
     n = COMM.Get_size()
     others: dict[str, Callable[[], None]] = {
-        "console_thread": console_thread, "interactive": lambda: interactive(False),
+        "console": console, "console_thread": console_thread, "interactive": lambda: interactive(False),
         "interactive_thread": lambda: interactive(True), "ok": lambda: ok(n), "mismatch": mismatch, "late": late,
         "subset": subset, "subset_mismatch": subset_mismatch, "finalize": finalize}
     if mode in FAILS_IN_INSTANCE_1:
