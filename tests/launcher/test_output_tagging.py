@@ -131,6 +131,15 @@ def test_one_line_for_both_streams_keeps_each_instances_line_whole(tmp_path: Pat
                                                      b"[1] own stderr\n[1] next\npoprun: a message\n")
 
 
+@pytest.fixture
+def poprun_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """poprun's warnings to this test's stderr (its handler is made on first use, with the stderr of then)."""
+    from poprun_py import log
+
+    monkeypatch.setattr(log, "_logger", None)
+
+
+@pytest.mark.usefixtures("poprun_log")
 def test_a_log_file_that_can_no_longer_be_written_is_said_once_and_output_goes_on(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # A full disk, as /dev/full is: the first failed write is reported, the logs are closed, and
@@ -146,9 +155,9 @@ def test_a_log_file_that_can_no_longer_be_written_is_said_once_and_output_goes_o
     output.flush()
     assert sink.getvalue() == b"[0] first\n[0] second\n"
     assert output.logs == {}
-    warnings = [line.split(" POPRUN [W] ", 1)[1] for line in capfd.readouterr().err.splitlines()
-                if "no longer written" in line]
-    assert warnings == [f"instance 0's output is no longer written to {tmp_path}/instance-0: No space left on device"]
+    said = [line for line in capfd.readouterr().err.splitlines() if "no longer written" in line]
+    assert len(said) == 1 and said[0].endswith(
+        f"instance 0's output is no longer written to {tmp_path}/instance-0: No space left on device"), said
 
 
 def test_poprun_s_own_line_ends_an_open_line_and_lets_the_waiting_instance_go_next() -> None:
@@ -160,3 +169,57 @@ def test_poprun_s_own_line_ends_an_open_line_and_lets_the_waiting_instance_go_ne
     assert sink.getvalue() == b"[0] partial\npoprun: note\n[1] waiting\n"
     first.feed(1, b" rest\n")  # instance 0's line goes on, tagged again
     assert sink.getvalue() == b"[0] partial\npoprun: note\n[1] waiting\n[0]  rest\n"
+
+
+@pytest.mark.parametrize("data, end", [
+    (b"abc", -1), (b"a\nb", 1), (b"\n\r", 0), (b"a\rb\n", 1), (b"a\r\nb", 2), (b"a\rb\rc", 1), (b"\r", 0),
+    (b"a\r", 1), (b"\r\n", 1),
+])
+def test_a_waiting_instance_is_let_in_after_the_first_line_break(data: bytes, end: int) -> None:
+    # Where an owner with others waiting stops: the end of its first newline or carriage return,
+    # a CR LF counting as one break that ends at the LF.
+    from poprun_py.output import _first_break
+
+    assert _first_break(data) == end
+
+
+def test_log_files_are_appended_to_after_a_restart_and_are_not_executable(tmp_path: Path) -> None:
+    from poprun_py.output import OutputOptions
+
+    for append, text in ((False, b"first run\n"), (True, b"restarted\n")):
+        output = InstanceOutput(0, False, {1: Sink(io.BytesIO()), 2: Sink(io.BytesIO())},
+                                OutputOptions(str(tmp_path), append=append))
+        output.feed(1, text)
+        output.flush()
+    log = tmp_path / "instance-0" / "stdout.log"
+    assert log.read_bytes() == b"first run\nrestarted\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert log.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@pytest.mark.usefixtures("poprun_log")
+def test_a_log_directory_that_cannot_be_made_is_said_once_and_output_goes_on(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    from poprun_py.output import OutputOptions
+
+    (tmp_path / "taken").write_text("a file where the directory would be")
+    sink = io.BytesIO()
+    output = InstanceOutput(0, True, {1: Sink(sink), 2: Sink(io.BytesIO())}, OutputOptions(str(tmp_path / "taken")))
+    output.feed(1, b"shown\n")
+    output.flush()
+    assert sink.getvalue() == b"[0] shown\n" and output.logs == {}
+    said = [line for line in capfd.readouterr().err.splitlines() if "no longer written" in line]
+    assert len(said) == 1 and said[0].endswith(
+        f"instance 0's output is no longer written to {tmp_path}/taken/instance-0: Not a directory"), said
+
+
+@pytest.mark.parametrize("then, shown", [(b"", b""), (b"\n", b"[0] \n")])
+def test_an_instance_whose_line_poprun_ended_starts_a_new_one(then: bytes, shown: bytes) -> None:
+    # Its line was ended already: flushing adds no empty line, and an empty line of its own is tagged.
+    sink, first, _ = two_instances()
+    first.feed(1, b"partial")
+    first.sinks[1].write(b"poprun: note\n")
+    first.feed(1, then)
+    first.flush()
+    assert sink.getvalue() == b"[0] partial\npoprun: note\n" + shown

@@ -98,6 +98,10 @@ def test_mismatch_messages_name_each_field_that_differs() -> None:
                       ("x", {"shape": (2,), "dtype": "int16", "groups": 2})], d, None)
     assert message == ("x: dtypes differ between instances: replica 4 int8, replica 5 int16; "
                        "groups differ between instances: replica 4 1, replica 5 2")
+    # Values other than strings are shown by their repr.
+    message = agreement.mismatch_message("x", [0, 1], [("x", {"dtype": np.dtype("float32")}),
+                                                       ("x", {"dtype": np.dtype("int8")})], d, None)
+    assert message == "x: dtypes differ between instances: replica 0 dtype('float32'), replica 1 dtype('int8')"
     # Mappings with other keys cannot be compared field by field.
     message = agreement.mismatch_message("x", [0, 1], [("x", {"a": 1}), ("x", {"b": 1})], d, None)
     assert message == "x: signatures differ between instances: replica 0 {'a': 1}, replica 1 {'b': 1}"
