@@ -45,8 +45,18 @@ def test_poprun_environment_wins_over_the_launchers() -> None:
     assert (topo.num_instances, topo.num_local_replicas, topo.source) == (2, 4, "poprun")
 
 
-def test_a_pmix_rank_without_a_size_is_one_instance() -> None:
-    assert read_topology({names.PMIX_RANK: "0"}).num_instances == 1
+@pytest.mark.parametrize("env", [
+    {names.PMIX_RANK: "0"}, {names.PMI_RANK: "1"}, {names.OMPI_RANK: "3"},  # a rank without a size
+    {names.SLURM_NTASKS: "4"},  # inside a Slurm allocation, but not started by srun
+])
+def test_half_a_launchers_variables_is_no_launch(env: dict[str, str]) -> None:
+    topo = read_topology(env)
+    assert (topo.num_instances, topo.instance_index, topo.source) == (1, 0, "")
+
+
+def test_a_launch_of_one_rank_is_one_instance() -> None:
+    topo = read_topology({names.PMI_RANK: "0", names.PMI_SIZE: "1"})
+    assert (topo.num_instances, topo.instance_index, topo.source) == (1, 0, "MPICH (Hydra)")
 
 
 @pytest.mark.parametrize(("env", "message"), [
