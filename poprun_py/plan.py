@@ -45,23 +45,24 @@ class InstancePlan:
     that every launch would pay before mpiexec starts.
     """
 
-    __slots__ = ("host", "index", "local_index", "num_local_replicas", "replica_offset")
+    __slots__ = ("host", "index", "local_index", "num_local_replicas", "replica_index_offset")
 
-    def __init__(self, index: int, host: str, local_index: int, replica_offset: int,
+    def __init__(self, index: int, host: str, local_index: int, replica_index_offset: int,
                  num_local_replicas: int) -> None:
         self.index = index
         self.host = host
         self.local_index = local_index
-        self.replica_offset = replica_offset
+        self.replica_index_offset = replica_index_offset
         self.num_local_replicas = num_local_replicas
 
     def __repr__(self) -> str:
         return (f"InstancePlan(index={self.index}, host={self.host!r}, local_index={self.local_index}, "
-                f"replica_offset={self.replica_offset}, num_local_replicas={self.num_local_replicas})")
+                f"replica_index_offset={self.replica_index_offset}, "
+                f"num_local_replicas={self.num_local_replicas})")
 
     @property
     def replicas(self) -> range:
-        return range(self.replica_offset, self.replica_offset + self.num_local_replicas)
+        return range(self.replica_index_offset, self.replica_index_offset + self.num_local_replicas)
 
 
 class JobPlan:
@@ -121,7 +122,7 @@ class JobPlan:
             index=index,
             host=self.host_names[index // per_host],
             local_index=index % per_host,
-            replica_offset=index * self.num_local_replicas,
+            replica_index_offset=index * self.num_local_replicas,
             num_local_replicas=self.num_local_replicas,
         )
 
@@ -159,7 +160,7 @@ class JobPlan:
         env = {
             names.INSTANCE_INDEX: str(inst.index),
             names.LOCAL_INSTANCE_INDEX: str(inst.local_index),
-            names.REPLICA_INDEX_OFFSET: str(inst.replica_offset),
+            names.REPLICA_INDEX_OFFSET: str(inst.replica_index_offset),
             names.RANK: str(inst.index),
             names.LOCAL_RANK: str(inst.local_index),
             names.GROUP_RANK: str(inst.index // self.instances_per_host),

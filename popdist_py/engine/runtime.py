@@ -105,7 +105,7 @@ class Runtime:
         self._pool: ReplicaExecutor
         waits: Waits
         if self._executor == THREADS:  # first: it may fail (thread limits), and then stops what it started
-            self._pool, waits = ReplicaPool(L, name=f"replica@{self._placement.offset}"), ThreadWaits(L)
+            self._pool, waits = ReplicaPool(L, name=f"replica@{self._placement.replica_index_offset}"), ThreadWaits(L)
         else:
             self._pool = waits = CooperativePool(L)
         self._transport: Transport | None = None
@@ -141,7 +141,7 @@ class Runtime:
     @property
     def replica_index_offset(self) -> int:
         """Global index of this process's first replica."""
-        return self._placement.offset
+        return self._placement.replica_index_offset
 
     @property
     def num_instances(self) -> int:
@@ -159,7 +159,8 @@ class Runtime:
     @property
     def local_replicas(self) -> range:
         """Global indices of this process's replicas."""
-        return range(self._placement.offset, self._placement.offset + self._placement.num_local_replicas)
+        offset = self._placement.replica_index_offset
+        return range(offset, offset + self._placement.num_local_replicas)
 
     def replica_grouping(self, stride: int = 1, group_size: int | None = None) -> ReplicaGrouping:
         """A grouping of the R global replicas (PopXL's ``ir.replica_grouping``)."""

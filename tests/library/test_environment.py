@@ -23,7 +23,7 @@ def expected(plan: JobPlan, inst: InstancePlan) -> dict[str, object]:
     return {
         "num_total_replicas": plan.num_replicas,
         "num_local_replicas": inst.num_local_replicas,
-        "replica_index_offset": inst.replica_offset,
+        "replica_index_offset": inst.replica_index_offset,
         "ipus_per_replica": plan.ipus_per_replica,
         "num_instances": plan.num_instances,
         "instance_index": inst.index,

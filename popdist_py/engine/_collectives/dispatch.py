@@ -257,7 +257,7 @@ class Dispatcher:
 
     # -- error messages ------------------------------------------------------------------------------------
     def _mismatch(self, deposits: list[Any]) -> str:
-        off = self.placement.offset
+        off = self.placement.replica_index_offset
         by: dict[str, list[int]] = {}
         index = 0
         for i, d in enumerate(deposits):
@@ -276,7 +276,7 @@ class Dispatcher:
         return f"{deposit[0].sig.kind} #{deposit[2]} of the step"
 
     def _describe_local(self, locals_: list[int]) -> str:
-        return self.placement.describe_replicas([self.placement.offset + i for i in locals_])
+        return self.placement.describe_replicas([self.placement.replica_index_offset + i for i in locals_])
 
 
 def _array(x: Any, kind: str) -> Any:

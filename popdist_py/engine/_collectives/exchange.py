@@ -130,7 +130,7 @@ class GroupPlan:
         self.owners = tuple(sorted(self.ranges))
         self.k0, self.k1 = self.ranges[me]
         #: local replica index of each of this instance's members, in member order
-        self.local = tuple(members[k] - placement.offset for k in range(self.k0, self.k1))
+        self.local = tuple(members[k] - placement.replica_index_offset for k in range(self.k0, self.k1))
         self.cross = len(self.owners) > 1
         self.pieces = {j: tuple(decompose(a, b, self.size)) for j, (a, b) in self.ranges.items()}
         self.regions: dict[int, tuple[int, int]] = {}
@@ -239,7 +239,8 @@ class CollectivePlan:
         grouping = sig.group
         G = self.group_size = grouping.group_size
         me = placement.instance
-        local_groups = sorted({grouping.group_of(placement.offset + r) for r in range(placement.num_local_replicas)})
+        offset = placement.replica_index_offset
+        local_groups = sorted({grouping.group_of(offset + r) for r in range(placement.num_local_replicas)})
         self.groups = [GroupPlan(placement, grouping, g) for g in local_groups]
         self.eager = n * isz <= eager_limit
         self.chunk = -(-n // G) if self.kind == REDUCE_SCATTER else 0  # elements of each member's slice

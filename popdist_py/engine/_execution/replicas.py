@@ -28,7 +28,7 @@ class ReplicaPlacement:
         return self.replication_factor // self.num_local_replicas
 
     @property
-    def offset(self) -> int:
+    def replica_index_offset(self) -> int:
         """Global index of this instance's first replica."""
         return self.instance * self.num_local_replicas
 

@@ -460,7 +460,7 @@ def load(
                 host, grouped = staged.pop(v.name)
                 if grouped is None:  # same replicas, same grouping: replica by replica
                     for r in range(v.num_local_replicas):
-                        v.set_local_value(r, host[placement.offset + r])
+                        v.set_local_value(r, host[placement.replica_index_offset + r])
                     continue
                 host = grouped
             else:

@@ -339,7 +339,7 @@ def collect(
 
     Exact: raw bytes move with one ``Allgatherv`` (or ``Gatherv`` to ``root``, None elsewhere).
     """
-    L, off = placement.num_local_replicas, placement.offset
+    L, off = placement.num_local_replicas, placement.replica_index_offset
     item = math.prod(item_shape) * dtype.itemsize
     if transport is None:
         out = np.empty((len(replicas), *item_shape), dtype)
