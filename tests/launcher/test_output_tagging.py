@@ -223,3 +223,22 @@ def test_an_instance_whose_line_poprun_ended_starts_a_new_one(then: bytes, shown
     first.feed(1, then)
     first.flush()
     assert sink.getvalue() == b"[0] partial\npoprun: note\n" + shown
+
+
+def test_the_stderr_tail_keeps_the_last_lines_whole_across_pieces_and_bounded() -> None:
+    from poprun_py.output import TAIL_LINE_BYTES, TAIL_LINES
+
+    _, first, _ = two_instances()
+    first.feed(2, b"a line in")
+    assert first.stderr_tail == []  # not ended yet
+    first.feed(2, b" two pieces\nnext")
+    assert first.stderr_tail == [b"a line in two pieces"]
+    first.feed(2, b" one\n" + b"".join(b"line %d\n" % k for k in range(TAIL_LINES + 5)))
+    assert first.stderr_tail == [b"line %d" % k for k in range(5, TAIL_LINES + 5)]
+    long = bytes(range(256)).replace(b"\n", b"").replace(b"\r", b"") * (TAIL_LINE_BYTES // 200)
+    assert len(long) > TAIL_LINE_BYTES
+    first.feed(2, long)  # held unfinished: only its last TAIL_LINE_BYTES bytes are kept
+    first.feed(2, b" end\n")
+    assert first.stderr_tail[-1] == (long + b" end")[-TAIL_LINE_BYTES:] and len(first.stderr_tail) == TAIL_LINES
+    first.feed(2, b"progress 10%\rprogress 90%\r\n")  # what a terminal shows of a redrawn line
+    assert first.stderr_tail[-1] == b"progress 90%"

@@ -111,3 +111,35 @@ def test_an_explicit_replication_stays_in_its_process() -> None:
                "assert got == (1, 4, 2, 2), got")
     done = run([str(MPICH_MPIEXEC), "-n", "2", PYTHON, "-c", program])
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("env", [{names.PMI_RANK: "1", names.PMI_SIZE: "2"},
+                                 {names.PMI_RANK: "0", names.PMI_SIZE: "2", names.SLURM_LOCALID: "0"}])
+def test_without_a_local_rank_the_instance_is_first_on_its_host(env: dict[str, str]) -> None:
+    assert read_topology(env).local_instance_index == 0
+
+
+def test_rank_0_of_a_bare_launch_says_once_what_it_was_given(monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    from popdist_py import env as popdist_env
+
+    def said(rank: str, size: str) -> list[tuple[str, str, str]]:
+        monkeypatch.setattr(popdist_env, "_announced", False)
+        monkeypatch.setenv(names.PMI_RANK, rank)
+        monkeypatch.setenv(names.PMI_SIZE, size)
+        caplog.clear()
+        read_topology()
+        read_topology()
+        return [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+
+    for name in (names.NUM_TOTAL_REPLICAS, names.NUM_LOCAL_REPLICAS, names.REPLICA_INDEX_OFFSET):
+        monkeypatch.delenv(name, raising=False)
+    with caplog.at_level("WARNING", logger="popdist_py"):
+        message = ("popdist_py: started by MPICH (Hydra) without poprun (PMI_SIZE=2): 2 instances of one replica "
+                   "each; poprun sets the replicas per instance")
+        assert said("0", "2") == [("popdist_py", "WARNING", message)]
+        assert said("1", "2") == []  # the other ranks say nothing
+        assert said("0", "1") == []  # one process: nothing to say
+        caplog.clear()
+        read_topology({names.PMI_RANK: "0", names.PMI_SIZE: "2"})  # an environment given, not this process's
+        assert caplog.records == []
