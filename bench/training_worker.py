@@ -157,7 +157,7 @@ def time_fused(rt: Runtime, clock: Clock) -> dict[str, float]:
     rng = np.random.default_rng(1)
     grads = [{n: rng.random(FUSED_ELEMENTS, np.float32) for n in names} for _ in range(L)]
     flat = [np.concatenate(list(g.values())) for g in grads]
-    fusion = fused.plan({n: (FUSED_ELEMENTS, np.dtype(np.float32), None) for n in names}, 4 << 20)
+    fusion = fused.plan_buckets({n: (FUSED_ELEMENTS, np.dtype(np.float32), None) for n in names}, 4 << 20)
     assert len(fusion.buckets) == 1, fusion.buckets
     everyone = rt.replica_grouping()
 

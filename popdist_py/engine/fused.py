@@ -90,7 +90,7 @@ class Reduced(Mapping[str, np.ndarray]):
         return len(self._index)
 
 
-def plan(tensors: Mapping[str, tuple[int, np.dtype, ReplicaGrouping | None]], limit: int) -> Fusion:
+def plan_buckets(tensors: Mapping[str, tuple[int, np.dtype, ReplicaGrouping | None]], limit: int) -> Fusion:
     """Buckets for ``tensors`` (name -> (elements, dtype, scatter domain or None), in order) of at most
     ``limit`` bytes each (a larger tensor is a bucket of its own)."""
     buckets: list[Bucket] = []
@@ -162,4 +162,4 @@ def _scatter(b: Bucket, grads: Mapping[str, np.ndarray], op: str, replica: int,
     return ops.replicated_all_reduce(flat, op=op)[j * width:(j + 1) * width]
 
 
-__all__ = ["Bucket", "Fusion", "Reduced", "plan", "reduce"]
+__all__ = ["Bucket", "Fusion", "Reduced", "plan_buckets", "reduce"]

@@ -35,7 +35,7 @@ from popdist_py.engine._execution.context import StepContext
 from popdist_py.engine._execution.cooperative import CooperativePool
 from popdist_py.engine._execution.executor import THREADS, ReplicaExecutor, choose
 from popdist_py.engine._execution.pool import ReplicaPool
-from popdist_py.engine._execution.replicas import ReplicaPlacement, resolve
+from popdist_py.engine._execution.replicas import ReplicaPlacement, runtime_topology
 from popdist_py.engine._state import checkpoint
 from popdist_py.engine._state.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
 from popdist_py.engine._state.sharding import ShardMeta, sharding_domain
@@ -97,7 +97,7 @@ class Runtime:
         remote_dir: str | os.PathLike[str] | None = None,
         executor: str | None = None,
     ) -> None:
-        R, L, index, comm = resolve(replication, comm)
+        R, L, index, comm = runtime_topology(replication, comm)
         self._executor = choose(executor, L)
         self._placement = ReplicaPlacement(R, L, index)
         self._timeout_arg = timeout

@@ -120,8 +120,8 @@ def test_fused_reduction_equals_one_collective_per_tensor(op: str) -> None:
         domains = [None, everyone, CommGroup.consecutive(2).to_replica_grouping(R), ReplicaGrouping.create(R, 2, 2)]
         for limit in (1, 4096, 1 << 20, 1 << 30):
             for domain in domains:
-                fusion = fused.plan({n: (int(np.prod(s)), np.dtype(np.float32), domain) for n, s in shapes.items()},
-                                    limit)
+                fusion = fused.plan_buckets(
+                    {n: (int(np.prod(s)), np.dtype(np.float32), domain) for n, s in shapes.items()}, limit)
                 if limit == 1 << 30:
                     assert len(fusion.buckets) == 1
 

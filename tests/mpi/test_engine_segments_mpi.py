@@ -44,7 +44,7 @@ def test_fused_reduction_on_every_split() -> None:
         everyone = rt.replica_grouping()
         results = []
         for domain in (None, everyone, CommGroup.consecutive(2).to_replica_grouping(R)):
-            fusion = fused.plan({n: (int(np.prod(s)), np.dtype(np.float32), domain) for n, s in shapes.items()},
+            fusion = fused.plan_buckets({n: (int(np.prod(s)), np.dtype(np.float32), domain) for n, s in shapes.items()},
                                 1 << 30)
 
             def step(ctx: Any, fusion: Any = fusion) -> tuple[np.ndarray, ...]:

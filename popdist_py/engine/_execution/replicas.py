@@ -56,7 +56,7 @@ class ReplicaPlacement:
         return text
 
 
-def resolve(replication: int | None, comm: Any) -> tuple[int, int, int, Any]:
+def runtime_topology(replication: int | None, comm: Any) -> tuple[int, int, int, Any]:
     """(R, L, instance index, communicator or None) from the arguments and the PopDist environment."""
     topo = read_topology()
     if comm is not None:
@@ -107,4 +107,4 @@ def _local(L: int, what: str) -> int:
     return L
 
 
-__all__ = ["ReplicaPlacement", "resolve"]
+__all__ = ["ReplicaPlacement", "runtime_topology"]

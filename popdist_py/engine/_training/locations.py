@@ -12,7 +12,7 @@ here the same reads::
     opts.weight_tensor_location_settings.location.load_tile_set = TileSet.IO   # read ahead
     opts.tensor_location_settings_override["W0/exp_avg"] = TensorLocation()    # this one on chip, whole
 
-:func:`resolve` turns them into one :class:`Placement` per tensor (the weight ``"W0"``, each
+:func:`place_weights` turns them into one :class:`Placement` per tensor (the weight ``"W0"``, each
 optimizer state ``"W0/<state>"``, the accumulator ``"W0/accumulator"``), checking every value
 before anything is created. For a tensor of ``n`` elements with class settings ``s`` and location
 ``loc = override.get(name, s.location)``:
@@ -145,10 +145,10 @@ class TrainingOptions:
     fused_reduction_bytes: int = 4 << 20
 
     def check(self) -> None:
-        """One clear error for a value that cannot hold whatever the model (see also :func:`resolve`)."""
+        """One clear error for a value that cannot hold whatever the model (see also :func:`place_weights`)."""
         validate.count("TrainingOptions.accumulation_factor", self.accumulation_factor)
         validate.count("TrainingOptions.fused_reduction_bytes", self.fused_reduction_bytes)
-        reduction_op(self.reduction)
+        training_reduction(self.reduction)
         for kind in SETTINGS_KINDS:
             what = f"{kind}_tensor_location_settings"
             settings = getattr(self, what)
@@ -175,7 +175,7 @@ KINDS = ("weight", "optimizer_state", "accumulator")
 SETTINGS_KINDS = (*KINDS, "activation")
 
 
-def reduction_op(value: object) -> str:
+def training_reduction(value: object) -> str:
     """The engine's op for PopART's ReductionType ``value`` ("mean"/"sum" in any case, or an enum
     member of that name); ValueError naming the value otherwise."""
     name = getattr(value, "name", value)
@@ -250,7 +250,7 @@ def accumulator_name(weight: str) -> str:
     return f"{weight}/accumulator"
 
 
-def resolve(options: TrainingOptions, everyone: ReplicaGrouping, shapes: dict[str, tuple[int, ...]],
+def place_weights(options: TrainingOptions, everyone: ReplicaGrouping, shapes: dict[str, tuple[int, ...]],
             state_names: tuple[str, ...]) -> dict[str, WeightPlacement]:
     """Every weight's placement (weights ``shapes``: name -> shape, in order) for an optimizer
     with ``state_names`` over the replicas of ``everyone``. Raises TypeError/ValueError naming the
@@ -331,7 +331,7 @@ __all__ = [
     "TrainingOptions",
     "WeightPlacement",
     "accumulator_name",
-    "reduction_op",
-    "resolve",
+    "place_weights",
     "state_name",
+    "training_reduction",
 ]

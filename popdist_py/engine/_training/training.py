@@ -61,9 +61,9 @@ from popdist_py.engine._training.locations import (
     TensorStorage,
     TrainingOptions,
     WeightPlacement,
-    reduction_op,
-    resolve,
+    place_weights,
     state_name,
+    training_reduction,
 )
 from popdist_py.engine._training.readahead import Job, ReadAhead
 from popdist_py.engine._training.tensor_store import TensorStore, prefault, release
@@ -245,7 +245,8 @@ class Trainer:
         self.micro_batch_shapes = [tuple(validate.non_negative("micro_batch_shapes entry", d) for d in s)
                                    for s in micro_batch_shapes]
         everyone = rt.replica_grouping()
-        placements = resolve(options, everyone, {n: a.shape for n, a in arrays.items()}, tuple(optimizer.state_names))
+        shapes = {n: a.shape for n, a in arrays.items()}
+        placements = place_weights(options, everyone, shapes, tuple(optimizer.state_names))
         step_name = f"{name}/step"
         _check_names_free(rt, [*arrays, *(state_name(w, s) for w in arrays for s in optimizer.state_names), step_name])
         self.pipeline = loss_and_grads if isinstance(loss_and_grads, Pipeline) else None
@@ -259,7 +260,7 @@ class Trainer:
         self.loss_and_grads: LossAndGrads = (loss_and_grads.sequential if isinstance(loss_and_grads, Pipeline)
                                              else loss_and_grads)
         self.placements = placements
-        self.op = reduction_op(options.reduction)
+        self.op = training_reduction(options.reduction)
         self._everyone = everyone
         self._shapes = {n: a.shape for n, a in arrays.items()}
         # the variables: weights and state as placed, the update count
@@ -271,9 +272,9 @@ class Trainer:
         # accumulators: whole ones are reduced once per batch; sharded ones receive each
         # micro-batch's gradient reduce-scattered (their weights' updates run on the same shards)
         scattered = {n for n, p in placements.items() if p.accumulator.sharded}
-        self.fusion = fused.plan({n: (a.size, a.dtype, self._scatter_domain(placements[n]))
+        self.fusion = fused.plan_buckets({n: (a.size, a.dtype, self._scatter_domain(placements[n]))
                                   for n, a in arrays.items() if n not in scattered}, options.fused_reduction_bytes)
-        self.micro_fusion = fused.plan({n: (a.size, a.dtype, placements[n].domain)
+        self.micro_fusion = fused.plan_buckets({n: (a.size, a.dtype, placements[n].domain)
                                         for n, a in arrays.items() if n in scattered}, options.fused_reduction_bytes)
         self._spills = {n: self._spill_buffer(rt, a, placements[n]) for n, a in arrays.items()
                         if placements[n].accumulator.off_chip and options.accumulation_factor > 1}
@@ -295,7 +296,7 @@ class Trainer:
         pipeline.start(rt.instance_replication_factor,
                        TensorStorage.parse(activations.location.storage, "activation storage") is OFF_CHIP,
                        activations.min_elements_for_off_chip, replicas_meet=rt.executor == THREADS)
-        self._stage_fusions = [fused.plan({n: (arrays[n].size, arrays[n].dtype,
+        self._stage_fusions = [fused.plan_buckets({n: (arrays[n].size, arrays[n].dtype,
                                                self._scatter_domain(self.placements[n])) for n in stage.weights},
                                           options.fused_reduction_bytes) for stage in pipeline.stages]
 

@@ -112,7 +112,7 @@ class Pipeline:
                 self._devices.close()
                 self._devices = None
 
-    def plan(self, micro_batches: int) -> list[list[Op | Exchange]]:
+    def timetable(self, micro_batches: int) -> list[list[Op | Exchange]]:
         """Each stage's ops and host exchanges in its device's order."""
         return sync.with_exchanges(self.orders(micro_batches), self.sync_pattern)
 
@@ -169,7 +169,7 @@ class Pipeline:
             raise RuntimeError("Pipeline.run before start(local_replicas): give the pipeline to a Trainer")
         run = _Run(self, local, replica, params, micro_batches, on_grads, update)
         futures = [devices.submit(local, stage.device, functools.partial(run.device_loop, s, items))
-                   for s, (stage, items) in enumerate(zip(self.stages, run.plan, strict=True))]
+                   for s, (stage, items) in enumerate(zip(self.stages, run.timetable, strict=True))]
         if self.feed is not None:
             futures.append(devices.submit(local, HOST, run.host_loop))
         errors: list[BaseException] = []
@@ -275,10 +275,10 @@ class _Run:
         self.records: list[ExchangeRecord] = []
         self.failed = threading.Event()
         self.inputs = list(micro_batches)
-        self.plan = pipeline.plan(M)
+        self.timetable = pipeline.timetable(M)
         # the host feeds inside the meeting
         self.host_inside = pipeline.feed is not None and pipeline.sync_pattern == sync.FULL
-        self.key, self.meeting = pipeline._meeting(local, self.plan, self.host_inside)
+        self.key, self.meeting = pipeline._meeting(local, self.timetable, self.host_inside)
         self.fed = [threading.Event() for _ in range(M)]  # the host has fed micro-batch m
         self.taken = [threading.Event() for _ in range(M)]  # stage 0 has taken micro-batch m
         self.requests: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (stage, micro-batch) of a finished backward
