@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, wait_no_processes
+from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, wait_no_processes
 
 MPIEXEC = str(BIN / "mpiexec")
 SCRIPT = ROOT / "tests" / "scripts" / "failsafe_job.py"
@@ -42,7 +42,12 @@ class Job:
     elapsed: float
 
 
-def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout: float = SUBPROCESS_TIMEOUT,
+#: Bound of one fail-safe job: these end in a second or two, or hang (in mutmut's copy, a mutant that
+#: hangs one is found in 10 s).
+JOB_BOUND = 10 if UNDER_MUTANTS else SUBPROCESS_TIMEOUT
+
+
+def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout: float = JOB_BOUND,
             program: list[str] | None = None) -> Job:
     """Run ``mpiexec -n N python failsafe_job.py MODE`` and check that it leaves no process behind."""
     marker = f"--marker={uuid.uuid4().hex}"
