@@ -242,3 +242,31 @@ def test_the_stderr_tail_keeps_the_last_lines_whole_across_pieces_and_bounded() 
     assert first.stderr_tail[-1] == (long + b" end")[-TAIL_LINE_BYTES:] and len(first.stderr_tail) == TAIL_LINES
     first.feed(2, b"progress 10%\rprogress 90%\r\n")  # what a terminal shows of a redrawn line
     assert first.stderr_tail[-1] == b"progress 90%"
+
+
+@pytest.mark.parametrize("log_dir, message", [
+    ("/proc/1", "--log-dir '/proc/1' is not writable"),
+    ("/proc/1/logs", "--log-dir '/proc/1/logs' cannot be created: No such file or directory"),
+    ("/dev/null", "--log-dir '/dev/null' exists and is not a directory"),
+    ("/nonexistent-parent/logs", "--log-dir '/nonexistent-parent/logs': its parent directory '/nonexistent-parent' "
+                                 "does not exist (poprun creates only the last directory of the path)"),
+])
+def test_a_log_directory_that_cannot_work_is_one_line_before_anything_starts(log_dir: str, message: str) -> None:
+    from poprun_py.errors import PlanError
+    from poprun_py.output import check_log_options
+
+    with pytest.raises(PlanError) as info:
+        check_log_options(log_dir, True, create=True)
+    assert str(info.value) == message
+
+
+def test_the_stderr_tail_of_redraws_and_of_a_long_unfinished_line() -> None:
+    from poprun_py.output import TAIL_LINE_BYTES
+
+    _, first, _ = two_instances()
+    first.feed(2, b"a\rb\rc\n\r\r\n")  # what a terminal shows: the last part; nothing of a line of CRs
+    assert first.stderr_tail == [b"c", b""]
+    long = b"0123456789abcdef" * (TAIL_LINE_BYTES // 16 * 3 // 2)  # one and a half times the bound
+    first.feed(2, b"one\n" + long)  # the unfinished rest of a piece is kept to its last bytes
+    first.feed(2, b"\n")
+    assert first.stderr_tail[-1] == long[-TAIL_LINE_BYTES:]
