@@ -248,8 +248,8 @@ def test_the_stderr_tail_keeps_the_last_lines_whole_across_pieces_and_bounded() 
     ("/proc/1", "--log-dir '/proc/1' is not writable"),
     ("/proc/1/logs", "--log-dir '/proc/1/logs' cannot be created: No such file or directory"),
     ("/dev/null", "--log-dir '/dev/null' exists and is not a directory"),
-    ("/nonexistent-parent/logs", "--log-dir '/nonexistent-parent/logs': its parent directory '/nonexistent-parent' "
-                                 "does not exist (poprun creates only the last directory of the path)"),
+    ("/nonexistent-parent/logs", ("--log-dir '/nonexistent-parent/logs': its parent directory '/nonexistent-parent' "
+                                  "does not exist (poprun creates only the last directory of the path)")),
 ])
 def test_a_log_directory_that_cannot_work_is_one_line_before_anything_starts(log_dir: str, message: str) -> None:
     from poprun_py.errors import PlanError
