@@ -7,6 +7,7 @@ import io
 import os
 import pty
 import random
+import time
 from pathlib import Path
 from typing import BinaryIO
 
@@ -270,3 +271,54 @@ def test_the_stderr_tail_of_redraws_and_of_a_long_unfinished_line() -> None:
     first.feed(2, b"one\n" + long)  # the unfinished rest of a piece is kept to its last bytes
     first.feed(2, b"\n")
     assert first.stderr_tail[-1] == long[-TAIL_LINE_BYTES:]
+
+
+def test_timestamps_are_the_local_time_of_receipt_to_the_millisecond() -> None:
+    from poprun_py.output import Stream
+
+    received = 1700000000.25  # a moment of the past, not of the run
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1700000000))
+    stream = Stream(b"[3] ", True, io.BytesIO())
+    assert stream.prefix(received) == f"[3] {stamp}.250 ".encode()
+    assert stream.prefix(received + 0.5) == f"[3] {stamp}.750 ".encode()  # the same second
+    out = bytearray()
+    stream.held.append((received, b"x\n\n"))
+    stream.render(out, until_break=False)
+    assert out == f"[3] {stamp}.250 x\n[3] {stamp}.250 \n".encode()  # an empty line is stamped too
+    out.clear()
+    stream.held.append((received, b"a\rb\n\n"))  # redrawn, then an empty line
+    stream.render(out, until_break=False)
+    assert out == f"[3] {stamp}.250 a\r[3] {stamp}.250 b\n[3] {stamp}.250 \n".encode()
+
+
+def test_a_waiting_instance_that_holds_too_much_ends_the_owners_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from poprun_py import output
+
+    monkeypatch.setattr(output, "HOLD_BYTES", 10)
+    sink, first, second = two_instances()
+    first.feed(1, b"partial")
+    second.feed(1, b"01234")
+    second.feed(1, b"56789")  # 10 bytes held: not more than the bound yet
+    assert sink.getvalue() == b"[0] partial"
+    second.feed(1, b"a")  # 11: instance 0's line is ended for it
+    assert sink.getvalue() == b"[0] partial\n[1] 0123456789a"
+    first.feed(1, b"0123456789")  # instance 0 now waits, its count started afresh
+    assert sink.getvalue() == b"[0] partial\n[1] 0123456789a"
+    first.feed(1, b"b")
+    assert sink.getvalue() == b"[0] partial\n[1] 0123456789a\n[0] 0123456789b"
+
+
+def test_an_instance_that_holds_too_much_with_the_line_free_just_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from poprun_py import output
+
+    monkeypatch.setattr(output, "HOLD_BYTES", 10)
+    sink, first, _ = two_instances()
+    first.feed(1, b"0123456789abcdef")
+    assert sink.getvalue() == b"[0] 0123456789abcdef"
+
+
+def test_an_unfinished_last_stderr_line_reaches_the_tail_when_the_instance_ends() -> None:
+    _, first, _ = two_instances()
+    first.feed(2, b"no newline at the end")
+    first.flush()
+    assert first.stderr_tail == [b"no newline at the end"]

@@ -90,7 +90,7 @@ def test_uncaught_exception_aborts_the_job_with_its_traceback(mode: str) -> None
     assert "Traceback (most recent call last)" in job.output
     assert 'raise RuntimeError("boom from instance 1")' in job.output  # the traceback's own lines
     assert "RuntimeError: boom from instance 1" in job.output
-    assert "instance 1 of 2: uncaught RuntimeError; ending the job with status 1" in job.output
+    assert "\ninstance 1 of 2: uncaught RuntimeError; ending the job with status 1\n" in f"\n{job.output}"  # a line
     assert "instance 0: done" not in job.output
 
 

@@ -28,7 +28,9 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "popdist_py.agreement": (
         "tests/library/test_collectives_local.py", "tests/integration/test_mpi_suites.py",
         "tests/library/test_failsafe.py"),
-    "popdist_py.failsafe": ("tests/library/test_failsafe.py", "tests/library/test_collectives_local.py"),
+    "popdist_py.failsafe": (
+        "tests/library/test_failsafe.py", "tests/library/test_collectives_local.py",
+        "tests/library/test_popdist_under_poprun.py"),
     # teardown and release, on both sides of the control connection
     "poprun_py.supervisor": _LAUNCH,
     "poprun_py.teardown": _LAUNCH,
