@@ -8,6 +8,7 @@ import os
 import pty
 import random
 import time
+import types
 from pathlib import Path
 from typing import BinaryIO
 
@@ -322,3 +323,27 @@ def test_an_unfinished_last_stderr_line_reaches_the_tail_when_the_instance_ends(
     first.feed(2, b"no newline at the end")
     first.flush()
     assert first.stderr_tail == [b"no newline at the end"]
+
+
+@pytest.mark.parametrize("owner_writes_at, tick_at, ended", [
+    (None, 0.999, False), (None, 1.0, True),  # the owner quiet for HOLD_SECONDS while one waits
+    (0.9, 1.0, False), (0.9, 1.899, False), (0.9, 1.9, True),  # quiet counted from its last write
+    (4.5, 4.999, False), (4.5, 5.0, True),  # however busy, nobody waits more than MAX_WAIT_SECONDS
+])
+def test_the_owners_line_is_ended_when_it_is_quiet_or_has_kept_one_waiting_too_long(
+        monkeypatch: pytest.MonkeyPatch, owner_writes_at: float | None, tick_at: float, ended: bool) -> None:
+    from poprun_py import output
+
+    now = [100.0]
+    monkeypatch.setattr(output, "time", types.SimpleNamespace(
+        monotonic=lambda: now[0], time=time.time, strftime=time.strftime, localtime=time.localtime))
+    sink, first, second = two_instances()
+    first.feed(1, b"partial")
+    second.feed(1, b"waiting\n")
+    if owner_writes_at is not None:
+        now[0] = 100.0 + owner_writes_at
+        first.feed(1, b" more")
+    before = sink.getvalue()
+    now[0] = 100.0 + tick_at
+    first.sinks[1].tick()
+    assert sink.getvalue() == (before + b"\n[1] waiting\n" if ended else before)
