@@ -347,3 +347,49 @@ def test_the_owners_line_is_ended_when_it_is_quiet_or_has_kept_one_waiting_too_l
     now[0] = 100.0 + tick_at
     first.sinks[1].tick()
     assert sink.getvalue() == (before + b"\n[1] waiting\n" if ended else before)
+
+
+def test_an_owner_that_ends_mid_line_gets_its_line_ended_and_the_waiting_one_goes() -> None:
+    sink, first, second = two_instances()
+    first.feed(1, b"partial")
+    second.feed(1, b"waiting\n")
+    first.flush()
+    assert sink.getvalue() == b"[0] partial\n[1] waiting\n"
+    second.flush()
+    assert sink.getvalue() == b"[0] partial\n[1] waiting\n"
+
+
+class BrokenReader(io.BytesIO):
+    """poprun's stdout after its reader has gone (``poprun ... | head``)."""
+
+    writes = 0
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        BrokenReader.writes += 1
+        raise BrokenPipeError
+
+
+def test_output_to_a_reader_that_has_gone_is_dropped_without_an_error() -> None:
+    BrokenReader.writes = 0
+    sinks = {1: Sink(BrokenReader()), 2: Sink(io.BytesIO())}
+    first, second = InstanceOutput(0, True, sinks), InstanceOutput(1, True, sinks)
+    first.feed(1, b"partial")
+    assert BrokenReader.writes == 1
+    second.feed(1, b"waiting\n")
+    first.feed(1, b" more\nand more\n")
+    second.flush()
+    first.flush()
+    assert BrokenReader.writes == 1  # nothing more is tried, nothing is held
+    assert sinks[1].line.broken and sinks[1].line.owner is None and sinks[1].line.queue == []
+    assert not any(stream.held for stream in (*first.streams.values(), *second.streams.values()))
+
+
+def test_a_fresh_run_starts_its_log_files_afresh(tmp_path: Path) -> None:
+    from poprun_py.output import OutputOptions
+
+    (tmp_path / "instance-0").mkdir()
+    (tmp_path / "instance-0" / "stdout.log").write_bytes(b"an earlier job's output\n")
+    output = InstanceOutput(0, False, {1: Sink(io.BytesIO()), 2: Sink(io.BytesIO())}, OutputOptions(str(tmp_path)))
+    output.feed(1, b"this job\n")
+    output.flush()
+    assert (tmp_path / "instance-0" / "stdout.log").read_bytes() == b"this job\n"
