@@ -393,3 +393,11 @@ def test_a_fresh_run_starts_its_log_files_afresh(tmp_path: Path) -> None:
     output.feed(1, b"this job\n")
     output.flush()
     assert (tmp_path / "instance-0" / "stdout.log").read_bytes() == b"this job\n"
+
+
+def test_an_owner_yields_right_after_its_first_break_even_one_byte_before_the_end() -> None:
+    sink, first, second = two_instances()
+    first.feed(1, b"x")
+    second.feed(1, b"waiting\n")
+    first.feed(1, b"y\nz")  # a break, then one byte: the waiting instance goes between them
+    assert sink.getvalue() == b"[0] xy\n[1] waiting\n[0] z"
