@@ -94,6 +94,12 @@ def test_uncaught_exception_aborts_the_job_with_its_traceback(mode: str) -> None
     assert "instance 0: done" not in job.output
 
 
+def test_sys_exit_1_ends_the_job_with_status_1() -> None:
+    job = run_job("exit1")
+    assert job.returncode == 1, job.output
+    assert "\ninstance 1 of 2: exit status 1; ending the job with status 1\n" in f"\n{job.output}", job.output
+
+
 def test_an_uncaught_keyboard_interrupt_ends_the_job_with_status_130() -> None:
     job = run_job("interrupt")
     assert job.returncode == 130, job.output
@@ -143,6 +149,7 @@ def test_sys_exit_status_ends_the_job_with_that_status(mode: str) -> None:
     assert "instance 1: last words before exit 3" in job.output
     assert "instance 1: atexit handler ran" in job.output
     assert "instance 0: done" not in job.output
+    assert "\ninstance 1 of 2: exit status 3; ending the job with status 3\n" in f"\n{job.output}", job.output
     if mode == "quit3":  # the wrapped builtin still says what the interpreter's own says
         assert "instance 1: Use quit() or Ctrl-D (i.e. EOF) to exit" in job.output, job.output
 
@@ -161,7 +168,7 @@ def test_normal_exit_with_collectives(n: int) -> None:
     assert job.returncode == 0, job.output
     for i in range(n):
         assert f"instance {i}: ok" in job.output
-    assert "Abort" not in job.output
+    assert "Abort" not in job.output and "Traceback" not in job.output and "Exception ignored" not in job.output
 
 
 def test_mismatched_shapes_are_reported_on_every_instance() -> None:

@@ -14,6 +14,7 @@ quit3        instance 1 prints repr(quit), then calls the builtin quit(3)  -> jo
 held_exit3   instance 1 keeps a caught SystemExit(5), then exits with 3, dropping the first as the
              second leaves                                                 -> job status 3
 interrupt    instance 1 raises KeyboardInterrupt while the others wait     -> job status 130
+exit1        instance 1 calls sys.exit(1) while the others wait          -> job status 1
 console      instance 1 sets sys.ps1 (as an interactive console does) and raises: its user's
              session, the job is not ended for it (the others end normally) -> status 1
 raise_exit_caught  instance 1 catches its `raise SystemExit(3)`, ends normally -> status 0
@@ -53,7 +54,7 @@ def say(*parts: object) -> None:
 
 
 FAILS_IN_INSTANCE_1 = ("raise", "raise_reduce", "thread", "exit3", "exit_caught", "raise_exit3",
-                       "raise_exit_caught", "quit3", "held_exit3", "interrupt")
+                       "raise_exit_caught", "quit3", "held_exit3", "interrupt", "exit1")
 
 
 def fails_in_instance_1(mode: str, n: int) -> None:
@@ -90,6 +91,8 @@ def fail_as(mode: str) -> None:
         time.sleep(30)
     elif mode == "exit3":
         sys.exit(3)
+    elif mode == "exit1":
+        sys.exit(1)
     elif mode == "raise_exit3":
         raise SystemExit(3)
     elif mode == "quit3":
