@@ -143,3 +143,17 @@ def test_rank_0_of_a_bare_launch_says_once_what_it_was_given(monkeypatch: pytest
         caplog.clear()
         read_topology({names.PMI_RANK: "0", names.PMI_SIZE: "2"})  # an environment given, not this process's
         assert caplog.records == []
+
+
+def test_poprun_s_variables_alone_give_the_optional_ones_their_defaults() -> None:
+    topo = read_topology({names.NUM_TOTAL_REPLICAS: "8", names.NUM_LOCAL_REPLICAS: "4",
+                          names.REPLICA_INDEX_OFFSET: "4"})
+    assert topo.is_set is True and topo.source == "poprun"
+    assert (topo.num_instances, topo.instance_index, topo.ipus_per_replica, topo.local_instance_index) == (2, 1, 1, 0)
+
+
+def test_poprun_s_variables_in_part_are_one_line_naming_what_is_missing_and_what_is_set() -> None:
+    with pytest.raises(PopdistEnvError) as info:
+        read_topology({names.NUM_TOTAL_REPLICAS: "4"})
+    assert str(info.value) == (f"incomplete PopDist environment: {names.NUM_LOCAL_REPLICAS}, "
+                               f"{names.REPLICA_INDEX_OFFSET} missing while {names.NUM_TOTAL_REPLICAS}='4' is set")
