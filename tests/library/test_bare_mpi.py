@@ -157,3 +157,17 @@ def test_poprun_s_variables_in_part_are_one_line_naming_what_is_missing_and_what
         read_topology({names.NUM_TOTAL_REPLICAS: "4"})
     assert str(info.value) == (f"incomplete PopDist environment: {names.NUM_LOCAL_REPLICAS}, "
                                f"{names.REPLICA_INDEX_OFFSET} missing while {names.NUM_TOTAL_REPLICAS}='4' is set")
+
+
+@pytest.mark.parametrize(("total", "local", "offset", "message"), [
+    ("2", "4", "0", "POPDIST_NUM_LOCAL_REPLICAS=4 exceeds POPDIST_NUM_TOTAL_REPLICAS=2"),
+    ("6", "4", "0", "POPDIST_NUM_TOTAL_REPLICAS=6 is not a multiple of POPDIST_NUM_LOCAL_REPLICAS=4"),
+    ("8", "4", "2", "POPDIST_REPLICA_INDEX_OFFSET=2 is not a multiple of POPDIST_NUM_LOCAL_REPLICAS=4"),
+    ("8", "4", "8", ("POPDIST_REPLICA_INDEX_OFFSET=8 + POPDIST_NUM_LOCAL_REPLICAS=4 exceeds "
+                     "POPDIST_NUM_TOTAL_REPLICAS=8")),
+])
+def test_replica_counts_that_cannot_hold_are_named(total: str, local: str, offset: str, message: str) -> None:
+    with pytest.raises(PopdistEnvError) as info:
+        read_topology({names.NUM_TOTAL_REPLICAS: total, names.NUM_LOCAL_REPLICAS: local,
+                       names.REPLICA_INDEX_OFFSET: offset})
+    assert str(info.value) == message
