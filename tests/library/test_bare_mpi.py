@@ -171,3 +171,25 @@ def test_replica_counts_that_cannot_hold_are_named(total: str, local: str, offse
         read_topology({names.NUM_TOTAL_REPLICAS: total, names.NUM_LOCAL_REPLICAS: local,
                        names.REPLICA_INDEX_OFFSET: offset})
     assert str(info.value) == message
+
+
+POPRUN_ENV = {names.NUM_TOTAL_REPLICAS: "8", names.NUM_LOCAL_REPLICAS: "4", names.REPLICA_INDEX_OFFSET: "4"}
+
+
+COUNTS = "(POPDIST_NUM_TOTAL_REPLICAS=8, POPDIST_NUM_LOCAL_REPLICAS=4, POPDIST_REPLICA_INDEX_OFFSET=4)"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({names.UNIFORM_REPLICAS: "2"}, f"{names.UNIFORM_REPLICAS}='2' must be 0 or 1"),
+    ({names.NUM_INSTANCES: "3"}, f"POPDIST_NUM_INSTANCES=3 contradicts the replica counts, which give 2 {COUNTS}"),
+    ({names.INSTANCE_INDEX: "0"}, f"POPDIST_INSTANCE_INDEX=0 contradicts the replica counts, which give 1 {COUNTS}"),
+])
+def test_the_derived_variables_must_agree_with_the_counts(extra: dict[str, str], message: str) -> None:
+    with pytest.raises(PopdistEnvError) as info:
+        read_topology({**POPRUN_ENV, **extra})
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("uniform", ["", "0", "1"])
+def test_uniform_replicas_may_be_empty_0_or_1(uniform: str) -> None:
+    assert read_topology({**POPRUN_ENV, names.UNIFORM_REPLICAS: uniform}).num_instances == 2
