@@ -3,7 +3,6 @@ the engine tests' executor fixture."""
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import sysconfig
@@ -110,10 +109,10 @@ def _children_import_the_mutants() -> None:
     paths = [str(ROOT), str(ROOT / "tests" / "mutation"), sysconfig.get_paths()["purelib"]]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     if CHILD_HITS not in os.environ:
-        fd, hits = tempfile.mkstemp(prefix="mutmut-child-hits-")
-        os.close(fd)
-        atexit.register(os.unlink, hits)
-        os.environ[CHILD_HITS] = hits
+        # Inside the copy, which every run of `make mutants` makes afresh: nothing left in /tmp.
+        hits = ROOT / "mutmut-child-hits"
+        hits.write_text("")
+        os.environ[CHILD_HITS] = str(hits)
         os.environ[CHILD_HITS_OWNER] = str(os.getpid())
         entry = SHIM_ENTRY.read_text()
         if not entry.startswith("import sitecustomize"):
