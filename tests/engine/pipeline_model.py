@@ -13,20 +13,10 @@ from popdist_py.engine.batch_invariant import matmul, outer_sum
 from popdist_py.engine.pipeline import ONE_F_ONE_B, Pipeline, Stage
 
 rng = np.random.default_rng(15)
-
-
 SIZES = (6, 8, 8, 3)  # features, hidden, hidden, outputs
-
-
 SAMPLES = 32
-
-
 STEPS = 2
-
-
 X = rng.standard_normal((STEPS, SAMPLES, SIZES[0])).astype(np.float32)
-
-
 Y = rng.standard_normal((STEPS, SAMPLES, SIZES[-1])).astype(np.float32)
 
 

@@ -14,25 +14,12 @@ from popdist_py.engine.batch_invariant import matmul, outer_sum
 from popdist_py.engine.optimizers import LAMB, SGD, Adam, AdamW, Optimizer
 
 SAMPLES = 16  # per batch, over all replicas and micro-batches
-
-
 STEPS = 3
-
-
 rng = np.random.default_rng(14)
-
-
 W0 = rng.standard_normal((5, 3)).astype(np.float32)
-
-
 B0 = np.zeros(3, np.float32)
-
-
 X = rng.standard_normal((STEPS, SAMPLES, 5)).astype(np.float32)
-
-
 Y = rng.standard_normal((STEPS, SAMPLES, 3)).astype(np.float32)
-
 
 OPTIMIZERS: dict[str, Callable[[], Optimizer]] = {
     "sgd": lambda: SGD(0.1),
