@@ -70,12 +70,15 @@ def test_a_replica_released_as_its_deadline_passed_takes_its_result() -> None:
 
     def meanwhile(call: int) -> None:
         if call == 1:  # replica 1 arrives, combines and releases replica 0 just as 0's deadline passes
+            waiting.append(r.waiting)
             got[1] = r.arrive(1, "b", timeout=5)
 
+    waiting: list[int] = []
     waits = ScriptedWaits(2, meanwhile)
     r = rendezvous(waits)
     got[0] = r.arrive(0, "a", timeout=5)
     assert got == {0: "a for 0", 1: "b for 1"}
+    assert waiting == [1] and r.waiting == 0  # replica 0 waited; nobody waits once it is released
     assert waits.calls == [(0, 5), (0, 0.0)]  # a second look, without waiting, found the wake-up
     assert waits.pending() == [] and not r.failed
 

@@ -160,7 +160,7 @@ def wait_until_waiting(rt: Runtime, n: int, executor: str) -> None:
         return
     rendezvous = rt._dispatcher.rendezvous
     give_up = time.monotonic() + 30
-    while sum(rendezvous._waiting) < n:
+    while rendezvous.waiting < n:
         assert time.monotonic() < give_up, f"{n} replica(s) never waited in the collective"
         time.sleep(0.001)
 

@@ -117,6 +117,12 @@ class Rendezvous:
         self._failed_by = None
 
     @property
+    def waiting(self) -> int:
+        """How many replicas wait in the current collective now: a failure raised after they do has
+        to wake them, which is what the failure-release tests need to be sure of."""
+        return sum(self._waiting)
+
+    @property
     def failed(self) -> bool:
         return self._failure is not None
 
