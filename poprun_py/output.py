@@ -215,7 +215,7 @@ class Line:
         and its last line is ended. Another instance's line is not cut for it."""
         stream.finished = True
         out: Parts = []
-        if self.owner is stream and not stream.held:
+        if self.owner is stream:  # between calls an owner holds nothing: its open line just ends
             self._end_line(out)
         self._pump(out)
         self._emit(out)
@@ -235,12 +235,6 @@ class Line:
                 part = _part(out, owner.file)
                 owner.render(part, until_break=bool(self.queue))  # waiting instances go first
                 self.active = time.monotonic()
-                if owner.finished and not owner.held:  # an ended instance's last line
-                    if owner.state != START:
-                        part += b"\n"
-                        owner.state = START
-                    self.owner = None
-                    continue
                 if owner.state == OPEN or (owner.state == REDRAW and not self.queue):
                     return  # its line is still open (and all it had is written)
                 if owner.state == REDRAW:  # a redraw while others wait: the bar keeps its line

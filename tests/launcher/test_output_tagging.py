@@ -274,6 +274,15 @@ def test_the_stderr_tail_of_redraws_and_of_a_long_unfinished_line() -> None:
     assert first.stderr_tail[-1] == long[-TAIL_LINE_BYTES:]
 
 
+@pytest.mark.parametrize("second", [0, 1, 2])
+def test_a_timestamp_in_any_second_names_that_second(second: int) -> None:
+    """The first stamp is computed afresh whatever second it falls in (the epoch's first ones too)."""
+    from poprun_py.output import Stream
+
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+    assert Stream(b"", True, io.BytesIO()).prefix(second + 0.5) == f"{stamp}.500 ".encode()
+
+
 def test_timestamps_are_the_local_time_of_receipt_to_the_millisecond() -> None:
     from poprun_py.output import Stream
 
@@ -282,6 +291,7 @@ def test_timestamps_are_the_local_time_of_receipt_to_the_millisecond() -> None:
     stream = Stream(b"[3] ", True, io.BytesIO())
     assert stream.prefix(received) == f"[3] {stamp}.250 ".encode()
     assert stream.prefix(received + 0.5) == f"[3] {stamp}.750 ".encode()  # the same second
+    assert stream.prefix(1700000000.9996) == f"[3] {stamp}.999 ".encode()  # cut, never rounded up to .1000
     out = bytearray()
     stream.held.append((received, b"x\n\n"))
     stream.render(out, until_break=False)
@@ -325,6 +335,16 @@ def test_an_unfinished_last_stderr_line_reaches_the_tail_when_the_instance_ends(
     assert first.stderr_tail == [b"no newline at the end"]
 
 
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The output module's monotonic clock made the test's: set ``now[0]`` to move it."""
+    from poprun_py import output
+
+    now = [100.0]
+    monkeypatch.setattr(output, "time", types.SimpleNamespace(
+        monotonic=lambda: now[0], time=time.time, strftime=time.strftime, localtime=time.localtime))
+    return now
+
+
 @pytest.mark.parametrize("owner_writes_at, tick_at, ended", [
     (None, 0.999, False), (None, 1.0, True),  # the owner quiet for HOLD_SECONDS while one waits
     (0.9, 1.0, False), (0.9, 1.899, False), (0.9, 1.9, True),  # quiet counted from its last write
@@ -332,11 +352,7 @@ def test_an_unfinished_last_stderr_line_reaches_the_tail_when_the_instance_ends(
 ])
 def test_the_owners_line_is_ended_when_it_is_quiet_or_has_kept_one_waiting_too_long(
         monkeypatch: pytest.MonkeyPatch, owner_writes_at: float | None, tick_at: float, ended: bool) -> None:
-    from poprun_py import output
-
-    now = [100.0]
-    monkeypatch.setattr(output, "time", types.SimpleNamespace(
-        monotonic=lambda: now[0], time=time.time, strftime=time.strftime, localtime=time.localtime))
+    now = fake_clock(monkeypatch)
     sink, first, second = two_instances()
     first.feed(1, b"partial")
     second.feed(1, b"waiting\n")
@@ -347,6 +363,53 @@ def test_the_owners_line_is_ended_when_it_is_quiet_or_has_kept_one_waiting_too_l
     now[0] = 100.0 + tick_at
     first.sinks[1].tick()
     assert sink.getvalue() == (before + b"\n[1] waiting\n" if ended else before)
+
+
+def test_a_waiting_instance_that_writes_more_keeps_its_place_and_its_waiting_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = fake_clock(monkeypatch)
+    sink, first, second = two_instances()
+    first.feed(1, b"partial")
+    second.feed(1, b"waiting")  # waits from 100.0
+    now[0] = 104.0
+    second.feed(1, b" more\n")  # still the same wait, not a new one
+    now[0] = 104.5
+    first.feed(1, b" busy")
+    now[0] = 105.0  # MAX_WAIT_SECONDS after it began waiting, though the owner is busy
+    first.sinks[1].tick()
+    assert sink.getvalue() == b"[0] partial busy\n[1] waiting more\n"
+    first.flush()
+    second.flush()
+    assert sink.getvalue() == b"[0] partial busy\n[1] waiting more\n"
+
+
+def test_an_owner_sent_back_to_wait_keeps_its_waiting_time_when_it_writes_more(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = fake_clock(monkeypatch)
+    sink, first, second = two_instances()
+    first.feed(1, b"partial")
+    second.feed(1, b"waiting")
+    first.feed(1, b" end\nrest")  # at its newline instance 0 waits again, from 100.0, behind instance 1
+    assert sink.getvalue() == b"[0] partial end\n[1] waiting"
+    now[0] = 104.0
+    first.feed(1, b" and more")  # still the same wait
+    now[0] = 104.5
+    second.feed(1, b" busy")
+    now[0] = 105.0
+    first.sinks[1].tick()
+    assert sink.getvalue() == b"[0] partial end\n[1] waiting busy\n[0] rest and more"
+
+
+def test_one_line_over_two_files_sends_each_stream_to_its_own() -> None:
+    """A line shared by stdout and stderr (``sinks_for`` when they are one file) still writes each
+    stream's bytes through its own file object: here two separate buffers show where each went."""
+    out, err = io.BytesIO(), io.BytesIO()
+    stdout = Sink(out)
+    instance = InstanceOutput(0, True, {1: stdout, 2: Sink(err, stdout.line)})
+    instance.feed(1, b"to stdout")
+    instance.feed(2, b"to stderr\n")  # waits for stdout's open line
+    instance.flush()
+    assert (out.getvalue(), err.getvalue()) == (b"[0] to stdout\n", b"[0] to stderr\n")
 
 
 def test_an_owner_that_ends_mid_line_gets_its_line_ended_and_the_waiting_one_goes() -> None:
