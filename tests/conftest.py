@@ -3,6 +3,7 @@ the engine tests' executor fixture."""
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import sysconfig
@@ -117,6 +118,11 @@ def _children_import_the_mutants() -> None:
         entry = SHIM_ENTRY.read_text()
         if not entry.startswith("import sitecustomize"):
             SHIM_ENTRY.write_text("import sitecustomize  # noqa: F401  (make mutants: tests/conftest.py)\n" + entry)
+        # The mutated modules are many times their size (a copy of each function per mutant): a
+        # process that compiles them takes most of a second, and a job starts several. Compiled
+        # once here, every child reads the bytecode, even where PYTHONDONTWRITEBYTECODE is set.
+        for package in ("poprun_py", "popdist_py"):
+            compileall.compile_dir(ROOT / package, quiet=1)
 
 
 def _module_of(function: str) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import pickle
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -116,6 +119,65 @@ def test_encoding_is_fixed_size_and_round_trips() -> None:
     assert what == "allreduce" and "..." in opaque and "#" in opaque
     assert repr((opaque,)) == f"({opaque},)"  # shown inside other values as it is, without quotes
     assert agreement.encode_signature("a", ("x" * 5000,)) != agreement.encode_signature("a", ("x" * 4999 + "y",))
+
+
+def slot(payload: bytes) -> bytes:
+    """One signature as it travels: the payload's length (4 bytes, little-endian), the payload, zeros."""
+    return len(payload).to_bytes(4, "little") + payload + bytes(agreement.SLOT - 4 - len(payload))
+
+
+def test_a_signature_travels_as_its_length_then_its_pickle() -> None:
+    """Every instance encodes with the same pickle protocol, whatever its Python's default, so that
+    equal signatures are equal bytes and agree without being decoded."""
+    signature = ("sum", (3, 4), "float32")
+    assert bytes(agreement.encode_signature("allreduce", signature)) == slot(
+        pickle.dumps(("allreduce", signature), protocol=5))
+
+
+def test_a_payload_that_just_fits_is_sent_whole_and_one_byte_more_is_shortened() -> None:
+    sizes = {len(pickle.dumps(("x", ("y" * n,)), protocol=5)): n for n in range(agreement.SLOT)}
+    fits = "y" * sizes[agreement.SLOT - 4]  # a payload of exactly the slot's room
+    assert agreement.decode_signature(bytes(agreement.encode_signature("x", (fits,)))) == ("x", (fits,))
+    _, opaque = agreement.decode_signature(bytes(agreement.encode_signature("x", (fits + "y",))))
+    assert isinstance(opaque, str) and opaque != (fits + "y",)
+
+
+def shortened(what: str, text: str) -> bytes:
+    """The slot of a signature too long to send whole, whose repr is ``text``: its head and tail
+    (SLOT // 5 characters each, all of it when that is no longer) and a 16-byte digest of all of it."""
+    keep = agreement.SLOT // 5
+    short = text if len(text) <= 2 * keep else f"{text[:keep]}...{text[-keep:]}"
+    digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    return slot(pickle.dumps((what[:keep], agreement._Opaque(f"{short} #{digest}")), protocol=5))
+
+
+def test_a_long_signature_is_sent_as_its_head_tail_and_digest() -> None:
+    signature = (("x" * 300 + "y" * 300),)
+    encoded = bytes(agreement.encode_signature("w" * 300, signature))
+    assert encoded == shortened("w" * 300, repr(signature))
+    keep = agreement.SLOT // 5
+    what, opaque = agreement.decode_signature(encoded)
+    assert what == "w" * keep and opaque.startswith(repr(signature)[:keep] + "...")
+
+
+class Unpicklable:
+    """A signature value that cannot be pickled (a local object), with a repr of a chosen length."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "u" * self.length
+
+
+@pytest.mark.parametrize("length", [10, 2 * (agreement.SLOT // 5), 2 * (agreement.SLOT // 5) + 1])
+def test_a_signature_that_cannot_be_pickled_is_sent_as_its_repr(length: int) -> None:
+    """Whole while the repr is at most twice the head's length; cut to head and tail beyond."""
+    value = Unpicklable(length)
+    encoded = bytes(agreement.encode_signature("x", value))
+    assert encoded == shortened("x", "u" * length)
+    assert agreement.decode_signature(encoded)[1] == agreement.decode_signature(shortened("x", "u" * length))[1]
 
 
 def test_exit_status_follows_python() -> None:

@@ -91,7 +91,7 @@ def test_equal_signatures_agree() -> None:
     for _ in range(3):
         agreement.agree(c, "allreduce", ("sum", (3, 4), "float32"), fields=FIELDS)
     agreement.agree(c, "x", {"shape": (2,), "dtype": "int8"})
-    agreement.agree(c, "x", (1, np.int64(2)))  # equal values pickled differently
+    agreement.agree(c, "x", (1, 2 if c.Get_rank() == 0 else np.int64(2)))  # equal values pickled differently
     agreement.agree(c, "x", ("y" * 2000,))  # longer than one message slot
     # agree() waits for every rank: rank 0 arrives late and writes its mark just before it arrives,
     # so a rank that passed agree() without rank 0's signature would not find that mark.
@@ -207,6 +207,44 @@ def test_a_rank_that_never_arrives_is_named(comm: MPI.Intracomm, gate: MPI.Intra
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_rank_that_never_sets_up_the_check_communicator_is_waited_for_within_the_timeout(
+        comm: MPI.Intracomm, gate: MPI.Intracomm) -> None:
+    """The private check communicator is made collectively on first use: rank 0 makes it alone and
+    gives up after its timeout; the communicator is then marked unusable for collectives."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            with pytest.raises(CollectiveTimeoutError) as info:
+                agreement.prepare(comm, timeout=0.3)
+        finally:
+            release_late_ranks(gate)
+        assert 0.3 <= time.monotonic() - start < 2
+        assert str(info.value) == (
+            f"init: timed out after 0.3 s waiting for all {n} participants to set up popdist_py's check "
+            "communicator (some never arrived; call popdist_py.init() on every instance at start-up to have "
+            f"late instances named); set {COLLECTIVE_TIMEOUT} to wait longer")
+        with pytest.raises(CollectiveError) as later:
+            agreement.agree(comm, "allreduce", ("sum",))
+        assert str(later.value) == ("allreduce: an earlier collective timed out while setting up popdist_py's "
+                                    "check communicator; this communicator cannot be used for collectives any more")
+    else:
+        wait_until_released(gate)
+        agreement.prepare(comm)  # rank 0's part of the set-up is there: the late ranks' completes
+    world().Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_check_communicators_are_freed_with_theirs() -> None:
+    """Each communicator's private duplicate is freed with it: a program that makes and frees
+    thousands of communicators (MPICH has a few thousand context ids) never runs out."""
+    for _ in range(5000):
+        c = world().Dup()
+        agreement.agree(c, "x", ())
+        c.Free()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_agree_among_some_ranks_only(comm: MPI.Intracomm) -> None:
     n, rank = comm.Get_size(), comm.Get_rank()
     ranks = [0, n - 1]
@@ -215,8 +253,9 @@ def test_agree_among_some_ranks_only(comm: MPI.Intracomm) -> None:
         with pytest.raises(CollectiveMismatchError, match=rf"instance 0 \('a',\), instance {n - 1} \('b',\)"):
             agreement.agree(comm, "pair", ("a" if rank == 0 else "b",), ranks=ranks)
     else:
-        with pytest.raises(ValueError, match="is not one of ranks"):
+        with pytest.raises(ValueError) as info:
             agreement.agree(comm, "pair", ("ok",), ranks=ranks)
+        assert str(info.value) == f"pair: rank {rank} calls agree() but is not one of ranks=[0, {n - 1}]"
     agreement.agree(comm, "all again", ())
 
 

@@ -25,9 +25,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "popdist_py.engine._collectives.rendezvous": (
         "tests/engine/test_engine_rendezvous.py", "tests/engine/test_engine_runtime.py",
         "tests/engine/test_engine_executor.py"),
-    "popdist_py.agreement": (
-        "tests/library/test_collectives_local.py", "tests/integration/test_mpi_suites.py",
-        "tests/library/test_failsafe.py"),
+    "popdist_py.agreement": ("tests/library/test_collectives_local.py", "tests/integration/test_mpi_suites.py"),
     "popdist_py.failsafe": (
         "tests/library/test_failsafe.py", "tests/library/test_collectives_local.py",
         "tests/library/test_popdist_under_poprun.py"),
