@@ -96,24 +96,6 @@ def _exit(status: Any = None, /) -> NoReturn:
     raise InstanceExit(status)
 
 
-class _Quitter:
-    """Replacement for the ``exit``/``quit`` builtins that goes through the wrapped ``sys.exit``."""
-
-    def __init__(self, name: str, original: Any) -> None:
-        self.name = name
-        self.original = original
-
-    def __repr__(self) -> str:
-        return repr(self.original)
-
-    def __call__(self, code: Any = None) -> NoReturn:
-        try:
-            sys.stdin.close()
-        except Exception:
-            pass
-        raise InstanceExit(code)
-
-
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -195,11 +177,8 @@ def install() -> None:
         sys.excepthook = _excepthook
         threading.excepthook = _threading_excepthook
         sys.exit = _exit
+        # The ``exit``/``quit`` builtins raise whatever the builtin name means when called: these too.
         builtins.SystemExit = InstanceExit  # type: ignore[misc]
-        for name in ("exit", "quit"):
-            original = getattr(builtins, name, None)
-            if original is not None and not isinstance(original, _Quitter):
-                setattr(builtins, name, _Quitter(name, original))
 
 
 # Registered at import (popdist_py imports this module), early, so that it runs late at exit.

@@ -94,6 +94,15 @@ def test_uncaught_exception_aborts_the_job_with_its_traceback(mode: str) -> None
     assert "instance 0: done" not in job.output
 
 
+def test_a_second_init_installs_the_fail_safe_once_and_its_line_names_its_logger() -> None:
+    job = run_job("raise_init_twice")
+    assert job.returncode == 1, job.output
+    assert job.output.count("Traceback (most recent call last)") == 1, job.output  # one hook, called once
+    assert "RecursionError" not in job.output, job.output
+    line = "popdist_py.failsafe CRITICAL: instance 1 of 2: uncaught RuntimeError; ending the job with status 1"
+    assert job.output.count("ending the job") == 1 and f"\n{line}\n" in f"\n{job.output}", job.output
+
+
 def test_sys_exit_1_ends_the_job_with_status_1() -> None:
     job = run_job("exit1")
     assert job.returncode == 1, job.output

@@ -6,6 +6,8 @@ to find leftover processes. Modes:
 
 raise        instance 1 raises while the others wait in a barrier        -> job aborts, status 1
 raise_reduce instance 1 raises while the others wait in an allreduce     -> job aborts, status 1
+raise_init_twice  as raise, after init() is called a second time and logging is set up to name
+             each line's logger                                          -> job aborts, status 1
 thread       instance 1 has an uncaught exception in a thread             -> job aborts, status 1
 exit3        instance 1 calls sys.exit(3) while the others wait          -> job status 3
 exit_caught  instance 1 catches its sys.exit(3), then ends normally      -> status 0
@@ -53,7 +55,7 @@ def say(*parts: object) -> None:
     sys.stdout.flush()
 
 
-FAILS_IN_INSTANCE_1 = ("raise", "raise_reduce", "thread", "exit3", "exit_caught", "raise_exit3",
+FAILS_IN_INSTANCE_1 = ("raise", "raise_reduce", "raise_init_twice", "thread", "exit3", "exit_caught", "raise_exit3",
                        "raise_exit_caught", "quit3", "held_exit3", "interrupt", "exit1")
 
 
@@ -82,7 +84,7 @@ def fails_in_instance_1(mode: str, n: int) -> None:
 
 def fail_as(mode: str) -> None:
     """Instance 1's part of :func:`fails_in_instance_1`."""
-    if mode in ("raise", "raise_reduce"):
+    if mode in ("raise", "raise_reduce", "raise_init_twice"):
         raise RuntimeError("boom from instance 1")
     if mode == "thread":
         worker = threading.Thread(target=lambda: 1 / 0, name="worker")
@@ -225,6 +227,11 @@ def finalize() -> None:
 
 def main(mode: str) -> None:
     popdist_py.init()
+    if mode == "raise_init_twice":
+        import logging
+
+        popdist_py.init()  # installs nothing twice
+        logging.basicConfig(format="%(name)s %(levelname)s: %(message)s")
     n = COMM.Get_size()
     others: dict[str, Callable[[], None]] = {
         "console": console, "console_thread": console_thread, "interactive": lambda: interactive(False),
