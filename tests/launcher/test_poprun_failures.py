@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import protocol, teardown
+from poprun_py import environment, protocol, teardown
 from tests.helpers import (
     OPENMPI_LIBMPI,
     OPENMPI_MPIEXEC,
@@ -150,6 +150,34 @@ def test_daemons_end_when_poprun_is_interrupted() -> None:
     finally:
         proc.kill()
     assert proc.returncode == 130
+    assert wait_no_processes(marker) == []
+
+
+def test_a_second_signal_kills_at_once_what_the_first_asked_to_stop() -> None:
+    """After a first Ctrl-C poprun waits for the instances to stop (here one ignores SIGTERM for a
+    60 s grace, so mpiexec's process group would get SIGTERM first, then SIGKILL); a second one
+    kills mpiexec's process group at once. Told apart by what poprun says it sends (-vv), not by time."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([*POPRUN, "-vv", "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker,
+                             "0:ignore-term,sleep=120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, environment.KILL_GRACE: "60"})
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        seen = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
+        assert seen == {"[0] instance 0 started", "[1] instance 1 started"}, proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGINT)
+        said = []
+        while not said or " [I] stopping every instance" not in said[-1]:  # the teardown has begun
+            said.append(proc.stderr.readline())
+            assert said[-1], "".join(said)
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    said.append(rest)
+    assert proc.returncode == 130, "".join(said)
+    assert "sending SIGKILL to mpiexec's process group" in rest, "".join(said)
+    assert "sending SIGTERM to mpiexec's process group" not in rest, "".join(said)
     assert wait_no_processes(marker) == []
 
 
