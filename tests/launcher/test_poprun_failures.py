@@ -166,7 +166,7 @@ def test_a_second_signal_kills_at_once_what_the_first_asked_to_stop() -> None:
         seen = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
         assert seen == {"[0] instance 0 started", "[1] instance 1 started"}, proc.communicate(timeout=30)
         proc.send_signal(signal.SIGINT)
-        said = []
+        said: list[str] = []
         while not said or " [I] stopping every instance" not in said[-1]:  # the teardown has begun
             said.append(proc.stderr.readline())
             assert said[-1], "".join(said)
