@@ -197,8 +197,9 @@ def test_mpiexec_failing_before_instances_start_is_reported() -> None:
     result = poprun("--mpi-global-args", "-bogus-flag", "/bin/true")
     assert result.returncode == 255
     assert "bogus-flag" in result.stderr  # mpiexec's own explanation is passed through
-    assert result.stderr.strip().splitlines()[-1] == (
-        "poprun: error: mpiexec exited with status 255 before instance(s) 0 reported an exit status")
+    # mpiexec's last line was whole: poprun's line follows it, with no blank line between.
+    last = "poprun: error: mpiexec exited with status 255 before instance(s) 0 reported an exit status\n"
+    assert result.stderr.endswith(f"\n{last}") and not result.stderr.endswith(f"\n\n{last}"), result.stderr
 
 
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
