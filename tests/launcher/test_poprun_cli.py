@@ -322,21 +322,6 @@ def test_verbose_logs_the_command() -> None:
     assert "POPRUN [D] instance 1 connected" in result.stderr
 
 
-@pytest.mark.parametrize("grace", ["abc", "-1", "nan", ""])
-def test_a_bad_kill_grace_is_one_line_before_anything_starts(grace: str, monkeypatch: pytest.MonkeyPatch,
-                                                             capfd: pytest.CaptureFixture[str]) -> None:
-    result = poprun("/bin/true", env={"POPRUN_KILL_GRACE": grace})
-    assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == f"poprun: error: POPRUN_KILL_GRACE={grace!r} is not a number of seconds (>= 0)\n"
-    # A shim that still gets such a value (started by hand) warns once and uses the default.
-    from poprun_py.shim_pump import Pump
-
-    monkeypatch.setenv("POPRUN_KILL_GRACE", grace)
-    assert Pump(0, None).grace == 3.0
-    assert capfd.readouterr().err == (f"poprun: warning: POPRUN_KILL_GRACE={grace!r} is not a number of "
-                                      "seconds (>= 0); using 3\n")
-
-
 def test_launch_options_name_every_option_that_reaches_launch() -> None:
     # LaunchOptions types what command.parse gives launch: the command's options and arguments,
     # less the V-IPU ones (warned about and dropped) and --import-config (not passed on).

@@ -32,8 +32,8 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     # teardown and release, on both sides of the control connection
     "poprun_py.supervisor": _LAUNCH,
     "poprun_py.teardown": _LAUNCH,
-    "poprun_py.shim": (*_LAUNCH, "tests/launcher/test_root_cause.py"),
-    "poprun_py.shim_pump": (*_LAUNCH, "tests/launcher/test_root_cause.py"),
+    "poprun_py.shim": (*_LAUNCH, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py"),
+    "poprun_py.shim_pump": (*_LAUNCH, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py"),
     # output framing
     "poprun_py.output": (
         "tests/launcher/test_output_tagging.py", "tests/launcher/test_poprun_output.py",

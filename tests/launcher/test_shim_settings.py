@@ -1,0 +1,83 @@
+"""What the instance shim takes from its environment before it starts the program: the kill grace
+(``POPRUN_KILL_GRACE``) and, with ``--host-subnet``, the network interface MPI is kept on."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+
+import pytest
+
+from poprun_py import environment
+from poprun_py.network import local_addresses
+from poprun_py.shim import pin_network
+from poprun_py.shim_pump import Pump, bad_grace, grace_seconds
+from tests.helpers import poprun
+
+
+@pytest.mark.parametrize("text, seconds", [("0", 0.0), ("2.5", 2.5), ("30", 30.0), ("1e3", 1000.0)])
+def test_a_kill_grace_is_a_finite_number_of_seconds_from_zero(text: str, seconds: float) -> None:
+    assert grace_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["abc", "-1", "-0.001", "nan", "inf", "", " "])
+def test_anything_else_is_not_a_kill_grace(text: str) -> None:
+    assert grace_seconds(text) is None
+
+
+def test_a_long_bad_grace_is_shown_cut_to_40_characters() -> None:
+    name = environment.KILL_GRACE
+    assert bad_grace("x" * 40) == f"{name}={'x' * 40!r} is not a number of seconds (>= 0)"
+    assert bad_grace("x" * 41) == f"{name}={'x' * 40 + '...'!r} is not a number of seconds (>= 0)"
+
+
+@pytest.mark.parametrize("grace", ["abc", "-1", "nan", ""])
+def test_a_bad_kill_grace_is_one_line_before_anything_starts(grace: str, monkeypatch: pytest.MonkeyPatch,
+                                                             capfd: pytest.CaptureFixture[str]) -> None:
+    result = poprun("/bin/true", env={environment.KILL_GRACE: grace})
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"poprun: error: {environment.KILL_GRACE}={grace!r} is not a number of seconds (>= 0)\n"
+    # A shim that still gets such a value (started by hand) warns once and uses the default.
+    monkeypatch.setenv(environment.KILL_GRACE, grace)
+    assert Pump(0, None).grace == 3.0
+    assert capfd.readouterr().err == (f"poprun: warning: {environment.KILL_GRACE}={grace!r} is not a number of "
+                                      "seconds (>= 0); using 3\n")
+
+
+def test_a_good_kill_grace_reaches_the_shim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(environment.KILL_GRACE, "0.5")
+    assert Pump(0, None).grace == 0.5
+
+
+def loopback() -> str:
+    """This host's loopback interface (named by the kernel, not assumed)."""
+    return next(interface for address, interface in local_addresses().items() if address.startswith("127."))
+
+
+def test_host_subnet_pins_mpi_to_the_interface_with_an_address_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(environment.UCX_NET_DEVICES, raising=False)
+    monkeypatch.delenv(environment.FI_TCP_IFACE, raising=False)
+    pin_network("127.0.0.0/8")
+    assert (os.environ[environment.UCX_NET_DEVICES], os.environ[environment.FI_TCP_IFACE]) == (loopback(),) * 2
+
+
+def test_host_subnet_leaves_the_users_own_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(environment.UCX_NET_DEVICES, "mine0")
+    monkeypatch.setenv(environment.FI_TCP_IFACE, "mine1")
+    pin_network("127.0.0.0/8")
+    assert (os.environ[environment.UCX_NET_DEVICES], os.environ[environment.FI_TCP_IFACE]) == ("mine0", "mine1")
+
+
+def test_a_subnet_with_no_interface_here_is_a_warning_and_pins_nothing(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(environment.UCX_NET_DEVICES, raising=False)
+    monkeypatch.delenv(environment.FI_TCP_IFACE, raising=False)
+    here = local_addresses()
+    # A documentation network (RFC 5737) that no interface of this host is on (some hosts use one).
+    subnet = next(net for net in ("198.51.100.0/24", "203.0.113.0/24", "192.0.2.0/24")
+                  if not any(ipaddress.ip_address(a) in ipaddress.ip_network(net) for a in here))
+    pin_network(subnet)
+    shown = ", ".join(f"{a} ({i})" for a, i in sorted(here.items()))
+    assert capfd.readouterr().err == (f"poprun: warning: on host {os.uname().nodename}: --host-subnet {subnet}: "
+                                      f"no local interface has an address in it; local addresses: {shown}\n")
+    assert environment.UCX_NET_DEVICES not in os.environ and environment.FI_TCP_IFACE not in os.environ
