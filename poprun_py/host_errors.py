@@ -23,6 +23,12 @@ _OPENMPI_REMOTE = re.compile(r"^\s*Remote host:\s+(?P<host>\S+)\s*$", re.MULTILI
 _OPENMPI_STATUS = re.compile(r"Daemon exit status:\s+(?P<status>\d+)")
 
 
+def launcher_text(chunks: list[bytes]) -> str:
+    """The launcher's output as it came, as text: an ssh message translated in a locale that is not
+    UTF-8 has bytes that are not, and each of those reads as U+FFFD instead of failing."""
+    return b"".join(chunks).decode(errors="replace")
+
+
 def host_failures(output: str, hosts: list[str]) -> dict[str, str]:
     """``{host: what went wrong}`` for each of ``hosts`` that the launcher's ``output`` blames."""
     by_lower = {host.lower(): host for host in hosts}

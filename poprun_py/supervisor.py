@@ -174,10 +174,10 @@ class Supervisor:
         """What the launcher's output says went wrong on which host (see ``host_errors``)."""
         if not self.mpiexec_output:
             return {}
-        from poprun_py.host_errors import host_failures
+        from poprun_py.host_errors import host_failures, launcher_text
 
         hosts = list(dict.fromkeys(state.host for state in self.instances))
-        return host_failures(b"".join(self.mpiexec_output).decode(errors="replace"), hosts)
+        return host_failures(launcher_text(self.mpiexec_output), hosts)
 
     def _mpiexec_pipes_open(self) -> bool:
         return any(kind == "mpiexec" for kind, _ in self.watch.labels())

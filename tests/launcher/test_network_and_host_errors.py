@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from poprun_py.errors import PlanError
-from poprun_py.host_errors import describe, host_failures
+from poprun_py.host_errors import describe, host_failures, launcher_text
 from poprun_py.network import address_in_subnet, callback_address, is_local_name, local_addresses, remote_hosts
 from poprun_py.protocol import decode_argv, encode_argv
 from tests.helpers import poprun
@@ -107,3 +107,10 @@ def test_local_args_with_spaces_cannot_go_in_a_config_file() -> None:
     assert result.stderr == ("poprun: error: 'two words' cannot go in mpiexec's config file, which a job this "
                              "large needs (its lines are split at white space, without quoting); use arguments "
                              "without spaces or quotes in --mpi-local-args / --instance-mpi-local-args\n")
+
+
+def test_launcher_output_in_another_encoding_is_read_not_refused() -> None:
+    # ssh's message translated in a Latin-1 locale: the name's byte 0xf6 is not UTF-8.
+    output = launcher_text([b"ssh: Could not resolve hostname n\xf6de9: ", b"Name or service not known\n"])
+    assert output == "ssh: Could not resolve hostname n\ufffdde9: Name or service not known\n"
+    assert host_failures(output, ["node0"]) == {}
