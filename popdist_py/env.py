@@ -97,8 +97,10 @@ def read_topology(env: dict[str, str] | os._Environ[str] | None = None) -> Topol
         return launcher_topology(env) or Topology()
     missing = [name for name in REQUIRED if not env.get(name)]
     if missing:
-        present = ", ".join(f"{n}={env.get(n)!r}" for n in REQUIRED if env.get(n))
-        raise PopdistEnvError(f"incomplete PopDist environment: {', '.join(missing)} missing while {present} is set")
+        present = [f"{n}={env.get(n)!r}" for n in REQUIRED if env.get(n)]
+        verb = "is" if len(present) == 1 else "are"
+        raise PopdistEnvError(f"incomplete PopDist environment: {', '.join(missing)} missing while "
+                              f"{', '.join(present)} {verb} set")
     total = integer(NUM_TOTAL_REPLICAS, 1, 1, env)
     local = integer(NUM_LOCAL_REPLICAS, 1, 1, env)
     offset = integer(REPLICA_INDEX_OFFSET, 0, 0, env)

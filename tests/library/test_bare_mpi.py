@@ -157,6 +157,10 @@ def test_poprun_s_variables_in_part_are_one_line_naming_what_is_missing_and_what
         read_topology({names.NUM_TOTAL_REPLICAS: "4"})
     assert str(info.value) == (f"incomplete PopDist environment: {names.NUM_LOCAL_REPLICAS}, "
                                f"{names.REPLICA_INDEX_OFFSET} missing while {names.NUM_TOTAL_REPLICAS}='4' is set")
+    with pytest.raises(PopdistEnvError) as info:
+        read_topology({names.NUM_TOTAL_REPLICAS: "4", names.REPLICA_INDEX_OFFSET: "2"})
+    assert str(info.value) == (f"incomplete PopDist environment: {names.NUM_LOCAL_REPLICAS} missing while "
+                               f"{names.NUM_TOTAL_REPLICAS}='4', {names.REPLICA_INDEX_OFFSET}='2' are set")
 
 
 @pytest.mark.parametrize(("total", "local", "offset", "message"), [
