@@ -82,7 +82,7 @@ mutmut-run:
 	$(PY) -m pip install --quiet --disable-pip-version-check \
 		--config-settings editable_mode=compat -e '.[test,examples,bench,mutation]'
 	rm -rf mutants
-	timeout $(MUTMUT_LIMIT) $(VENV)/bin/mutmut run --max-children 2 $(MUTMUT_WHAT) >/dev/null
+	PATH=$(VENV)/bin:$$PATH timeout $(MUTMUT_LIMIT) $(VENV)/bin/mutmut run --max-children 3 $(MUTMUT_WHAT) >/dev/null
 	$(VENV)/bin/mutmut results --all true | $(PY) -m tests.mutation.summary
 	$(VENV)/bin/mutmut results
 
