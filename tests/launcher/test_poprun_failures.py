@@ -137,9 +137,12 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
 def test_a_process_left_behind_is_named_by_the_first_200_bytes_of_its_command_line() -> None:
     """How poprun's last-resort sweep names what it kills (a real process's /proc entry): a whole
     command line may be long, and its bytes need not be UTF-8."""
-    code = "import time; time.sleep(30)"
-    process = subprocess.Popen([PYTHON, "-c", code, b"\xff" + b"x" * 300])
+    code = "import time; print('running', flush=True); time.sleep(30)"
+    process = subprocess.Popen([PYTHON, "-c", code, b"\xff" + b"x" * 300], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
     try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == b"running\n", process.communicate(timeout=30)
         head = f"{PYTHON} -c {code} \ufffd"
         assert teardown._command_line(process.pid) == head + "x" * (200 - len(head.encode()) + 2)
     finally:
