@@ -103,8 +103,9 @@ REMOTE_DIR = _define("POPDIST_REMOTE_DIR", "the user", "popdist_py.engine",
 
 # ----------------------------------------------------- poprun and its per-instance shim
 CONTROL = _define("POPRUN_CONTROL", "poprun", "the shim", "address:port where the shim reports to poprun")
-KILL_GRACE = _define("POPRUN_KILL_GRACE", "the user", "the shim",
-                     "seconds between SIGTERM and SIGKILL when an instance is stopped (3)")
+KILL_GRACE = _define("POPRUN_KILL_GRACE", "the user", "the shim, poprun",
+                     "seconds between SIGTERM and SIGKILL when an instance is stopped (3); poprun's "
+                     "own escalation waits for it too")
 HOST_SUBNET = _define("POPRUN_HOST_SUBNET", "poprun", "the shim",
                       "--host-subnet: each host's shim keeps MPI on its interface in it")
 PROGRAM = _define("POPRUN_PROGRAM", "poprun", "the shim",

@@ -37,6 +37,12 @@ def grace_seconds(text: str) -> float | None:
     return value if 0 <= value < float("inf") else None  # nan fails both comparisons
 
 
+def kill_grace() -> float | None:
+    """``POPRUN_KILL_GRACE`` as seconds: the default when it is unset, None when it is not valid."""
+    text = os.environ.get(environment.KILL_GRACE)
+    return protocol.DEFAULT_GRACE if text is None else grace_seconds(text)
+
+
 def bad_grace(text: str) -> str:
     """The one line that says ``POPRUN_KILL_GRACE=text`` is wrong."""
     shown = text if len(text) <= 40 else text[:40] + "..."
@@ -53,10 +59,10 @@ class Pump:
         self.control = control
         #: The program's TORCHELASTIC_ERROR_FILE: sent to poprun when it fails (see root_cause.py).
         self.error_file = error_file
-        text = os.environ.get(environment.KILL_GRACE)
-        grace = protocol.DEFAULT_GRACE if text is None else grace_seconds(text)
+        grace = kill_grace()
         if grace is None:
-            os.write(2, f"poprun: warning: {bad_grace(str(text))}; using {protocol.DEFAULT_GRACE:g}\n".encode())
+            text = os.environ[environment.KILL_GRACE]
+            os.write(2, f"poprun: warning: {bad_grace(text)}; using {protocol.DEFAULT_GRACE:g}\n".encode())
             grace = protocol.DEFAULT_GRACE
         self.grace = grace
         self.pid: int | None = None

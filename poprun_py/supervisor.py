@@ -49,7 +49,10 @@ class Supervisor:
         self.watch = Watch()
         self.failure: Failure | None = None
         self.interrupted: int | None = None
-        self.teardown = Teardown(self.instances)
+        from poprun_py.shim_pump import kill_grace
+
+        grace = kill_grace()  # launch refused a bad value before this
+        self.teardown = Teardown(self.instances, protocol.DEFAULT_GRACE if grace is None else grace)
         self.next_silence_check = 0.0
         self.called_in = 0  # instances whose HELLO has arrived
         self.mpiexec: Process | None = None

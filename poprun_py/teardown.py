@@ -19,16 +19,20 @@ if TYPE_CHECKING:
     from poprun_py.process import Process
     from poprun_py.states import InstanceState
 
-#: How long after a teardown starts before mpiexec's process group is signalled, then killed.
-TERM_MPIEXEC_AFTER = protocol.DEFAULT_GRACE + 0.5
-KILL_MPIEXEC_AFTER = TERM_MPIEXEC_AFTER + 1.0
+#: How long after the instances' grace (SIGTERM to SIGKILL, ``environment.KILL_GRACE``) a teardown
+#: signals mpiexec's process group, then kills it: a shim that no longer answers is not waited for.
+TERM_MPIEXEC_MARGIN = 0.5
+KILL_MPIEXEC_MARGIN = 1.5
 
 
 class Teardown:
     """The teardown of one run of mpiexec: when it started, and each step of it."""
 
-    def __init__(self, instances: list[InstanceState]) -> None:
+    def __init__(self, instances: list[InstanceState], grace: float = protocol.DEFAULT_GRACE) -> None:
+        """``grace``: the instances' own, so that a program given longer to end is not cut short."""
         self.instances = instances
+        self.term_after = grace + TERM_MPIEXEC_MARGIN
+        self.kill_after = grace + KILL_MPIEXEC_MARGIN
         self.mpiexec: Process | None = None
         #: time.monotonic() when it started (None: not started; -inf: escalate at once).
         self.started: float | None = None
@@ -59,9 +63,9 @@ class Teardown:
         if self.started is None or self.mpiexec is None or self.mpiexec.poll() is not None:
             return
         elapsed = time.monotonic() - self.started
-        if elapsed >= KILL_MPIEXEC_AFTER:
+        if elapsed >= self.kill_after:
             self._signal_mpiexec(_signal.SIGKILL)
-        elif elapsed >= TERM_MPIEXEC_AFTER:
+        elif elapsed >= self.term_after:
             self._signal_mpiexec(_signal.SIGTERM)
 
     def _signal_mpiexec(self, sig: int) -> None:

@@ -103,7 +103,7 @@ def test_daemons_left_by_the_program_end_with_the_job(mode: str, status: int) ->
 
 def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp_path: Path) -> None:
     # Instance 0's shim is frozen (SIGSTOP), so it cannot stop its program when instance 1 fails:
-    # poprun sends mpiexec's process group SIGTERM, then SIGKILL (teardown.TERM/KILL_MPIEXEC_AFTER),
+    # poprun sends mpiexec's process group SIGTERM, then SIGKILL (teardown.TERM/KILL_MPIEXEC_MARGIN after the grace),
     # and sweeps what is left in its session. Without that the job would sleep out instance 0's 120 s.
     marker = f"marker-{uuid.uuid4().hex}"
     go = tmp_path / "go"
@@ -129,8 +129,8 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
             os.kill(pid, signal.SIGKILL)  # when the escalation failed: nothing stays behind, frozen or not
     assert proc.returncode == 3, stderr
     assert "poprun: instance 1 on" in stderr and "failed: exit status 3" in stderr, stderr
-    # KILL_MPIEXEC_AFTER (4.5 s) plus 10 s of slack for a loaded 2-core host, against 120 s.
-    assert elapsed < teardown.KILL_MPIEXEC_AFTER + 10, f"the job took {elapsed:.1f} s to end"
+    # The default grace and KILL_MPIEXEC_MARGIN (4.5 s) plus 10 s of slack for a loaded 2-core host, against 120 s.
+    assert elapsed < protocol.DEFAULT_GRACE + teardown.KILL_MPIEXEC_MARGIN + 10, f"the job took {elapsed:.1f} s to end"
     assert wait_no_processes(marker) == []
 
 
@@ -195,6 +195,28 @@ def test_a_second_signal_kills_at_once_what_the_first_asked_to_stop() -> None:
     assert proc.returncode == 130, "".join(said)
     assert re.search(r" POPRUN \[D\] sending SIGKILL to mpiexec's process group$", rest, re.MULTILINE), "".join(said)
     assert "SIGTERM to mpiexec" not in rest, "".join(said)
+    assert wait_no_processes(marker) == []
+
+
+def test_an_instance_gets_the_whole_kill_grace_to_clean_up() -> None:
+    """POPRUN_KILL_GRACE longer than the default: poprun's own escalation (mpiexec's process group
+    SIGTERMed, then SIGKILLed) waits for it too, so a program that takes 5 s to clean up after
+    SIGTERM (more than the default 3 s grace) ends by itself, with status 0."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker,
+                             "0:term-cleanup=5,sleep=120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env={**os.environ, environment.KILL_GRACE: "30"})
+    try:
+        assert proc.stdout is not None
+        seen = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
+        assert seen == {"[0] instance 0 started", "[1] instance 1 started"}, proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert "[0] instance 0 cleaned up\n" in out, (out, err)
+    assert "SIGKILL" not in err and "lost" not in err, err
+    assert proc.returncode == 130, err
     assert wait_no_processes(marker) == []
 
 

@@ -1,7 +1,8 @@
 """A test program whose behaviour per instance is chosen on the command line.
 
     behave.py MARKER [I:ACTION ...]   actions: exit=N, signal=NAME, sleep=S, stderr=TEXT, ok,
-                                      ignore-term, waitfile=PATH (until the test creates it; 30 s at most)
+                                      ignore-term, term-cleanup=S (S seconds after SIGTERM, exit 0),
+                                      waitfile=PATH (until the test creates it; 30 s at most)
 Instances without an action sleep for a long time (until poprun stops them).
 """
 
@@ -60,6 +61,13 @@ for step in actions.get(index, "sleep=120").split(","):
         print(value, file=sys.stderr, flush=True)
     elif what == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif what == "term-cleanup":  # on SIGTERM: take VALUE seconds to clean up, say so, end with status 0
+        def clean_up(signum: int, frame: object, seconds: float = float(value)) -> None:
+            time.sleep(seconds)
+            print(f"instance {index} cleaned up", flush=True)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, clean_up)
     elif what == "waitfile":
         give_up = time.monotonic() + 30
         while not os.path.exists(value) and time.monotonic() < give_up:
