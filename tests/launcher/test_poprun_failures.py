@@ -217,6 +217,7 @@ def test_an_instance_gets_the_whole_kill_grace_to_clean_up() -> None:
     assert "[0] instance 0 cleaned up\n" in out, (out, err)
     assert "SIGKILL" not in err and "lost" not in err, err
     assert proc.returncode == 130, err
+    assert err.endswith("poprun: interrupted by SIGINT\npoprun: stopped instance(s) 0-1\n"), err  # both, by poprun
     assert wait_no_processes(marker) == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 import poprun_py
 from poprun_py import protocol
+from poprun_py.supervisor import Supervisor
 from tests.helpers import BIN, OMP_SET, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
@@ -210,3 +212,37 @@ def test_unknown_host_is_one_line_naming_it(mpi: str) -> None:
     assert result.returncode == 255
     assert result.stderr == ("poprun: error: instance(s) 0-1 could not be started: host ghost!host: "
                              "ssh: Could not resolve hostname ghost!host: Name or service not known\n")
+
+
+def supervisor(stdout: io.BytesIO, stderr: io.BytesIO) -> Supervisor:
+    """A supervisor of one instance that writes to these buffers (nothing is started)."""
+    return Supervisor(1, ["localhost"], lambda address: [], stdout=stdout, stderr=stderr)
+
+
+def test_poprun_s_own_line_starts_a_line_after_mpiexec_left_one_open_on_stderr() -> None:
+    out, err = io.BytesIO(), io.BytesIO()
+    s = supervisor(out, err)
+    s._pass_on(2, b"mpiexec: half a line")
+    s._say("poprun: error: what happened\n")
+    s._say("poprun: and more\n")  # the line was ended once: no blank line now
+    assert err.getvalue() == b"mpiexec: half a line\npoprun: error: what happened\npoprun: and more\n"
+
+
+def test_mpiexec_s_whole_lines_need_no_cut_and_its_open_stdout_is_another_file() -> None:
+    out, err = io.BytesIO(), io.BytesIO()
+    s = supervisor(out, err)
+    s._pass_on(2, b"mpiexec: a")
+    s._pass_on(2, b" whole line\n")  # ended by mpiexec itself
+    s._pass_on(1, b"on stdout, unfinished")  # another file: poprun's stderr line is not cut for it
+    s._say("poprun: error: what happened\n")
+    assert err.getvalue() == b"mpiexec: a whole line\npoprun: error: what happened\n"
+    assert out.getvalue() == b"on stdout, unfinished"
+
+
+def test_one_file_for_both_streams_cuts_mpiexec_s_open_stdout_line_once() -> None:
+    both = io.BytesIO()
+    s = supervisor(both, both)
+    s._pass_on(1, b"on stdout, unfinished")
+    s._say("poprun: error: what happened\n")
+    s._say("poprun: and more\n")
+    assert both.getvalue() == b"on stdout, unfinished\npoprun: error: what happened\npoprun: and more\n"
