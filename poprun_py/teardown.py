@@ -43,10 +43,8 @@ class Teardown:
             return
         self.started = time.monotonic()
         log.info("stopping every instance")
-        for state in self.instances:
-            if not state.finished:
-                state.stopped_by_poprun = True
-                self.terminate(state)
+        for state in self.instances:  # one that has not called in yet is told when it does
+            self.terminate(state)
 
     def terminate(self, state: InstanceState) -> None:
         """Tell one instance to stop, if it is connected and still running."""
