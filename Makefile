@@ -70,7 +70,8 @@ bench-quick: install
 # mutants/ each run. `mutants`: the library, output framing and the environment contract, bounded
 # to 30 minutes; `mutants-launcher`: the supervisor, teardown and shim, whose every test is a job.
 MUTMUT_LIBRARY  := "popdist_py.*" "poprun_py.output.*" "poprun_py.environment.*"
-MUTMUT_LAUNCHER := "poprun_py.supervisor.*" "poprun_py.teardown.*" "poprun_py.shim.*" "poprun_py.shim_pump.*"
+MUTMUT_LAUNCHER := "poprun_py.supervisor.*" "poprun_py.teardown.*" "poprun_py.shim.*" "poprun_py.shim_pump.*" \
+                   "poprun_py.protocol.*"
 
 mutants: install
 	$(MAKE) --no-print-directory mutmut-run MUTMUT_WHAT='$(MUTMUT_LIBRARY)' MUTMUT_LIMIT=1800

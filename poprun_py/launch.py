@@ -72,10 +72,10 @@ def launch(options: LaunchOptions) -> int:
 
 def _check_kill_grace() -> None:
     """Every shim reads $POPRUN_KILL_GRACE: one line here rather than a warning from each."""
-    from poprun_py.shim_pump import bad_grace, kill_grace
+    from poprun_py import protocol
 
-    if kill_grace() is None:
-        raise PlanError(bad_grace(os.environ[environment.KILL_GRACE]))
+    if protocol.kill_grace() is None:
+        raise PlanError(protocol.bad_grace(os.environ[environment.KILL_GRACE]))
 
 
 def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -> CommandSpec:

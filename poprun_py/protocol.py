@@ -8,7 +8,10 @@ started competes for the same cores, so it imports nothing that it can do withou
 
 from __future__ import annotations
 
+import os
 import struct
+
+from poprun_py import environment
 
 HEADER = struct.Struct("!BBI")  # kind, stream, payload length
 
@@ -102,3 +105,26 @@ class FrameReader:
             frames.append((kind, stream, bytes(self._buffer[HEADER.size:end])))
             del self._buffer[:end]
         return frames
+
+
+def grace_seconds(text: str) -> float | None:
+    """``POPRUN_KILL_GRACE``'s value as seconds, or None when it is not a finite number >= 0.
+    poprun refuses a bad value before starting anything; a shim started some other way warns and
+    uses the default."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 <= value < float("inf") else None  # nan fails both comparisons
+
+
+def kill_grace() -> float | None:
+    """``POPRUN_KILL_GRACE`` as seconds: the default when it is unset, None when it is not valid."""
+    text = os.environ.get(environment.KILL_GRACE)
+    return DEFAULT_GRACE if text is None else grace_seconds(text)
+
+
+def bad_grace(text: str) -> str:
+    """The one line that says ``POPRUN_KILL_GRACE=text`` is wrong."""
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    return f"{environment.KILL_GRACE}={shown!r} is not a number of seconds (>= 0)"

@@ -26,29 +26,6 @@ CONTROL, STDOUT, STDERR, EXITED, LAUNCHER = 0, 1, 2, 3, 4
 ESCAPED_SECONDS = 2.0
 
 
-def grace_seconds(text: str) -> float | None:
-    """``POPRUN_KILL_GRACE``'s value as seconds, or None when it is not a finite number >= 0.
-    poprun refuses a bad value before starting anything; a shim started some other way warns and
-    uses the default."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if 0 <= value < float("inf") else None  # nan fails both comparisons
-
-
-def kill_grace() -> float | None:
-    """``POPRUN_KILL_GRACE`` as seconds: the default when it is unset, None when it is not valid."""
-    text = os.environ.get(environment.KILL_GRACE)
-    return protocol.DEFAULT_GRACE if text is None else grace_seconds(text)
-
-
-def bad_grace(text: str) -> str:
-    """The one line that says ``POPRUN_KILL_GRACE=text`` is wrong."""
-    shown = text if len(text) <= 40 else text[:40] + "..."
-    return f"{environment.KILL_GRACE}={shown!r} is not a number of seconds (>= 0)"
-
-
 class _Leave(Exception):
     """Raised by a signal handler to end the wait for RELEASE."""
 
@@ -59,10 +36,10 @@ class Pump:
         self.control = control
         #: The program's TORCHELASTIC_ERROR_FILE: sent to poprun when it fails (see root_cause.py).
         self.error_file = error_file
-        grace = kill_grace()
+        grace = protocol.kill_grace()
         if grace is None:
             text = os.environ[environment.KILL_GRACE]
-            os.write(2, f"poprun: warning: {bad_grace(text)}; using {protocol.DEFAULT_GRACE:g}\n".encode())
+            os.write(2, f"poprun: warning: {protocol.bad_grace(text)}; using {protocol.DEFAULT_GRACE:g}\n".encode())
             grace = protocol.DEFAULT_GRACE
         self.grace = grace
         self.pid: int | None = None

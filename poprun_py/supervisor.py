@@ -49,9 +49,7 @@ class Supervisor:
         self.watch = Watch()
         self.failure: Failure | None = None
         self.interrupted: int | None = None
-        from poprun_py.shim_pump import kill_grace
-
-        grace = kill_grace()  # launch refused a bad value before this
+        grace = protocol.kill_grace()  # launch refused a bad value before this
         self.teardown = Teardown(self.instances, protocol.DEFAULT_GRACE if grace is None else grace)
         self.next_silence_check = 0.0
         self.called_in = 0  # instances whose HELLO has arrived

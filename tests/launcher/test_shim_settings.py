@@ -10,8 +10,9 @@ import pytest
 
 from poprun_py import environment
 from poprun_py.network import local_addresses
+from poprun_py.protocol import bad_grace, grace_seconds
 from poprun_py.shim import pin_network
-from poprun_py.shim_pump import Pump, bad_grace, grace_seconds
+from poprun_py.shim_pump import Pump
 from tests.helpers import poprun
 
 
