@@ -312,14 +312,14 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
     in yet (another kind of first frame, an index out of range, an index already connected) is
     named on poprun's stderr and dropped; the instance's own connection carries on."""
     go = tmp_path / "go"
-    program = ("import os, sys, time\nprint(os.environ['POPRUN_CONTROL'], flush=True)\n"
+    program = ("import os, sys, time\nprint(os.environ['POPRUN_CONTROL'], os.getppid(), flush=True)\n"
                "while not os.path.exists(sys.argv[1]): time.sleep(0.01)\nprint('done', flush=True)\n")
-    proc = subprocess.Popen([*POPRUN, "--num-instances", "1", PYTHON, "-c", program, str(go)],
+    proc = subprocess.Popen([*POPRUN, "-vv", "--num-instances", "1", PYTHON, "-c", program, str(go)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert proc.stdout is not None
-        control = proc.stdout.readline().strip()  # "[0] 127.0.0.1:PORT"
-        host, port = control.removeprefix("[0] ").rsplit(":", 1)
+        control, shim = proc.stdout.readline().removeprefix("[0] ").split()  # "[0] 127.0.0.1:PORT PID"
+        host, port = control.rsplit(":", 1)
         for first in (protocol.frame(protocol.OUTPUT, b"x", stream=1), protocol.hello(0, 1, "intruder"),
                       protocol.hello(1, 1, "intruder"), protocol.hello(7, 1, "intruder")):
             with socket.create_connection((host, int(port)), timeout=10) as stray:
@@ -331,6 +331,9 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
         proc.kill()
     assert proc.returncode == 0, err
     assert out.endswith("[0] done\n"), out
+    # The instance itself, as it called in: its index, its host and its shim's PID.
+    assert re.search(rf" POPRUN \[D\] instance 0 connected from {socket.gethostname()} \(pid {shim}\)$", err,
+                     re.MULTILINE), err
     for why in ("first frame is of kind 2, not HELLO", "instance 0 is not expected or already connected",
                 "instance 1 is not expected or already connected", "instance 7 is not expected or already connected"):
         assert re.search(rf" POPRUN \[E\] unexpected connection on the control port: {why}$", err, re.MULTILINE), err

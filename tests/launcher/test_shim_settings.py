@@ -11,7 +11,7 @@ import pytest
 from poprun_py import environment
 from poprun_py.network import local_addresses
 from poprun_py.protocol import bad_grace, grace_seconds
-from poprun_py.shim import pin_network
+from poprun_py.shim import pin_network, threads_per_instance
 from poprun_py.shim_pump import Pump
 from tests.helpers import poprun
 
@@ -82,3 +82,10 @@ def test_a_subnet_with_no_interface_here_is_a_warning_and_pins_nothing(
     assert capfd.readouterr().err == (f"poprun: warning: on host {os.uname().nodename}: --host-subnet {subnet}: "
                                       f"no local interface has an address in it; local addresses: {shown}\n")
     assert environment.UCX_NET_DEVICES not in os.environ and environment.FI_TCP_IFACE not in os.environ
+
+
+def test_each_instance_gets_its_share_of_this_hosts_usable_cores_and_at_least_one() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert threads_per_instance(1) == cores
+    assert threads_per_instance(cores) == 1
+    assert threads_per_instance(2 * cores) == 1  # more instances than cores: one thread each, not none

@@ -1,7 +1,8 @@
 """The table of docs/mutation.md from a finished run: ``mutmut results --all true | python -m tests.mutation.summary``.
 
 One row per mutated module, with how many of its mutants the tests killed (a timeout counts as
-killed: the mutant hung a job), how many survived, and how many no selected test reached.
+killed: the mutant hung a job), how many the type check caught before any test ran, how many
+survived, and how many no selected test reached.
 Modules the run left out (``make mutants`` or ``make mutants-launcher``) have no row.
 """
 
@@ -11,7 +12,7 @@ import collections
 import re
 import sys
 
-COLUMNS = ("killed", "timeout", "survived", "no tests", "not checked")
+COLUMNS = ("killed", "timeout", "caught by type check", "survived", "no tests", "not checked")
 
 
 def main() -> None:
@@ -20,7 +21,7 @@ def main() -> None:
         match = re.match(r"\s*(\S+?)\.x[_ǁ]\S*: (.+)$", line)
         if match:
             counts[match.group(1)][match.group(2).strip()] += 1
-    print("| module | mutants | " + " | ".join(COLUMNS) + " |")
+    print("| module | mutants | " + " | ".join(c.replace("caught by ", "") for c in COLUMNS) + " |")
     print("|---|" + "---|" * (len(COLUMNS) + 1))
     total: collections.Counter[str] = collections.Counter()
     for module in sorted(counts):
