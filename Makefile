@@ -68,7 +68,8 @@ bench-quick: install
 # Mutation testing (docs/mutation.md): mutmut, from the `mutation` extra, over the modules and tests
 # named in pyproject.toml's [tool.mutmut] (which test which: tests/mutation/selection.py); a fresh
 # mutants/ each run. `mutants`: the library, output framing and the environment contract, bounded
-# to 30 minutes; `mutants-launcher`: the supervisor, teardown and shim, whose every test is a job.
+# to 30 minutes (about 24 on 2 cores); `mutants-launcher`: the supervisor, teardown, shim and their
+# protocol, whose tests are jobs (it does not finish in 90 minutes on 2 cores yet).
 MUTMUT_LIBRARY  := "popdist_py.*" "poprun_py.output.*" "poprun_py.environment.*"
 MUTMUT_LAUNCHER := "poprun_py.supervisor.*" "poprun_py.teardown.*" "poprun_py.shim.*" "poprun_py.shim_pump.*" \
                    "poprun_py.protocol.*"
