@@ -32,7 +32,7 @@ class ProgramError(Exception):
 def launch(options: LaunchOptions) -> int:
     """Run the job ``options`` describe (as click would parse them); its exit status."""
     log.configure(options["verbose"])
-    _check_kill_grace()
+    grace = _kill_grace()
     from poprun_py.mpi import detect_launcher, find_mpiexec
     from poprun_py.plan import JobPlan
 
@@ -67,15 +67,17 @@ def launch(options: LaunchOptions) -> int:
     _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
     _say_threads_per_instance(plan, remote)
     _make_error_dir(plan, spec)
-    return _run(options, plan, spec, launcher, remote, callback, master_port)
+    return _run(options, plan, spec, launcher, remote, callback, master_port, grace)
 
 
-def _check_kill_grace() -> None:
-    """Every shim reads $POPRUN_KILL_GRACE: one line here rather than a warning from each."""
+def _kill_grace() -> float:
+    """$POPRUN_KILL_GRACE, which every shim reads too: one line here rather than a warning from each."""
     from poprun_py import protocol
 
-    if protocol.kill_grace() is None:
+    grace = protocol.kill_grace()
+    if grace is None:
         raise PlanError(protocol.bad_grace(os.environ[environment.KILL_GRACE]))
+    return grace
 
 
 def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -> CommandSpec:
@@ -131,8 +133,9 @@ def _make_error_dir(plan: JobPlan, spec: CommandSpec) -> None:
 
 
 def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: MpiLauncher, remote: list[str],
-         callback: str | None, master_port: Callable[[], str]) -> int:
-    """Start the job, and start it again after a failure while --max-restarts allows; the last status."""
+         callback: str | None, master_port: Callable[[], str], grace: float) -> int:
+    """Start the job, and start it again after a failure while --max-restarts allows; the last status.
+    ``grace``: the instances' kill grace, which poprun's own escalation waits for too."""
     from poprun_py.mpi import build_command
     from poprun_py.output import OutputOptions
     from poprun_py.supervisor import Supervisor
@@ -160,7 +163,7 @@ def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: Mpi
             supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command,
                                     show_instance=options["only_output_from_instance"],
                                     listen_address=callback or "127.0.0.1", remote_hosts=frozenset(remote),
-                                    output=OutputOptions(options["log_dir"], options["tee"],
+                                    grace=grace, output=OutputOptions(options["log_dir"], options["tee"],
                                                          options["prefix_timestamp"], append=restart > 0))
             status = supervisor.run()
             report = supervisor.failure_report() if status else None

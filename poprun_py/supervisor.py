@@ -35,7 +35,7 @@ class Supervisor:
                  show_instance: int | None = None, listen_address: str = "127.0.0.1",
                  remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
-                 output: OutputOptions | None = None) -> None:
+                 output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE) -> None:
         # Shared by every instance: who owns the current line of each, one line for both when they
         # are the same file or terminal (see poprun_py.output).
         self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
@@ -49,8 +49,7 @@ class Supervisor:
         self.watch = Watch()
         self.failure: Failure | None = None
         self.interrupted: int | None = None
-        grace = protocol.kill_grace()  # launch refused a bad value before this
-        self.teardown = Teardown(self.instances, protocol.DEFAULT_GRACE if grace is None else grace)
+        self.teardown = Teardown(self.instances, grace)
         self.next_silence_check = 0.0
         self.called_in = 0  # instances whose HELLO has arrived
         self.mpiexec: Process | None = None

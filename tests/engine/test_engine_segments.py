@@ -107,8 +107,6 @@ def test_collectives_on_pieces_equal_the_packed_array(op: str) -> None:
         assert got.tobytes() == expect.tobytes()
 
 
-
-
 @pytest.mark.parametrize("op", ["add", "mean"])
 def test_fused_reduction_equals_one_collective_per_tensor(op: str) -> None:
     R = 4

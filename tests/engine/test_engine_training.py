@@ -175,10 +175,6 @@ def test_canonical_sum_is_the_accumulators_order() -> None:
     assert STEP_VARIABLE == "trainer/step"
 
 
-
-
-
-
 @pytest.mark.determinism
 @pytest.mark.parametrize("opt", ["momentum", "adam", "lamb"])
 def test_every_location_setting_gives_the_same_bits(opt: str, executor: str) -> None:
@@ -364,8 +360,6 @@ def test_a_scalar_weight_trains_alike_under_every_placement() -> None:
             assert trainer.placements["s"].weight.off_chip == (how in ("off", "io"))
             results.append(trainer.weights())
     assert all(r[n].tobytes() == results[0][n].tobytes() for r in results for n in ("s", "v"))
-
-
 
 
 def fit(replicas: int, accumulation: int, opts: TrainingOptions) -> dict[str, np.ndarray]:

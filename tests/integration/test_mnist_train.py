@@ -35,8 +35,6 @@ def run_inline(*argv: str) -> tuple[float, str]:
     return float(f"{accuracy:.4f}"), weights  # as printed
 
 
-
-
 def run_poprun(instances: int, replicas: int, *argv: str) -> tuple[tuple[float, str], subprocess.CompletedProcess[str]]:
     proc = poprun("--num-instances", str(instances), "--num-replicas", str(replicas), PYTHON, SCRIPT, *argv,
                   timeout=90)

@@ -46,8 +46,6 @@ def test_plain_launch_imports_nothing_heavy_besides_click() -> None:
     assert modules.isdisjoint(HEAVY_BESIDES_CLICK), sorted(modules & set(HEAVY_BESIDES_CLICK))
 
 
-
-
 def test_shim_uses_only_builtin_modules() -> None:
     result, frames = run_shim("/bin/true", python_flags=("-X", "importtime"))
     assert result.returncode == 0, result.stderr

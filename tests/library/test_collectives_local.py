@@ -177,7 +177,6 @@ def test_a_signature_that_cannot_be_pickled_is_sent_as_its_repr(length: int) -> 
     value = Unpicklable(length)
     encoded = bytes(agreement.encode_signature("x", value))
     assert encoded == shortened("x", "u" * length)
-    assert agreement.decode_signature(encoded)[1] == agreement.decode_signature(shortened("x", "u" * length))[1]
 
 
 def test_exit_status_follows_python() -> None:
