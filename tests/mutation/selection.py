@@ -34,7 +34,9 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "poprun_py.teardown": _LAUNCH,
     "poprun_py.shim": (*_LAUNCH, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py"),
     "poprun_py.shim_pump": (*_LAUNCH, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py"),
-    "poprun_py.protocol": ("tests/launcher/test_shim_settings.py", "tests/launcher/test_poprun_lean_launch.py"),
+    "poprun_py.protocol": (
+        "tests/launcher/test_protocol.py", "tests/launcher/test_shim_settings.py",
+        "tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_network_and_host_errors.py"),
     # output framing
     "poprun_py.output": (
         "tests/launcher/test_output_tagging.py", "tests/launcher/test_poprun_output.py",
