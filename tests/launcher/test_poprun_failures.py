@@ -334,6 +334,7 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
     # The instance itself, as it called in: its index, its host and its shim's PID.
     assert re.search(rf" POPRUN \[D\] instance 0 connected from {socket.gethostname()} \(pid {shim}\)$", err,
                      re.MULTILINE), err
+    assert re.search(rf" POPRUN \[I\] instance 0 on {socket.gethostname()}: exit status 0$", err, re.MULTILINE), err
     for why in ("first frame is of kind 2, not HELLO", "instance 0 is not expected or already connected",
                 "instance 1 is not expected or already connected", "instance 7 is not expected or already connected"):
         assert re.search(rf" POPRUN \[E\] unexpected connection on the control port: {why}$", err, re.MULTILINE), err

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import time
 import uuid
@@ -246,3 +249,61 @@ def test_one_file_for_both_streams_cuts_mpiexec_s_open_stdout_line_once() -> Non
     s._say("poprun: error: what happened\n")
     s._say("poprun: and more\n")
     assert both.getvalue() == b"on stdout, unfinished\npoprun: error: what happened\npoprun: and more\n"
+
+
+def _call_in(s: Supervisor, index: int) -> socket.socket:
+    """Instance ``index`` calls in over a real socket pair, as its shim would; the shim's end."""
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.sendall(protocol.hello(index, 1000 + index, "node"))
+    reader = protocol.FrameReader()
+    s.watch.add(ours, ("pending", (ours, reader)))
+    s._read_hello(ours, reader)
+    return theirs
+
+
+def test_what_mpiexec_says_is_held_until_every_instance_has_called_in_then_passed_on_as_it_comes() -> None:
+    # If a host cannot be reached, what mpiexec said is launcher noise around the one line poprun
+    # gives instead; once every instance has called in, it is shown, and from then on as it comes.
+    out, err = io.BytesIO(), io.BytesIO()
+    s = Supervisor(3, ["node"] * 3, lambda address: [], stdout=out, stderr=err)
+    read, write = os.pipe()
+    shims = []
+    try:
+        os.write(write, b"mpiexec: early words\n")
+        s._read_mpiexec(read, 2)
+        for index in (2, 0):
+            shims.append(_call_in(s, index))
+            assert err.getvalue() == b""
+        shims.append(_call_in(s, 1))
+        assert err.getvalue() == b"mpiexec: early words\n"
+        os.write(write, b"mpiexec: later words\n")
+        s._read_mpiexec(read, 2)
+        assert err.getvalue() == b"mpiexec: early words\nmpiexec: later words\n"
+        assert out.getvalue() == b""
+    finally:
+        for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
+            sock.close()
+        os.close(read)
+        os.close(write)
+
+
+def test_a_connection_reset_by_its_peer_reads_as_gone_and_an_idle_one_as_nothing_yet() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server, \
+            socket.create_connection(server.getsockname(), timeout=10) as peer:
+        conn, _ = server.accept()
+        with conn:
+            conn.setblocking(False)
+            assert Supervisor._recv(conn) is None
+            peer.sendall(b"abc")
+            deadline = time.monotonic() + 10  # the bytes are in flight on loopback
+            while (data := Supervisor._recv(conn)) is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert data == b"abc"
+            # SO_LINGER on, with a zero timeout: close sends a reset, not a FIN.
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            peer.close()
+            deadline = time.monotonic() + 10
+            while (data := Supervisor._recv(conn)) is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+    assert data == b""
