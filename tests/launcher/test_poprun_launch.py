@@ -102,16 +102,18 @@ def test_stderr_is_tagged_on_stderr() -> None:
 
 
 @pytest.mark.parametrize("action,status,word", [("exit=3", 3, "exit status 3"),
-                                                 ("signal=SIGKILL", 137, "SIGKILL"),
-                                                 ("signal=SIGSEGV", 139, "SIGSEGV")])
+                                                 ("signal=SIGKILL", 137, "killed by SIGKILL (status 137)"),
+                                                 ("signal=SIGSEGV", 139, "killed by SIGSEGV (status 139)")])
 def test_failing_instance_stops_the_others(action: str, status: int, word: str) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     start = time.monotonic()
-    result = poprun("--num-instances", "4", PYTHON, BEHAVE, marker, f"2:stderr=about to fail,{action}")
+    result = poprun("-v", "--num-instances", "4", PYTHON, BEHAVE, marker, f"2:stderr=about to fail,{action}")
     elapsed = time.monotonic() - start
     assert result.returncode == status, result.stderr
     assert elapsed < 8, f"teardown took {elapsed:.1f}s"
     assert "instance 2 on " in result.stderr and word in result.stderr
+    # -v: each exit report as it arrives.
+    assert re.search(rf" POPRUN \[I\] instance 2 on \S+: {re.escape(word)}$", result.stderr, re.M), result.stderr
     assert "    about to fail" in result.stderr  # the tail of its stderr is in the summary
     assert "stopped instance(s) 0-1, 3" in result.stderr
     assert wait_no_processes(marker) == []
