@@ -112,11 +112,29 @@ def test_failing_instance_stops_the_others(action: str, status: int, word: str) 
     assert result.returncode == status, result.stderr
     assert elapsed < 8, f"teardown took {elapsed:.1f}s"
     assert "instance 2 on " in result.stderr and word in result.stderr
-    # -v: each exit report as it arrives.
+    # -v: the command, mpiexec's PID, then each exit report as it arrives.
+    assert re.search(r"^\S+ \d+ POPRUN \[I\] running command: \S+/mpiexec -genv POPDIST_NUM_TOTAL_REPLICAS 4 -genv ",
+                     result.stderr, re.M), result.stderr
+    assert re.search(r" POPRUN \[I\] waiting for mpiexec \(PID \d+\)$", result.stderr, re.M), result.stderr
     assert re.search(rf" POPRUN \[I\] instance 2 on \S+: {re.escape(word)}$", result.stderr, re.M), result.stderr
     assert "    about to fail" in result.stderr  # the tail of its stderr is in the summary
     assert "stopped instance(s) 0-1, 3" in result.stderr
     assert wait_no_processes(marker) == []
+
+
+def test_a_terminal_on_stdin_stays_with_poprun_and_the_instances_read_nothing() -> None:
+    # Instances reading stdin would fight over a terminal (and wait on it): mpiexec gets /dev/null.
+    terminal, side = os.openpty()
+    try:
+        # Instance 0: mpiexec passes its own stdin to the first instance only.
+        result = subprocess.run([*POPRUN, "--num-instances", "1", PYTHON, "-c",
+                                 "import sys; print(repr(sys.stdin.read()))"], stdin=side, capture_output=True,
+                                text=True, timeout=30, cwd=ROOT)
+    finally:
+        os.close(terminal)
+        os.close(side)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[0] ''\n"
 
 
 def test_failure_summary_survives_output_filter() -> None:
