@@ -154,6 +154,15 @@ def test_all_instances_succeed_with_different_durations() -> None:
         f"[{i}] instance {i} {w}" for i in range(3) for w in ("started", "done"))
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has used so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_to_poprun_stops_every_instance(sig: signal.Signals, status: int) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
@@ -163,16 +172,21 @@ def test_signal_to_poprun_stops_every_instance(sig: signal.Signals, status: int)
         assert proc.stdout is not None
         seen = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
         assert seen == {"[0] instance 0 started", "[1] instance 1 started"}
-        start = time.monotonic()
+        start, cpu_at_start = time.monotonic(), _cpu_seconds(proc.pid)
         proc.send_signal(sig)
-        proc.wait(timeout=30)
+        cpu = cpu_at_start
+        while proc.poll() is None and time.monotonic() - start < 30:  # its CPU time, until it exits
+            cpu = _cpu_seconds(proc.pid) or cpu
+            time.sleep(0.05)
         elapsed = time.monotonic() - start
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == status
+    # While it waits, poprun sleeps in its event loop: it does not spin on the signal's wake-up.
+    assert cpu - cpu_at_start < 0.3 * elapsed, (cpu - cpu_at_start, elapsed)
     # Instance 0 ignores SIGTERM: it is SIGKILLed after the grace (DEFAULT_GRACE, 3 s), so stopping
-    # takes a little over 3 s; never killed, it would sleep its 120 s (proc.wait gives up at 30 s).
+    # takes a little over 3 s; never killed, it would sleep its 120 s (the wait gives up at 30 s).
     # The grace plus 10 s of slack for a loaded 2-core host separates the two.
     assert elapsed < protocol.DEFAULT_GRACE + 10, f"stopping took {elapsed:.1f}s (instance 0 needs SIGKILL)"
     assert proc.stderr is not None and f"interrupted by {sig.name}" in proc.stderr.read()
@@ -225,6 +239,14 @@ def test_mpiexec_failing_before_instances_start_is_reported() -> None:
     # mpiexec's last line was whole: poprun's line follows it, with no blank line between.
     last = "poprun: error: mpiexec exited with status 255 before instance(s) 0 reported an exit status\n"
     assert result.stderr.endswith(f"\n{last}") and not result.stderr.endswith(f"\n\n{last}"), result.stderr
+
+
+def test_what_mpiexec_writes_on_stdout_is_passed_on_there() -> None:
+    # -info: Hydra prints its build details on stdout and starts nothing.
+    result = poprun("--mpi-global-args", "-info", "/bin/true")
+    assert result.returncode == 1
+    assert result.stdout.startswith("HYDRA build details:\n") and "Version:" in result.stdout, result.stdout
+    assert result.stderr == "poprun: error: mpiexec exited with status 0 before instance(s) 0 reported an exit status\n"
 
 
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
