@@ -138,6 +138,7 @@ def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: Mpi
     ``grace``: the instances' kill grace, which poprun's own escalation waits for too."""
     from poprun_py.mpi import build_command
     from poprun_py.output import OutputOptions
+    from poprun_py.seal import new_secret
     from poprun_py.supervisor import Supervisor
 
     written: list[str] = []
@@ -160,7 +161,10 @@ def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: Mpi
             spec.job_env[environment.RESTART_COUNT] = str(restart)
             spec.job_env[environment.TORCHELASTIC_RESTART_COUNT] = str(restart)
             spec.job_env[environment.MASTER_PORT] = master_port()  # a free one for every start
-            supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command,
+            # A new secret for every start; mpiexec passes it on from its environment (Open MPI by
+            # name, as it does every POPRUN_ variable), so it is on no command line.
+            secret = os.environ[environment.SECRET] = new_secret()
+            supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command, secret,
                                     show_instance=options["only_output_from_instance"],
                                     listen_address=callback or "127.0.0.1", remote_hosts=frozenset(remote),
                                     grace=grace, output=OutputOptions(options["log_dir"], options["tee"],

@@ -4,6 +4,10 @@ Output travels as raw chunks per stream; ``poprun`` assembles lines per instance
 different instances can never interleave mid-line, however long they are. Payloads are packed
 with ``struct`` rather than JSON: the shim imports this under ``python -S`` while the program it
 started competes for the same cores, so it imports nothing that it can do without.
+
+On the wire, poprun first sends the connection's nonce (``NONCE_SIZE`` bytes); after that every
+frame and every command ends with its tag (``TAG_SIZE`` bytes), checked before it is believed
+(see ``seal``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,17 @@ import struct
 
 from poprun_py import environment
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from poprun_py.seal import Seal
+
 HEADER = struct.Struct("!BBI")  # kind, stream, payload length
+#: What poprun sends first on each connection, and what ends each frame (see ``seal``).
+NONCE_SIZE = 16
+TAG_SIZE = 16
+#: No frame is longer: the shim sends at most 64 KiB of output per frame, and a header that
+#: claims more is refused before anything is held for it.
+MAX_PAYLOAD = 1 << 20
 
 HELLO = 1  # payload: HELLO_FIELDS, then the host name (UTF-8)
 OUTPUT = 2  # stream 1 = stdout, 2 = stderr; payload: raw bytes
@@ -24,7 +38,8 @@ ROOT_CAUSE = 5  # before EXIT, from a failed program: its TORCHELASTIC_ERROR_FIL
 HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
 EXIT_FIELDS = struct.Struct("!iI")  # exit status, signal number (0: not killed by a signal)
 
-#: poprun -> shim: stop the program (SIGTERM to its process group, SIGKILL after the grace period).
+#: poprun -> shim, one byte and its tag each: stop the program (SIGTERM to its process group,
+#: SIGKILL after the grace period).
 TERMINATE = b"T"
 #: poprun -> shim: every instance has finished; exit now. Until then a shim whose program is done
 #: stays (idle): MPICH's hydra proxy busy-waits, burning a core, from its first child's exit to
@@ -89,9 +104,12 @@ def _unpack(fields: struct.Struct, payload: bytes, kind: str) -> tuple[int, ...]
 
 
 class FrameReader:
-    """Incremental decoder: feed bytes, get back complete ``(kind, stream, payload)`` frames."""
+    """Incremental decoder of a shim's frames: feed bytes, get back complete ``(kind, stream,
+    payload)`` frames, each checked against its tag (``seal``). A frame too long or whose check
+    fails raises ProtocolError: nothing more from that connection can be believed."""
 
-    def __init__(self) -> None:
+    def __init__(self, seal: Seal) -> None:
+        self.seal = seal
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
@@ -99,12 +117,38 @@ class FrameReader:
         frames = []
         while len(self._buffer) >= HEADER.size:
             kind, stream, length = HEADER.unpack_from(self._buffer)
+            if length > MAX_PAYLOAD:
+                raise ProtocolError(f"a frame of {length} bytes is longer than the {MAX_PAYLOAD} a frame may have")
             end = HEADER.size + length
-            if len(self._buffer) < end:
+            if len(self._buffer) < end + TAG_SIZE:
                 break
-            frames.append((kind, stream, bytes(self._buffer[HEADER.size:end])))
-            del self._buffer[:end]
+            body = bytes(self._buffer[:end])
+            if not self.seal.check(body, bytes(self._buffer[end:end + TAG_SIZE])):
+                raise ProtocolError("a frame failed its authentication check")
+            frames.append((kind, stream, body[HEADER.size:]))
+            del self._buffer[:end + TAG_SIZE]
         return frames
+
+
+class CommandReader:
+    """The shim's decoder of poprun's commands (TERMINATE, RELEASE), each checked against its tag."""
+
+    SIZE = 1 + TAG_SIZE
+
+    def __init__(self, seal: Seal) -> None:
+        self.seal = seal
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        commands = []
+        while len(self._buffer) >= self.SIZE:
+            command, tag = bytes(self._buffer[:1]), bytes(self._buffer[1:self.SIZE])
+            del self._buffer[:self.SIZE]
+            if not self.seal.check(command, tag):
+                raise ProtocolError("a command failed its authentication check")
+            commands.append(command)
+        return commands
 
 
 def grace_seconds(text: str) -> float | None:

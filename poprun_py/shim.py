@@ -24,6 +24,12 @@ import sys
 from poprun_py import environment
 from poprun_py.paths import which
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
+if TYPE_CHECKING:
+    import _socket
+
+    from poprun_py.seal import Seal
+
 
 def spawn(argv: list[str]) -> tuple[int, int, int] | OSError:
     """Start ``argv`` in its own process group with stdout/stderr on pipes.
@@ -107,8 +113,45 @@ def prepare_error_file() -> str | None:
     return None
 
 
+def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, Seal] | None:
+    """The control connection and its seal, once poprun's nonce has arrived; None, said on stderr,
+    when poprun cannot be reached or the secret is missing."""
+    from poprun_py.control import connect
+    from poprun_py.protocol import NONCE_SIZE, SILENCE_LIMIT
+
+    address = os.environ[environment.CONTROL]
+    if not secret:
+        problem = f"no {environment.SECRET} in its environment (was it dropped by mpiexec's options?)"
+    else:
+        try:
+            control = connect(address, give_up_after=SILENCE_LIMIT)
+            try:
+                control.settimeout(SILENCE_LIMIT)
+                nonce = b""
+                while len(nonce) < NONCE_SIZE and (chunk := control.recv(NONCE_SIZE - len(nonce))):
+                    nonce += chunk
+                control.settimeout(None)
+            except OSError:
+                control.close()
+                raise
+            if len(nonce) == NONCE_SIZE:
+                from poprun_py.seal import TO_POPRUN, Seal
+
+                return control, Seal(secret, nonce, TO_POPRUN)
+            control.close()
+            problem = "it closed the connection before it said anything"
+        except OSError as exc:
+            problem = str(exc)
+    # Cannot report to poprun: pass the output through untagged, so nothing is lost; poprun still
+    # sees the exit status through mpiexec.
+    os.write(2, f"poprun instance {index}: cannot reach poprun at {address} ({problem}); "
+                "output will not be tagged\n".encode())
+    return None
+
+
 def main() -> int:
     index, argv = int(sys.argv[1]), sys.argv[2:]
+    secret = os.environ.pop(environment.SECRET, None)  # the program does not get it
     if not argv:  # a large job: the program came in the environment (see mpi.build_command)
         from poprun_py.protocol import decode_argv
 
@@ -120,20 +163,9 @@ def main() -> int:
     error_file = prepare_error_file()
     spawned = spawn(argv)  # first: the program starts while we import and connect
 
-    from poprun_py.control import connect
-    from poprun_py.protocol import SILENCE_LIMIT
     from poprun_py.shim_pump import Pump
 
-    address = os.environ[environment.CONTROL]
-    try:
-        control = connect(address, give_up_after=SILENCE_LIMIT)
-    except OSError as exc:
-        # Cannot reach poprun: pass the output through untagged, so nothing is lost; poprun
-        # still sees the exit status through mpiexec.
-        os.write(2, f"poprun instance {index}: cannot reach poprun at {address} ({exc}); "
-                    "output will not be tagged\n".encode())
-        control = None
-    pump = Pump(index, control, error_file)
+    pump = Pump(index, connect_to_poprun(index, secret), error_file)
     pump.hello()
     if isinstance(spawned, OSError):
         if error_file:

@@ -14,6 +14,10 @@ import time
 from poprun_py import environment, protocol, root_cause
 from poprun_py.watch import Watch
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
+if TYPE_CHECKING:
+    from poprun_py.seal import Seal
+
 READ_SIZE = 65536
 #: After the program exits, how long descendants may keep its pipes open before they are killed.
 DRAIN_SECONDS = 1.0
@@ -31,9 +35,13 @@ class _Leave(Exception):
 
 
 class Pump:
-    def __init__(self, index: int, control: _socket.socket | None, error_file: str | None = None) -> None:
+    def __init__(self, index: int, connection: tuple[_socket.socket, Seal] | None,
+                 error_file: str | None = None) -> None:
         self.index = index
-        self.control = control
+        #: poprun's connection (None: it cannot be reached), what seals its frames and checks its commands.
+        self.control: _socket.socket | None = connection[0] if connection is not None else None
+        seal = self.seal = connection[1] if connection is not None else None
+        self.commands = protocol.CommandReader(seal) if seal is not None else None
         #: The program's TORCHELASTIC_ERROR_FILE: sent to poprun when it fails (see root_cause.py).
         self.error_file = error_file
         grace = protocol.kill_grace()
@@ -58,10 +66,10 @@ class Pump:
         self.launcher_fd: int | None = None
 
     def send(self, data: bytes) -> None:
-        if self.control is None:
+        if self.control is None or self.seal is None:
             return
         try:
-            self.control.sendall(data)
+            self.control.sendall(self.seal.seal(data))
         except OSError:
             pass  # poprun is gone; keep going so the program is still stopped cleanly
         self.last_sent = time.monotonic()
@@ -125,7 +133,7 @@ class Pump:
         try:
             while True:
                 message = self.control.recv(64)
-                if not message or protocol.RELEASE in message:
+                if not message or protocol.RELEASE in self._commands(message):
                     return
         except (_Leave, OSError):
             return
@@ -218,7 +226,7 @@ class Pump:
                 message = self.control.recv(64)
             except OSError:
                 message = b""
-            if not message or protocol.TERMINATE in message:
+            if not message or protocol.TERMINATE in self._commands(message):
                 # poprun asked us to stop, or poprun itself is gone: stop the program.
                 watch.remove(fd)
                 self.stop_program()
@@ -230,6 +238,16 @@ class Pump:
                 watch.remove(fd)
                 os.close(fd)
                 self.open_streams -= 1
+
+    def _commands(self, data: bytes) -> list[bytes]:
+        """poprun's commands in ``data``; one that fails its check counts as TERMINATE (the
+        connection has been tampered with, and poprun can no longer be heard)."""
+        assert self.commands is not None
+        try:
+            return self.commands.feed(data)
+        except protocol.ProtocolError as exc:
+            os.write(2, f"poprun instance {self.index}: {exc} on poprun's connection; stopping\n".encode())
+            return [protocol.TERMINATE]
 
     def _end_descendants(self) -> None:
         """Descendants that outlived the program (or held its pipes) must not outlive the job:

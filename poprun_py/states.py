@@ -22,7 +22,7 @@ class InstanceState:
         self.host = host
         self.output = output
         self.connection: _socket.socket | None = None
-        self.reader = protocol.FrameReader()
+        self.reader: protocol.FrameReader | None = None  # its frames, checked with its connection's seal
         self.pid: int | None = None
         self.status: int | None = None
         self.signal: int | None = None
@@ -33,6 +33,15 @@ class InstanceState:
         self.silent = False  # lost because nothing came from it for protocol.SILENCE_LIMIT seconds
         self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss
         self.root_cause: bytes | None = None  # what its program wrote to TORCHELASTIC_ERROR_FILE, if it failed
+
+    def send(self, command: bytes) -> None:
+        """One of poprun's commands to the shim (protocol.TERMINATE, RELEASE), sealed."""
+        if self.connection is None or self.reader is None:
+            return
+        try:
+            self.connection.sendall(self.reader.seal.seal(command))
+        except OSError:
+            pass  # that shim is gone already
 
     @property
     def finished(self) -> bool:

@@ -31,8 +31,10 @@ if TYPE_CHECKING:
 
 
 class Supervisor:
+    """``secret``: this run's (``seal``), which the shims get in their environment from mpiexec."""
+
     def __init__(self, num_instances: int, hosts: list[str], build_command: Callable[[str], list[str]],
-                 show_instance: int | None = None, listen_address: str = "127.0.0.1",
+                 secret: str, show_instance: int | None = None, listen_address: str = "127.0.0.1",
                  remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
                  output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE) -> None:
@@ -44,6 +46,7 @@ class Supervisor:
             for i in range(num_instances)
         ]
         self.build_command = build_command
+        self.secret = secret
         self.listen_address = listen_address
         self.remote_hosts = remote_hosts
         self.watch = Watch()
@@ -183,10 +186,19 @@ class Supervisor:
         return any(kind == "mpiexec" for kind, _ in self.watch.labels())
 
     def _accept(self, server: _socket.socket) -> None:
+        """A new connection: its nonce first (see ``seal``); nothing it sends is believed unchecked."""
         conn = control.accept(server)
         if conn is None:
             return
-        self.watch.add(conn, ("pending", (conn, protocol.FrameReader())))
+        from poprun_py.seal import TO_SHIM, Seal, new_nonce
+
+        nonce = new_nonce()
+        try:
+            conn.sendall(nonce)  # a new socket's buffer takes 16 bytes at once
+        except OSError:
+            conn.close()
+            return
+        self.watch.add(conn, ("pending", (conn, protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM)))))
 
     def _read_hello(self, conn: _socket.socket, reader: protocol.FrameReader) -> None:
         data = self._recv(conn)
@@ -196,18 +208,18 @@ class Supervisor:
             self.watch.remove(conn)
             conn.close()
             return
-        frames = reader.feed(data)
-        if not frames:
-            return
-        kind, _, payload = frames[0]
         try:
+            frames = reader.feed(data)
+            if not frames:
+                return
+            kind, _, payload = frames[0]
             if kind != protocol.HELLO:
                 raise protocol.ProtocolError(f"first frame is of kind {kind}, not HELLO")
             index, pid, host = protocol.read_hello(payload)
             if not 0 <= index < len(self.instances) or self.instances[index].connection:
                 raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
         except protocol.ProtocolError as exc:
-            log.error("unexpected connection on the control port: %s", exc)
+            log.error("unexpected connection on the control port from %s: %s", _peer(conn), exc)
             self.watch.remove(conn)
             conn.close()
             return
@@ -245,7 +257,15 @@ class Supervisor:
             self._disconnect(state)
             return
         state.last_heard = time.monotonic()
-        self._handle_frames(state, state.reader.feed(data))
+        assert state.reader is not None
+        try:
+            frames = state.reader.feed(data)
+        except protocol.ProtocolError as exc:
+            # Only a shim of this run can seal a frame: the connection has been tampered with.
+            log.error("instance %d on %s: dropped its connection: %s", state.index, state.host, exc)
+            self._disconnect(state)
+            return
+        self._handle_frames(state, frames)
 
     def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]]) -> None:
         for kind, stream, payload in frames:
@@ -271,10 +291,7 @@ class Supervisor:
             return
         for state in self.instances:
             if state.connection is not None:
-                try:
-                    state.connection.sendall(protocol.RELEASE)
-                except OSError:
-                    pass  # that shim is gone already
+                state.send(protocol.RELEASE)
 
     def _check_silence(self) -> None:
         """An instance still running that has said nothing for SILENCE_LIMIT seconds is lost: its
@@ -381,3 +398,12 @@ class Supervisor:
     def failure_report(self) -> dict[str, object] | None:
         """The first failure, for --error-file and the restart message (see ``report``)."""
         return self._report().failure_report()
+
+
+def _peer(conn: _socket.socket) -> str:
+    """``address:port`` of the other end of ``conn``, as far as it can still be told."""
+    try:
+        address, port = conn.getpeername()[:2]
+    except OSError:
+        return "an address no longer known"
+    return f"{address}:{port}"

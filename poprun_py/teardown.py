@@ -51,10 +51,7 @@ class Teardown:
         if state.connection is None or state.finished:
             return
         state.stopped_by_poprun = True
-        try:
-            state.connection.sendall(protocol.TERMINATE)
-        except OSError:
-            pass
+        state.send(protocol.TERMINATE)
 
     def escalate(self) -> None:
         """Signal mpiexec's process group once the instances have had their time to stop."""

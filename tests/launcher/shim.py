@@ -7,7 +7,10 @@ import subprocess
 import threading
 
 from poprun_py import environment, protocol
+from poprun_py.seal import TO_SHIM, Seal, new_nonce, new_secret
 from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, run
+
+SECRET = new_secret()
 
 
 def run_shim(*argv: str, python_flags: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str],
@@ -21,16 +24,20 @@ def run_shim(*argv: str, python_flags: tuple[str, ...] = ()) -> tuple[subprocess
         def serve() -> None:
             connection, _ = server.accept()
             with connection:
-                reader = protocol.FrameReader()
-                while received := reader.feed(connection.recv(65536)):
+                nonce = new_nonce()
+                connection.sendall(nonce)
+                seal = Seal(SECRET, nonce, TO_SHIM)
+                reader = protocol.FrameReader(seal)
+                while data := connection.recv(65536):
+                    received = reader.feed(data)
                     frames.extend(received)
                     if any(kind == protocol.EXIT for kind, _, _ in received):
-                        connection.sendall(protocol.RELEASE)
+                        connection.sendall(seal.seal(protocol.RELEASE))
                         break
 
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
         result = run([PYTHON, *python_flags, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", *argv],
-                     env={environment.CONTROL: f"127.0.0.1:{port}"})
+                     env={environment.CONTROL: f"127.0.0.1:{port}", environment.SECRET: SECRET})
         thread.join(timeout=SUBPROCESS_TIMEOUT)
     return result, frames

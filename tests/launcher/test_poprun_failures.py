@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py import environment, protocol, teardown
+from poprun_py.seal import TO_POPRUN, Seal, new_secret
 from tests.helpers import (
     OPENMPI_LIBMPI,
     OPENMPI_MPIEXEC,
@@ -315,22 +316,42 @@ def test_a_job_that_cannot_fit_the_open_file_limit_is_refused_before_it_starts()
 
 
 def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(tmp_path: Path) -> None:
-    """Whatever connects to poprun's control port without being an instance that has not called
-    in yet (another kind of first frame, an index out of range, an index already connected) is
-    named on poprun's stderr and dropped; the instance's own connection carries on."""
+    """Whatever connects to poprun's control port is named on poprun's stderr and dropped, and the
+    instance's own connection carries on: a client without this run's secret (whatever it sends),
+    and even one with it that is not an instance still to call in (another kind of first frame, an
+    index out of range, an index already connected). The secret reaches the shim in its
+    environment only: it is on no command line, and the program does not get it."""
     go = tmp_path / "go"
-    program = ("import os, sys, time\nprint(os.environ['POPRUN_CONTROL'], os.getppid(), flush=True)\n"
+    program = ("import os, sys, time\nprint(os.environ['POPRUN_CONTROL'], os.getppid(), "
+               "os.environ.get('POPRUN_SECRET'), flush=True)\n"
                "while not os.path.exists(sys.argv[1]): time.sleep(0.01)\nprint('done', flush=True)\n")
     proc = subprocess.Popen([*POPRUN, "-vv", "--num-instances", "1", PYTHON, "-c", program, str(go)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert proc.stdout is not None
-        control, shim = proc.stdout.readline().removeprefix("[0] ").split()  # "[0] 127.0.0.1:PORT PID"
+        # "[0] 127.0.0.1:PORT PID None": the program's environment has no secret.
+        control, shim, programs_secret = proc.stdout.readline().removeprefix("[0] ").split()
+        assert programs_secret == "None"
+        environ = dict(entry.split("=", 1) for entry in
+                       Path(f"/proc/{shim}/environ").read_text().split("\0") if "=" in entry)
+        secret = environ[environment.SECRET]
+        assert re.fullmatch("[0-9a-f]{64}", secret)
+        on_command_lines = [pid for pid in os.listdir("/proc") if pid.isdigit() and
+                            secret.encode() in _read(f"/proc/{pid}/cmdline")]
+        assert on_command_lines == []
         host, port = control.rsplit(":", 1)
-        for first in (protocol.frame(protocol.OUTPUT, b"x", stream=1), protocol.hello(0, 1, "intruder"),
-                      protocol.hello(1, 1, "intruder"), protocol.hello(7, 1, "intruder")):
+        unsealed = protocol.hello(0, 1, "intruder")
+        strays: list[tuple[str | None, bytes]] = [
+            (None, protocol.HEADER.pack(protocol.OUTPUT, 1, 1 << 30)),  # too long to be held
+            (new_secret(), protocol.hello(0, 1, "intruder")),  # another secret
+            (None, unsealed + bytes(protocol.TAG_SIZE)),  # no tag
+            (secret, protocol.frame(protocol.OUTPUT, b"x", stream=1)), (secret, protocol.hello(0, 1, "intruder")),
+            (secret, protocol.hello(1, 1, "intruder")), (secret, protocol.hello(7, 1, "intruder"))]
+        for key, first in strays:
             with socket.create_connection((host, int(port)), timeout=10) as stray:
-                stray.sendall(first)
+                nonce = stray.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)
+                assert len(nonce) == protocol.NONCE_SIZE
+                stray.sendall(Seal(key, nonce, TO_POPRUN).seal(first) if key else first)
                 assert stray.recv(1) == b""  # dropped by poprun
         go.touch()
         out, err = proc.communicate(timeout=30)
@@ -338,10 +359,23 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
         proc.kill()
     assert proc.returncode == 0, err
     assert out.endswith("[0] done\n"), out
+    assert secret not in err  # not even at -vv
     # The instance itself, as it called in: its index, its host and its shim's PID.
     assert re.search(rf" POPRUN \[D\] instance 0 connected from {socket.gethostname()} \(pid {shim}\)$", err,
                      re.MULTILINE), err
     assert re.search(rf" POPRUN \[I\] instance 0 on {socket.gethostname()}: exit status 0$", err, re.MULTILINE), err
-    for why in ("first frame is of kind 2, not HELLO", "instance 0 is not expected or already connected",
-                "instance 1 is not expected or already connected", "instance 7 is not expected or already connected"):
-        assert re.search(rf" POPRUN \[E\] unexpected connection on the control port: {why}$", err, re.MULTILINE), err
+    refused = re.findall(r" POPRUN \[E\] unexpected connection on the control port from 127\.0\.0\.1:\d+: (.*)$",
+                         err, re.MULTILINE)
+    assert refused == [f"a frame of {1 << 30} bytes is longer than the {protocol.MAX_PAYLOAD} a frame may have",
+                       "a frame failed its authentication check", "a frame failed its authentication check",
+                       "first frame is of kind 2, not HELLO", "instance 0 is not expected or already connected",
+                       "instance 1 is not expected or already connected",
+                       "instance 7 is not expected or already connected"], err
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""

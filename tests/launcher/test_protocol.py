@@ -1,10 +1,24 @@
-"""The frames between a shim and poprun, byte for byte: what one side packs, the other reads back."""
+"""The frames between a shim and poprun, byte for byte: what one side packs and seals, the other
+reads back, and what it refuses to believe."""
 
 from __future__ import annotations
 
 import pytest
 
 from poprun_py import protocol
+from poprun_py.seal import TO_POPRUN, TO_SHIM, Seal, new_nonce, new_secret
+
+
+def ends(secret: str | None = None) -> tuple[Seal, Seal]:
+    """The shim's and poprun's seals of one connection."""
+    secret, nonce = secret or new_secret(), new_nonce()
+    return Seal(secret, nonce, TO_POPRUN), Seal(secret, nonce, TO_SHIM)
+
+
+def shim_sends(*frames: bytes) -> tuple[bytes, protocol.FrameReader]:
+    """``frames`` as a shim puts them on the wire, and poprun's reader for them."""
+    shim, poprun = ends()
+    return b"".join(shim.seal(f) for f in frames), protocol.FrameReader(poprun)
 
 
 def test_a_frame_is_its_header_then_its_payload_on_stream_0_unless_told() -> None:
@@ -17,7 +31,8 @@ def test_a_frame_is_its_header_then_its_payload_on_stream_0_unless_told() -> Non
 @pytest.mark.parametrize(("status", "signum", "error"), [(0, None, None), (1, None, "no such file"),
                                                          (-9, 9, None), (143, 15, "stopped")])
 def test_an_exit_report_reads_back_as_it_was_sent(status: int, signum: int | None, error: str | None) -> None:
-    [(kind, stream, payload)] = protocol.FrameReader().feed(protocol.exit_report(status, signum, error))
+    wire, reader = shim_sends(protocol.exit_report(status, signum, error))
+    [(kind, stream, payload)] = reader.feed(wire)
     assert (kind, stream) == (protocol.EXIT, 0)
     assert protocol.read_exit(payload) == (status, signum, error)
     # No error: nothing follows the fixed fields.
@@ -25,7 +40,8 @@ def test_an_exit_report_reads_back_as_it_was_sent(status: int, signum: int | Non
 
 
 def test_a_hello_reads_back_and_bytes_that_are_not_utf8_are_replaced() -> None:
-    [(kind, _, payload)] = protocol.FrameReader().feed(protocol.hello(3, 4242, "node-ü"))
+    wire, reader = shim_sends(protocol.hello(3, 4242, "node-ü"))
+    [(kind, _, payload)] = reader.feed(wire)
     assert kind == protocol.HELLO and protocol.read_hello(payload) == (3, 4242, "node-ü")
     assert protocol.read_hello(protocol.HELLO_FIELDS.pack(1, 7) + b"h\xffst") == (1, 7, "h\ufffdst")
     assert protocol.read_exit(protocol.EXIT_FIELDS.pack(2, 0) + b"bad \xfe") == (2, None, "bad \ufffd")
@@ -40,13 +56,69 @@ def test_a_payload_shorter_than_its_fields_is_named_exactly() -> None:
     assert str(exit_.value) == "EXIT payload of 7 bytes is shorter than its 8-byte header"
 
 
-def test_frames_come_out_only_when_whole_however_the_bytes_are_cut() -> None:
-    sent = protocol.HEARTBEAT_FRAME + protocol.frame(protocol.OUTPUT, b"line\n", 1) + protocol.HEARTBEAT_FRAME
+def test_frames_come_out_only_when_whole_with_their_tags_however_the_bytes_are_cut() -> None:
+    frames = (protocol.HEARTBEAT_FRAME, protocol.frame(protocol.OUTPUT, b"line\n", 1), protocol.HEARTBEAT_FRAME)
     expected = [(protocol.HEARTBEAT, 0, b""), (protocol.OUTPUT, 1, b"line\n"), (protocol.HEARTBEAT, 0, b"")]
-    assert protocol.FrameReader().feed(sent) == expected
-    reader = protocol.FrameReader()
-    got = [reader.feed(sent[i:i + 1]) for i in range(len(sent))]
-    # A payload-less frame is whole at its sixth byte; the output frame at its last.
-    ends = [i for i, frames in enumerate(got) if frames]
-    assert ends == [5, 5 + 6 + 5, len(sent) - 1]
-    assert [f for frames in got for f in frames] == expected
+    wire, reader = shim_sends(*frames)
+    assert reader.feed(wire) == expected
+    shim, poprun = ends()
+    wire, reader = b"".join(shim.seal(f) for f in frames), protocol.FrameReader(poprun)
+    got = [reader.feed(wire[i:i + 1]) for i in range(len(wire))]
+    # A frame is whole at the last byte of its tag: 6 + 16 bytes for a heartbeat.
+    tag = protocol.TAG_SIZE
+    assert [i for i, out in enumerate(got) if out] == [6 + tag - 1, 2 * (6 + tag) + 5 - 1, len(wire) - 1]
+    assert [f for out in got for f in out] == expected
+
+
+def _refused(reader: protocol.FrameReader, wire: bytes) -> str:
+    with pytest.raises(protocol.ProtocolError) as refused:
+        reader.feed(wire)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("tamper", ["another secret", "another nonce", "a byte changed", "replayed", "reordered",
+                                    "sent the other way", "tag cut short"])
+def test_a_frame_not_sealed_by_this_connections_shim_is_refused(tamper: str) -> None:
+    hello, heartbeat = protocol.hello(0, 1, "node"), protocol.HEARTBEAT_FRAME
+    shim, poprun = ends()
+    reader = protocol.FrameReader(poprun)
+    if tamper == "another secret":
+        wire = Seal(new_secret(), new_nonce(), TO_POPRUN).seal(hello)
+    elif tamper == "another nonce":  # recorded on another connection of the same run
+        wire = Seal("0" * 64, new_nonce(), TO_POPRUN).seal(hello)
+        shim, poprun = ends("0" * 64)
+        reader = protocol.FrameReader(poprun)
+    elif tamper == "a byte changed":
+        sealed = shim.seal(hello)
+        wire = sealed[:7] + bytes([sealed[7] ^ 1]) + sealed[8:]
+    elif tamper == "replayed":
+        first = shim.seal(hello)
+        assert reader.feed(first) == [(protocol.HELLO, 0, hello[6:])]
+        wire = first
+    elif tamper == "reordered":
+        first, second = shim.seal(hello), shim.seal(heartbeat)
+        wire = second + first
+    elif tamper == "sent the other way":  # poprun's own sealing of the same bytes
+        wire = poprun.seal(hello)
+    else:
+        wire = shim.seal(heartbeat)[:-1] + shim.seal(heartbeat)
+    assert _refused(reader, wire) == "a frame failed its authentication check"
+
+
+def test_a_header_that_claims_too_much_is_refused_before_anything_is_held() -> None:
+    _, poprun = ends()
+    header = protocol.HEADER.pack(protocol.OUTPUT, 1, protocol.MAX_PAYLOAD + 1)
+    assert _refused(protocol.FrameReader(poprun), header) == (
+        f"a frame of {protocol.MAX_PAYLOAD + 1} bytes is longer than the {protocol.MAX_PAYLOAD} a frame may have")
+    wire, reader = shim_sends(protocol.frame(protocol.OUTPUT, b"x" * protocol.MAX_PAYLOAD, 1))
+    assert reader.feed(wire) == [(protocol.OUTPUT, 1, b"x" * protocol.MAX_PAYLOAD)]
+
+
+def test_commands_are_read_in_order_and_one_not_sealed_by_poprun_is_refused() -> None:
+    shim, poprun = ends()
+    commands = protocol.CommandReader(shim)
+    wire = poprun.seal(protocol.TERMINATE) + poprun.seal(protocol.RELEASE)
+    assert [commands.feed(wire[i:i + 1]) for i in range(len(wire))][16::17] == [[protocol.TERMINATE],
+                                                                                [protocol.RELEASE]]
+    with pytest.raises(protocol.ProtocolError, match=r"^a command failed its authentication check$"):
+        commands.feed(shim.seal(protocol.TERMINATE))  # the shim's own sealing: the wrong direction
