@@ -249,7 +249,8 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               help="Write the effective options as JSON.")
 @click.option("--overwrite-config", is_flag=True, help="Allow --export-config to replace a file.")
 @click.option("--mpi", metavar="PATH",
-              help="The mpiexec to use (MPICH or Open MPI). Default: next to this Python, then PATH.")
+              help="The mpiexec to use (MPICH or Open MPI). Default: next to this Python, then PATH; "
+                   "for a one-host job MPICH's mpiexec.gforker beside it, which opens no port beyond loopback.")
 @click.option("--max-restarts", type=Count(0, beyond="is more restarts than poprun makes"), default=0,
               show_default=True, metavar="N",
               help="When an instance fails, stop the job and start it again, up to N times; instances get "

@@ -126,10 +126,10 @@ HYDRA_SSH_ARGS = _define("HYDRA_LAUNCHER_EXTRA_ARGS", "poprun, unless set", "MPI
                          "ssh options for remote hosts (batch mode, connect timeout, keep-alives)")
 PRTE_SSH_ARGS = _define("PRTE_MCA_plm_ssh_args", "poprun, unless set", "Open MPI's mpirun",
                         "the same ssh options for Open MPI")
-UCX_NET_DEVICES = _define("UCX_NET_DEVICES", "the shim (--host-subnet), unless set", "MPICH (UCX)",
-                          "the interface MPI traffic uses on this host")
-FI_TCP_IFACE = _define("FI_TCP_IFACE", "the shim (--host-subnet), unless set", "MPICH (libfabric)",
-                       "the same, for libfabric's TCP provider")
+UCX_NET_DEVICES = _define("UCX_NET_DEVICES", "poprun (one host: lo) or the shim (--host-subnet), unless set",
+                          "MPICH (UCX)", "the interface MPI traffic uses on this host")
+FI_TCP_IFACE = _define("FI_TCP_IFACE", "poprun (one host: lo) or the shim (--host-subnet), unless set",
+                       "MPICH (libfabric)", "the same, for libfabric's TCP provider")
 # ----------------------------------------- MPI launchers -> a program started without poprun
 # Under a bare `mpiexec -n N` (or `srun`) popdist_py answers as N instances of one replica each,
 # from the launcher's own variables; their presence also tells "started by mpiexec" from

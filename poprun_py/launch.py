@@ -53,6 +53,10 @@ def launch(options: LaunchOptions) -> int:
     spec = _command_spec(options, plan, callback)
     _check_program(options["program"], bool(remote))
     launcher = detect_launcher(find_mpiexec(options["mpi"]), need_version=options["dry_run"] or options["verbose"] > 0)
+    if _poprun_picks_the_mpi(options) and not hosts:
+        from poprun_py.mpi import one_host_launcher
+
+        launcher = one_host_launcher(launcher)  # opens no port beyond loopback
     log.info("using %s (%s %s)", launcher.path, launcher.flavour, launcher.version)
 
     if options["print_topology"] or options["dry_run"]:
@@ -68,6 +72,13 @@ def launch(options: LaunchOptions) -> int:
     _say_threads_per_instance(plan, remote)
     _make_error_dir(plan, spec)
     return _run(options, plan, spec, launcher, remote, callback, master_port, grace)
+
+
+def _poprun_picks_the_mpi(options: LaunchOptions) -> bool:
+    """No --mpi, and no option that speaks to a particular mpiexec (its arguments, Hydra's NUMA
+    binding): poprun may pick how MPICH starts a one-host job."""
+    return not (options["mpi"] or options["mpi_global_args"] or options["mpi_local_args"]
+                or options["instance_mpi_local_args"] or options["numa_aware"])
 
 
 def _kill_grace() -> float:
@@ -91,6 +102,9 @@ def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -
         job_env[environment.OMP_NUM_THREADS] = os.environ[environment.OMP_NUM_THREADS]
     if options["host_subnet"] and plan.hosts:
         job_env[environment.HOST_SUBNET] = options["host_subnet"]
+    if callback is None:  # nothing crosses hosts: MPI's own sockets (UCX, libfabric) stay on loopback
+        for name in (environment.UCX_NET_DEVICES, environment.FI_TCP_IFACE):
+            job_env[name] = os.environ.get(name, "lo")
     return CommandSpec(
         job_env=job_env,
         instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],

@@ -62,6 +62,19 @@ def find_mpiexec(explicit: str | None = None) -> str:
     return on_path
 
 
+def one_host_launcher(launcher: MpiLauncher) -> MpiLauncher:
+    """What starts a job on this host alone when poprun chose the MPI itself: MPICH's gforker when
+    it sits beside Hydra's mpiexec (the mpich wheel has both), else ``launcher``.
+
+    Hydra's mpiexec listens for its proxies on every interface (it binds the wildcard address,
+    whatever -iface or -localhost say), so a job on one host would open a port to the network.
+    gforker starts the instances itself and reaches them over socket pairs: nothing listens."""
+    gforker = os.path.join(os.path.dirname(launcher.path), "mpiexec.gforker")
+    if launcher.flavour != "mpich" or not os.access(gforker, os.X_OK):
+        return launcher
+    return MpiLauncher(gforker, "mpich", launcher.version)
+
+
 #: Files that sit beside each flavour's mpiexec: telling them apart costs a stat, not a process.
 _SIBLINGS: dict[Flavour, tuple[str, ...]] = {"mpich": ("hydra_pmi_proxy",), "openmpi": ("prterun", "orterun")}
 

@@ -36,7 +36,10 @@ HEARTBEAT = 4  # no payload: the shim is alive and reachable (see HEARTBEAT_SECO
 ROOT_CAUSE = 5  # before EXIT, from a failed program: its TORCHELASTIC_ERROR_FILE (see root_cause.py)
 
 HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
-EXIT_FIELDS = struct.Struct("!iI")  # exit status, signal number (0: not killed by a signal)
+EXIT_FIELDS = struct.Struct("!iIB")  # exit status, signal number (0: not killed by a signal), EXIT_* flags
+#: EXIT flag: the shim itself was signalled (by its MPI launcher, or by hand), not told by poprun,
+#: and stopped its program.
+EXIT_SHIM_SIGNALLED = 1
 
 #: poprun -> shim, one byte and its tag each: stop the program (SIGTERM to its process group,
 #: SIGKILL after the grace period).
@@ -80,8 +83,8 @@ def hello(index: int, pid: int, host: str) -> bytes:
     return frame(HELLO, HELLO_FIELDS.pack(index, pid) + host.encode())
 
 
-def exit_report(status: int, signum: int | None, error: str | None) -> bytes:
-    return frame(EXIT, EXIT_FIELDS.pack(status, signum or 0) + (error or "").encode())
+def exit_report(status: int, signum: int | None, error: str | None, flags: int = 0) -> bytes:
+    return frame(EXIT, EXIT_FIELDS.pack(status, signum or 0, flags) + (error or "").encode())
 
 
 def read_hello(payload: bytes) -> tuple[int, int, str]:
@@ -90,11 +93,11 @@ def read_hello(payload: bytes) -> tuple[int, int, str]:
     return index, pid, payload[HELLO_FIELDS.size:].decode(errors="replace")
 
 
-def read_exit(payload: bytes) -> tuple[int, int | None, str | None]:
-    """``(status, signal or None, error or None)`` from an EXIT payload."""
-    status, signum = _unpack(EXIT_FIELDS, payload, "EXIT")
+def read_exit(payload: bytes) -> tuple[int, int | None, str | None, int]:
+    """``(status, signal or None, error or None, EXIT_* flags)`` from an EXIT payload."""
+    status, signum, flags = _unpack(EXIT_FIELDS, payload, "EXIT")
     error = payload[EXIT_FIELDS.size:].decode(errors="replace")
-    return status, signum or None, error or None
+    return status, signum or None, error or None, flags
 
 
 def _unpack(fields: struct.Struct, payload: bytes, kind: str) -> tuple[int, ...]:

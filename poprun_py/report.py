@@ -90,21 +90,26 @@ class Report:
                 f"without an exit report ({why})")
 
     def _left_early(self, state: InstanceState) -> str | None:
-        """When the launcher killed an instance (no exit report) after others had exited with status 0
-        while it still ran, those left early: an MPI program that exits without MPI_Finalize (os._exit,
-        a crash below Python) makes mpiexec end the rest of the job. Name them, not the victim."""
-        if not state.lost or state.silent or state.ended_at is None:
+        """When the launcher ended an instance (Hydra kills it: no exit report; gforker signals its
+        shim) after others had exited with status 0 while it still ran, those left early: an MPI
+        program that exits without MPI_Finalize (os._exit, a crash below Python) makes mpiexec end
+        the rest of the job. Name them, not the victim."""
+        if not _ended_by_launcher(state) or state.silent or state.ended_at is None:
             return None
         left = [s for s in self.instances
                 if s.status == 0 and s.ended_at is not None and s.ended_at < state.ended_at]
         if not left:
             return None
-        victims = [s.index for s in self.instances if s.lost]
+        victims = [s.index for s in self.instances if _ended_by_launcher(s)]
         first = min(s.ended_at or 0.0 for s in left)
         return (f"instance(s) {ranges([s.index for s in left])} on {', '.join(sorted({s.host for s in left}))} "
                 f"left early: exited with status 0 while instance(s) {ranges(victims)} still ran, and "
-                f"{state.ended_at - first:.1f} s later mpiexec ended those without an exit report (an MPI "
-                f"program that exits without MPI_Finalize, e.g. through os._exit, takes the job down)")
+                f"{state.ended_at - first:.1f} s later mpiexec ended those (an MPI program that exits "
+                f"without MPI_Finalize, e.g. through os._exit, takes the job down)")
+
+
+def _ended_by_launcher(state: InstanceState) -> bool:
+    return state.lost or (state.shim_signalled and not state.stopped_by_poprun)
 
 
 def root_cause(state: InstanceState) -> dict[str, str | None] | None:

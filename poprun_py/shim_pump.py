@@ -56,6 +56,8 @@ class Pump:
         self.started = time.time()
         #: Why the shim stopped its program by itself (its launcher died), for the exit report.
         self.reason: str | None = None
+        #: The shim itself was signalled (not told by poprun) and stopped its program.
+        self.signalled = False
         # The loop's state (_pump): the program's pipes still open, its status once it has exited,
         # until when its pipes may stay open after that, and the pidfds watched.
         self.open_streams = 2
@@ -96,6 +98,12 @@ class Pump:
         self.kill_at = time.monotonic() + self.grace
         self._signal_group(_signal.SIGTERM)
 
+    def _on_signal(self, *_: object) -> None:
+        """The shim was signalled (mpiexec ending the job, or someone by hand): stop the program."""
+        if self.pid is not None and self.kill_at is None:
+            self.signalled = True
+        self.stop_program()
+
     def _signal_group(self, sig: int) -> None:
         assert self.pid is not None
         try:
@@ -106,7 +114,7 @@ class Pump:
     def run(self, pid: int, stdout_fd: int, stderr_fd: int) -> int:
         self.pid = pid
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-            _signal.signal(sig, self.stop_program)
+            _signal.signal(sig, self._on_signal)
         status, signum = self._pump(stdout_fd, stderr_fd)
         if self.error_file:
             if status and self.control is not None:
@@ -114,7 +122,8 @@ class Pump:
                 if cause is not None:
                     self.send(protocol.frame(protocol.ROOT_CAUSE, cause))
             root_cause.remove(self.error_file)
-        self.send(protocol.exit_report(status, signum, self.reason))
+        self.send(protocol.exit_report(status, signum, self.reason,
+                                       protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0))
         self._await_release()
         return status
 

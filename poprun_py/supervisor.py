@@ -274,7 +274,8 @@ class Supervisor:
             elif kind == protocol.ROOT_CAUSE:
                 state.root_cause = payload
             elif kind == protocol.EXIT:
-                state.status, state.signal, state.error = protocol.read_exit(payload)
+                state.status, state.signal, state.error, flags = protocol.read_exit(payload)
+                state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
                 state.ended_at = time.monotonic()
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())

@@ -113,8 +113,8 @@ def test_failing_instance_stops_the_others(action: str, status: int, word: str) 
     assert result.returncode == status, result.stderr
     assert elapsed < 8, f"teardown took {elapsed:.1f}s"
     assert "instance 2 on " in result.stderr and word in result.stderr
-    # -v: the command, mpiexec's PID, then each exit report as it arrives.
-    assert re.search(r"^\S+ \d+ POPRUN \[I\] running command: \S+/mpiexec -genv POPDIST_NUM_TOTAL_REPLICAS 4 -genv ",
+    # -v: the command (one host: MPICH's gforker), mpiexec's PID, then each exit report as it arrives.
+    assert re.search(r"^\S+ \d+ POPRUN \[I\] running command: \S+/mpiexec\.gforker -genv POPDIST_NUM_TOTAL_REPLICAS 4 ",
                      result.stderr, re.M), result.stderr
     assert re.search(r" POPRUN \[I\] waiting for mpiexec \(PID \d+\)$", result.stderr, re.M), result.stderr
     assert re.search(rf" POPRUN \[I\] instance 2 on \S+: {re.escape(word)}$", result.stderr, re.M), result.stderr

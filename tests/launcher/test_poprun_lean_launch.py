@@ -50,7 +50,7 @@ def test_shim_uses_only_builtin_modules() -> None:
     result, frames = run_shim("/bin/true", python_flags=("-X", "importtime"))
     assert result.returncode == 0, result.stderr
     assert [kind for kind, _, _ in frames] == [protocol.HELLO, protocol.EXIT]
-    assert protocol.read_exit(frames[-1][2]) == (0, None, None)
+    assert protocol.read_exit(frames[-1][2]) == (0, None, None, 0)
     modules = imported(result.stderr)
     assert "poprun_py.shim_pump" in modules
     assert modules.isdisjoint(HEAVY), sorted(modules & set(HEAVY))
@@ -124,7 +124,7 @@ def test_missing_program_on_a_host_is_reported_by_the_shim() -> None:
     # As on a remote host where the program is missing: poprun hears why, with the shell's status.
     result, frames = run_shim("no-such-program-xyz")
     assert result.returncode == 127
-    status, signum, error = protocol.read_exit(frames[-1][2])
+    status, signum, error, _ = protocol.read_exit(frames[-1][2])
     assert (status, signum) == (127, None)
     assert error is not None and error.startswith("program 'no-such-program-xyz' not found on host ")
 
@@ -134,7 +134,7 @@ def test_a_program_that_cannot_be_executed_is_reported_by_the_shim(tmp_path: Pat
     program.write_text("#!/bin/sh\n")
     result, frames = run_shim(str(program))
     assert result.returncode == 126
-    status, signum, error = protocol.read_exit(frames[-1][2])
+    status, signum, error, _ = protocol.read_exit(frames[-1][2])
     assert (status, signum) == (126, None)
     assert error == f"program {str(program)!r} cannot be executed (Permission denied) on host {socket.gethostname()}"
 

@@ -28,13 +28,18 @@ def test_a_frame_is_its_header_then_its_payload_on_stream_0_unless_told() -> Non
     assert protocol.frame(protocol.HEARTBEAT, b"") == protocol.HEARTBEAT_FRAME == heartbeat
 
 
-@pytest.mark.parametrize(("status", "signum", "error"), [(0, None, None), (1, None, "no such file"),
-                                                         (-9, 9, None), (143, 15, "stopped")])
-def test_an_exit_report_reads_back_as_it_was_sent(status: int, signum: int | None, error: str | None) -> None:
-    wire, reader = shim_sends(protocol.exit_report(status, signum, error))
+@pytest.mark.parametrize(("status", "signum", "error", "flags"), [
+    (0, None, None, 0), (1, None, "no such file", 0), (-9, 9, None, 0), (143, 15, "stopped", 0),
+    (143, None, None, protocol.EXIT_SHIM_SIGNALLED)])
+def test_an_exit_report_reads_back_as_it_was_sent(status: int, signum: int | None, error: str | None,
+                                                  flags: int) -> None:
+    # No flags: none is the default.
+    report = protocol.exit_report(status, signum, error, flags) if flags else protocol.exit_report(status, signum,
+                                                                                                     error)
+    wire, reader = shim_sends(report)
     [(kind, stream, payload)] = reader.feed(wire)
     assert (kind, stream) == (protocol.EXIT, 0)
-    assert protocol.read_exit(payload) == (status, signum, error)
+    assert protocol.read_exit(payload) == (status, signum, error, flags)
     # No error: nothing follows the fixed fields.
     assert len(payload) == protocol.EXIT_FIELDS.size + len((error or "").encode())
 
@@ -44,7 +49,7 @@ def test_a_hello_reads_back_and_bytes_that_are_not_utf8_are_replaced() -> None:
     [(kind, _, payload)] = reader.feed(wire)
     assert kind == protocol.HELLO and protocol.read_hello(payload) == (3, 4242, "node-ü")
     assert protocol.read_hello(protocol.HELLO_FIELDS.pack(1, 7) + b"h\xffst") == (1, 7, "h\ufffdst")
-    assert protocol.read_exit(protocol.EXIT_FIELDS.pack(2, 0) + b"bad \xfe") == (2, None, "bad \ufffd")
+    assert protocol.read_exit(protocol.EXIT_FIELDS.pack(2, 0, 0) + b"bad \xfe") == (2, None, "bad \ufffd", 0)
 
 
 def test_a_payload_shorter_than_its_fields_is_named_exactly() -> None:
@@ -53,7 +58,7 @@ def test_a_payload_shorter_than_its_fields_is_named_exactly() -> None:
     assert str(hello.value) == "HELLO payload of 5 bytes is shorter than its 12-byte header"
     with pytest.raises(protocol.ProtocolError) as exit_:
         protocol.read_exit(b"\0" * 7)
-    assert str(exit_.value) == "EXIT payload of 7 bytes is shorter than its 8-byte header"
+    assert str(exit_.value) == "EXIT payload of 7 bytes is shorter than its 9-byte header"
 
 
 def test_frames_come_out_only_when_whole_with_their_tags_however_the_bytes_are_cut() -> None:

@@ -1,0 +1,110 @@
+"""A job on one host opens nothing beyond loopback: every socket its processes listen on (TCP) or
+have bound (UDP), read from /proc while the job runs, is on 127.0.0.0/8 or ::1."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import OPENMPI_LIBMPI, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT
+
+# Every instance has joined MPI (and its sockets are open) when it prints; then it waits for the file.
+PROGRAM = ("import os, sys, time, numpy as np, popdist_py\n"
+           "popdist_py.init(); popdist_py.allreduce(np.ones(2))\n"
+           "print('ready', flush=True)\n"
+           "give_up = time.monotonic() + 60\n"
+           "while not os.path.exists(sys.argv[1]) and time.monotonic() < give_up: time.sleep(0.01)\n")
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and every process below it, by parent PID."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """/proc/net's ``ADDRESS:PORT`` (the address in the kernel's byte order, 32 bits at a time)."""
+    raw = bytes.fromhex(hex_address.split(":")[0])
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(words)
+
+
+def _open_to(inodes: set[str]) -> list[str]:
+    """``address:port (table)`` of each of ``inodes`` that listens (TCP) or is bound (UDP)."""
+    found = []
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        lines = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if inode in inodes and (state == "0A" or table.startswith("udp")):  # 0A: LISTEN
+                found.append(f"{_address(local)}:{int(local.split(':')[1], 16)} ({table})")
+    return found
+
+
+def _beyond_loopback(opened: list[str]) -> list[str]:
+    def loopback(entry: str) -> bool:
+        address = ipaddress.ip_address(entry.rsplit(":", 1)[0])
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return address.is_loopback
+
+    return [entry for entry in opened if not loopback(entry)]
+
+
+@pytest.mark.parametrize("mpi", [
+    "mpich",
+    pytest.param("openmpi", marks=pytest.mark.xfail(
+        strict=True, reason="Open MPI's prterun and its TCP transport listen on every interface (issue 24 is open)")),
+])
+def test_a_one_host_job_listens_on_loopback_only(mpi: str, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    args, env = (["--mpi", str(OPENMPI_MPIEXEC)], {"MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)}) if mpi == "openmpi" \
+        else ([], {})
+    proc = subprocess.Popen([*POPRUN, *args, "--num-instances", "2", PYTHON, "-c", PROGRAM, str(go)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, **env})
+    try:
+        assert proc.stdout is not None
+        ready = [proc.stdout.readline(), proc.stdout.readline()]
+        assert sorted(ready) == ["[0] ready\n", "[1] ready\n"], proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+        pids = _descendants(proc.pid)
+        opened = _open_to(set().union(*(_socket_inodes(pid) for pid in pids)))
+        go.touch()
+        _, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert any(entry.startswith("127.0.0.1:") for entry in opened), opened  # poprun's own control port at least
+    assert _beyond_loopback(opened) == [], (pids, opened)
