@@ -81,6 +81,38 @@ class Port(Count):
             self.fail(f"{shown!r} is not a TCP port: give a whole number in the range 1..65535", param, ctx)
 
 
+def _text(kind: Text | FileName, value: Any, param: click.Parameter | None, ctx: click.Context | None,
+          empty: bool) -> str:
+    """``value`` as an option's text, or one line saying why it cannot be: not text (a config
+    file's 5 or true), empty where a name is needed, or holding a NUL byte (no argument, file
+    name or environment variable can carry one)."""
+    if not isinstance(value, str):
+        kind.fail(f"{value!r} is not text (in a config file, give it in quotes)", param, ctx)
+    shown = value if len(value) <= 60 else value[:60] + "..."
+    if not value and not empty:
+        kind.fail("'' is empty: give a name", param, ctx)
+    if "\0" in value:
+        kind.fail(f"{shown!r} holds a NUL byte, which no argument or file name can carry", param, ctx)
+    return value
+
+
+class Text(click.types.StringParamType):
+    """Every text option's type (hosts, MPI arguments, ...): text, as on a command line."""
+
+    def __init__(self, empty: bool = True) -> None:
+        self.empty = empty
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return _text(self, value, param, ctx, self.empty)
+
+
+class FileName(click.Path):
+    """Every file or directory option's type: click's Path, given a name that can be one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return str(super().convert(_text(self, value, param, ctx, empty=False), param, ctx))
+
+
 class YesNo(click.types.BoolParamType):
     """PopRun's ``yes``/``no`` values: click's boolean words (also true/false, on/off, 1/0), shown
     as YES|NO in the help, and an error that says what is valid."""
@@ -212,22 +244,22 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               help="Total replicas, divided evenly among the instances (default: one per instance).")
 @click.option("--ipus-per-replica", type=Count(1), default=1, show_default=True, metavar="N",
               help="Devices per replica (given to instances as POPDIST_NUM_IPUS_PER_REPLICA).")
-@click.option("-H", "--host", metavar="LIST",
+@click.option("-H", "--host", type=Text(), metavar="LIST",
               help="Hosts to run on: 'a,b' or ranges 'node[0-2,4]'. Instances are spread evenly. "
                    "Default: the Slurm allocation's nodes (SLURM_JOB_NODELIST), else this machine.")
-@click.option("--host-file", type=click.Path(exists=True, dir_okay=False, readable=True), metavar="FILE",
+@click.option("--host-file", type=FileName(exists=True, dir_okay=False, readable=True), metavar="FILE",
               help="File with one host per line (not with --host).")
-@click.option("--host-subnet", metavar="CIDR",
+@click.option("--host-subnet", type=Text(), metavar="CIDR",
               help="Network for traffic between hosts: poprun's control channel, MPI's daemons and MPI itself "
                    "use the interface whose address is in it. Default: the route towards the first remote host.")
-@click.option("--mpi-global-args", metavar="ARGS", help="Extra arguments put once on the mpiexec line.")
-@click.option("--mpi-local-args", metavar="ARGS", help="Extra arguments for every instance's app context.")
-@click.option("--instance-mpi-local-args", multiple=True, metavar="I:ARGS",
+@click.option("--mpi-global-args", type=Text(), metavar="ARGS", help="Extra arguments put once on the mpiexec line.")
+@click.option("--mpi-local-args", type=Text(), metavar="ARGS", help="Extra arguments for every instance's app context.")
+@click.option("--instance-mpi-local-args", multiple=True, type=Text(), metavar="I:ARGS",
               help="Extra app-context arguments for instance I only (repeatable).")
 @click.option("--only-output-from-instance", type=Count(0, MAX_COUNT - 1, "is past the last instance poprun can start"),
               metavar="I",
               help="Show only instance I's output (failures of others are still summarised).")
-@click.option("--log-dir", type=click.Path(file_okay=False), metavar="DIR",
+@click.option("--log-dir", type=FileName(file_okay=False), metavar="DIR",
               help="Also write each instance's raw output to DIR/instance-<i>/stdout.log and stderr.log "
                    "(DIR is created if its parent exists; a restarted job appends).")
 @click.option("--tee", type=YesNo(), default="yes", show_default=True,
@@ -240,22 +272,22 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.option("--numa-aware", type=YesNo(), default="no", show_default=True, help="Bind instances to NUMA nodes.")
 @click.option("--offline-mode", type=YesNo(), default="no", show_default=True,
               help="Run without devices: every run is.")
-@click.option("--executable-cache-path", metavar="DIR",
+@click.option("--executable-cache-path", type=Text(empty=False), metavar="DIR",
               help="Shared cache directory, given to instances as POPDIST_EXECUTABLE_CACHE_PATH.")
-@click.option("--import-config", type=click.Path(exists=True, dir_okay=False, readable=True), metavar="FILE",
+@click.option("--import-config", type=FileName(exists=True, dir_okay=False, readable=True), metavar="FILE",
               is_eager=True, expose_value=False, callback=import_config,
               help="Take options from a JSON file (keys: long option names); the command line wins.")
-@click.option("--export-config", type=click.Path(dir_okay=False), metavar="FILE",
+@click.option("--export-config", type=FileName(dir_okay=False), metavar="FILE",
               help="Write the effective options as JSON.")
 @click.option("--overwrite-config", is_flag=True, help="Allow --export-config to replace a file.")
-@click.option("--mpi", metavar="PATH",
+@click.option("--mpi", type=Text(empty=False), metavar="PATH",
               help="The mpiexec to use (MPICH or Open MPI). Default: next to this Python, then PATH; "
                    "for a one-host job MPICH's mpiexec.gforker beside it, which opens no port beyond loopback.")
 @click.option("--max-restarts", type=Count(0, beyond="is more restarts than poprun makes"), default=0,
               show_default=True, metavar="N",
               help="When an instance fails, stop the job and start it again, up to N times; instances get "
                    "POPDIST_RESTART_COUNT (and TORCHELASTIC_RESTART_COUNT) to resume from a checkpoint.")
-@click.option("--error-file", type=click.Path(dir_okay=False), metavar="FILE",
+@click.option("--error-file", type=FileName(dir_okay=False), metavar="FILE",
               help="When the job fails, write the failure to FILE as JSON: instance, host, status, signal, "
                    "time, reason, restart and the last lines of its stderr.")
 @click.option("--master-port", type=Port(), metavar="PORT",

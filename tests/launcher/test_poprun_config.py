@@ -99,6 +99,19 @@ def test_vipu_options_from_a_file_are_warned_about(tmp_path: Path) -> None:
     ('{"instance-mpi-local-args": "1:-x A"}',
      "'{path}': 'instance-mpi-local-args' must be a list of single values (the option is repeatable), got \"1:-x A\""),
     ('{"host": ["a", "b"]}', "'{path}': 'host' must be a single value, not a list or object, got [\"a\", \"b\"]"),
+    # Text where a command line can only give text: a number or true is named, not a traceback (or a
+    # host 1.5 dialled as 1.0.0.5); an empty name or a NUL byte is refused.
+    ('{"log-dir": 5}', "config file '{path}': 'log-dir': 5 is not text (in a config file, give it in quotes)"),
+    ('{"error-file": true}', "config file '{path}': 'error-file': True is not text (in a config file, give it"),
+    ('{"host-file": 7}', "config file '{path}': 'host-file': 7 is not text"),
+    ('{"host": 1.5}', "config file '{path}': 'host': 1.5 is not text"),
+    ('{"mpi-global-args": 5}', "config file '{path}': 'mpi-global-args': 5 is not text"),
+    ('{"instance-mpi-local-args": [0]}', "config file '{path}': 'instance-mpi-local-args': 0 is not text"),
+    ('{"mpi": false}', "config file '{path}': 'mpi': False is not text"),
+    ('{"log-dir": ""}', "config file '{path}': 'log-dir': '' is empty: give a name"),
+    ('{"error-file": "a\\u0000b"}',
+     "config file '{path}': 'error-file': 'a\\x00b' holds a NUL byte, which no argument or file name can carry"),
+    ('{"executable-cache-path": "/x\\u0000"}', "'executable-cache-path': '/x\\x00' holds a NUL byte"),
     ('[1, 2]', "Invalid value for '--import-config': '{path}' must hold a JSON object of option names to values"),
     ('{"num-instances": 2,', "Invalid value for '--import-config': '{path}' is not valid JSON: "),
 ])
@@ -110,6 +123,13 @@ def test_bad_config_files(tmp_path: Path, content: str, message: str) -> None:
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("poprun: error: "), result.stderr
     assert message.replace("{path}", str(config)) in lines[0]
+
+
+@pytest.mark.parametrize("option", ["--error-file", "--log-dir", "--mpi", "--export-config", "--host-file"])
+def test_an_empty_name_on_the_command_line_is_refused(option: str) -> None:
+    result = poprun(option, "", "/bin/true")
+    assert result.returncode == 2
+    assert result.stderr == f"poprun: error: Invalid value for '{option}': '' is empty: give a name\n"
 
 
 def test_a_bad_value_on_the_command_line_is_blamed_on_the_command_line(tmp_path: Path) -> None:
