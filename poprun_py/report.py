@@ -58,15 +58,17 @@ class Report:
         if self.failure is None or self.failure.index is None:
             return None
         state = self.instances[self.failure.index]
+        # One that left early is the cause, as the summary says, not the instance it took down.
+        cause = next(iter(self._left_before(state)), state)
         return {
-            "instance": state.index,
-            "host": state.host,
+            "instance": cause.index,
+            "host": cause.host,
             "status": self.failure.status,
-            "signal": signal_name(state.signal) if state.signal else None,
+            "signal": signal_name(cause.signal) if cause.signal else None,
             "time": datetime.datetime.fromtimestamp(self.failure.at, datetime.UTC).isoformat(),
             "reason": self._reason(state),
-            "stderr_tail": [line.decode(errors="replace") for line in state.output.stderr_tail],
-            "root_cause": root_cause(state),
+            "stderr_tail": [line.decode(errors="replace") for line in cause.output.stderr_tail],
+            "root_cause": root_cause(cause),
         }
 
     def _reason(self, state: InstanceState) -> str:
@@ -94,18 +96,23 @@ class Report:
         shim) after others had exited with status 0 while it still ran, those left early: an MPI
         program that exits without MPI_Finalize (os._exit, a crash below Python) makes mpiexec end
         the rest of the job. Name them, not the victim."""
-        if not _ended_by_launcher(state) or state.silent or state.ended_at is None:
-            return None
-        left = [s for s in self.instances
-                if s.status == 0 and s.ended_at is not None and s.ended_at < state.ended_at]
+        left = self._left_before(state)
         if not left:
             return None
+        assert state.ended_at is not None
         victims = [s.index for s in self.instances if _ended_by_launcher(s)]
         first = min(s.ended_at or 0.0 for s in left)
         return (f"instance(s) {ranges([s.index for s in left])} on {', '.join(sorted({s.host for s in left}))} "
                 f"left early: exited with status 0 while instance(s) {ranges(victims)} still ran, and "
                 f"{state.ended_at - first:.1f} s later mpiexec ended those (an MPI program that exits "
                 f"without MPI_Finalize, e.g. through os._exit, takes the job down)")
+
+
+    def _left_before(self, state: InstanceState) -> list[InstanceState]:
+        """The instances that exited with status 0 before the launcher ended ``state``, in order."""
+        if not _ended_by_launcher(state) or state.silent or state.ended_at is None:
+            return []
+        return [s for s in self.instances if s.status == 0 and s.ended_at is not None and s.ended_at < state.ended_at]
 
 
 def _ended_by_launcher(state: InstanceState) -> bool:

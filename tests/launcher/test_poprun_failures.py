@@ -48,11 +48,15 @@ def test_instances_failing_together_each_report_their_own_status(tmp_path: Path)
 
 
 @pytest.mark.parametrize("mpi", ["gforker", "hydra"])
-def test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting(mpi: str) -> None:
+def test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting(mpi: str, tmp_path: Path) -> None:
     # gforker (poprun's choice for one host) signals the shims it ends, which report; Hydra (the
     # same MPICH, named with --mpi) kills them without a report.
     args = ["--mpi", str(BIN / "mpiexec")] if mpi == "hydra" else []
-    result = poprun("-v", *args, "--num-instances", "2", PYTHON, str(SCRIPTS / "leave_early.py"), timeout=90)
+    error_file = tmp_path / "error.json"
+    result = poprun("-v", *args, "--error-file", str(error_file), "--num-instances", "2", PYTHON,
+                    str(SCRIPTS / "leave_early.py"), timeout=90)
+    report = json.loads(error_file.read_text())  # the same instance as the summary
+    assert report["instance"] == 0 and "left early" in report["reason"], report
     if mpi == "hydra":
         assert result.returncode == 1, result.stderr  # a lost instance's status
         assert re.search(r" POPRUN \[I\] instance 1 on \S+ was lost without an exit report$", result.stderr, re.M)

@@ -1,0 +1,105 @@
+"""--error-file writes the failure where it is told and nothing else: a regular file is replaced
+whole, a link is followed, anything else is written to and never replaced, and what cannot be
+written is one warning that leaves no file behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import POPRUN, ROOT, SUBPROCESS_TIMEOUT, poprun
+
+FAIL = ("/bin/sh", "-c", "echo the real cause >&2; exit 3")
+
+
+def _failed_job(error_file: Path, *, file_size_limit: int | None = None) -> subprocess.CompletedProcess[str]:
+    def limit() -> None:
+        if file_size_limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+    result = subprocess.run([*POPRUN, "--error-file", str(error_file), *FAIL], capture_output=True, text=True,
+                            timeout=SUBPROCESS_TIMEOUT, cwd=ROOT, preexec_fn=limit)
+    assert result.returncode == 3, result.stderr
+    return result
+
+
+def _warning(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line.split(" POPRUN [W] ", 1)[1] for line in result.stderr.splitlines() if " POPRUN [W] " in line]
+
+
+def test_a_regular_file_is_replaced_whole_and_keeps_its_permissions(tmp_path: Path) -> None:
+    target = tmp_path / "error.json"
+    target.write_text("old")
+    target.chmod(0o600)
+    result = _failed_job(target)
+    report = json.loads(target.read_text())
+    assert (report["instance"], report["status"], report["stderr_tail"]) == (0, 3, ["the real cause"])
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["error.json"]  # no temporary file left
+    assert _warning(result) == []
+
+
+def test_a_link_is_followed_not_replaced(tmp_path: Path) -> None:
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("old")
+    link.symlink_to(real)
+    _failed_job(link)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert json.loads(real.read_text())["status"] == 3
+
+
+def test_a_fifo_with_a_reader_gets_the_report_and_stays_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as handle:  # opening waits for poprun, the writer
+            got.append(handle.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    _failed_job(fifo)
+    reader.join(timeout=SUBPROCESS_TIMEOUT)
+    assert json.loads(got[0])["status"] == 3
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_a_fifo_no_one_reads_is_a_warning_not_a_wait(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = _failed_job(fifo)
+    assert _warning(result) == [f"cannot write the error file {fifo}: no one reads that FIFO"]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
+def test_a_device_is_written_to_never_replaced(tmp_path: Path) -> None:
+    # A private node with /dev/full's numbers (1, 7): every write fails with ENOSPC.
+    full = tmp_path / "full"
+    os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    result = _failed_job(full)
+    assert _warning(result) == [f"cannot write the error file {full}: No space left on device"]
+    assert stat.S_ISCHR(full.lstat().st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["full"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path) -> None:
+    target = tmp_path / "error.json"
+    target.write_text("old")
+    result = _failed_job(target, file_size_limit=16)  # the JSON is longer: the write fails (EFBIG)
+    assert _warning(result) == [f"cannot write the error file {target}: File too large"]
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["error.json"]
+
+
+def test_a_directory_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    result = poprun("--error-file", str(tmp_path), *FAIL)
+    assert result.returncode == 2
+    assert result.stderr == f"poprun: error: Invalid value for '--error-file': File '{tmp_path}' is a directory.\n"
