@@ -15,6 +15,8 @@ MAX_HOSTS = 65536
 #: A host file is a few thousand short lines; it is not read past 16 MiB or 1 Mi lines.
 MAX_HOST_FILE_BYTES = 16 << 20
 MAX_HOST_FILE_LINES = 1 << 20
+#: A host name (a DNS name) has at most this many characters.
+MAX_NAME = 253
 
 
 def _shown(text: str, keep: int = 60) -> str:
@@ -108,8 +110,8 @@ def expand_hosts(spec: str) -> list[str]:
                         f"(at most {MAX_HOSTS}, one instance per host at least)")
     hosts = [host for item in _items(spec) for host in _expand_one(item, item)]
     if not hosts:
-        raise PlanError(f"host list {spec!r} names no hosts; give e.g. 'host0,host1' or 'node[0-3]'")
-    return hosts
+        raise PlanError(f"host list {_shown(spec)!r} names no hosts; give e.g. 'host0,host1' or 'node[0-3]'")
+    return _checked(hosts, f"host list {_shown(spec)!r}")
 
 
 def read_host_file(path: str | Path) -> list[str]:
@@ -135,4 +137,22 @@ def read_host_file(path: str | Path) -> list[str]:
     hosts = [host for pattern in patterns for host in expand_hosts(pattern)]
     if not hosts:
         raise PlanError(f"host file {str(path)!r} lists no hosts; put one host name per line")
+    return _checked(hosts, f"host file {str(path)!r}")
+
+
+def _checked(hosts: list[str], source: str) -> list[str]:
+    """``hosts``, given by ``source``, when each could be a host's name and none is listed twice:
+    poprun spreads the instances evenly over the hosts, so a host listed twice would get two shares
+    and each would be told it is alone there (LOCAL_RANK 0, LOCAL_WORLD_SIZE 1)."""
+    first: dict[str, int] = {}
+    for position, host in enumerate(hosts):
+        if len(host) > MAX_NAME:
+            raise PlanError(f"{source} names a host of {len(host)} characters ({_shown(host)!r}); "
+                            f"a host name has at most {MAX_NAME}")
+        if not host.isprintable() or any(c.isspace() for c in host):
+            raise PlanError(f"{source} names the host {_shown(host)!r}, which holds a space or a control character")
+        if host in first:
+            raise PlanError(f"{source} lists the host {host!r} twice (hosts {first[host]} and {position}); list each "
+                            "host once: poprun spreads the instances evenly over the hosts")
+        first[host] = position
     return hosts

@@ -32,6 +32,28 @@ def test_host_file_with_comments_and_slots(tmp_path: Path) -> None:
     assert read_host_file(path) == ["node0", "node1", "head"]
 
 
+@pytest.mark.parametrize("spec,message", [
+    ("localhost,localhost", ("host list 'localhost,localhost' lists the host 'localhost' twice (hosts 0 and 1); list "
+                            "each host once: poprun spreads the instances evenly over the hosts")),
+    ("node[0-2],node1", "host list 'node[0-2],node1' lists the host 'node1' twice (hosts 1 and 3)"),
+    ("a," + "x" * 254, "names a host of 254 characters ('" + "x" * 60 + "...'); a host name has at most 253"),
+    ("a,b\tc", "host list 'a,b\\tc' names the host 'b\\tc', which holds a space or a control character"),
+])
+def test_a_host_listed_twice_or_that_cannot_be_a_name_is_refused(spec: str, message: str) -> None:
+    with pytest.raises(PlanError) as refused:
+        expand_hosts(spec)
+    assert message in str(refused.value)
+
+
+def test_a_host_file_with_crlf_lines_and_a_host_twice(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_bytes(b"node0\r\nnode1\r\n")
+    assert read_host_file(path) == ["node0", "node1"]
+    path.write_bytes(b"localhost\r\nlocalhost\r\n")
+    with pytest.raises(PlanError, match=r"lists the host 'localhost' twice \(hosts 0 and 1\)"):
+        read_host_file(path)
+
+
 def test_plan_layout_consecutive_instances_share_a_host() -> None:
     plan = JobPlan(4, 8, hosts=("h0", "h1"))
     layout = [(i.host, i.local_index, list(i.replicas)) for i in plan.instances]
