@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from poprun_py.seal import Seal
 
 
-def spawn(argv: list[str]) -> tuple[int, int, int] | OSError:
-    """Start ``argv`` in its own process group with stdout/stderr on pipes.
+def spawn(argv: list[str], no_stdin: bool = False) -> tuple[int, int, int] | OSError:
+    """Start ``argv`` in its own process group with stdout/stderr on pipes, and stdin from
+    /dev/null when ``no_stdin``.
 
     Returns ``(pid, stdout_fd, stderr_fd)``, or the OSError saying why it cannot start. What
     mpiexec gave us (e.g. MPICH's PMI_FD) stays inherited; our own descriptors are close-on-exec.
@@ -46,8 +47,10 @@ def spawn(argv: list[str]) -> tuple[int, int, int] | OSError:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        pid = os.posix_spawnp(command[0], command, os.environ, setpgroup=0,
-                              file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)],
+        actions: list[tuple[int | str, ...]] = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
+        if no_stdin:
+            actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
+        pid = os.posix_spawnp(command[0], command, os.environ, setpgroup=0, file_actions=actions,
                               # Python ignores these; programs expect the defaults.
                               setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
     except OSError as exc:
@@ -161,7 +164,9 @@ def main() -> int:
         pin_network(os.environ[environment.HOST_SUBNET])
     divide_cores()
     error_file = prepare_error_file()
-    spawned = spawn(argv)  # first: the program starts while we import and connect
+    # First: the program starts while we import and connect. mpiexec passes its stdin to instance
+    # 0 only; Hydra gives the others a pipe that never ends, where a read would wait for ever.
+    spawned = spawn(argv, no_stdin=index > 0)
 
     from poprun_py.shim_pump import Pump
 

@@ -138,6 +138,17 @@ def test_a_terminal_on_stdin_stays_with_poprun_and_the_instances_read_nothing() 
     assert result.stdout == "[0] ''\n"
 
 
+@pytest.mark.parametrize("mpi", ["gforker", "hydra"])
+def test_instances_after_the_first_read_an_empty_stdin(mpi: str) -> None:
+    # mpiexec passes its stdin to instance 0 only; Hydra gives the others a pipe that never ends.
+    args = ["--mpi", str(BIN / "mpiexec")] if mpi == "hydra" else []
+    result = subprocess.run([*POPRUN, *args, "--num-instances", "3", PYTHON, "-c",
+                             "import sys; print(repr(sys.stdin.read()))"], input="for instance 0\n",
+                            capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[0] 'for instance 0\\n'", "[1] ''", "[2] ''"]
+
+
 def test_failure_summary_survives_output_filter() -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     result = poprun("--num-instances", "2", "--only-output-from-instance", "0",
