@@ -7,11 +7,24 @@ non-executable one 126.
 
 from __future__ import annotations
 
+import _signal
 import os
 import sys
 
 from poprun_py import command
 from poprun_py.errors import PlanError
+
+
+class _Signalled(Exception):
+    """SIGTERM or SIGHUP while no job runs (the supervisor records them while one does)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise(signum: int, _frame: object) -> None:
+    raise _Signalled(signum)
 
 
 def run(argv: list[str]) -> int:
@@ -21,8 +34,14 @@ def run(argv: list[str]) -> int:
         return options
     from poprun_py.launch import ProgramError, launch
 
+    # Before and after the job poprun ends as the signal asks, with 128 + its number, through the
+    # cleanup of whatever it is doing (like Ctrl-C's KeyboardInterrupt), not killed on the spot.
+    for sig in (_signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(sig, _raise)
     try:
         return launch(options)
+    except _Signalled as exc:
+        return 128 + exc.signum
     except PlanError as exc:
         _error(str(exc))
         return 2

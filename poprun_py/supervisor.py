@@ -74,6 +74,17 @@ class Supervisor:
         previous_handlers = {sig: _signal.signal(sig, self._on_signal)
                              for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)}
         try:
+            self._start_and_watch(server, address, wake_read, wake_write, previous_wakeup, started)
+            # Signals are still only recorded: a storm of them cannot cut the summary short.
+            return self._finish()
+        finally:
+            for sig, handler in previous_handlers.items():
+                _signal.signal(sig, handler)
+
+    def _start_and_watch(self, server: _socket.socket, address: str, wake_read: int, wake_write: int,
+                         previous_wakeup: int, started: float) -> None:
+        """Start mpiexec and run the loop until the job is over; then clean up after it."""
+        try:
             command = self.build_command(address)
             log.info("running command: %s", " ".join(command))
             # A terminal stays with poprun: instances reading stdin would fight over it.
@@ -87,9 +98,7 @@ class Supervisor:
                 self.watch.add(self.mpiexec.exit_fd, ("exited", None))
             self._loop()
         finally:
-            _signal.set_wakeup_fd(previous_wakeup)
-            for sig, handler in previous_handlers.items():
-                _signal.signal(sig, handler)
+            _signal.set_wakeup_fd(previous_wakeup)  # before its pipe is closed
             self.teardown.kill_leftovers()
             if self.teardown.started is not None or self.interrupted is not None:
                 remove_files_left(started)  # a job that ended by itself cleaned up after itself
@@ -98,7 +107,6 @@ class Supervisor:
             server.close()
             os.close(wake_read)
             os.close(wake_write)
-        return self._finish()
 
     # ---------------------------------------------------------------- event loop
     def _on_signal(self, signum: int, _frame: object) -> None:

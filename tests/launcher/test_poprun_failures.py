@@ -262,6 +262,32 @@ def _mpich_files() -> set[str]:
     return shared | {f"/tmp/{n}" for n in os.listdir("/tmp") if n.startswith("hydra_hwloc_xmlfile_")}
 
 
+@pytest.mark.parametrize("mpi", ["gforker", "hydra"])
+def test_a_storm_of_signals_ends_the_job_once_with_its_summary_and_leaves_nothing(mpi: str) -> None:
+    """20 SIGTERMs 3 ms apart once the instances run MPI: the first stops the job, the second
+    kills it at once; every later one is recorded, not fatal, so poprun still says why it ended,
+    cleans up and exits 128 + 15."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    args = ["--mpi", str(BIN / "mpiexec")] if mpi == "hydra" else []
+    before = _mpich_files()
+    proc = subprocess.Popen([*POPRUN, *args, "--num-instances", "2", PYTHON, "-c",
+                             "import time, popdist_py; popdist_py.init(); print('up', flush=True); time.sleep(60)",
+                             marker], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        assert sorted([proc.stdout.readline(), proc.stdout.readline()]) == ["[0] up\n", "[1] up\n"]
+        for _ in range(20):  # the storm itself; nothing waits on its timing
+            os.kill(proc.pid, signal.SIGTERM)
+            time.sleep(0.003)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "poprun: interrupted by SIGTERM" in err.splitlines(), err
+    assert wait_no_processes(marker) == []
+    assert _mpich_files() - before == set()
+
+
 def test_files_of_killed_mpi_processes_are_removed() -> None:
     """MPICH's shared-memory segments (megabytes each) and Hydra's topology file stay behind when
     their processes are killed in a teardown; poprun removes the ones its job left."""
