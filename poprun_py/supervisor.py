@@ -100,8 +100,9 @@ class Supervisor:
         finally:
             _signal.set_wakeup_fd(previous_wakeup)  # before its pipe is closed
             self.teardown.kill_leftovers()
-            if self.teardown.started is not None or self.interrupted is not None:
-                remove_files_left(started)  # a job that ended by itself cleaned up after itself
+            # Even a job that ended by itself: instances that left through os._exit never unlinked
+            # their segments (when none is left, this costs two directory listings).
+            remove_files_left(started)
             if self.mpiexec is not None:
                 self.mpiexec.close()
             server.close()

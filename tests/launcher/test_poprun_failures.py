@@ -288,6 +288,16 @@ def test_a_storm_of_signals_ends_the_job_once_with_its_summary_and_leaves_nothin
     assert _mpich_files() - before == set()
 
 
+def test_files_of_instances_that_all_left_through_os_exit_are_removed() -> None:
+    """Every instance initialises MPI, then leaves with os._exit(0), never unlinking MPICH's
+    segments: the job succeeded, and poprun removes what it left all the same."""
+    before = _mpich_files()
+    result = poprun("--num-instances", "3", PYTHON, "-c",
+                    "import os, popdist_py; popdist_py.init(); popdist_py.barrier(); os._exit(0)")
+    assert result.returncode == 0, result.stderr
+    assert _mpich_files() - before == set()
+
+
 def test_files_of_killed_mpi_processes_are_removed() -> None:
     """MPICH's shared-memory segments (megabytes each) and Hydra's topology file stay behind when
     their processes are killed in a teardown; poprun removes the ones its job left."""
