@@ -5,9 +5,12 @@ ranks racing on pytest's shared temp root.
 """
 
 import os
+import shutil
 import tempfile
 
 import pytest
+
+_ROOT = pytest.StashKey[str]()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -26,4 +29,17 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     if comm.size > 1 and config.option.basetemp is None:
         root = tempfile.mkdtemp(prefix="pytest-mpi-") if comm.rank == 0 else None
-        config.option.basetemp = os.path.join(comm.bcast(root, root=0), f"rank{comm.rank}")
+        config.stash[_ROOT] = comm.bcast(root, root=0)
+        config.option.basetemp = os.path.join(config.stash[_ROOT], f"rank{comm.rank}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The ranks' shared temp root goes when every rank is done with it."""
+    root = config.stash.get(_ROOT, None)
+    if root is None:
+        return
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()
+    if MPI.COMM_WORLD.rank == 0:
+        shutil.rmtree(root, ignore_errors=True)
