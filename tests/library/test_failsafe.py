@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py import leftovers
 from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, wait_no_processes
 
 MPIEXEC = str(BIN / "mpiexec")
@@ -55,7 +56,7 @@ def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
     child_env.update(env or {})
     command = [MPIEXEC, "-n", str(n), *(program or [PYTHON, str(SCRIPT), mode]), marker]
-    start = time.monotonic()
+    start, started_at = time.monotonic(), time.time()
     # A session of its own, so that a hung job can be killed whole (mpiexec, proxies, instances).
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
                             cwd=ROOT, start_new_session=True)
@@ -66,6 +67,9 @@ def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout
         raise
     finally:
         left = wait_no_processes(marker, within=5)
+        # Bare mpiexec leaves what its killed processes had (poprun removes it after its jobs).
+        for place in (leftovers.SHARED_MEMORY, leftovers.HYDRA_TOPOLOGY):
+            leftovers.remove_unused(place, started_at)
         assert not left, f"processes left behind: {left}"
     return Job(proc.returncode, output, time.monotonic() - start)
 
