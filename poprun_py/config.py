@@ -42,9 +42,11 @@ def read(path: str, params: dict[str, click.Option]) -> dict[str, Any]:
     if not text.strip():
         raise click.BadParameter(f"{path!r} is empty; it must hold a JSON object of option names to values")
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_without_repeats)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"{path!r} is not valid JSON: {exc}") from None
+    except _Repeated as exc:
+        raise click.BadParameter(f"{path!r} gives {exc.key!r} more than once; give each option once") from None
     except RecursionError:
         raise click.BadParameter(f"{path!r} nests lists or objects too deeply; options need an object "
                                  "whose values are single values or lists of them") from None
@@ -69,6 +71,22 @@ def read(path: str, params: dict[str, click.Option]) -> dict[str, Any]:
         assert param.name is not None
         defaults[param.name] = value
     return defaults
+
+
+class _Repeated(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice raises (json would keep the last silently)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _Repeated(key)
+        data[key] = value
+    return data
 
 
 def read_text(path: str, limit: int, limit_text: str) -> str:

@@ -112,6 +112,8 @@ def test_vipu_options_from_a_file_are_warned_about(tmp_path: Path) -> None:
     ('{"error-file": "a\\u0000b"}',
      "config file '{path}': 'error-file': 'a\\x00b' holds a NUL byte, which no argument or file name can carry"),
     ('{"executable-cache-path": "/x\\u0000"}', "'executable-cache-path': '/x\\x00' holds a NUL byte"),
+    ('{"num-instances": 2, "num-instances": 4}',
+     "Invalid value for '--import-config': '{path}' gives 'num-instances' more than once; give each option once"),
     ('[1, 2]', "Invalid value for '--import-config': '{path}' must hold a JSON object of option names to values"),
     ('{"num-instances": 2,', "Invalid value for '--import-config': '{path}' is not valid JSON: "),
 ])
