@@ -143,7 +143,7 @@ HELP_SECTIONS = {
                "verbose", "version", "help"),
     "Hosts": ("host", "host_file", "host_subnet", "master_port", "numa_aware"),
     "Output": ("only_output_from_instance", "log_dir", "tee", "prefix_timestamp", "print_topology"),
-    "Failures and restarts": ("max_restarts", "error_file"),
+    "Failures and restarts": ("max_restarts", "error_file", "start_timeout"),
     "MPI": ("mpi", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args"),
     "Configuration files": ("import_config", "export_config", "overwrite_config"),
     "PopRun options that do nothing here (accepted so PopRun scripts run; each one given is warned about)": (
@@ -290,6 +290,10 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.option("--error-file", type=FileName(dir_okay=False), metavar="FILE",
               help="When the job fails, write the failure to FILE as JSON: instance, host, status, signal, "
                    "time, reason, restart and the last lines of its stderr.")
+@click.option("--start-timeout", type=Count(1, 86400, "is more than a day"), default=120, show_default=True,
+              metavar="SECONDS",
+              help="Stop the job when an instance has not started this long after mpiexec did (a host that "
+                   "never runs the launcher's processes, a process limit), saying which.")
 @click.option("--master-port", type=Port(), metavar="PORT",
               help="MASTER_PORT, where instance 0 serves torch.distributed's store (env://). Default: a port "
                    "free on MASTER_ADDR when instance 0 runs on this machine, else 29500 (torchrun's).")

@@ -182,7 +182,8 @@ def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: Mpi
             supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command, secret,
                                     show_instance=options["only_output_from_instance"],
                                     listen_address=callback or "127.0.0.1", remote_hosts=frozenset(remote),
-                                    grace=grace, output=OutputOptions(options["log_dir"], options["tee"],
+                                    grace=grace, start_timeout=options["start_timeout"],
+                                    output=OutputOptions(options["log_dir"], options["tee"],
                                                          options["prefix_timestamp"], append=restart > 0))
             status = supervisor.run()
             report = supervisor.failure_report() if status else None

@@ -31,6 +31,7 @@ class LaunchOptions(TypedDict):
     mpi: str | None
     max_restarts: int
     error_file: str | None
+    start_timeout: int
     master_port: int | None
     dry_run: bool
     verbose: int

@@ -45,6 +45,8 @@ class Report:
             for other in also:
                 lines.append(f"poprun: instance {other.index} on {other.host} also failed: "
                              f"{describe_status(other.status or 0, other.signal)}")
+        if self.failure is not None and self.failure.index is None:  # poprun's own reason
+            lines.append(f"poprun: {self.failure.description}")
         if reason:
             lines.append(f"poprun: {reason}")
         stopped = [s.index for s in self.instances if s.stopped_by_poprun and not s.lost and s not in also]

@@ -37,7 +37,8 @@ class Supervisor:
                  secret: str, show_instance: int | None = None, listen_address: str = "127.0.0.1",
                  remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
-                 output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE) -> None:
+                 output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE,
+                 start_timeout: float = 120.0) -> None:
         # Shared by every instance: who owns the current line of each, one line for both when they
         # are the same file or terminal (see poprun_py.output).
         self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
@@ -54,6 +55,9 @@ class Supervisor:
         self.interrupted: int | None = None
         self.teardown = Teardown(self.instances, grace)
         self.next_silence_check = 0.0
+        #: --start-timeout: how long after mpiexec's start every instance must have called in.
+        self.start_timeout = start_timeout
+        self.mpiexec_started = 0.0
         self.called_in = 0  # instances whose HELLO has arrived
         self.mpiexec: Process | None = None
         self.mpiexec_output: list[bytes] = []
@@ -89,6 +93,7 @@ class Supervisor:
             log.info("running command: %s", " ".join(command))
             # A terminal stays with poprun: instances reading stdin would fight over it.
             self.mpiexec = self.teardown.mpiexec = Process(command, stdin_devnull=os.isatty(0))
+            self.mpiexec_started = time.monotonic()
             log.info("waiting for mpiexec (PID %d)", self.mpiexec.pid)
             self.watch.add(server, ("listen", server))
             self.watch.add(wake_read, ("wake", None))
@@ -125,6 +130,7 @@ class Supervisor:
                 self.teardown.begin()
             self.teardown.escalate()
             self._check_silence()
+            self._check_start()
             for sink in self.sinks.values():
                 sink.tick()  # a line that another instance has waited on too long is ended
             if mpiexec_done_at is None and self.mpiexec.poll() is not None:
@@ -317,6 +323,21 @@ class Supervisor:
                             now - state.last_heard)
                 state.silent = True
                 self._disconnect(state)
+
+    def _check_start(self) -> None:
+        """Instances that have not called in --start-timeout seconds after mpiexec started will not:
+        its processes cannot start there (a process limit, a host that takes ssh but never runs
+        them), and mpiexec may wait for ever without a word. Stop the job, saying which."""
+        if self.called_in == len(self.instances) or self.failure is not None or self.teardown.started is not None \
+                or time.monotonic() - self.mpiexec_started < self.start_timeout:
+            return
+        from poprun_py.report import ranges
+
+        missing = [s.index for s in self.instances if s.pid is None]
+        hosts = ", ".join(dict.fromkeys(self.instances[i].host for i in missing))
+        self.failure = Failure(None, 1, f"instance(s) {ranges(missing)} on {hosts} had not started "
+                                        f"{self.start_timeout:g} s after mpiexec did (--start-timeout)")
+        self.teardown.begin()
 
     def _disconnect(self, state: InstanceState) -> None:
         assert state.connection is not None

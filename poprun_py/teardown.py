@@ -36,6 +36,8 @@ class Teardown:
         self.mpiexec: Process | None = None
         #: time.monotonic() when it started (None: not started; -inf: escalate at once).
         self.started: float | None = None
+        #: The last signal the escalation sent mpiexec's process group (each is sent once).
+        self.signalled: int | None = None
 
     def begin(self) -> None:
         """Tell every instance still running to stop (once)."""
@@ -58,10 +60,10 @@ class Teardown:
         if self.started is None or self.mpiexec is None or self.mpiexec.poll() is not None:
             return
         elapsed = time.monotonic() - self.started
-        if elapsed >= self.kill_after:
-            self._signal_mpiexec(_signal.SIGKILL)
-        elif elapsed >= self.term_after:
-            self._signal_mpiexec(_signal.SIGTERM)
+        sig = _signal.SIGKILL if elapsed >= self.kill_after else _signal.SIGTERM if elapsed >= self.term_after else None
+        if sig is not None and sig != self.signalled:
+            self.signalled = sig
+            self._signal_mpiexec(sig)
 
     def _signal_mpiexec(self, sig: int) -> None:
         assert self.mpiexec is not None

@@ -19,6 +19,7 @@ from poprun_py import environment, protocol, teardown
 from poprun_py.seal import TO_POPRUN, Seal, new_secret
 from tests.helpers import (
     BIN,
+    OMP_SET,
     OPENMPI_LIBMPI,
     OPENMPI_MPIEXEC,
     POPRUN,
@@ -26,6 +27,7 @@ from tests.helpers import (
     ROOT,
     poprun,
     processes_matching,
+    run,
     wait_no_processes,
 )
 
@@ -286,6 +288,41 @@ def test_a_storm_of_signals_ends_the_job_once_with_its_summary_and_leaves_nothin
     assert "poprun: interrupted by SIGTERM" in err.splitlines(), err
     assert wait_no_processes(marker) == []
     assert _mpich_files() - before == set()
+
+
+def test_instances_that_never_start_end_the_job_at_the_start_timeout(tmp_path: Path) -> None:
+    """An mpiexec that never starts the instances (here Hydra behind a wrapper that stalls first,
+    as a host that takes ssh but never runs the launcher's processes does) is not waited on for
+    ever: at --start-timeout poprun names the instances and stops the job."""
+    wrapper = tmp_path / "mpiexec"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+                       f'sleep 60\nexec {BIN / "mpiexec"} "$@"\n')
+    wrapper.chmod(0o755)
+    result = poprun("--start-timeout", "1", "--mpi", str(wrapper), "--num-instances", "2", "/bin/true", env=OMP_SET)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == ("poprun: instance(s) 0-1 on localhost had not started 1 s after mpiexec did "
+                             "(--start-timeout)\n")
+
+
+PIDS = Path("/sys/fs/cgroup/pids")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(PIDS, os.W_OK), reason="needs root and the pids cgroup")
+def test_a_process_limit_that_stops_mpiexec_starting_instances_ends_the_job() -> None:
+    """Hydra that cannot fork its proxy (3 processes allowed: poprun, mpiexec, one more) waits
+    without a word: --start-timeout ends it."""
+    group = PIDS / f"poprun-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "pids.max").write_text("3")
+        result = run(["/bin/sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh", *POPRUN,
+                      "--start-timeout", "2", "--mpi", str(BIN / "mpiexec"), "--num-instances", "2", "/bin/true"],
+                     env=OMP_SET)
+    finally:
+        group.rmdir()
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.endswith("poprun: instance(s) 0-1 on localhost had not started 2 s after mpiexec did "
+                                  "(--start-timeout)\n"), result.stderr
 
 
 def test_files_of_instances_that_all_left_through_os_exit_are_removed() -> None:
