@@ -304,6 +304,22 @@ def test_instances_that_never_start_end_the_job_at_the_start_timeout(tmp_path: P
                              "(--start-timeout)\n")
 
 
+def test_a_process_left_in_mpiexecs_session_is_killed_and_named(tmp_path: Path) -> None:
+    """Whatever mpiexec's session still holds after the job (here a job of a launcher wrapper's
+    shell, in a process group of its own, so that signalling mpiexec's group misses it) is killed
+    by the sweep, and named."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    wrapper = tmp_path / "mpiexec"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+                       f"set -m\nsh -c 'sleep 300' {marker} &\nexec {BIN / 'mpiexec'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    result = poprun("--mpi", str(wrapper), "--num-instances", "2", "/bin/true", env=OMP_SET)
+    assert result.returncode == 0, result.stderr
+    assert re.search(rf" POPRUN \[W\] killing process \d+ \(sh -c sleep 300 {marker}\) left behind in the "
+                     r"job's session$", result.stderr, re.M), result.stderr
+    assert wait_no_processes(marker) == []
+
+
 PIDS = Path("/sys/fs/cgroup/pids")
 
 
