@@ -92,6 +92,16 @@ def _checker(comm: Any, what: str, deadline: float, timeout: float) -> _Checker:
     return checker
 
 
+def mark_broken(comm: Any, why: str) -> None:
+    """After an exchange on ``comm`` that could not complete (and cannot be cancelled): every later
+    collective on it fails at once, saying ``why``, instead of meeting that exchange's leftovers."""
+    if _keyval is None:
+        return
+    checker: _Checker | None = comm.Get_attr(_keyval)
+    if checker is not None:
+        checker.broken = why
+
+
 def prepare(comm: Any, *, timeout: float | None = None, what: str = "init") -> None:
     """Create ``comm``'s private check communicator now (collective over ``comm``, with a deadline)."""
     if comm.Get_size() > 1:

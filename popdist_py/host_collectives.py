@@ -3,7 +3,8 @@
 Arrays travel with mpi4py's buffer (upper-case) calls, never pickled. Before each collective the
 participants :func:`~popdist_py.agreement.agree` on (op, shape, dtype, root), so a mismatch is an
 error naming the instances and their values on every instance, and a missing instance is named
-after the timeout; the MPI call itself then runs at full speed. The participants are the
+after the timeout; the MPI call itself then runs at full speed, non-blocking and polled with the
+same deadline (a participant that stops after agreeing is a timeout, not a hang). The participants are the
 instances of the current scope (all of them, or those of the enclosing ``execute_on_instances``).
 In a one-instance job no MPI is used and the results are copies of the input.
 
@@ -15,14 +16,20 @@ fractional mean. float16 is reduced in float32 and rounded back once.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
 from popdist_py import agreement, validate
+from popdist_py.deadline import collective_timeout, poll
+from popdist_py.errors import CollectiveTimeoutError
 from popdist_py.instances import Scope, current_scope
 from popdist_py.op_names import TO_HOST
+from poprun_py.environment import COLLECTIVE_TIMEOUT
 
+#: Busy-poll a data exchange this long before yielding: most complete within microseconds.
+_SPIN = 50e-6
 #: Valid ``op`` names of :func:`allreduce` (plus the aliases ``add`` and ``mul``).
 OPS = ("sum", "mean", "min", "max", "prod")
 _REDUCE_FIELDS = ("op", "shape", "dtype")
@@ -96,6 +103,21 @@ def _agree(scope: Scope, what: str, signature: tuple[Any, ...], fields: tuple[st
     agreement.agree(scope.comm, what, signature, timeout=timeout, describe_rank=scope.describe, fields=fields)
 
 
+def _complete(scope: Scope, what: str, request: Any, timeout: float | None) -> None:
+    """Wait for the data exchange of ``what``, which every participant has agreed to, with the
+    collective deadline: a participant that stops after agreeing (SIGSTOP, a debugger, a host
+    that stalls) must not hang the others for ever. The exchange cannot be cancelled, so on a
+    timeout the communicator is marked broken."""
+    t = collective_timeout(timeout)
+    if poll(request.Test, time.monotonic() + t, spin=_SPIN):
+        return
+    agreement.mark_broken(scope.comm, f"an earlier collective ({what}) timed out in its data exchange")
+    raise CollectiveTimeoutError(
+        f"{what}: timed out after {t:g} s in its data exchange, after all {scope.size} participants had "
+        f"arrived: one stopped responding (stopped by a signal or a debugger, or its host stalled); "
+        f"set {COLLECTIVE_TIMEOUT} to wait longer")
+
+
 def allreduce(array: np.ndarray, op: str = "sum", *, timeout: float | None = None) -> np.ndarray:
     """Reduce ``array`` element-wise over the instances (``op`` in sum, mean, min, max, prod).
 
@@ -114,7 +136,7 @@ def allreduce(array: np.ndarray, op: str = "sum", *, timeout: float | None = Non
     out = np.empty_like(work)
     if work.size:
         # mpi4py maps the (native) numpy dtype to MPI's predefined datatype, as reductions need.
-        scope.comm.Allreduce(work, out, op=_mpi_op(name, work.dtype.kind))
+        _complete(scope, "allreduce", scope.comm.Iallreduce(work, out, op=_mpi_op(name, work.dtype.kind)), timeout)
     if name == "mean":
         if out.dtype.kind in "fc":
             out /= scope.size
@@ -138,7 +160,7 @@ def allgather(array: np.ndarray, *, timeout: float | None = None) -> np.ndarray:
     if a.nbytes:
         from mpi4py import MPI
 
-        scope.comm.Allgather([a, MPI.BYTE], [out, MPI.BYTE])
+        _complete(scope, "allgather", scope.comm.Iallgather([a, MPI.BYTE], [out, MPI.BYTE]), timeout)
     return out
 
 
@@ -156,7 +178,7 @@ def broadcast(array: np.ndarray, root: int = 0, *, timeout: float | None = None)
     if a.nbytes:
         from mpi4py import MPI
 
-        scope.comm.Bcast([out, MPI.BYTE], root=scope.rank_of(root))
+        _complete(scope, "broadcast", scope.comm.Ibcast([out, MPI.BYTE], root=scope.rank_of(root)), timeout)
     return out
 
 

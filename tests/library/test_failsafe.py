@@ -203,6 +203,14 @@ def test_a_peer_that_never_arrives_is_named_after_the_timeout() -> None:
     assert "CollectiveTimeoutError: allreduce: timed out after 1 s waiting for instance 1" in job.output
 
 
+def test_a_peer_that_stops_after_agreeing_is_a_timeout_in_the_data_exchange_not_a_hang() -> None:
+    job = run_job("stopped", env={"POPDIST_COLLECTIVE_TIMEOUT": "1"})
+    assert job.returncode == 1, job.output
+    assert 1 <= job.elapsed < 6, f"took {job.elapsed:.1f}s\n{job.output}"
+    assert ("CollectiveTimeoutError: allreduce: timed out after 1 s in its data exchange, after all 2 participants "
+            "had arrived: one stopped responding") in job.output, job.output
+
+
 def test_execute_on_a_subset_of_three_instances() -> None:
     job = run_job("subset", 3)
     assert job.returncode == 0, job.output

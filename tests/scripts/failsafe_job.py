@@ -28,6 +28,8 @@ console_thread  instance 1 sets sys.ps1 (as an interactive console does), then h
              exception in a thread                                         -> status 0
 mismatch     shapes differ between instances; each prints its error      -> status 0
 late         instance 1 never calls allreduce (uncaught timeout on the others ends the job, status 1)
+stopped      instance 1 agrees to an allreduce, then stops itself (SIGSTOP) before its data exchange:
+             the others' timeout in the exchange ends the job, status 1
 subset       execute_on_instances({0, 2}) with collectives inside (3 instances)
 subset_mismatch  instance 2 asks for {0, 1, 2}, the others for {0, 2} (3 instances): every
              instance reports the mismatch, then an allreduce over all of them still works
@@ -37,6 +39,7 @@ finalize     init(), finalize(), then a collective                       -> Runt
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -193,6 +196,20 @@ def late() -> None:
     say("done")
 
 
+def stopped() -> None:
+    if RANK == 1:
+        # The allreduce's agreement, as popdist_py.allreduce makes it, then a stop before its data.
+        from popdist_py.host_collectives import _REDUCE_FIELDS, _agree
+        from popdist_py.instances import current_scope
+
+        _agree(current_scope(), "allreduce", ("sum", (3,), "float64"), _REDUCE_FIELDS, None)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        say("was not stopped by the others' timeout")
+        sys.exit(2)
+    popdist_py.allreduce(np.ones(3))
+    say("done")
+
+
 def subset() -> None:
     def on_subset(offset: int) -> list[object]:
         total = popdist_py.allreduce(np.array([float(RANK + offset)]))
@@ -236,7 +253,7 @@ def main(mode: str) -> None:
     others: dict[str, Callable[[], None]] = {
         "console": console, "console_thread": console_thread, "interactive": lambda: interactive(False),
         "interactive_thread": lambda: interactive(True), "ok": lambda: ok(n), "mismatch": mismatch, "late": late,
-        "subset": subset, "subset_mismatch": subset_mismatch, "finalize": finalize}
+        "stopped": stopped, "subset": subset, "subset_mismatch": subset_mismatch, "finalize": finalize}
     if mode in FAILS_IN_INSTANCE_1:
         fails_in_instance_1(mode, n)
     elif mode in others:
