@@ -28,8 +28,11 @@ from popdist_py.instances import Scope, current_scope
 from popdist_py.op_names import TO_HOST
 from poprun_py.environment import COLLECTIVE_TIMEOUT
 
-#: Busy-poll a data exchange this long before yielding: most complete within microseconds.
+#: Busy-poll a data exchange this long before yielding (most complete within microseconds), and
+#: yield this long before sleeping between polls: a large exchange takes milliseconds, and a sleep
+#: would add up to one to it.
 _SPIN = 50e-6
+_YIELD = 0.05
 #: Valid ``op`` names of :func:`allreduce` (plus the aliases ``add`` and ``mul``).
 OPS = ("sum", "mean", "min", "max", "prod")
 _REDUCE_FIELDS = ("op", "shape", "dtype")
@@ -109,7 +112,7 @@ def _complete(scope: Scope, what: str, request: Any, timeout: float | None) -> N
     that stalls) must not hang the others for ever. The exchange cannot be cancelled, so on a
     timeout the communicator is marked broken."""
     t = collective_timeout(timeout)
-    if poll(request.Test, time.monotonic() + t, spin=_SPIN):
+    if poll(request.Test, time.monotonic() + t, spin=_SPIN, yield_for=_YIELD):
         return
     agreement.mark_broken(scope.comm, f"an earlier collective ({what}) timed out in its data exchange")
     raise CollectiveTimeoutError(
