@@ -13,9 +13,27 @@ Built-in modules only: the per-instance shim uses it.
 from __future__ import annotations
 
 import os
+from stat import S_ISDIR
 
 SHARED_MEMORY = ("/dev/shm", "mpich_shm_")
 HYDRA_TOPOLOGY = ("/tmp", "hydra_hwloc_xmlfile_")
+
+
+def remove_openmpi_session(launcher_pid: int) -> str | None:
+    """Open MPI's session directory of its launcher (``prterun``, the PID poprun started as
+    mpiexec), ``$TMPDIR/ompi.<pid>``, which a killed prterun leaves: removed once the launcher is
+    gone, when it is this user's. The path removed, or None."""
+    path = os.path.join(os.environ.get("TMPDIR") or "/tmp", f"ompi.{launcher_pid}")
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if not S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        return None
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    return None if os.path.lexists(path) else path
 
 
 def remove_unused(place: tuple[str, str], since: float) -> list[str]:

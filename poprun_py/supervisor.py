@@ -107,7 +107,7 @@ class Supervisor:
             self.teardown.kill_leftovers()
             # Even a job that ended by itself: instances that left through os._exit never unlinked
             # their segments (when none is left, this costs two directory listings).
-            remove_files_left(started)
+            remove_files_left(started, self.mpiexec.pid if self.mpiexec is not None else None)
             if self.mpiexec is not None:
                 self.mpiexec.close()
             server.close()

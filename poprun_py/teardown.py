@@ -96,13 +96,16 @@ class Teardown:
                 state.connection = None
 
 
-def remove_files_left(since: float) -> None:
-    """What killed MPICH processes of this job left on this host (see poprun_py.leftovers)."""
+def remove_files_left(since: float, launcher_pid: int | None = None) -> None:
+    """What killed MPI processes of this job left on this host (see poprun_py.leftovers): MPICH's
+    files, and the session directory of Open MPI's launcher once it has exited."""
     from poprun_py import leftovers
 
-    for place in (leftovers.HYDRA_TOPOLOGY, leftovers.SHARED_MEMORY):
-        for path in leftovers.remove_unused(place, since):
-            log.debug("removed %s, left by the job's killed processes", path)
+    removed = [path for place in (leftovers.HYDRA_TOPOLOGY, leftovers.SHARED_MEMORY)
+               for path in leftovers.remove_unused(place, since)]
+    session = leftovers.remove_openmpi_session(launcher_pid) if launcher_pid is not None else None
+    for path in [*removed, *([session] if session else [])]:
+        log.debug("removed %s, left by the job's killed processes", path)
 
 
 def _command_line(pid: int) -> str:

@@ -108,6 +108,8 @@ def test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once(mpi: str) -> N
                      rf"process that started instance [01] on {socket.gethostname()} \(PID {launcher}\) died; the "
                      r"instance was stopped$", stderr, re.MULTILINE), stderr
     assert wait_no_processes(marker) == []
+    # A killed prterun leaves its session directory (named by its PID: it is mpiexec itself here).
+    assert not Path(f"/tmp/ompi.{launcher}").exists()
 
 
 @pytest.mark.parametrize("mode,status", [("ok", 0), ("fail", 3)])
