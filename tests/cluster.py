@@ -10,9 +10,11 @@ through a file in ``/etc/ssh/ssh_config.d``. Both, the namespaces, the bridge an
 of the hosts are removed again by ``stop`` (and what a crashed run left is removed by the next
 ``start``).
 
-Traffic goes only to addresses this module created. The namespaces share ``/dev/shm`` with the
-root namespace, so MPI must be kept on the network (``UCX_TLS=self,tcp``; see
-``NETWORK_ENV``); ``counters`` reads the interfaces' byte counters to prove that it was.
+Traffic goes only to addresses this module created. Each host has its own ``/tmp`` and
+``/dev/shm`` (a tmpfs in its own mount namespace, gone with the host), as separate machines do:
+what a host's processes leave there stays on that host, and a host that dies takes it along.
+MPI is still kept on the network (``UCX_TLS=self,tcp``; see ``NETWORK_ENV``); ``counters``
+reads the interfaces' byte counters to prove that it was.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ HOSTS_FILE = Path("/etc/hosts")
 SSH_CONFIG_DIR = Path("/etc/ssh/ssh_config.d")
 #: Candidate subnets, tried in order; the first that nothing on this machine uses is taken.
 CANDIDATE_SUBNETS = [f"10.{a}.{b}.0/24" for a in (213, 231) for b in range(37, 47)]
-#: Keeps MPI traffic on the network between namespaces (they share /dev/shm). UCX skips bridge
+#: Keeps MPI traffic on the network between namespaces (and off the machine's /dev/shm, which a
+#: job on this machine and a host would share). UCX skips bridge
 #: devices unless told, and the root namespace reaches the hosts only through the bridge.
 NETWORK_ENV = {"UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp", "UCX_TCP_BRIDGE_ENABLE": "y"}
 #: Bound for every command the cluster runs itself.
@@ -116,7 +119,8 @@ class Cluster:
         self.bridges = [f"{self.tag}n{n}br" for n in range(networks)]
         self.bridge_addresses: list[str] = []
         self.hosts: list[Host] = []
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
+        # Not under /tmp, which every host replaces with its own: its sshd reads its keys from here.
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/run" if os.access("/run", os.W_OK) else None))
         self.ssh_config = SSH_CONFIG_DIR / f"{self.tag}.conf"
         self.marker = f"# {PREFIX} test cluster {self.tag} (pid {os.getpid()})"
 
@@ -208,10 +212,12 @@ class Cluster:
         """Start (or restart) the host's sshd, in the host's namespaces, with its hostname set."""
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
         config = self._sshd_config(host)
-        script = f"hostname {host.name} && exec {_sshd()} -D -e -f {config}"
-        host.sshd = subprocess.Popen(["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--", "sh", "-c",
-                                      script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+        private = " && ".join(f"mount -t tmpfs -o mode=1777,size=1g {host.namespace} {where}"
+                              for where in ("/tmp", "/dev/shm"))
+        script = f"{private} && hostname {host.name} && exec {_sshd()} -D -e -f {config}"
+        host.sshd = subprocess.Popen(["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount",
+                                      "--propagation", "private", "--", "sh", "-c", script],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def _wait_for_ssh(self, within: float = 20.0) -> None:
         for host in self.hosts:
