@@ -37,7 +37,9 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# Nothing a test's job makes may stay in /dev/shm or /tmp (tests/leftover_files.py).
 test: lint
+	$(PY) -m tests.leftover_files snapshot $(VENV)/.leftovers-before
 	$(PYTEST) tests
 	$(MPIEXEC) -n 2 $(PYTEST) --with-mpi tests/mpi
 	$(MPIEXEC) -n 3 $(PYTEST) --with-mpi tests/mpi
@@ -48,6 +50,7 @@ test: lint
 		echo "determinism tests under OPENBLAS_CORETYPE=$$k"; \
 		OPENBLAS_CORETYPE=$$k $(PYTEST) -m determinism tests || exit 1; \
 	done
+	$(PY) -m tests.leftover_files check $(VENV)/.leftovers-before
 
 # The subset to iterate on: no subprocesses, no poprun, no MPI ranks (10-20 s).
 test-fast: install
