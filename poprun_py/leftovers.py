@@ -71,6 +71,18 @@ def remove_unused(place: tuple[str, str], since: float) -> list[str]:
     return removed
 
 
+def open_files(pid: int) -> list[str]:
+    """What process ``pid``'s descriptors point at (paths, ``socket:[inode]``, ...); OSError if it
+    is gone or not ours to read."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue  # closed meanwhile
+    return found
+
+
 def _in_use(paths: set[str]) -> set[str]:
     """Which of ``paths`` some live process has open or mapped (from /proc)."""
     busy: set[str] = set()
@@ -78,13 +90,7 @@ def _in_use(paths: set[str]) -> set[str]:
         if not pid.isdigit():
             continue
         try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target in paths:
-                    busy.add(target)
+            busy |= paths.intersection(open_files(int(pid)))
             with open(f"/proc/{pid}/maps") as maps:
                 for line in maps:
                     path = line.rstrip("\n").partition("/")[2]

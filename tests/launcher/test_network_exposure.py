@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py import leftovers
 from tests.helpers import OPENMPI_LIBMPI, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT
 
 # Every instance has joined MPI (and its sockets are open) when it prints; then it waits for the file.
@@ -39,18 +40,10 @@ def _descendants(root: int) -> list[int]:
 
 
 def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
     try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
+        return {target[8:-1] for target in leftovers.open_files(pid) if target.startswith("socket:[")}
     except OSError:
-        pass
-    return inodes
+        return set()  # gone
 
 
 def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
