@@ -19,16 +19,18 @@ SHARED_MEMORY = ("/dev/shm", "mpich_shm_")
 HYDRA_TOPOLOGY = ("/tmp", "hydra_hwloc_xmlfile_")
 
 
-def remove_openmpi_session(launcher_pid: int) -> str | None:
+def remove_openmpi_session(launcher_pid: int, since: float) -> str | None:
     """Open MPI's session directory of its launcher (``prterun``, the PID poprun started as
     mpiexec), ``$TMPDIR/ompi.<pid>``, which a killed prterun leaves: removed once the launcher is
-    gone, when it is this user's. The path removed, or None."""
+    gone, when it is this user's and was changed since the job started (``since``, a
+    ``time.time()``; an older one with that name is another launcher's that had the same PID).
+    The path removed, or None."""
     path = os.path.join(os.environ.get("TMPDIR") or "/tmp", f"ompi.{launcher_pid}")
     try:
         info = os.lstat(path)
     except OSError:
         return None
-    if not S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+    if not S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mtime < since:
         return None
     import shutil
 
