@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -78,3 +79,15 @@ def wait_no_processes(marker: str, within: float = 5.0) -> list[str]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
+
+
+def stop_poprun(proc: subprocess.Popen[bytes]) -> None:
+    """End a poprun that is still running as a user would (SIGTERM: it stops its job and cleans up
+    after it), SIGKILL for its process group only if it does not end."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

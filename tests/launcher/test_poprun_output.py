@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, wait_no_processes
+from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, stop_poprun, wait_no_processes
 from tests.launcher.rendering import rendered
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
@@ -73,9 +73,7 @@ class Running:
             self.kill()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_poprun(self.proc)
         for pipe in (self.proc.stdout, self.proc.stderr):
             assert pipe is not None
             pipe.close()

@@ -13,7 +13,6 @@ import os
 import pty
 import re
 import select
-import signal
 import subprocess
 import time
 import tty
@@ -23,7 +22,7 @@ from typing import IO
 
 import pytest
 
-from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT
+from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, stop_poprun
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
 
@@ -106,12 +105,6 @@ def wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], wha
         time.sleep(0.01)
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def interleave(tmp_path: Path, proc_stdout: int | IO[bytes], proc_stderr: int | IO[bytes],
                shown: Callable[[], bytes], reached: Callable[[], bool] | None = None) -> subprocess.Popen[bytes]:
     """Issue 27's order of events: instance 1's partial line shows, then instance 0's whole line
@@ -130,7 +123,7 @@ def interleave(tmp_path: Path, proc_stdout: int | IO[bytes], proc_stderr: int | 
         (tmp_path / "go1").touch()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
     finally:
-        stop(proc)
+        stop_poprun(proc)
     return proc
 
 
@@ -186,7 +179,7 @@ def test_bars_partial_lines_and_both_streams_from_three_instances(tmp_path: Path
             try:
                 proc.wait(timeout=SUBPROCESS_TIMEOUT)
             finally:
-                stop(proc)
+                stop_poprun(proc)
         shown = path.read_bytes()
     else:
         terminal = Terminal()
@@ -198,7 +191,7 @@ def test_bars_partial_lines_and_both_streams_from_three_instances(tmp_path: Path
                 pass
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         finally:
-            stop(proc)
+            stop_poprun(proc)
             terminal.close()
         shown = bytes(terminal.seen)
     assert proc.returncode == 0, shown

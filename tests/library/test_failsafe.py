@@ -67,11 +67,15 @@ def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout
         raise
     finally:
         left = wait_no_processes(marker, within=5)
-        # Bare mpiexec leaves what its killed processes had (poprun removes it after its jobs).
-        for place in (leftovers.SHARED_MEMORY, leftovers.HYDRA_TOPOLOGY):
-            leftovers.remove_unused(place, started_at)
+        _remove_mpich_leftovers(started_at)
         assert not left, f"processes left behind: {left}"
     return Job(proc.returncode, output, time.monotonic() - start)
+
+
+def _remove_mpich_leftovers(since: float) -> None:
+    """Bare mpiexec leaves what its killed processes had (poprun removes it after its jobs)."""
+    for place in (leftovers.SHARED_MEMORY, leftovers.HYDRA_TOPOLOGY):
+        leftovers.remove_unused(place, since)
 
 
 def _kill_session(proc: subprocess.Popen[str]) -> None:
@@ -248,6 +252,7 @@ def test_plain_mpi4py_without_popdist_init_hangs_for_comparison(tmp_path: Path) 
             "open(os.path.join(sys.argv[1], f'reached-{c.rank}'), 'w').close()\n"
             "if c.rank == 1:\n    raise RuntimeError('boom')\nc.Barrier()\n")
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
+    started_at = time.time()
     proc = subprocess.Popen([MPIEXEC, "-n", "2", PYTHON, "-c", code, str(tmp_path), marker], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=child_env, cwd=ROOT, start_new_session=True)
     try:
@@ -261,6 +266,7 @@ def test_plain_mpi4py_without_popdist_init_hangs_for_comparison(tmp_path: Path) 
     finally:
         _kill_session(proc)
         left = wait_no_processes(marker, within=5)
+        _remove_mpich_leftovers(started_at)
         assert not left, f"processes left behind: {left}"
 
 
