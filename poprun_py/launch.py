@@ -335,11 +335,11 @@ def _write_error_file(path: str, report: dict[str, object]) -> None:
 def _write_in_place(target: str, text: bytes) -> None:
     """Write ``text`` into a file that is not a regular one; a FIFO that no one reads fails (ENXIO)
     instead of waiting for a reader."""
+    from poprun_py.output import write_all
+
     fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:
-        view = memoryview(text)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, text)
     finally:
         os.close(fd)
 
@@ -349,6 +349,8 @@ def _replace_file(target: str, text: bytes, mode: int | None) -> None:
     the old file's permissions are kept (a new one's follow the umask). Nothing is left on failure."""
     import tempfile
 
+    from poprun_py.output import write_all
+
     if mode is None:
         umask = os.umask(0)
         os.umask(umask)
@@ -357,9 +359,7 @@ def _replace_file(target: str, text: bytes, mode: int | None) -> None:
     try:
         try:
             os.fchmod(fd, mode)
-            view = memoryview(text)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, text)
         finally:
             os.close(fd)
         os.replace(temporary, target)

@@ -392,10 +392,8 @@ class InstanceOutput:
             self._log_failed(exc)
 
     def _log(self, stream: int, data: bytes) -> None:
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self.logs[stream], view):]
+            write_all(self.logs[stream], data)
         except OSError as exc:
             self._log_failed(exc)
 
@@ -451,3 +449,10 @@ def check_log_options(log_dir: str | None, tee: bool, create: bool) -> None:
                 os.mkdir(path)
             except OSError as exc:
                 raise PlanError(f"--log-dir {log_dir!r} cannot be created: {exc.strerror or exc}") from None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd``, however many writes that takes (OSError if one fails)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

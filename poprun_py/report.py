@@ -109,7 +109,6 @@ class Report:
                 f"{state.ended_at - first:.1f} s later mpiexec ended those (an MPI program that exits "
                 f"without MPI_Finalize, e.g. through os._exit, takes the job down)")
 
-
     def _left_before(self, state: InstanceState) -> list[InstanceState]:
         """The instances that exited with status 0 before the launcher ended ``state``, in order."""
         if not _ended_by_launcher(state) or state.silent or state.ended_at is None:

@@ -120,29 +120,21 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
     """The control connection and its seal, once poprun's nonce has arrived; None, said on stderr,
     when poprun cannot be reached or the secret is missing."""
     from poprun_py.control import connect
-    from poprun_py.protocol import NONCE_SIZE, SILENCE_LIMIT
+    from poprun_py.protocol import SILENCE_LIMIT
 
     address = os.environ[environment.CONTROL]
-    if not secret:
-        problem = f"no {environment.SECRET} in its environment (was it dropped by mpiexec's options?)"
-    else:
+    problem = f"no {environment.SECRET} in its environment (was it dropped by mpiexec's options?)"
+    if secret:
         try:
             control = connect(address, give_up_after=SILENCE_LIMIT)
             try:
-                control.settimeout(SILENCE_LIMIT)
-                nonce = b""
-                while len(nonce) < NONCE_SIZE and (chunk := control.recv(NONCE_SIZE - len(nonce))):
-                    nonce += chunk
-                control.settimeout(None)
+                nonce = _read_nonce(control, SILENCE_LIMIT)
             except OSError:
                 control.close()
                 raise
-            if len(nonce) == NONCE_SIZE:
-                from poprun_py.seal import TO_POPRUN, Seal
+            from poprun_py.seal import TO_POPRUN, Seal
 
-                return control, Seal(secret, nonce, TO_POPRUN)
-            control.close()
-            problem = "it closed the connection before it said anything"
+            return control, Seal(secret, nonce, TO_POPRUN)
         except OSError as exc:
             problem = str(exc)
     # Cannot report to poprun: pass the output through untagged, so nothing is lost; poprun still
@@ -150,6 +142,21 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
     os.write(2, f"poprun instance {index}: cannot reach poprun at {address} ({problem}); "
                 "output will not be tagged\n".encode())
     return None
+
+
+def _read_nonce(control: _socket.socket, timeout: float) -> bytes:
+    """The nonce poprun sends first on a connection (OSError if it does not come whole)."""
+    from poprun_py.protocol import NONCE_SIZE
+
+    control.settimeout(timeout)
+    nonce = b""
+    while len(nonce) < NONCE_SIZE:
+        chunk = control.recv(NONCE_SIZE - len(nonce))
+        if not chunk:
+            raise OSError("it closed the connection before it said anything")
+        nonce += chunk
+    control.settimeout(None)
+    return nonce
 
 
 def main() -> int:

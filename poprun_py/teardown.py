@@ -103,8 +103,9 @@ def remove_files_left(since: float, launcher_pid: int | None = None) -> None:
 
     removed = [path for place in (leftovers.HYDRA_TOPOLOGY, leftovers.SHARED_MEMORY)
                for path in leftovers.remove_unused(place, since)]
-    session = leftovers.remove_openmpi_session(launcher_pid, since) if launcher_pid is not None else None
-    for path in [*removed, *([session] if session else [])]:
+    if launcher_pid is not None and (session := leftovers.remove_openmpi_session(launcher_pid, since)):
+        removed.append(session)
+    for path in removed:
         log.debug("removed %s, left by the job's killed processes", path)
 
 
