@@ -103,7 +103,11 @@ def count_hosts(spec: str) -> int:
 
 def expand_hosts(spec: str) -> list[str]:
     """Expand ``"node[0-2],gpu7"`` into ``["node0", "node1", "node2", "gpu7"]``; a list of more
-    than MAX_HOSTS is refused before it is built."""
+    than MAX_HOSTS is refused before it is built, and so is one with a host twice or a bad name."""
+    return _checked(_expand(spec), f"host list {_shown(spec)!r}")
+
+
+def _expand(spec: str) -> list[str]:
     count = count_hosts(spec)
     if count > MAX_HOSTS:
         raise PlanError(f"host list {_shown(spec)!r} names {count} hosts, more than poprun runs on "
@@ -111,7 +115,7 @@ def expand_hosts(spec: str) -> list[str]:
     hosts = [host for item in _items(spec) for host in _expand_one(item, item)]
     if not hosts:
         raise PlanError(f"host list {_shown(spec)!r} names no hosts; give e.g. 'host0,host1' or 'node[0-3]'")
-    return _checked(hosts, f"host list {_shown(spec)!r}")
+    return hosts
 
 
 def read_host_file(path: str | Path) -> list[str]:
@@ -134,7 +138,7 @@ def read_host_file(path: str | Path) -> list[str]:
     if count > MAX_HOSTS:
         raise PlanError(f"host file {str(path)!r} names {count} hosts, more than poprun runs on "
                         f"(at most {MAX_HOSTS}, one instance per host at least)")
-    hosts = [host for pattern in patterns for host in expand_hosts(pattern)]
+    hosts = [host for pattern in patterns for host in _expand(pattern)]
     if not hosts:
         raise PlanError(f"host file {str(path)!r} lists no hosts; put one host name per line")
     return _checked(hosts, f"host file {str(path)!r}")

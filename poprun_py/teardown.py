@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 #: signals mpiexec's process group, then kills it: a shim that no longer answers is not waited for.
 TERM_MPIEXEC_MARGIN = 0.5
 KILL_MPIEXEC_MARGIN = 1.5
+#: How long poprun waits for the processes it killed in mpiexec's session to be gone.
+EXIT_WAIT = 2.0
 
 
 class Teardown:
@@ -89,6 +91,11 @@ class Teardown:
                 os.kill(pid, _signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        # Until the killed are gone they still map MPICH's segments, which would then look in use
+        # to remove_files_left and stay behind.
+        deadline = time.monotonic() + EXIT_WAIT
+        while session_members(self.mpiexec.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         for state in self.instances:
             state.output.flush()
             if state.connection is not None:
