@@ -11,7 +11,7 @@ import _socket
 import os
 import time
 
-from poprun_py import environment, protocol, root_cause
+from poprun_py import environment, protocol, root_cause, sweep
 from poprun_py.watch import Watch
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
@@ -275,35 +275,13 @@ def end_escaped(index: int) -> None:
     found by the environment they inherited: this job's control address and this instance's
     index. Repeats until none is left (each death can let more be found), for at most
     ESCAPED_SECONDS."""
-    marks = (f"{environment.CONTROL}={os.environ.get(environment.CONTROL, '')}\0".encode(),
-             f"{environment.INSTANCE_INDEX}={index}\0".encode())
-    me = os.getpid()
+    marks = (f"{environment.CONTROL}={os.environ.get(environment.CONTROL, '')}".encode(),
+             f"{environment.INSTANCE_INDEX}={index}".encode())
     deadline = time.monotonic() + ESCAPED_SECONDS
     while time.monotonic() < deadline:
-        found = [pid for pid in _marked(marks) if pid != me]
+        found = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)]
         if not found:
             return
         for pid in found:
-            try:
-                os.kill(pid, _signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            sweep.kill_marked(pid, marks)
         time.sleep(0.001)
-
-
-def _marked(marks: tuple[bytes, ...]) -> list[int]:
-    """Live processes whose environment holds every one of ``marks``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = b"\0" + f.read()
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue  # gone, or not ours to read
-        if state != b"Z" and all(b"\0" + mark in environ for mark in marks):
-            found.append(int(name))
-    return found

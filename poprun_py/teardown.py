@@ -11,7 +11,7 @@ import _signal
 import os
 import time
 
-from poprun_py import log, protocol
+from poprun_py import log, protocol, sweep
 from poprun_py.states import signal_name
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
@@ -85,12 +85,9 @@ class Teardown:
                 log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
         for pid in session_members(self.mpiexec.pid):
             command = _command_line(pid)
-            if command:  # an empty command line: the process is already exiting
-                log.warning("killing process %d (%s) left behind in the job's session", pid, command)
-            try:
-                os.kill(pid, _signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            if sweep.kill_in_session(pid, self.mpiexec.pid) and command:
+                # an empty command line: the process was already exiting
+                log.warning("killed process %d (%s) left behind in the job's session", pid, command)
         # Until the killed are gone they still map MPICH's segments, which would then look in use
         # to remove_files_left and stay behind.
         deadline = time.monotonic() + EXIT_WAIT
@@ -126,19 +123,4 @@ def _command_line(pid: int) -> str:
 
 def session_members(session_id: int) -> list[int]:
     """PIDs whose session is ``session_id`` (Linux /proc), excluding zombies."""
-    members = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:  # os.open/os.read: a buffered file object per process would cost 3x as much
-            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
-            try:
-                stat = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        fields = stat.rsplit(b")", 1)[1].split()  # state ppid pgrp session ...
-        if len(fields) > 3 and int(fields[3]) == session_id and fields[0] != b"Z":
-            members.append(int(entry))
-    return members
+    return [pid for pid in sweep.pids() if sweep.in_session(pid, session_id)]

@@ -317,7 +317,7 @@ def test_a_process_left_in_mpiexecs_session_is_killed_and_named(tmp_path: Path) 
     wrapper.chmod(0o755)
     result = poprun("--mpi", str(wrapper), "--num-instances", "2", "/bin/true", env=OMP_SET)
     assert result.returncode == 0, result.stderr
-    assert re.search(rf" POPRUN \[W\] killing process \d+ \(sh -c sleep 300 {marker}\) left behind in the "
+    assert re.search(rf" POPRUN \[W\] killed process \d+ \(sh -c sleep 300 {marker}\) left behind in the "
                      r"job's session$", result.stderr, re.M), result.stderr
     assert wait_no_processes(marker) == []
 

@@ -1,0 +1,101 @@
+"""What the sweeps of leftover processes share: finding a process in /proc, and killing only it.
+
+Two sweeps kill processes poprun did not start itself: the teardown's (whatever is left in
+mpiexec's session, ``teardown.Teardown.kill_leftovers``) and the shim's (daemons that left the
+program's process group, ``shim_pump.end_escaped``). Each finds its targets by reading /proc;
+between that read and the kill, a target may exit and its PID go to an unrelated process. So each
+kill here pins the process first (a pidfd), checks it again through /proc, and signals it through
+the pin: the signal reaches the process that passed the check, or none. Because the check is
+made here again, no slip in a sweep's own search (a condition turned round, a mark matched by any
+process) can widen what it kills; ``make mutants-launcher`` relies on that, and this module is
+tested directly, not mutated (docs/mutation.md).
+
+Built on ``os`` and ``_signal`` alone: the shim imports it under ``python -S``.
+"""
+
+from __future__ import annotations
+
+import _signal
+import errno
+import os
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def pids() -> list[int]:
+    """Every PID /proc lists (none where there is no /proc)."""
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
+def _stat(pid: int) -> tuple[bytes, int] | None:
+    """A live process's state letter and session ID; None once it is gone or a zombie."""
+    try:  # os.open/os.read: a buffered file object per process would cost 3x as much
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            stat = os.read(fd, 1024)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[-1].split()  # state ppid pgrp session ...
+    if len(fields) < 4 or fields[0] == b"Z":
+        return None
+    return fields[0], int(fields[3])
+
+
+def in_session(pid: int, session: int) -> bool:
+    """Whether ``pid`` is alive, not a zombie, in ``session``, and not this process."""
+    stat = _stat(pid)
+    return stat is not None and stat[1] == session and pid != os.getpid()
+
+
+def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
+    """Whether ``pid`` is alive, not a zombie, not this process, and its environment holds every
+    one of ``marks`` (each a whole ``NAME=value`` entry); never true for no marks."""
+    if not marks or pid == os.getpid() or _stat(pid) is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            environ = b"\0" + handle.read() + b"\0"
+    except OSError:
+        return False  # gone, or not ours to read
+    return all(b"\0" + mark + b"\0" in environ for mark in marks)
+
+
+def kill_in_session(pid: int, session: int) -> bool:
+    """SIGKILL ``pid`` if, once pinned, it is still in ``session``; whether it was signalled."""
+    return _kill_checked(pid, lambda: in_session(pid, session))
+
+
+def kill_marked(pid: int, marks: tuple[bytes, ...]) -> bool:
+    """SIGKILL ``pid`` if, once pinned, its environment still holds every one of ``marks``."""
+    return _kill_checked(pid, lambda: holds_marks(pid, marks))
+
+
+def _kill_checked(pid: int, check: Callable[[], bool]) -> bool:
+    if pid <= 1:
+        return False
+    try:
+        pin = os.pidfd_open(pid)
+    except OSError as error:
+        if error.errno != errno.ENOSYS:
+            return False  # gone
+        pin = None  # a kernel before 5.3: checked, then signalled by PID
+    try:
+        if not check():
+            return False
+        if pin is None:
+            os.kill(pid, _signal.SIGKILL)
+        else:
+            _signal.pidfd_send_signal(pin, _signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pin is not None:
+            os.close(pin)

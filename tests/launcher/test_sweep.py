@@ -1,0 +1,75 @@
+"""The last check of every sweep (poprun_py.sweep), on real processes: a kill reaches only a
+process that is, when pinned, what the sweep looks for."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from poprun_py import sweep
+
+
+def _sleeper(*, env: dict[str, str] | None = None, new_session: bool = False) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sleep", "60"], env=env, start_new_session=new_session)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def _killed(process: subprocess.Popen[bytes]) -> bool:
+    return process.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_member_of_the_session_is_killed_and_nothing_outside_it(processes: list[subprocess.Popen[bytes]]) -> None:
+    leader, member = _sleeper(new_session=True), _sleeper()  # member: this test's own session
+    processes += [leader, member]
+    assert sweep.in_session(leader.pid, leader.pid) and not sweep.in_session(member.pid, leader.pid)
+    assert not sweep.kill_in_session(member.pid, leader.pid)
+    assert member.poll() is None
+    assert sweep.kill_in_session(leader.pid, leader.pid) and _killed(leader)
+    assert not sweep.in_session(leader.pid, leader.pid)  # reaped: gone
+    assert not sweep.kill_in_session(leader.pid, leader.pid)
+
+
+def test_neither_a_zombie_nor_the_caller_itself_counts_or_is_killed(processes: list[subprocess.Popen[bytes]]) -> None:
+    leader = _sleeper(new_session=True)
+    processes.append(leader)
+    os.kill(leader.pid, signal.SIGKILL)
+    os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: a zombie
+    assert sweep.pids().count(leader.pid) == 1
+    assert not sweep.in_session(leader.pid, leader.pid) and not sweep.kill_in_session(leader.pid, leader.pid)
+    own = os.getsid(0)
+    assert not sweep.in_session(os.getpid(), own) and not sweep.kill_in_session(os.getpid(), own)
+    marks = tuple(f"{name}={value}".encode() for name, value in list(os.environ.items())[:2])
+    assert not sweep.holds_marks(os.getpid(), marks) and not sweep.kill_marked(os.getpid(), marks)
+
+
+def test_pids_below_two_are_never_signalled() -> None:
+    for pid in (-1, 0, 1):
+        assert not sweep.kill_in_session(pid, os.getsid(1) if pid == 1 else 0)
+        assert not sweep.kill_marked(pid, (b"PATH=" + os.environ["PATH"].encode(),))
+
+
+def test_marks_are_whole_entries_of_the_environment_and_all_of_them_count(
+        processes: list[subprocess.Popen[bytes]]) -> None:
+    marked = _sleeper(env={"JOB": "a1", "INDEX": "3", "OTHER": "xJOB=a1"})
+    processes.append(marked)
+    assert sweep.holds_marks(marked.pid, (b"JOB=a1", b"INDEX=3"))
+    assert sweep.holds_marks(marked.pid, (b"INDEX=3",))  # the last entry too
+    for marks in [(b"JOB=a1", b"INDEX=4"), (b"JOB=a",), (b"OB=a1",), (b"INDEX=",), ()]:
+        assert not sweep.holds_marks(marked.pid, marks), marks
+        assert not sweep.kill_marked(marked.pid, marks), marks
+    assert marked.poll() is None
+    assert sweep.kill_marked(marked.pid, (b"JOB=a1", b"INDEX=3")) and _killed(marked)
+    assert not sweep.kill_marked(marked.pid, (b"JOB=a1",))  # gone
