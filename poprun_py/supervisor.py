@@ -397,15 +397,16 @@ class Supervisor:
             self._summary(None)
             return self.failure.status
         self._show_held()
+        # Nothing failed and nothing stopped the job: whatever mpiexec said has been passed on.
         unreported = [s.index for s in self.instances if s.status is None]
         if unreported:
             from poprun_py.report import ranges
 
-            said = b"".join(self.mpiexec_output).decode(errors="replace").strip()
             self._error(f"mpiexec exited with status {rc} before instance(s) "
-                        f"{ranges(unreported)} reported an exit status"
-                        + (f"; mpiexec said:\n{said}" if said and self.teardown.started is not None else ""))
+                        f"{ranges(unreported)} reported an exit status")
             return status
+        if rc != 0:
+            self._error(f"mpiexec exited with status {rc} after every instance had exited with status 0")
         return 0 if rc == 0 else status
 
     def _unstarted_hosts(self) -> dict[str, str]:

@@ -261,6 +261,16 @@ def test_what_mpiexec_writes_on_stdout_is_passed_on_there() -> None:
     assert result.stderr == "poprun: error: mpiexec exited with status 0 before instance(s) 0 reported an exit status\n"
 
 
+def test_mpiexec_failing_after_every_instance_succeeded_fails_the_job_saying_so(tmp_path: Path) -> None:
+    wrapper = tmp_path / "mpiexec"  # a launcher wrapper whose last step fails
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+                       f'{BIN / "mpiexec"} "$@" && exit 3\n')
+    wrapper.chmod(0o755)
+    result = poprun("--mpi", str(wrapper), "--num-instances", "2", "/bin/true", env=OMP_SET)
+    said = "poprun: error: mpiexec exited with status 3 after every instance had exited with status 0\n"
+    assert (result.returncode, result.stderr) == (3, said)
+
+
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_unknown_host_is_one_line_naming_it(mpi: str) -> None:
     # The C library refuses a name with '!' without asking a DNS server: no traffic leaves here.
