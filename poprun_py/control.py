@@ -37,16 +37,17 @@ def free_port(address: str) -> int:
         probe.close()
 
 
-def accept(server: _socket.socket) -> _socket.socket | None:
-    """The next pending connection, non-blocking, or None when there is none."""
+def accept(server: _socket.socket) -> tuple[_socket.socket, str] | None:
+    """The next pending connection, non-blocking, and its peer's ``address:port``; None when there
+    is none. The peer is taken now: once the other end is gone it can no longer be asked."""
     try:
         # The C socket's accept: the socket module's wrapper (and its imports) stays off the launch path.
-        fd, _ = server._accept()  # type: ignore[attr-defined]
+        fd, peer = server._accept()  # type: ignore[attr-defined]
     except BlockingIOError:
         return None
     connection = _socket.socket(server.family, server.type, server.proto, fileno=fd)
     connection.setblocking(False)
-    return connection
+    return connection, f"{peer[0]}:{peer[1]}"
 
 
 def connect(address: str, timeout: float = 30, give_up_after: float | None = None) -> _socket.socket:

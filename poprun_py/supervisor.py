@@ -202,9 +202,10 @@ class Supervisor:
 
     def _accept(self, server: _socket.socket) -> None:
         """A new connection: its nonce first (see ``seal``); nothing it sends is believed unchecked."""
-        conn = control.accept(server)
-        if conn is None:
+        accepted = control.accept(server)
+        if accepted is None:
             return
+        conn, peer = accepted
         from poprun_py.seal import TO_SHIM, Seal, new_nonce
 
         nonce = new_nonce()
@@ -213,9 +214,9 @@ class Supervisor:
         except OSError:
             conn.close()
             return
-        self.watch.add(conn, ("pending", (conn, protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM)))))
+        self.watch.add(conn, ("pending", (conn, peer, protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM)))))
 
-    def _read_hello(self, conn: _socket.socket, reader: protocol.FrameReader) -> None:
+    def _read_hello(self, conn: _socket.socket, peer: str, reader: protocol.FrameReader) -> None:
         data = self._recv(conn)
         if data is None:
             return
@@ -234,7 +235,7 @@ class Supervisor:
             if not 0 <= index < len(self.instances) or self.instances[index].connection:
                 raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
         except protocol.ProtocolError as exc:
-            log.error("unexpected connection on the control port from %s: %s", _peer(conn), exc)
+            log.error("unexpected connection on the control port from %s: %s", peer, exc)
             self.watch.remove(conn)
             conn.close()
             return
@@ -431,11 +432,3 @@ class Supervisor:
         """The first failure, for --error-file and the restart message (see ``report``)."""
         return self._report().failure_report()
 
-
-def _peer(conn: _socket.socket) -> str:
-    """``address:port`` of the other end of ``conn``, as far as it can still be told."""
-    try:
-        address, port = conn.getpeername()[:2]
-    except OSError:
-        return "an address no longer known"
-    return f"{address}:{port}"

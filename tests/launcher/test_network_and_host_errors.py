@@ -3,10 +3,11 @@ and the dry run of a job too large for one command line. No name is sent to a DN
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from poprun_py.errors import PlanError
@@ -74,8 +75,14 @@ def test_launcher_output_is_read_into_one_line_per_host() -> None:
     assert describe({"a": "x", "b": "y"}) == "host a: x; host b: y"
 
 
-@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=["Cs"])),
-                min_size=1, max_size=5))
+_ARGUMENT = st.one_of(
+    st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=["Cs"])),
+    # what Python makes of arguments that are not UTF-8 (a Latin-1 file name): surrogate escapes
+    st.binary().filter(lambda raw: b"\0" not in raw).map(os.fsdecode))
+
+
+@given(st.lists(_ARGUMENT, min_size=1, max_size=5))
+@example(["python", os.fsdecode(b"caf\xe9.py")])
 def test_program_arguments_survive_the_config_file_encoding(argv: list[str]) -> None:
     encoded = encode_argv(argv)
     assert not any(c.isspace() or c in "'\"\\" for c in encoded)

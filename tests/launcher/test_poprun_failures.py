@@ -451,8 +451,10 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
             (None, unsealed + bytes(protocol.TAG_SIZE)),  # no tag
             (secret, protocol.frame(protocol.OUTPUT, b"x", stream=1)), (secret, protocol.hello(0, 1, "intruder")),
             (secret, protocol.hello(1, 1, "intruder")), (secret, protocol.hello(7, 1, "intruder"))]
+        stray_ports = []
         for key, first in strays:
             with socket.create_connection((host, int(port)), timeout=10) as stray:
+                stray_ports.append(str(stray.getsockname()[1]))
                 nonce = stray.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)
                 assert len(nonce) == protocol.NONCE_SIZE
                 stray.sendall(Seal(key, nonce, TO_POPRUN).seal(first) if key else first)
@@ -468,13 +470,15 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
     assert re.search(rf" POPRUN \[D\] instance 0 connected from {socket.gethostname()} \(pid {shim}\)$", err,
                      re.MULTILINE), err
     assert re.search(rf" POPRUN \[I\] instance 0 on {socket.gethostname()}: exit status 0$", err, re.MULTILINE), err
-    refused = re.findall(r" POPRUN \[E\] unexpected connection on the control port from 127\.0\.0\.1:\d+: (.*)$",
+    refused = re.findall(r" POPRUN \[E\] unexpected connection on the control port from 127\.0\.0\.1:(\d+): (.*)$",
                          err, re.MULTILINE)
-    assert refused == [f"a frame of {1 << 30} bytes is longer than the {protocol.MAX_PAYLOAD} a frame may have",
-                       "a frame failed its authentication check", "a frame failed its authentication check",
-                       "first frame is of kind 2, not HELLO", "instance 0 is not expected or already connected",
-                       "instance 1 is not expected or already connected",
-                       "instance 7 is not expected or already connected"], err
+    assert [port for port, _ in refused] == stray_ports  # each named by its own address
+    assert [why for _, why in refused] == [
+        f"a frame of {1 << 30} bytes is longer than the {protocol.MAX_PAYLOAD} a frame may have",
+        "a frame failed its authentication check", "a frame failed its authentication check",
+        "first frame is of kind 2, not HELLO", "instance 0 is not expected or already connected",
+        "instance 1 is not expected or already connected",
+        "instance 7 is not expected or already connected"], err
 
 
 def _read(path: str) -> bytes:
