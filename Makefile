@@ -95,7 +95,8 @@ mutmut-run:
 	$(PY) -m pip install --quiet --disable-pip-version-check \
 		--config-settings editable_mode=compat -e '.[test,examples,bench,mutation]'
 	rm -rf mutants
-	PATH=$(VENV)/bin:$$PATH $(MUTMUT_WRAP) timeout $(MUTMUT_LIMIT) $(VENV)/bin/mutmut run --max-children 3 $(MUTMUT_WHAT) \
+	PATH=$(VENV)/bin:$$PATH MUTMUT_PATTERNS='$(subst ",,$(MUTMUT_WHAT))' $(MUTMUT_WRAP) timeout $(MUTMUT_LIMIT) \
+		$(VENV)/bin/mutmut run --max-children 3 $(MUTMUT_WHAT) \
 		</dev/null >/dev/null
 	$(VENV)/bin/mutmut results --all true | $(PY) -m tests.mutation.summary
 	$(VENV)/bin/mutmut results

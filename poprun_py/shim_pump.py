@@ -274,9 +274,11 @@ def end_escaped(index: int) -> None:
     fork, setsid, fork): they still hold mpiexec's pipes, so the job would never end. They are
     found by the environment they inherited: this job's control address and this instance's
     index. Repeats until none is left (each death can let more be found), for at most
-    ESCAPED_SECONDS."""
-    marks = (f"{environment.CONTROL}={os.environ.get(environment.CONTROL, '')}".encode(),
-             f"{environment.INSTANCE_INDEX}={index}".encode())
+    ESCAPED_SECONDS. A shim started without poprun has no job address to tell them by."""
+    control = os.environ.get(environment.CONTROL)
+    if not control:
+        return
+    marks = (f"{environment.CONTROL}={control}".encode(), f"{environment.INSTANCE_INDEX}={index}".encode())
     deadline = time.monotonic() + ESCAPED_SECONDS
     while time.monotonic() < deadline:
         found = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)]

@@ -16,7 +16,7 @@ import pytest
 
 from poprun_py.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
 from tests.helpers import ROOT, UNDER_MUTANTS
-from tests.mutation.selection import TESTS_OF_MODULE
+from tests.mutation.selection import TESTS_OF_MODULE, selects, tests_of_run
 
 #: Skip reasons that start with this are not quiet: the summary repeats them in red.
 LOUD = "MULTI-HOST TESTS NOT RUN"
@@ -56,17 +56,32 @@ def pytest_configure(config: pytest.Config) -> None:
         _children_import_the_mutants()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         layer = _layer(item.path)
         if layer is not None:
             item.add_marker(layer)
     if UNDER_MUTANTS:
-        # mutmut stops a mutant's run at its first failing test: the fastest first, as measured
-        # while it collected its statistics (none measured yet: the order stays).
-        from mutmut.state import state  # only `make mutants` installs mutmut
+        _mutmut_order(config, items)
 
-        items.sort(key=lambda item: state().duration_by_test.get(item.nodeid, 0.0))
+
+def _mutmut_order(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Only the tests of the modules this run mutates (the Makefile passes its name patterns in
+    MUTMUT_PATTERNS), each ``file::name`` entry checked to name a test; the fastest first, as
+    measured while mutmut collected its statistics (mutmut stops a mutant's run at its first
+    failing test)."""
+    from mutmut.state import state  # only `make mutants` installs mutmut
+
+    patterns = os.environ.get("MUTMUT_PATTERNS", "").split()
+    if patterns:
+        wanted = tests_of_run(patterns)
+        config.hook.pytest_deselected(items=[item for item in items if not selects(wanted, item.nodeid)])
+        items[:] = [item for item in items if selects(wanted, item.nodeid)]
+    named = {entry for entry in tests_of_run(patterns or ["*"]) if "::" in entry}
+    unknown = [entry for entry in named if not any(selects((entry,), item.nodeid) for item in items)]
+    if unknown and os.environ.get("MUTANT_UNDER_TEST") == "stats":  # the whole selection is collected
+        raise pytest.UsageError(f"tests/mutation/selection.py names tests that do not exist: {sorted(unknown)}")
+    items.sort(key=lambda item: state().duration_by_test.get(item.nodeid, 0.0))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -142,7 +157,7 @@ def _check_selection() -> None:
     mutated = {path.removesuffix(".py").replace("/", ".") for path in config["only_mutate"]}
     selected = {arg for arg in config["pytest_add_cli_args_test_selection"] if arg.startswith("tests/")
                 and arg.endswith(".py")}
-    listed = {test for tests in TESTS_OF_MODULE.values() for test in tests}
+    listed = {test.split("::")[0] for tests in TESTS_OF_MODULE.values() for test in tests}
     if mutated != set(TESTS_OF_MODULE) or selected != listed:
         raise pytest.UsageError(f"tests/mutation/selection.py and [tool.mutmut] differ: modules "
                                 f"{sorted(mutated ^ set(TESTS_OF_MODULE))}, tests {sorted(selected ^ listed)}")
@@ -161,6 +176,5 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     hits = Path(os.environ[CHILD_HITS])
     reached = state()._stats | set(hits.read_text().split())
     hits.write_text("")
-    test_file = item.path.relative_to(ROOT).as_posix()
     state()._stats.clear()
-    state()._stats.update(f for f in reached if test_file in TESTS_OF_MODULE.get(_module_of(f), ()))
+    state()._stats.update(f for f in reached if selects(TESTS_OF_MODULE.get(_module_of(f), ()), item.nodeid))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from poprun_py import environment, protocol
 from poprun_py.seal import TO_SHIM, Seal, new_nonce, new_secret
@@ -41,3 +44,67 @@ def run_shim(*argv: str, python_flags: tuple[str, ...] = ()) -> tuple[subprocess
                      env={environment.CONTROL: f"127.0.0.1:{port}", environment.SECRET: SECRET})
         thread.join(timeout=SUBPROCESS_TIMEOUT)
     return result, frames
+
+
+class Poprun:
+    """poprun's end of one shim's control connection, driven step by step by a test."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self.connection = connection
+        nonce = new_nonce()
+        connection.sendall(nonce)
+        self.seal = Seal(SECRET, nonce, TO_SHIM)
+        self.reader = protocol.FrameReader(self.seal)
+        self.frames: list[tuple[int, int, bytes]] = []
+
+    def until(self, wanted: Callable[[tuple[int, int, bytes]], bool],
+              within: float = SUBPROCESS_TIMEOUT) -> tuple[int, int, bytes]:
+        """The first frame (from those received so far, then new ones) that ``wanted`` accepts,
+        within ``within`` seconds (heartbeats keep coming meanwhile)."""
+        deadline = time.monotonic() + within
+        seen = 0
+        while True:
+            for frame in self.frames[seen:]:
+                if wanted(frame):
+                    return frame
+            seen = len(self.frames)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no such frame within {within} s; the shim sent {self.frames}")
+            self.connection.settimeout(left)
+            data = self.connection.recv(65536)
+            assert data, f"the shim closed its connection; it sent {self.frames}"
+            self.frames.extend(self.reader.feed(data))
+
+    def output(self, text: bytes) -> None:
+        """Wait for the program to have written ``text`` (on either stream)."""
+        self.until(lambda _: text in b"".join(p for kind, _, p in self.frames if kind == protocol.OUTPUT))
+
+    def exit_report(self, within: float = SUBPROCESS_TIMEOUT) -> tuple[int, int | None, str | None, int]:
+        _, _, payload = self.until(lambda frame: frame[0] == protocol.EXIT, within)
+        return protocol.read_exit(payload)
+
+    def send(self, command: bytes) -> None:
+        self.connection.sendall(self.seal.seal(command))
+
+
+@contextmanager
+def shim_session(*argv: str, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], Poprun]]:
+    """The shim of instance 0 running ``argv`` as mpiexec would start it, and the poprun end of its
+    connection (every receive bounded by SUBPROCESS_TIMEOUT); the shim is killed if still running."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(SUBPROCESS_TIMEOUT)
+        port = server.getsockname()[1]
+        shim = subprocess.Popen([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", *argv],
+                                env={environment.CONTROL: f"127.0.0.1:{port}", environment.SECRET: SECRET,
+                                     **(env or {})},
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            connection, _ = server.accept()
+            with connection:
+                connection.settimeout(SUBPROCESS_TIMEOUT)
+                yield shim, Poprun(connection)
+        finally:
+            if shim.poll() is None:
+                shim.kill()
+            shim.communicate(timeout=SUBPROCESS_TIMEOUT)

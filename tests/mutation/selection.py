@@ -2,16 +2,44 @@
 
 mutmut runs, for each mutant, every selected test that reached the mutated function; a function
 that every job reaches (reading the topology, the supervisor's loop) would be run against the
-whole launcher suite. Here each module is tested by the files written for it, so a surviving
-mutant costs seconds, not minutes. ``tests/conftest.py`` credits a test with a function only when
-the test's file is listed for the function's module, and checks that these lists and the
-modules are what ``[tool.mutmut]`` in pyproject.toml selects and mutates.
+whole launcher suite. Here each module is tested by the tests written for it, so a surviving
+mutant costs seconds, not minutes. An entry is a test file, or one test of it (``file::name``,
+with every parametrization of it). ``tests/conftest.py`` credits a test with a function only when
+the test is listed for the function's module, runs only the tests of the modules a run mutates
+(``MUTMUT_PATTERNS``), and checks that these lists and the modules are what ``[tool.mutmut]`` in
+pyproject.toml selects and mutates.
 """
 
 from __future__ import annotations
 
-_LAUNCH = ("tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_poprun_launch.py",
-           "tests/launcher/test_poprun_failures.py")
+from fnmatch import fnmatchcase
+
+_FAILURES = "tests/launcher/test_poprun_failures.py"
+#: The launcher's job tests. Of its failure tests, not: the restart from a checkpoint (poprun's
+#: restart loop, in launch.py, trains MNIST twice) and the pids-cgroup limit (the same start
+#: timeout as ``test_instances_that_never_start...``, seconds longer).
+_LAUNCH = ("tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_poprun_launch.py", *(
+    f"{_FAILURES}::{name}" for name in (
+        "test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting",
+        "test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once",
+        "test_daemons_left_by_the_program_end_with_the_job",
+        "test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group",
+        "test_daemons_end_when_poprun_is_interrupted",
+        "test_a_second_signal_kills_at_once_what_the_first_asked_to_stop",
+        "test_an_instance_gets_the_whole_kill_grace_to_clean_up",
+        "test_a_job_that_cannot_fit_the_open_file_limit_is_refused_before_it_starts",
+        "test_a_process_left_behind_is_named_by_the_first_200_bytes_of_its_command_line",
+        "test_files_of_killed_mpi_processes_are_removed",
+        "test_files_of_instances_that_all_left_through_os_exit_are_removed",
+        "test_instances_that_never_start_end_the_job_at_the_start_timeout",
+        "test_a_process_left_in_mpiexecs_session_is_killed_and_named",
+        "test_instances_failing_together_each_report_their_own_status",
+        "test_an_interrupted_job_is_not_restarted",
+        "test_a_storm_of_signals_ends_the_job_once_with_its_summary_and_leaves_nothing",
+        "test_a_reader_that_stops_reading_is_not_an_error",
+        "test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on",
+    )))
+_SHIM = "tests/launcher/test_shim_commands.py"
 
 TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     # the canonical reduction order
@@ -32,8 +60,9 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     # teardown and release, on both sides of the control connection
     "poprun_py.supervisor": (*_LAUNCH, "tests/launcher/test_root_cause.py"),
     "poprun_py.teardown": (*_LAUNCH, "tests/launcher/test_leftovers.py"),
-    "poprun_py.shim": (*_LAUNCH, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py"),
-    "poprun_py.shim_pump": (*_LAUNCH, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py"),
+    "poprun_py.shim": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py"),
+    "poprun_py.shim_pump": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
+                            "tests/launcher/test_shim_settings.py"),
     "poprun_py.protocol": (
         "tests/launcher/test_protocol.py", "tests/launcher/test_shim_settings.py",
         "tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_network_and_host_errors.py"),
@@ -47,3 +76,14 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/library/test_environment.py", "tests/library/test_bare_mpi.py",
         "tests/library/test_popdist_under_poprun.py"),
 }
+
+
+def selects(entries: tuple[str, ...], nodeid: str) -> bool:
+    """Whether the test ``nodeid`` is one of ``entries`` (a file, or ``file::name``)."""
+    return any(nodeid == entry or nodeid.startswith((f"{entry}::", f"{entry}[")) for entry in entries)
+
+
+def tests_of_run(patterns: list[str]) -> tuple[str, ...]:
+    """The entries for the modules a run of mutmut with these name ``patterns`` mutates."""
+    return tuple(entry for module, entries in TESTS_OF_MODULE.items()
+                 if any(fnmatchcase(f"{module}.x_", pattern) for pattern in patterns) for entry in entries)

@@ -1,0 +1,79 @@
+"""The shim's side of the control connection on its own: what it does with poprun's commands, with
+signals, and after its exit report, against a real listener standing in for poprun (no mpiexec,
+so nothing but the shim can stop the program)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+
+from poprun_py import environment, protocol
+from tests.helpers import PYTHON
+from tests.launcher.shim import shim_session
+
+#: A program that reports SIGTERM and carries on, so that only a SIGKILL ends it.
+STUBBORN = ("import os, signal, time\n"
+            "signal.signal(signal.SIGTERM, lambda *_: os.write(1, b'got TERM\\n'))\n"
+            "os.write(1, b'ready\\n')\n"
+            "while True: time.sleep(1)\n")
+GRACE = {environment.KILL_GRACE: "0.2"}
+
+
+def test_terminate_stops_the_program_and_the_shim_kills_it_after_the_grace() -> None:
+    with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (_, poprun):
+        poprun.output(b"ready")
+        poprun.send(protocol.TERMINATE)
+        poprun.output(b"got TERM")
+        # Killed at the 0.2 s grace, or never; told by poprun, not signalled: no flag.
+        assert poprun.exit_report(within=10) == (128 + signal.SIGKILL, signal.SIGKILL, None, 0)
+
+
+def test_a_signal_after_terminate_does_not_count_as_the_shim_being_signalled() -> None:
+    with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
+        poprun.output(b"ready")
+        poprun.send(protocol.TERMINATE)
+        poprun.output(b"got TERM")
+        shim.send_signal(signal.SIGTERM)  # mpiexec ending the job poprun had already stopped
+        assert poprun.exit_report()[3] == 0
+
+
+def test_a_signal_to_the_shim_alone_stops_the_program_and_says_so() -> None:
+    with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
+        poprun.output(b"ready")
+        shim.send_signal(signal.SIGTERM)
+        poprun.output(b"got TERM")
+        assert poprun.exit_report() == (128 + signal.SIGKILL, signal.SIGKILL, None, protocol.EXIT_SHIM_SIGNALLED)
+
+
+def test_after_its_exit_report_the_shim_waits_for_release() -> None:
+    with shim_session(PYTHON, "-c", "print('done')") as (shim, poprun):
+        assert poprun.exit_report() == (0, None, None, 0)
+        # Still connected, idle: its wait lasts RELEASE_WAIT_SECONDS (10 s), this check one.
+        poprun.connection.settimeout(1.0)
+        try:
+            left = poprun.connection.recv(1) == b""
+        except TimeoutError:
+            left = False
+        assert not left and shim.poll() is None, "the shim left before RELEASE"
+        poprun.connection.settimeout(30)
+        poprun.send(protocol.RELEASE)
+        assert poprun.connection.recv(1) == b""  # released: it exits
+        assert shim.wait(timeout=30) == 0
+
+
+def test_a_command_that_fails_its_check_stops_the_program_and_is_named() -> None:
+    with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
+        poprun.output(b"ready")
+        poprun.connection.sendall(protocol.RELEASE + bytes(protocol.TAG_SIZE))  # not sealed
+        poprun.output(b"got TERM")
+        assert poprun.exit_report()[:2] == (128 + signal.SIGKILL, signal.SIGKILL)
+        poprun.send(protocol.RELEASE)  # the next sealed command is heard again
+        _, err = shim.communicate(timeout=30)
+    assert err == "poprun instance 0: a command failed its authentication check on poprun's connection; stopping\n"
+
+
+def test_poprun_gone_stops_the_program() -> None:
+    with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
+        poprun.output(b"ready")
+        poprun.connection.shutdown(socket.SHUT_WR)
+        assert shim.wait(timeout=30) == 128 + signal.SIGKILL
