@@ -17,9 +17,10 @@ import pytest
 
 import poprun_py
 from poprun_py import protocol
-from poprun_py.seal import TO_POPRUN, Seal, new_secret
+from poprun_py.seal import new_secret
 from poprun_py.supervisor import Supervisor
 from tests.helpers import BIN, OMP_SET, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
+from tests.launcher.supervising import call_in, supervisor
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
 
@@ -281,11 +282,6 @@ def test_unknown_host_is_one_line_naming_it(mpi: str) -> None:
                              "ssh: Could not resolve hostname ghost!host: Name or service not known\n")
 
 
-def supervisor(stdout: io.BytesIO, stderr: io.BytesIO) -> Supervisor:
-    """A supervisor of one instance that writes to these buffers (nothing is started)."""
-    return Supervisor(1, ["localhost"], lambda address: [], new_secret(), stdout=stdout, stderr=stderr)
-
-
 def test_poprun_s_own_line_starts_a_line_after_mpiexec_left_one_open_on_stderr() -> None:
     out, err = io.BytesIO(), io.BytesIO()
     s = supervisor(out, err)
@@ -315,20 +311,6 @@ def test_one_file_for_both_streams_cuts_mpiexec_s_open_stdout_line_once() -> Non
     assert both.getvalue() == b"on stdout, unfinished\npoprun: error: what happened\npoprun: and more\n"
 
 
-def _call_in(s: Supervisor, server: socket.socket, index: int) -> socket.socket:
-    """Instance ``index`` calls in over a real connection, as its shim would; the shim's end."""
-    shim = socket.create_connection(server.getsockname(), timeout=10)
-    s._accept(server)
-    nonce = shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)
-    shim.sendall(Seal(s.secret, nonce, TO_POPRUN).seal(protocol.hello(index, 1000 + index, "node")))
-    [(conn, peer, reader)] = [data for kind, data in s.watch.labels() if kind == "pending"]
-    assert peer == "{}:{}".format(*shim.getsockname())
-    deadline = time.monotonic() + 10  # until the bytes are through loopback
-    while s.instances[index].connection is None and time.monotonic() < deadline:
-        s._read_hello(conn, peer, reader)
-    return shim
-
-
 def test_what_mpiexec_says_is_held_until_every_instance_has_called_in_then_passed_on_as_it_comes() -> None:
     # If a host cannot be reached, what mpiexec said is launcher noise around the one line poprun
     # gives instead; once every instance has called in, it is shown, and from then on as it comes.
@@ -342,9 +324,9 @@ def test_what_mpiexec_says_is_held_until_every_instance_has_called_in_then_passe
         os.write(write, b"mpiexec: early words\n")
         s._read_mpiexec(read, 2)
         for index in (2, 0):
-            shims.append(_call_in(s, server, index))
+            shims.append(call_in(s, server, index))
             assert err.getvalue() == b""
-        shims.append(_call_in(s, server, 1))
+        shims.append(call_in(s, server, 1))
         assert err.getvalue() == b"mpiexec: early words\n"
         os.write(write, b"mpiexec: later words\n")
         s._read_mpiexec(read, 2)

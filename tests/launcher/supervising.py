@@ -1,0 +1,31 @@
+"""A Supervisor that starts nothing, and shims that call in to it over real connections: for
+tests of its decisions one step at a time."""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+
+from poprun_py import protocol
+from poprun_py.seal import TO_POPRUN, Seal, new_secret
+from poprun_py.supervisor import Supervisor
+
+
+def supervisor(stdout: io.BytesIO, stderr: io.BytesIO, hosts: tuple[str, ...] = ("localhost",)) -> Supervisor:
+    """A supervisor of one instance per host in ``hosts`` that writes to these buffers."""
+    return Supervisor(len(hosts), list(hosts), lambda address: [], new_secret(), stdout=stdout, stderr=stderr)
+
+
+def call_in(s: Supervisor, server: socket.socket, index: int) -> socket.socket:
+    """Instance ``index`` calls in over a real connection, as its shim would; the shim's end."""
+    shim = socket.create_connection(server.getsockname(), timeout=10)
+    s._accept(server)
+    nonce = shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)
+    shim.sendall(Seal(s.secret, nonce, TO_POPRUN).seal(protocol.hello(index, 1000 + index, "node")))
+    [(conn, peer, reader)] = [data for kind, data in s.watch.labels() if kind == "pending"]
+    assert peer == "{}:{}".format(*shim.getsockname())
+    deadline = time.monotonic() + 10  # until the bytes are through loopback
+    while s.instances[index].connection is None and time.monotonic() < deadline:
+        s._read_hello(conn, peer, reader)
+    return shim

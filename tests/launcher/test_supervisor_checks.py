@@ -1,0 +1,95 @@
+"""The supervisor's periodic checks, one step at a time on real connections: an instance that has
+gone silent (its host died or the network to it is cut) and instances that never call in."""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from poprun_py import protocol
+from poprun_py.supervisor import Supervisor
+from tests.launcher.supervising import call_in, supervisor
+
+
+@pytest.fixture
+def job() -> Iterator[tuple[Supervisor, socket.socket, list[socket.socket]]]:
+    """A supervisor of three instances on hosts a, b, c, its listener, and the shims' ends of
+    the connections that call in (closed at the end)."""
+    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b", "c"))
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    shims: list[socket.socket] = []
+    yield s, server, shims
+    for sock in (server, *shims, *(state.connection for state in s.instances if state.connection)):
+        sock.close()
+
+
+def test_an_instance_silent_past_the_limit_is_lost_and_ends_the_job(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    shims += [call_in(s, server, index) for index in range(3)]
+    now = time.monotonic()
+    quiet, silent, finished = s.instances
+    quiet.last_heard = now - protocol.SILENCE_LIMIT + 10  # quiet, within the limit
+    silent.last_heard = now - protocol.SILENCE_LIMIT - 1
+    finished.status, finished.last_heard = 0, now - 3600  # exited: no word is expected from it
+    s._check_silence()
+    assert (silent.silent, silent.lost, silent.connection) == (True, True, None)
+    assert s.failure is not None and (s.failure.index, s.failure.status) == (1, 1)
+    assert s.failure.description.startswith("lost: ")
+    assert s.teardown.started is not None and quiet.stopped_by_poprun  # the others are told to stop
+    assert not quiet.silent and quiet.connection is not None
+    assert not finished.silent and finished.connection is not None
+
+
+def test_silence_is_checked_once_a_second(job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    shims += [call_in(s, server, index) for index in range(3)]
+    for state in s.instances:
+        state.last_heard = time.monotonic()
+    s._check_silence()
+    assert s.next_silence_check > time.monotonic() + 0.5
+    s.instances[2].last_heard = time.monotonic() - protocol.SILENCE_LIMIT - 1
+    s._check_silence()  # within the second: not checked
+    assert not s.instances[2].silent
+    s.next_silence_check = time.monotonic()  # the second is over
+    s._check_silence()
+    assert s.instances[2].silent and s.failure is not None and s.failure.index == 2
+
+
+def test_instances_not_called_in_at_the_start_timeout_end_the_job_named_with_their_hosts(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    s.start_timeout = 5
+    s.mpiexec_started = time.monotonic() - 4  # before the timeout
+    shims.append(call_in(s, server, 1))
+    s._check_start()
+    assert s.failure is None and s.teardown.started is None
+    s.mpiexec_started = time.monotonic() - 6
+    s._check_start()
+    assert s.failure is not None and (s.failure.index, s.failure.status) == (None, 1)
+    assert s.failure.description == "instance(s) 0, 2 on a, c had not started 5 s after mpiexec did (--start-timeout)"
+    assert s.teardown.started is not None and s.instances[1].stopped_by_poprun
+
+
+@pytest.mark.parametrize("case", ["all called in", "failed already", "stopping already"])
+def test_the_start_timeout_does_not_fire_once_everyone_called_in_or_the_job_is_ending(
+        case: str, job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    s.start_timeout = 5
+    s.mpiexec_started = time.monotonic() - 60
+    if case == "all called in":
+        shims += [call_in(s, server, index) for index in range(3)]
+    elif case == "stopping already":
+        s.teardown.begin()
+    else:
+        from poprun_py.states import Failure
+
+        s.failure = Failure(0, 3, "exit status 3")
+    before = s.failure
+    s._check_start()
+    assert s.failure is before
