@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from poprun_py.seal import Seal
 
 READ_SIZE = 65536
+#: The most read of poprun's commands at once (each is 1 + TAG_SIZE bytes).
+COMMANDS_READ_SIZE = 64
 #: After the program exits, how long descendants may keep its pipes open before they are killed.
 DRAIN_SECONDS = 1.0
 #: At most this long after its exit report, a shim waits for RELEASE: an instance that could not
@@ -141,7 +143,7 @@ class Pump:
             _signal.signal(sig, leave)
         try:
             while True:
-                message = self.control.recv(64)
+                message = self.control.recv(COMMANDS_READ_SIZE)
                 if not message or protocol.RELEASE in self._commands(message):
                     return
         except (_Leave, OSError):
@@ -232,7 +234,7 @@ class Pump:
         elif key == CONTROL:
             assert self.control is not None
             try:
-                message = self.control.recv(64)
+                message = self.control.recv(COMMANDS_READ_SIZE)
             except OSError:
                 message = b""
             if not message or protocol.TERMINATE in self._commands(message):

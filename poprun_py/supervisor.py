@@ -30,6 +30,18 @@ if TYPE_CHECKING:
     from poprun_py.report import Report
 
 
+#: The most read from an instance's connection or mpiexec's pipe at once.
+READ_SIZE = 1 << 16
+#: Connections that may wait to be accepted, beyond one per instance (strays, retries).
+EXTRA_BACKLOG = 8
+#: The loop's longest wait: how soon it looks again at deadlines (the teardown, --start-timeout).
+TICK_SECONDS = 0.1
+#: After mpiexec exits, how long what its processes still send is read before poprun stops.
+AFTER_MPIEXEC_SECONDS = 2.0
+#: How often silence is checked (see _check_silence).
+SILENCE_CHECK_SECONDS = 1.0
+
+
 class Supervisor:
     """``secret``: this run's (``seal``), which the shims get in their environment from mpiexec."""
 
@@ -70,7 +82,7 @@ class Supervisor:
     # ---------------------------------------------------------------- set-up
     def run(self) -> int:
         started = time.time()
-        server, address = control.listen(self.listen_address, backlog=len(self.instances) + 8)
+        server, address = control.listen(self.listen_address, backlog=len(self.instances) + EXTRA_BACKLOG)
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
         os.set_blocking(wake_read, False)
@@ -139,14 +151,15 @@ class Supervisor:
             if mpiexec_done_at is not None:
                 connected = any(i.connection is not None for i in self.instances)
                 # mpiexec is gone: read what is still in flight, then stop.
-                if (not connected and not self._mpiexec_pipes_open()) or time.monotonic() - mpiexec_done_at > 2.0:
+                drained = not connected and not self._mpiexec_pipes_open()
+                if drained or time.monotonic() - mpiexec_done_at > AFTER_MPIEXEC_SECONDS:
                     return
-            for fd, (kind, data) in self.watch.ready(0.1):
+            for fd, (kind, data) in self.watch.ready(TICK_SECONDS):
                 if kind == "listen":
                     self._accept(data)
                 elif kind == "wake":
                     try:
-                        os.read(fd, 512)
+                        os.read(fd, READ_SIZE)  # the signals that woke it
                     except BlockingIOError:
                         pass
                 elif kind == "pending":
@@ -257,7 +270,7 @@ class Supervisor:
     def _recv(conn: _socket.socket) -> bytes | None:
         """Bytes received; ``b""`` when the peer is gone; ``None`` when nothing is there yet."""
         try:
-            return conn.recv(1 << 16)
+            return conn.recv(READ_SIZE)
         except BlockingIOError:
             return None
         except OSError:
@@ -316,7 +329,7 @@ class Supervisor:
         now = time.monotonic()
         if now < self.next_silence_check:
             return
-        self.next_silence_check = now + 1.0
+        self.next_silence_check = now + SILENCE_CHECK_SECONDS
         for state in self.instances:
             if state.connection is not None and not state.finished \
                     and now - state.last_heard > protocol.SILENCE_LIMIT:
@@ -359,7 +372,7 @@ class Supervisor:
             self._release_when_all_done()
 
     def _read_mpiexec(self, fd: int, stream: int) -> None:
-        data = os.read(fd, 1 << 16)
+        data = os.read(fd, READ_SIZE)
         if not data:
             self.watch.remove(fd)
             return

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 #: signals mpiexec's process group, then kills it: a shim that no longer answers is not waited for.
 TERM_MPIEXEC_MARGIN = 0.5
 KILL_MPIEXEC_MARGIN = 1.5
-#: How long poprun waits for the processes it killed in mpiexec's session to be gone.
+#: How long poprun waits for mpiexec to exit after SIGKILL, and for the processes it killed in
+#: mpiexec's session to be gone.
+MPIEXEC_EXIT_WAIT = 5.0
 EXIT_WAIT = 2.0
 
 
@@ -81,7 +83,7 @@ class Teardown:
             return
         if self.mpiexec.poll() is None:
             self._signal_mpiexec(_signal.SIGKILL)
-            if self.mpiexec.wait(timeout=5) is None:
+            if self.mpiexec.wait(timeout=MPIEXEC_EXIT_WAIT) is None:
                 log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
         for pid in session_members(self.mpiexec.pid):
             command = _command_line(pid)
