@@ -202,8 +202,31 @@ def test_signal_to_poprun_stops_every_instance(sig: signal.Signals, status: int)
     # takes a little over 3 s; never killed, it would sleep its 120 s (the wait gives up at 30 s).
     # The grace plus 10 s of slack for a loaded 2-core host separates the two.
     assert elapsed < protocol.DEFAULT_GRACE + 10, f"stopping took {elapsed:.1f}s (instance 0 needs SIGKILL)"
-    assert proc.stderr is not None and f"interrupted by {sig.name}" in proc.stderr.read()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert re.search(rf" POPRUN \[W\] received {sig.name}: stopping every instance$", err, re.M), err
+    assert f"interrupted by {sig.name}" in err
     assert wait_no_processes(marker) == []
+
+
+def test_poprun_s_account_of_a_failed_job_at_vv() -> None:
+    """-vv's lines of a job whose instance 1 fails: each step once, in order where there is one."""
+    result = poprun("-vv", "--mpi", str(BIN / "mpiexec"), "--num-instances", "2", PYTHON, "-c",
+                    "import os, sys, time; sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(60)", env=OMP_SET)
+    assert result.returncode == 3, result.stderr
+    lines = [line.split(" POPRUN ", 1)[1] for line in result.stderr.splitlines() if " POPRUN " in line]
+    host = socket.gethostname()
+    assert re.fullmatch(rf"\[I\] using {re.escape(str(BIN / 'mpiexec'))} \(mpich [\d.]+\)", lines[0])
+    assert lines[1].startswith(f"[I] running command: {BIN / 'mpiexec'} ")
+    assert re.fullmatch(r"\[I\] waiting for mpiexec \(PID \d+\)", lines[2])
+    # Instance 0 may call in before or after instance 1 has failed; the rest is in this order.
+    rest = [re.sub(r"pid \d+", "pid N", line) for line in lines[3:]]
+    connected = [f"[D] instance {index} connected from {host} (pid N)" for index in (0, 1)]
+    assert sorted(line for line in rest if line in connected) == connected, lines
+    assert rest.index(connected[1]) < rest.index(f"[I] instance 1 on {host}: exit status 3")
+    assert [line for line in rest if line not in connected] == [
+        f"[I] instance 1 on {host}: exit status 3", "[I] stopping every instance",
+        f"[I] instance 0 on {host}: killed by SIGTERM (status 143)", "[I] mpiexec exited with status 143"], lines
 
 
 def test_program_that_does_not_exist() -> None:

@@ -93,3 +93,20 @@ def test_the_start_timeout_does_not_fire_once_everyone_called_in_or_the_job_is_e
     before = s.failure
     s._check_start()
     assert s.failure is before
+
+
+def test_a_frame_that_fails_its_check_drops_the_connection_and_the_instance_is_lost(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """Only a shim of this run can seal a frame: one that fails its check means the connection was
+    tampered with, and what comes on it can no longer be believed."""
+    s, server, shims = job
+    shims += [call_in(s, server, index) for index in range(3)]
+    shims[1].sendall(protocol.frame(protocol.EXIT, bytes(9)) + bytes(protocol.TAG_SIZE))  # no real tag
+    state = s.instances[1]
+    deadline = time.monotonic() + 10  # until the bytes are through loopback
+    while state.connection is not None and time.monotonic() < deadline:
+        s._read_instance(1)
+    assert state.connection is None and state.lost and state.status is None  # the report was not believed
+    assert s.failure is not None and s.failure.index == 1 and s.failure.description.startswith("lost: ")
+    assert s.teardown.started is not None
+    assert shims[1].recv(1) == b""  # closed by poprun
