@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import threading
@@ -96,8 +97,8 @@ def shim_session(*argv: str, env: dict[str, str] | None = None) -> Iterator[tupl
         server.settimeout(SUBPROCESS_TIMEOUT)
         port = server.getsockname()[1]
         shim = subprocess.Popen([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", *argv],
-                                env={environment.CONTROL: f"127.0.0.1:{port}", environment.SECRET: SECRET,
-                                     **(env or {})},
+                                env={**os.environ, environment.CONTROL: f"127.0.0.1:{port}",
+                                     environment.SECRET: SECRET, **(env or {})},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             connection, _ = server.accept()
