@@ -4,10 +4,13 @@ tests of its decisions one step at a time."""
 from __future__ import annotations
 
 import io
+import logging
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from poprun_py import protocol
+from poprun_py import log, protocol
 from poprun_py.seal import TO_POPRUN, Seal, new_secret
 from poprun_py.supervisor import Supervisor
 
@@ -29,3 +32,18 @@ def call_in(s: Supervisor, server: socket.socket, index: int) -> socket.socket:
     while s.instances[index].connection is None and time.monotonic() < deadline:
         s._read_hello(conn, peer, reader)
     return shim
+
+
+@contextmanager
+def poprun_log(verbosity: int = 0) -> Iterator[io.StringIO]:
+    """poprun's diagnostics (``poprun_py.log``) written to a buffer while the block runs."""
+    log.configure(verbosity)
+    handler = log._get().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    buffer = io.StringIO()
+    previous = handler.setStream(buffer)
+    try:
+        yield buffer
+    finally:
+        handler.setStream(previous)
+        log.configure(0)

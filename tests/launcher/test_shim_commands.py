@@ -35,6 +35,9 @@ def test_a_signal_after_terminate_does_not_count_as_the_shim_being_signalled() -
         poprun.output(b"got TERM")
         shim.send_signal(signal.SIGTERM)  # mpiexec ending the job poprun had already stopped
         assert poprun.exit_report()[3] == 0
+        # The program was told once (and killed at the first grace, not one moved by the signal).
+        said = b"".join(payload for kind, _, payload in poprun.frames if kind == protocol.OUTPUT)
+        assert said.count(b"got TERM") == 1, said
 
 
 def test_a_signal_to_the_shim_alone_stops_the_program_and_says_so() -> None:

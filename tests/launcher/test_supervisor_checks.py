@@ -12,7 +12,7 @@ import pytest
 
 from poprun_py import protocol
 from poprun_py.supervisor import Supervisor
-from tests.launcher.supervising import call_in, supervisor
+from tests.launcher.supervising import call_in, poprun_log, supervisor
 
 
 @pytest.fixture
@@ -37,7 +37,9 @@ def test_an_instance_silent_past_the_limit_is_lost_and_ends_the_job(
     quiet.last_heard = now - protocol.SILENCE_LIMIT + 10  # quiet, within the limit
     silent.last_heard = now - protocol.SILENCE_LIMIT - 1
     finished.status, finished.last_heard = 0, now - 3600  # exited: no word is expected from it
-    s._check_silence()
+    with poprun_log() as said:
+        s._check_silence()
+    assert said.getvalue().endswith(" POPRUN [W] no word from instance 1 on b for 21 s\n"), said.getvalue()
     assert (silent.silent, silent.lost, silent.connection) == (True, True, None)
     assert s.failure is not None and (s.failure.index, s.failure.status) == (1, 1)
     assert s.failure.description.startswith("lost: ")
@@ -104,8 +106,11 @@ def test_a_frame_that_fails_its_check_drops_the_connection_and_the_instance_is_l
     shims[1].sendall(protocol.frame(protocol.EXIT, bytes(9)) + bytes(protocol.TAG_SIZE))  # no real tag
     state = s.instances[1]
     deadline = time.monotonic() + 10  # until the bytes are through loopback
-    while state.connection is not None and time.monotonic() < deadline:
-        s._read_instance(1)
+    with poprun_log() as said:
+        while state.connection is not None and time.monotonic() < deadline:
+            s._read_instance(1)
+    assert said.getvalue().endswith(" POPRUN [E] instance 1 on b: dropped its connection: a frame failed its "
+                                    "authentication check\n"), said.getvalue()
     assert state.connection is None and state.lost and state.status is None  # the report was not believed
     assert s.failure is not None and s.failure.index == 1 and s.failure.description.startswith("lost: ")
     assert s.teardown.started is not None
