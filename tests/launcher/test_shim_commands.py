@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
 
 from poprun_py import environment, protocol
-from tests.helpers import PYTHON
-from tests.launcher.shim import shim_session
+from tests.helpers import PYTHON, ROOT, run
+from tests.launcher.shim import SECRET, shim_session
+
+SHIM_ENTRY = ROOT / "poprun_py" / "instance.py"
 
 #: A program that reports SIGTERM and carries on, so that only a SIGKILL ends it.
 STUBBORN = ("import os, signal, time\n"
@@ -80,3 +83,33 @@ def test_poprun_gone_stops_the_program() -> None:
         poprun.output(b"ready")
         poprun.connection.shutdown(socket.SHUT_WR)
         assert shim.wait(timeout=30) == 128 + signal.SIGKILL
+
+
+def _shim_without_poprun(env: dict[str, str]) -> tuple[int, str, str]:
+    result = run([PYTHON, "-S", str(SHIM_ENTRY), "0", PYTHON, "-c", "print('hi'); raise SystemExit(5)"], env=env)
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_a_shim_without_the_secret_does_not_connect_and_passes_output_through_untagged() -> None:
+    # Nothing listens at port 1: a shim that tried to connect would name the refusal instead.
+    status, out, err = _shim_without_poprun({environment.CONTROL: "127.0.0.1:1"})
+    assert (status, out) == (5, "hi\n")
+    assert err == (f"poprun instance 0: cannot reach poprun at 127.0.0.1:1 (no {environment.SECRET} in its "
+                   "environment (was it dropped by mpiexec's options?)); output will not be tagged\n")
+
+
+def test_a_poprun_that_closes_before_its_nonce_is_not_reached() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+
+        def close_at_once() -> None:
+            connection, _ = server.accept()
+            connection.close()
+
+        thread = threading.Thread(target=close_at_once, daemon=True)
+        thread.start()
+        status, out, err = _shim_without_poprun({environment.CONTROL: address, environment.SECRET: SECRET})
+        thread.join(timeout=30)
+    assert (status, out) == (5, "hi\n")
+    assert err == (f"poprun instance 0: cannot reach poprun at {address} (it closed the connection before it "
+                   "said anything); output will not be tagged\n")
