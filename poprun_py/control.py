@@ -43,7 +43,7 @@ def accept(server: _socket.socket) -> tuple[_socket.socket, str] | None:
     try:
         # The C socket's accept: the socket module's wrapper (and its imports) stays off the launch path.
         fd, peer = server._accept()  # type: ignore[attr-defined]
-    except BlockingIOError:
+    except OSError:  # none pending, or none can be taken now (out of descriptors): not poprun's end
         return None
     connection = _socket.socket(server.family, server.type, server.proto, fileno=fd)
     connection.setblocking(False)

@@ -40,6 +40,9 @@ TICK_SECONDS = 0.1
 AFTER_MPIEXEC_SECONDS = 2.0
 #: How often silence is checked (see _check_silence).
 SILENCE_CHECK_SECONDS = 1.0
+#: Connections that have not yet said who they are, at most: beyond it the oldest is dropped, so
+#: that strays cannot use up poprun's descriptors (each also gets SILENCE_LIMIT seconds).
+MAX_PENDING = 64
 
 
 class Supervisor:
@@ -67,6 +70,8 @@ class Supervisor:
         self.interrupted: int | None = None
         self.teardown = Teardown(self.instances, grace)
         self.next_silence_check = 0.0
+        #: Connections accepted that have not yet said HELLO: when each was accepted, and from where.
+        self.pending: dict[_socket.socket, tuple[float, str]] = {}
         #: --start-timeout: how long after mpiexec's start every instance must have called in.
         self.start_timeout = start_timeout
         self.mpiexec_started = 0.0
@@ -122,6 +127,8 @@ class Supervisor:
             remove_files_left(started, self.mpiexec.pid if self.mpiexec is not None else None)
             if self.mpiexec is not None:
                 self.mpiexec.close()
+            for conn in self.pending:
+                conn.close()
             server.close()
             os.close(wake_read)
             os.close(wake_write)
@@ -227,15 +234,26 @@ class Supervisor:
         except OSError:
             conn.close()
             return
-        self.watch.add(conn, ("pending", (conn, peer, protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM)))))
+        if len(self.pending) >= MAX_PENDING:
+            oldest = min(self.pending, key=lambda pending: self.pending[pending][0])
+            self._drop_pending(oldest, f"more than {MAX_PENDING} connections had not said who they were")
+        self.pending[conn] = (time.monotonic(), peer)
+        self.watch.add(conn, ("pending", (conn, protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM)))))
 
-    def _read_hello(self, conn: _socket.socket, peer: str, reader: protocol.FrameReader) -> None:
+    def _drop_pending(self, conn: _socket.socket, why: str | None) -> None:
+        """Close a connection that has not become an instance's, saying why (None: it closed)."""
+        _, peer = self.pending.pop(conn)
+        if why is not None:
+            log.error("unexpected connection on the control port from %s: %s", peer, why)
+        self.watch.remove(conn)
+        conn.close()
+
+    def _read_hello(self, conn: _socket.socket, reader: protocol.FrameReader) -> None:
         data = self._recv(conn)
         if data is None:
             return
         if not data:
-            self.watch.remove(conn)
-            conn.close()
+            self._drop_pending(conn, None)
             return
         try:
             frames = reader.feed(data)
@@ -248,10 +266,9 @@ class Supervisor:
             if not 0 <= index < len(self.instances) or self.instances[index].connection:
                 raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
         except protocol.ProtocolError as exc:
-            log.error("unexpected connection on the control port from %s: %s", peer, exc)
-            self.watch.remove(conn)
-            conn.close()
+            self._drop_pending(conn, str(exc))
             return
+        del self.pending[conn]
         state = self.instances[index]
         state.connection, state.reader, state.pid = conn, reader, pid
         state.last_heard = time.monotonic()
@@ -325,11 +342,15 @@ class Supervisor:
 
     def _check_silence(self) -> None:
         """An instance still running that has said nothing for SILENCE_LIMIT seconds is lost: its
-        host died or the network to it is cut (neither closes the connection). Checked once a second."""
+        host died or the network to it is cut (neither closes the connection). A connection that
+        has not said who it is by then is dropped. Checked once a second."""
         now = time.monotonic()
         if now < self.next_silence_check:
             return
         self.next_silence_check = now + SILENCE_CHECK_SECONDS
+        for conn, (accepted, _) in list(self.pending.items()):
+            if now - accepted > protocol.SILENCE_LIMIT:
+                self._drop_pending(conn, f"it said nothing for {protocol.SILENCE_LIMIT:g} s")
         for state in self.instances:
             if state.connection is not None and not state.finished \
                     and now - state.last_heard > protocol.SILENCE_LIMIT:

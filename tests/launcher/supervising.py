@@ -26,11 +26,13 @@ def call_in(s: Supervisor, server: socket.socket, index: int) -> socket.socket:
     s._accept(server)
     nonce = shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)
     shim.sendall(Seal(s.secret, nonce, TO_POPRUN).seal(protocol.hello(index, 1000 + index, "node")))
-    [(conn, peer, reader)] = [data for kind, data in s.watch.labels() if kind == "pending"]
-    assert peer == "{}:{}".format(*shim.getsockname())
+    address = "{}:{}".format(*shim.getsockname())
+    [(conn, reader)] = [data for kind, data in s.watch.labels()
+                        if kind == "pending" and s.pending[data[0]][1] == address]
     deadline = time.monotonic() + 10  # until the bytes are through loopback
     while s.instances[index].connection is None and time.monotonic() < deadline:
-        s._read_hello(conn, peer, reader)
+        s._read_hello(conn, reader)
+    assert conn not in s.pending
     return shim
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from poprun_py import protocol
-from poprun_py.supervisor import Supervisor
+from poprun_py.supervisor import MAX_PENDING, Supervisor
 from tests.launcher.supervising import call_in, poprun_log, supervisor
 
 
@@ -115,3 +115,38 @@ def test_a_frame_that_fails_its_check_drops_the_connection_and_the_instance_is_l
     assert s.failure is not None and s.failure.index == 1 and s.failure.description.startswith("lost: ")
     assert s.teardown.started is not None
     assert shims[1].recv(1) == b""  # closed by poprun
+
+
+def _stray(s: Supervisor, server: socket.socket) -> socket.socket:
+    """A connection that takes poprun's nonce and then says nothing."""
+    stray = socket.create_connection(server.getsockname(), timeout=10)
+    s._accept(server)
+    assert len(stray.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)) == protocol.NONCE_SIZE
+    return stray
+
+
+def test_a_connection_that_never_says_who_it_is_is_dropped_at_the_silence_limit(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    shims += [_stray(s, server), _stray(s, server)]
+    old, new = s.pending  # in the order they came
+    s.pending[old] = (time.monotonic() - protocol.SILENCE_LIMIT - 1, s.pending[old][1])
+    with poprun_log() as said:
+        s._check_silence()
+    assert list(s.pending) == [new] and shims[0].recv(1) == b""
+    port = shims[0].getsockname()[1]
+    assert said.getvalue().endswith(f" POPRUN [E] unexpected connection on the control port from 127.0.0.1:{port}: "
+                                    "it said nothing for 20 s\n"), said.getvalue()
+
+
+def test_beyond_the_most_connections_waiting_to_say_who_they_are_the_oldest_is_dropped(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    with poprun_log() as said:
+        shims += [_stray(s, server) for _ in range(MAX_PENDING + 1)]
+    assert len(s.pending) == MAX_PENDING and shims[0].recv(1) == b""
+    port = shims[0].getsockname()[1]
+    assert said.getvalue().endswith(f" POPRUN [E] unexpected connection on the control port from 127.0.0.1:{port}: "
+                                    f"more than {MAX_PENDING} connections had not said who they were\n")
+    shims.append(call_in(s, server, 0))  # an instance still calls in
+    assert s.instances[0].connection is not None and len(s.pending) == MAX_PENDING - 1
