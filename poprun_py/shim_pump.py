@@ -274,18 +274,22 @@ class Pump:
 def end_escaped(index: int) -> None:
     """SIGKILL the program's descendants that left its process group (a daemon started with
     fork, setsid, fork): they still hold mpiexec's pipes, so the job would never end. They are
-    found by the environment they inherited: this job's control address and this instance's
-    index. Repeats until none is left (each death can let more be found), for at most
-    ESCAPED_SECONDS. A shim started without poprun has no job address to tell them by."""
+    found as the shim's descendants (it adopts them as their subreaper, see shim.main), and by
+    the environment they inherited: this job's control address and this instance's index (where
+    no subreaper can be had). Repeats until none is left (each death can let more be found), for
+    at most ESCAPED_SECONDS."""
+    me = os.getpid()
     control = os.environ.get(environment.CONTROL)
-    if not control:
-        return
     marks = (f"{environment.CONTROL}={control}".encode(), f"{environment.INSTANCE_INDEX}={index}".encode())
     deadline = time.monotonic() + ESCAPED_SECONDS
     while time.monotonic() < deadline:
-        found = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)]
-        if not found:
+        adopted = sweep.descendants(me)
+        # Without a job address there is nothing to tell this job's marked processes by.
+        marked = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)] if control else []
+        if not adopted and not marked:
             return
-        for pid in found:
+        for pid in adopted:
+            sweep.kill_descendant(pid, me)
+        for pid in marked:
             sweep.kill_marked(pid, marks)
         time.sleep(0.001)

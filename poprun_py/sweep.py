@@ -2,7 +2,9 @@
 
 Two sweeps kill processes poprun did not start itself: the teardown's (whatever is left in
 mpiexec's session, ``teardown.Teardown.kill_leftovers``) and the shim's (daemons that left the
-program's process group, ``shim_pump.end_escaped``). Each finds its targets by reading /proc;
+program's process group, ``shim_pump.end_escaped``: the shim's descendants, which it adopts as
+their subreaper, and processes that carry the job's marks in their environment). Each finds its
+targets by reading /proc;
 between that read and the kill, a target may exit and its PID go to an unrelated process. So each
 kill here pins the process first (a pidfd), checks it again through /proc, and signals it through
 the pin: the signal reaches the process that passed the check, or none. Because the check is
@@ -32,8 +34,8 @@ def pids() -> list[int]:
         return []
 
 
-def _stat(pid: int) -> tuple[bytes, int] | None:
-    """A live process's state letter and session ID; None once it is gone or a zombie."""
+def _stat(pid: int) -> tuple[int, int] | None:
+    """A live process's parent and session IDs; None once it is gone or a zombie."""
     try:  # os.open/os.read: a buffered file object per process would cost 3x as much
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         try:
@@ -45,13 +47,42 @@ def _stat(pid: int) -> tuple[bytes, int] | None:
     fields = stat.rsplit(b")", 1)[-1].split()  # state ppid pgrp session ...
     if len(fields) < 4 or fields[0] == b"Z":
         return None
-    return fields[0], int(fields[3])
+    return int(fields[1]), int(fields[3])
 
 
 def in_session(pid: int, session: int) -> bool:
     """Whether ``pid`` is alive, not a zombie, in ``session``, and not this process."""
     stat = _stat(pid)
     return stat is not None and stat[1] == session and pid != os.getpid()
+
+
+def descendants(root: int) -> list[int]:
+    """Live processes below ``root``: its children, theirs, and so on (one reading of /proc)."""
+    children: dict[int, list[int]] = {}
+    for pid in pids():
+        stat = _stat(pid)
+        if stat is not None:
+            children.setdefault(stat[0], []).append(pid)
+    found, below = [], list(children.get(root, ()))
+    while below:
+        pid = below.pop()
+        found.append(pid)
+        below += children.get(pid, ())
+    return found
+
+
+def descends_from(pid: int, root: int) -> bool:
+    """Whether ``pid`` is alive, not a zombie, and below ``root`` (its parent's parent's ... is it)."""
+    seen = set()
+    while pid not in seen:  # a chain read while processes come and go could loop
+        seen.add(pid)
+        stat = _stat(pid)
+        if stat is None or stat[0] <= 0:
+            return False
+        if stat[0] == root:
+            return True
+        pid = stat[0]
+    return False
 
 
 def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
@@ -70,6 +101,11 @@ def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
 def kill_in_session(pid: int, session: int) -> bool:
     """SIGKILL ``pid`` if, once pinned, it is still in ``session``; whether it was signalled."""
     return _kill_checked(pid, lambda: in_session(pid, session))
+
+
+def kill_descendant(pid: int, root: int) -> bool:
+    """SIGKILL ``pid`` if, once pinned, it is still below ``root`` and is not this process."""
+    return _kill_checked(pid, lambda: pid != os.getpid() and descends_from(pid, root))
 
 
 def kill_marked(pid: int, marks: tuple[bytes, ...]) -> bool:

@@ -112,12 +112,15 @@ def test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once(mpi: str) -> N
     assert not Path(f"/tmp/ompi.{launcher}").exists()
 
 
-@pytest.mark.parametrize("mode,status", [("ok", 0), ("fail", 3)])
-def test_daemons_left_by_the_program_end_with_the_job(mode: str, status: int) -> None:
+@pytest.mark.parametrize("mode,status,bare", [("ok", 0, False), ("fail", 3, False), ("ok", 0, True),
+                                              ("fail", 3, True)])
+def test_daemons_left_by_the_program_end_with_the_job(mode: str, status: int, bare: bool) -> None:
     """A daemon (setsid, out of the program's process group) holds mpiexec's pipes: without care
-    the job never ends after success, and the daemon survives a failure."""
+    the job never ends after success, and the daemon survives a failure. ``bare``: it runs a new
+    program with an empty environment, so nothing it inherited says whose it is."""
     marker = f"marker-{uuid.uuid4().hex}"
-    result = poprun("--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker, mode)
+    result = poprun("--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker, mode,
+                    *(["bare"] if bare else []))
     assert result.returncode == status, result.stderr
     assert wait_no_processes(marker) == []
 

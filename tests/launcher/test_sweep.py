@@ -73,3 +73,23 @@ def test_marks_are_whole_entries_of_the_environment_and_all_of_them_count(
     assert marked.poll() is None
     assert sweep.kill_marked(marked.pid, (b"JOB=a1", b"INDEX=3")) and _killed(marked)
     assert not sweep.kill_marked(marked.pid, (b"JOB=a1",))  # gone
+
+
+def test_descendants_are_found_through_every_generation_and_only_they_are_killed(
+        processes: list[subprocess.Popen[bytes]]) -> None:
+    parent = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
+    processes.append(parent)
+    assert parent.stdout is not None
+    grandchild = int(parent.stdout.readline())
+    outsider = _sleeper(new_session=True)
+    processes.append(outsider)
+    me = os.getpid()
+    assert {parent.pid, grandchild} <= set(sweep.descendants(me)) and outsider.pid in sweep.descendants(me)
+    assert sweep.descendants(parent.pid) == [grandchild]
+    assert sweep.descends_from(grandchild, parent.pid) and sweep.descends_from(grandchild, me)
+    assert not sweep.descends_from(parent.pid, grandchild) and not sweep.descends_from(outsider.pid, parent.pid)
+    assert not sweep.kill_descendant(outsider.pid, parent.pid) and outsider.poll() is None
+    assert not sweep.kill_descendant(me, os.getppid())  # never the caller itself
+    assert sweep.kill_descendant(grandchild, parent.pid)
+    assert parent.wait(timeout=10) == 0  # its `wait` returned: the sleep is gone
+    assert sweep.descendants(parent.pid) == []
