@@ -20,12 +20,14 @@ def supervisor(stdout: io.BytesIO, stderr: io.BytesIO, hosts: tuple[str, ...] = 
     return Supervisor(len(hosts), list(hosts), lambda address: [], new_secret(), stdout=stdout, stderr=stderr)
 
 
-def call_in(s: Supervisor, server: socket.socket, index: int) -> socket.socket:
-    """Instance ``index`` calls in over a real connection, as its shim would; the shim's end."""
+def call_in(s: Supervisor, server: socket.socket, index: int, then: tuple[bytes, ...] = ()) -> socket.socket:
+    """Instance ``index`` calls in over a real connection, as its shim would, with the frames
+    ``then`` in the same write; the shim's end."""
     shim = socket.create_connection(server.getsockname(), timeout=10)
     s._accept(server)
     nonce = shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)
-    shim.sendall(Seal(s.secret, nonce, TO_POPRUN).seal(protocol.hello(index, 1000 + index, "node")))
+    seal = Seal(s.secret, nonce, TO_POPRUN)
+    shim.sendall(b"".join(seal.seal(frame) for frame in (protocol.hello(index, 1000 + index, "node"), *then)))
     address = "{}:{}".format(*shim.getsockname())
     [(conn, reader)] = [data for kind, data in s.watch.labels()
                         if kind == "pending" and s.pending[data[0]][1] == address]

@@ -150,3 +150,16 @@ def test_beyond_the_most_connections_waiting_to_say_who_they_are_the_oldest_is_d
                                     f"more than {MAX_PENDING} connections had not said who they were\n")
     shims.append(call_in(s, server, 0))  # an instance still calls in
     assert s.instances[0].connection is not None and len(s.pending) == MAX_PENDING - 1
+
+
+def test_frames_that_come_with_the_hello_are_each_handled(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    output = s.instances[0].output
+    shims.append(call_in(s, server, 0, then=(protocol.frame(protocol.OUTPUT, b"one\n", 1),
+                                             protocol.frame(protocol.OUTPUT, b"two\n", 1),
+                                             protocol.exit_report(0, None, None))))
+    assert s.instances[0].status == 0
+    output.flush()
+    stdout = s.sinks[1].file
+    assert isinstance(stdout, io.BytesIO) and stdout.getvalue() == b"[0] one\n[0] two\n"
