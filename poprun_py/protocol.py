@@ -59,6 +59,7 @@ HEARTBEAT_FRAME = HEADER.pack(HEARTBEAT, 0, 0)
 
 #: Seconds between SIGTERM and SIGKILL when a shim stops its program (``environment.KILL_GRACE``).
 DEFAULT_GRACE = 3.0
+_INFINITY = float("inf")
 
 
 def encode_argv(argv: list[str]) -> str:
@@ -162,7 +163,7 @@ def grace_seconds(text: str) -> float | None:
         value = float(text)
     except ValueError:
         return None
-    return value if 0 <= value < float("inf") else None  # nan fails both comparisons
+    return value if 0 <= value < _INFINITY else None  # nan fails both comparisons
 
 
 def kill_grace() -> float | None:

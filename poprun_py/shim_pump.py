@@ -28,8 +28,16 @@ DRAIN_SECONDS = 1.0
 RELEASE_WAIT_SECONDS = 10.0
 #: Keys of the descriptors the loop watches.
 CONTROL, STDOUT, STDERR, EXITED, LAUNCHER = 0, 1, 2, 3, 4
-#: How long the shim keeps ending descendants that escaped the program's process group.
+#: How long the shim keeps ending descendants that escaped the program's process group, and how
+#: long it lets each round of deaths settle before it looks again.
 ESCAPED_SECONDS = 2.0
+ESCAPED_PAUSE = 0.001
+#: The loop's longest idle wait (a pidfd or a pipe wakes it), and its polling interval where
+#: nothing can wake it (no pidfd, no pipe left, or the program killed and not yet reaped).
+IDLE_WAIT = 1.0
+POLL_WAIT = 0.05
+#: ``Pump.kill_at`` once the SIGKILL has been sent: never again.
+KILLED = float("inf")
 
 
 class _Leave(Exception):
@@ -158,7 +166,7 @@ class Pump:
             now = time.monotonic()
             if self.kill_at is not None and now >= self.kill_at:
                 self._signal_group(_signal.SIGKILL)
-                self.kill_at = float("inf")
+                self.kill_at = KILLED
             if self.returncode is None:
                 waited, wait_status = os.waitpid(self.pid, os.WNOHANG)
                 if waited:
@@ -213,10 +221,10 @@ class Pump:
         """How long the next wait may last: until the kill or the end of the drain, else a second
         (polling every 50 ms when neither a pidfd nor a pipe can wake it)."""
         if self.kill_at is not None:
-            return max(0.0, self.kill_at - now) if self.kill_at != float("inf") else 0.05
+            return max(0.0, self.kill_at - now) if self.kill_at != KILLED else POLL_WAIT
         if self.drain_until is not None:
             return max(0.0, self.drain_until - now)
-        return 1.0 if self.exit_fd is not None or self.open_streams else 0.05
+        return IDLE_WAIT if self.exit_fd is not None or self.open_streams else POLL_WAIT
 
     def _ready(self, watch: Watch, fd: int, key: int) -> None:
         """One descriptor that woke the loop."""
@@ -292,4 +300,4 @@ def end_escaped(index: int) -> None:
             sweep.kill_descendant(pid, me)
         for pid in marked:
             sweep.kill_marked(pid, marks)
-        time.sleep(0.001)
+        time.sleep(ESCAPED_PAUSE)

@@ -19,7 +19,7 @@ from poprun_py.output import InstanceOutput, OutputOptions, sinks_for
 from poprun_py.plan import LOCAL_HOST
 from poprun_py.process import Process
 from poprun_py.states import Failure, InstanceState, describe_status, signal_name
-from poprun_py.teardown import Teardown, remove_files_left
+from poprun_py.teardown import AT_ONCE, Teardown, remove_files_left
 from poprun_py.watch import Watch
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
@@ -138,7 +138,7 @@ class Supervisor:
         if self.interrupted is None:
             self.interrupted = signum
         elif self.teardown.started is not None:
-            self.teardown.started = -float("inf")  # second signal: escalate at once
+            self.teardown.started = AT_ONCE  # second signal: escalate at once
 
     def _loop(self) -> None:
         assert self.mpiexec is not None

@@ -23,10 +23,14 @@ if TYPE_CHECKING:
 #: signals mpiexec's process group, then kills it: a shim that no longer answers is not waited for.
 TERM_MPIEXEC_MARGIN = 0.5
 KILL_MPIEXEC_MARGIN = 1.5
+#: ``Teardown.started`` when a second signal asks for the escalation at once.
+AT_ONCE = -float("inf")
 #: How long poprun waits for mpiexec to exit after SIGKILL, and for the processes it killed in
 #: mpiexec's session to be gone.
 MPIEXEC_EXIT_WAIT = 5.0
 EXIT_WAIT = 2.0
+#: How often poprun looks whether they are gone.
+EXIT_POLL = 0.01
 
 
 class Teardown:
@@ -38,7 +42,7 @@ class Teardown:
         self.term_after = grace + TERM_MPIEXEC_MARGIN
         self.kill_after = grace + KILL_MPIEXEC_MARGIN
         self.mpiexec: Process | None = None
-        #: time.monotonic() when it started (None: not started; -inf: escalate at once).
+        #: time.monotonic() when it started (None: not started; AT_ONCE: escalate at once).
         self.started: float | None = None
         #: The last signal the escalation sent mpiexec's process group (each is sent once).
         self.signalled: int | None = None
@@ -94,7 +98,7 @@ class Teardown:
         # to remove_files_left and stay behind.
         deadline = time.monotonic() + EXIT_WAIT
         while session_members(self.mpiexec.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(EXIT_POLL)
         for state in self.instances:
             state.output.flush()
             if state.connection is not None:
