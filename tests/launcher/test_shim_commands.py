@@ -8,7 +8,10 @@ import signal
 import socket
 import threading
 
+import pytest
+
 from poprun_py import environment, protocol
+from poprun_py.shim import _read_nonce
 from tests.helpers import PYTHON, ROOT, run
 from tests.launcher.shim import SECRET, shim_session
 
@@ -113,3 +116,38 @@ def test_a_poprun_that_closes_before_its_nonce_is_not_reached() -> None:
     assert (status, out) == (5, "hi\n")
     assert err == (f"poprun instance 0: cannot reach poprun at {address} (it closed the connection before it "
                    "said anything); output will not be tagged\n")
+
+
+class _Pieces:
+    """A connection that delivers what poprun sent in the pieces TCP may cut it into."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = list(pieces)
+        self.timeouts: list[float | None] = []
+        self.asked: list[int] = []
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeouts.append(timeout)
+
+    def recv(self, size: int) -> bytes:
+        self.asked.append(size)
+        return self.pieces.pop(0)
+
+
+def test_the_nonce_is_read_whole_from_its_pieces_and_nothing_after_it() -> None:
+    nonce = bytes(range(protocol.NONCE_SIZE))
+    connection = _Pieces(nonce[:5], nonce[5:11], nonce[11:])
+    assert _read_nonce(connection, 7.0) == nonce  # type: ignore[arg-type]
+    assert connection.timeouts == [7.0, None]  # bounded while it waits, not after
+    assert connection.asked == [16, 11, 5]  # never more than the rest of the nonce
+    poprun_end, shim_end = socket.socketpair()
+    with poprun_end, shim_end:
+        poprun_end.sendall(nonce + protocol.TERMINATE)  # a command right behind it
+        assert _read_nonce(shim_end, 10) == nonce
+        assert shim_end.recv(64) == protocol.TERMINATE
+
+
+def test_a_nonce_that_never_comes_is_given_up_on() -> None:
+    poprun_end, shim_end = socket.socketpair()
+    with poprun_end, shim_end, pytest.raises(TimeoutError):
+        _read_nonce(shim_end, 0.1)
