@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from poprun_py.seal import Seal
 
 
-def spawn(argv: list[str], no_stdin: bool = False) -> tuple[int, int, int] | OSError:
+def spawn(argv: list[str], *, no_stdin: bool) -> tuple[int, int, int] | OSError:
     """Start ``argv`` in its own process group with stdout/stderr on pipes, and stdin from
     /dev/null when ``no_stdin``.
 
@@ -99,8 +99,8 @@ def divide_cores() -> None:
     OpenMP and BLAS threads do not fight over the cores (torchrun sets 1). poprun says so once."""
     if environment.OMP_NUM_THREADS in os.environ:
         return
-    text = os.environ.get(environment.LOCAL_WORLD_SIZE, "1")
-    per_host = int(text) if text.isdigit() else 1
+    text = os.environ.get(environment.LOCAL_WORLD_SIZE)
+    per_host = int(text) if text is not None and text.isdigit() else 1
     if per_host > 1:
         os.environ[environment.OMP_NUM_THREADS] = str(threads_per_instance(per_host))
 

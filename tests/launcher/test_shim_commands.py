@@ -4,14 +4,18 @@ so nothing but the shim can stop the program)."""
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from poprun_py import environment, protocol
-from poprun_py.shim import _read_nonce
+from poprun_py.shim import _read_nonce, divide_cores, spawn, threads_per_instance
 from tests.helpers import PYTHON, ROOT, run
 from tests.launcher.shim import SECRET, shim_session
 
@@ -151,3 +155,34 @@ def test_a_nonce_that_never_comes_is_given_up_on() -> None:
     poprun_end, shim_end = socket.socketpair()
     with poprun_end, shim_end, pytest.raises(TimeoutError):
         _read_nonce(shim_end, 0.1)
+
+
+def test_a_program_that_cannot_start_is_named_not_found_or_not_executable(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "here").write_text("#!/bin/sh\n")  # in the working directory, not on PATH; not executable
+    monkeypatch.chdir(tmp_path)
+    for argv, code in [(["here"], errno.ENOENT), ([str(tmp_path / "here")], errno.EACCES),
+                       ([str(tmp_path / "absent")], errno.ENOENT), (["no-such-program-xyz"], errno.ENOENT)]:
+        failed = spawn(argv, no_stdin=True)
+        assert isinstance(failed, OSError) and failed.errno == code, (argv, failed)
+
+
+LOCAL, OMP = environment.LOCAL_WORLD_SIZE, environment.OMP_NUM_THREADS
+
+
+@pytest.mark.parametrize("environ, threads", [
+    ({LOCAL: "2"}, lambda: threads_per_instance(2)),
+    ({LOCAL: "3"}, lambda: threads_per_instance(3)),
+    ({LOCAL: "2", OMP: "7"}, lambda: "7"),  # the user's value stays
+    ({LOCAL: "1"}, lambda: None),  # alone on its host: all its cores
+    ({}, lambda: None),
+    ({LOCAL: "two"}, lambda: None)])
+def test_the_cores_of_a_host_are_divided_among_its_instances(environ: dict[str, str], threads: Callable[[], object],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (LOCAL, OMP):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    divide_cores()
+    expected = threads()
+    assert os.environ.get(OMP) == (None if expected is None else str(expected))
