@@ -129,13 +129,15 @@ def prepare_error_file() -> str | None:
 
 def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, Seal] | None:
     """The control connection and its seal, once poprun's nonce has arrived; None, said on stderr,
-    when poprun cannot be reached or the secret is missing."""
+    when poprun cannot be reached, or its address or the secret is missing."""
     from poprun_py.control import connect
     from poprun_py.protocol import SILENCE_LIMIT
 
-    address = os.environ[environment.CONTROL]
-    problem = f"no {environment.SECRET} in its environment (was it dropped by mpiexec's options?)"
-    if secret:
+    address = os.environ.get(environment.CONTROL)
+    missing = " or ".join(name for name, value in ((environment.CONTROL, address), (environment.SECRET, secret))
+                          if not value)
+    problem = f"no {missing} in its environment (was it dropped by mpiexec's options?)"
+    if address and secret:
         try:
             control = connect(address, give_up_after=SILENCE_LIMIT)
             try:
@@ -150,7 +152,8 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
             problem = str(exc)
     # Cannot report to poprun: pass the output through untagged, so nothing is lost; poprun still
     # sees the exit status through mpiexec.
-    os.write(2, f"poprun instance {index}: cannot reach poprun at {address} ({problem}); "
+    where = f" at {address}" if address else ""
+    os.write(2, f"poprun instance {index}: cannot reach poprun{where} ({problem}); "
                 "output will not be tagged\n".encode())
     return None
 

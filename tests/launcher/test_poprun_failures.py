@@ -131,7 +131,7 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
     # and sweeps what is left in its session. Without that the job would sleep out instance 0's 120 s.
     marker = f"marker-{uuid.uuid4().hex}"
     go = tmp_path / "go"
-    proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker,
+    proc = subprocess.Popen([*POPRUN, "-vv", "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker,
                              f"1:waitfile={go},exit=3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT)
     try:
@@ -155,6 +155,9 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
     assert "poprun: instance 1 on" in stderr and "failed: exit status 3" in stderr, stderr
     # The default grace and KILL_MPIEXEC_MARGIN (4.5 s) plus 10 s of slack for a loaded 2-core host, against 120 s.
     assert elapsed < protocol.DEFAULT_GRACE + teardown.KILL_MPIEXEC_MARGIN + 10, f"the job took {elapsed:.1f} s to end"
+    # mpiexec's group is asked first (it may end its processes itself), then killed if still there.
+    escalation = re.findall(r" POPRUN \[D\] sending (\w+) to mpiexec's process group$", stderr, re.M)
+    assert escalation in (["SIGTERM"], ["SIGTERM", "SIGKILL"]), stderr
     assert wait_no_processes(marker) == []
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -105,6 +107,13 @@ def test_a_shim_without_the_secret_does_not_connect_and_passes_output_through_un
                    "environment (was it dropped by mpiexec's options?)); output will not be tagged\n")
 
 
+def test_a_shim_started_without_poprun_s_address_or_secret_says_so_and_runs_the_program() -> None:
+    status, out, err = _shim_without_poprun({})  # as if mpiexec's options dropped them
+    assert (status, out) == (5, "hi\n")
+    assert err == (f"poprun instance 0: cannot reach poprun (no {environment.CONTROL} or {environment.SECRET} in "
+                   "its environment (was it dropped by mpiexec's options?)); output will not be tagged\n")
+
+
 def test_a_poprun_that_closes_before_its_nonce_is_not_reached() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         address = f"127.0.0.1:{server.getsockname()[1]}"
@@ -186,3 +195,21 @@ def test_the_cores_of_a_host_are_divided_among_its_instances(environ: dict[str, 
     divide_cores()
     expected = threads()
     assert os.environ.get(OMP) == (None if expected is None else str(expected))
+
+
+def test_a_reset_connection_to_poprun_stops_the_program() -> None:
+    with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
+        poprun.output(b"ready")
+        # SO_LINGER on, with a zero timeout: close sends a reset, which the shim reads as an error.
+        poprun.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        poprun.connection.close()
+        assert shim.wait(timeout=30) == 128 + signal.SIGKILL
+
+
+def test_an_error_file_that_cannot_be_made_is_dropped_with_a_warning(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the error file's directory would have to be
+    status, out, err = _shim_without_poprun({environment.TORCHELASTIC_ERROR_FILE: str(blocker / "dir" / "error.json")})
+    assert (status, out) == (5, "hi\n")
+    assert re.fullmatch(rf"poprun: warning: on host {re.escape(os.uname().nodename)}: no "
+                        rf"{environment.TORCHELASTIC_ERROR_FILE} for the program: .+\n", err.splitlines(True)[0]), err
