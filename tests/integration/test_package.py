@@ -32,7 +32,6 @@ from poprun_py import __version__, cli
 from tests.helpers import ROOT
 
 PACKAGES = ("poprun_py", "popdist_py")
-EXTENSION = "popdist_py.engine._batch_invariant"
 SMOKE = ROOT / "tests" / "scripts"
 #: Bounds on each step (building and installing may fetch from the package index), and on a test
 #: with the build and the installs it waits for (about 15 s here).
@@ -46,9 +45,13 @@ def pyproject() -> dict[str, Any]:
         return tomllib.load(f)
 
 
+#: The compiled extensions, as pyproject.toml builds them ("popdist_py.engine._batch_invariant").
+EXTENSIONS = tuple(module["name"] for module in pyproject()["tool"]["setuptools"]["ext-modules"])
+
+
 def checkout_modules() -> set[str]:
-    """Every module of both packages in the checkout, by its sources (and the C extension)."""
-    found = {EXTENSION}
+    """Every module of both packages in the checkout, by its sources (and the C extensions)."""
+    found = set(EXTENSIONS)
     for source in checkout_files():
         parts = Path(source).with_suffix("").parts
         if parts[-1] == "__init__":
@@ -134,8 +137,9 @@ def test_sdist_has_every_source(built: Built) -> None:
     with tarfile.open(built.sdist) as tar:
         top = tar.getnames()[0].split("/")[0]
         names = {name.removeprefix(top + "/") for name in tar.getnames()}
-    wanted = checkout_files() | {"popdist_py/engine/_batch_invariant.c", "popdist_py/engine/_batch_invariant.pyi",
-                                 "poprun_py/py.typed", "popdist_py/py.typed", "pyproject.toml", "README.md"}
+    extensions = {f"{name.replace('.', '/')}{suffix}" for name in EXTENSIONS for suffix in (".c", ".pyi")}
+    wanted = checkout_files() | extensions | {"poprun_py/py.typed", "popdist_py/py.typed", "pyproject.toml",
+                                              "README.md"}
     assert wanted <= names, sorted(wanted - names)
 
 
@@ -145,10 +149,12 @@ def test_wheel_has_every_module_the_extension_and_py_typed(built: Built) -> None
     with zipfile.ZipFile(built.wheel) as whl:
         names = set(whl.namelist())
         entry_points = "".join(whl.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert {"popdist_py/engine/__init__.py", "popdist_py/engine/pipeline/__init__.py",
-            "popdist_py/engine/_batch_invariant.pyi", "poprun_py/py.typed", "popdist_py/py.typed"} <= names
+    stubs = {f"{name.replace('.', '/')}.pyi" for name in EXTENSIONS}
+    assert {"popdist_py/engine/__init__.py", "popdist_py/engine/pipeline/__init__.py", "poprun_py/py.typed",
+            "popdist_py/py.typed", *stubs} <= names
     assert checkout_files() <= names, sorted(checkout_files() - names)
-    assert [n for n in names if re.fullmatch(r"popdist_py/engine/_batch_invariant\.[^/]+\.so", n)]
+    for name in EXTENSIONS:
+        assert [n for n in names if re.fullmatch(rf"{re.escape(name.replace('.', '/'))}\.[^/]+\.so", n)], name
     assert not [n for n in names if n.endswith(".c")], "the C source belongs in the sdist only"
     assert not [n for n in names if n.startswith(("tests/", "bin/"))]
     assert re.search(r"^poprun = poprun_py\.cli:main$", entry_points, re.M), entry_points

@@ -188,8 +188,9 @@ LOCAL, OMP = environment.LOCAL_WORLD_SIZE, environment.OMP_NUM_THREADS
     ({LOCAL: "two"}, lambda: None)])
 def test_the_cores_of_a_host_are_divided_among_its_instances(environ: dict[str, str], threads: Callable[[], object],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (LOCAL, OMP):
-        monkeypatch.delenv(name, raising=False)
+    for name in (LOCAL, OMP):  # set, then unset: either way each is restored after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     divide_cores()
