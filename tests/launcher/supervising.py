@@ -42,12 +42,14 @@ def call_in(s: Supervisor, server: socket.socket, index: int, then: tuple[bytes,
 def poprun_log(verbosity: int = 0) -> Iterator[io.StringIO]:
     """poprun's diagnostics (``poprun_py.log``) written to a buffer while the block runs."""
     log.configure(verbosity)
-    handler = log._get().handlers[0]
-    assert isinstance(handler, logging.StreamHandler)
+    logger = log._get()
+    previous = logger.handlers[:]
     buffer = io.StringIO()
-    previous = handler.setStream(buffer)
+    handler = logging.StreamHandler(buffer)  # its own: the one poprun made may hold a closed stream
+    handler.setFormatter(previous[0].formatter)
+    logger.handlers[:] = [handler]
     try:
         yield buffer
     finally:
-        handler.setStream(previous)
+        logger.handlers[:] = previous
         log.configure(0)
