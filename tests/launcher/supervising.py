@@ -23,6 +23,13 @@ def supervisor(stdout: io.BytesIO, stderr: io.BytesIO, hosts: tuple[str, ...] = 
 def call_in(s: Supervisor, server: socket.socket, index: int, then: tuple[bytes, ...] = ()) -> socket.socket:
     """Instance ``index`` calls in over a real connection, as its shim would, with the frames
     ``then`` in the same write; the shim's end."""
+    return call_in_sealed(s, server, index, then)[0]
+
+
+def call_in_sealed(s: Supervisor, server: socket.socket, index: int,
+                   then: tuple[bytes, ...] = ()) -> tuple[socket.socket, Seal]:
+    """As ``call_in``, with the shim's seal of the connection (for its further frames, and to
+    check poprun's commands)."""
     shim = socket.create_connection(server.getsockname(), timeout=10)
     s._accept(server)
     nonce = shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)
@@ -35,7 +42,7 @@ def call_in(s: Supervisor, server: socket.socket, index: int, then: tuple[bytes,
     while s.instances[index].connection is None and time.monotonic() < deadline:
         s._read_hello(conn, reader)
     assert conn not in s.pending
-    return shim
+    return shim, seal
 
 
 @contextmanager

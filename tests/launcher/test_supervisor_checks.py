@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import pytest
 
 from poprun_py import protocol
+from poprun_py.seal import Seal
 from poprun_py.supervisor import MAX_PENDING, Supervisor
-from tests.launcher.supervising import call_in, poprun_log, supervisor
+from tests.launcher.supervising import call_in, call_in_sealed, poprun_log, supervisor
 
 
 @pytest.fixture
@@ -142,10 +143,15 @@ def test_a_connection_that_never_says_who_it_is_is_dropped_at_the_silence_limit(
 def test_beyond_the_most_connections_waiting_to_say_who_they_are_the_oldest_is_dropped(
         job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
     s, server, shims = job
+    shims += [_stray(s, server) for _ in range(MAX_PENDING)]
+    # The oldest is one in the middle (not the first to come, nor the lowest port).
+    oldest = list(s.pending)[MAX_PENDING // 2]
+    s.pending[oldest] = (time.monotonic() - 10, s.pending[oldest][1])
+    dropped = shims[MAX_PENDING // 2]
     with poprun_log() as said:
-        shims += [_stray(s, server) for _ in range(MAX_PENDING + 1)]
-    assert len(s.pending) == MAX_PENDING and shims[0].recv(1) == b""
-    port = shims[0].getsockname()[1]
+        shims.append(_stray(s, server))
+    assert len(s.pending) == MAX_PENDING and oldest not in s.pending and dropped.recv(1) == b""
+    port = dropped.getsockname()[1]
     assert said.getvalue().endswith(f" POPRUN [E] unexpected connection on the control port from 127.0.0.1:{port}: "
                                     f"more than {MAX_PENDING} connections had not said who they were\n")
     shims.append(call_in(s, server, 0))  # an instance still calls in
@@ -163,3 +169,32 @@ def test_frames_that_come_with_the_hello_are_each_handled(
     output.flush()
     stdout = s.sinks[1].file
     assert isinstance(stdout, io.BytesIO) and stdout.getvalue() == b"[0] one\n[0] two\n"
+
+
+def _commands(shim: socket.socket, seal: Seal) -> list[bytes]:
+    """poprun's commands that have reached ``shim`` (nothing waited for: poprun sends on loopback
+    within its call, so they are there)."""
+    shim.setblocking(False)
+    try:
+        data = shim.recv(4096)
+    except BlockingIOError:
+        data = b""
+    finally:
+        shim.setblocking(True)
+    return protocol.CommandReader(seal).feed(data)
+
+
+def test_the_shims_are_released_together_once_every_instance_is_done(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    ends = [call_in_sealed(s, server, index) for index in range(3)]
+    shims += [shim for shim, _ in ends]
+    for index, (shim, seal) in enumerate(ends):
+        shim.sendall(seal.seal(protocol.exit_report(0, None, None)))
+        deadline = time.monotonic() + 10  # until the bytes are through loopback
+        while s.instances[index].status is None and time.monotonic() < deadline:
+            s._read_instance(index)
+        assert s.instances[index].status == 0
+        if index < 2:  # some instance still runs: nobody is released yet
+            assert [_commands(other, other_seal) for other, other_seal in ends] == [[], [], []]
+    assert [_commands(shim, seal) for shim, seal in ends] == [[protocol.RELEASE]] * 3
