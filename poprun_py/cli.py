@@ -7,24 +7,11 @@ non-executable one 126.
 
 from __future__ import annotations
 
-import _signal
 import os
 import sys
 
-from poprun_py import command
+from poprun_py import command, interrupts
 from poprun_py.errors import PlanError
-
-
-class _Signalled(Exception):
-    """SIGTERM or SIGHUP while no job runs (the supervisor records them while one does)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise(signum: int, _frame: object) -> None:
-    raise _Signalled(signum)
 
 
 def run(argv: list[str]) -> int:
@@ -34,14 +21,8 @@ def run(argv: list[str]) -> int:
         return options
     from poprun_py.launch import ProgramError, launch
 
-    # Before and after the job poprun ends as the signal asks, with 128 + its number, through the
-    # cleanup of whatever it is doing (like Ctrl-C's KeyboardInterrupt), not killed on the spot.
-    for sig in (_signal.SIGTERM, _signal.SIGHUP):
-        _signal.signal(sig, _raise)
     try:
         return launch(options)
-    except _Signalled as exc:
-        return 128 + exc.signum
     except PlanError as exc:
         _error(str(exc))
         return 2
@@ -56,8 +37,6 @@ def run(argv: list[str]) -> int:
     except OSError as exc:  # mpiexec itself cannot be started (E2BIG, EACCES, ...)
         _error(f"cannot start mpiexec: {exc.strerror or exc}")
         return 1
-    except KeyboardInterrupt:
-        return 130
 
 
 def _error(message: str) -> None:
@@ -66,7 +45,12 @@ def _error(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``poprun`` script."""
-    status = run(sys.argv[1:] if argv is None else list(argv))
+    interrupts.install()
+    try:
+        status = run(sys.argv[1:] if argv is None else list(argv))
+    except interrupts.Interrupted as exc:  # before or after the job, even while an error was said
+        status = 128 + exc.signum
+    interrupts.Held().__enter__()  # for good: os._exit below drops whatever comes now
     # Skip the interpreter's teardown (modules, GC): nothing is left to clean up, and every
     # launch would pay for it.
     for stream in (sys.stdout, sys.stderr):

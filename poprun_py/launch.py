@@ -10,7 +10,7 @@ import errno
 import os
 import sys
 
-from poprun_py import environment, log
+from poprun_py import environment, interrupts, log
 from poprun_py.errors import PlanError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
@@ -71,7 +71,6 @@ def launch(options: LaunchOptions) -> int:
         return 0
     _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
     _say_threads_per_instance(plan, remote)
-    _make_error_dir(plan, spec)
     return _run(options, plan, spec, launcher, remote, callback, master_port, grace)
 
 
@@ -172,6 +171,7 @@ def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: Mpi
     restarts = options["max_restarts"]
     status = 1
     try:
+        _make_error_dir(plan, spec)
         for restart in range(restarts + 1):
             spec.job_env[environment.RESTART_COUNT] = str(restart)
             spec.job_env[environment.TORCHELASTIC_RESTART_COUNT] = str(restart)
@@ -196,10 +196,11 @@ def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: Mpi
             sys.stderr.flush()
         return status
     finally:
-        for path in written:
-            os.unlink(path)
-        if plan.error_dir is not None:
-            _remove_tree(plan.error_dir)
+        with interrupts.Held():
+            for path in written:
+                os.unlink(path)
+            if plan.error_dir is not None:
+                _remove_tree(plan.error_dir)
 
 
 def _torchrun_contract(plan: JobPlan, options: LaunchOptions, remote: list[str],
@@ -326,7 +327,8 @@ def _write_error_file(path: str, report: dict[str, object]) -> None:
         if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
             _write_in_place(target, text)
         else:
-            _replace_file(target, text, None if mode is None else stat.S_IMODE(mode))
+            with interrupts.Held():  # else its temporary file could stay
+                _replace_file(target, text, None if mode is None else stat.S_IMODE(mode))
     except OSError as exc:
         why = "no one reads that FIFO" if exc.errno == errno.ENXIO else exc.strerror or exc
         log.warning("cannot write the error file %s: %s", path, why)

@@ -298,6 +298,39 @@ def test_a_storm_of_signals_ends_the_job_once_with_its_summary_and_leaves_nothin
     assert _mpich_files() - before == set()
 
 
+def test_signals_that_go_on_until_poprun_exits_cut_no_cleanup_short(tmp_path: Path) -> None:
+    """SIGTERM every half millisecond from the moment the instances run (one of them failing) until
+    poprun is gone, a job's directory of error files made slow to remove (400 files in it): poprun
+    still removes that directory, and --error-file is whole if written, with no temporary file
+    left beside it."""
+    fill = ("import os, time; d = os.path.dirname(os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE'])); "
+            "[open(os.path.join(d, f'{os.getpid()}-{i}'), 'w').close() for i in range(200)]; "
+            "open(os.path.join(d, 'ready-' + os.environ['RANK']), 'w').close(); print(d, flush=True)\n"
+            "while os.environ['RANK'] == '1' and not os.path.exists(os.path.join(d, 'ready-0')): time.sleep(0.01)\n"
+            "time.sleep(60 if os.environ['RANK'] == '0' else 0); raise SystemExit(3)")
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen([*POPRUN, "--error-file", str(report), "--num-instances", "2", PYTHON, "-c", fill],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=OMP_SET)
+    try:
+        assert proc.stdout is not None
+        directories = {proc.stdout.readline().split("] ", 1)[-1].strip() for _ in range(2)}
+        assert len(directories) == 1 and all(d.startswith("/tmp/poprun-") for d in directories), directories
+        while proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                break
+            time.sleep(0.0005)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert not os.path.exists(directories.pop()), err
+    assert set(os.listdir(tmp_path)) <= {"report.json"}, os.listdir(tmp_path)
+    if report.exists():  # the failure came before the first signal
+        assert json.loads(report.read_text())["instance"] == 1, report.read_text()
+
+
 def test_instances_that_never_start_end_the_job_at_the_start_timeout(tmp_path: Path) -> None:
     """An mpiexec that never starts the instances (here Hydra behind a wrapper that stalls first,
     as a host that takes ssh but never runs the launcher's processes does) is not waited on for
