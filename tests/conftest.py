@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
+from tests import leftover_files
 from tests.helpers import ROOT, UNDER_MUTANTS
 from tests.mutation.selection import TESTS_OF_MODULE, selects, tests_of_run
 
@@ -102,6 +103,21 @@ def executor(request: pytest.FixtureRequest) -> Iterator[str | None]:
         mp.setenv(ENGINE_EXECUTOR, name)
         mp.delenv(LOCAL_WORLD_SIZE, raising=False)
         yield name
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_job_files(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves a file of MPI, poprun or the suite in /dev/shm or /tmp fails, named (``make
+    test`` checks the whole run too, but could not say which test). Not under mpiexec's ranks or
+    mutmut's concurrent children, where another process's files come and go meanwhile."""
+    if UNDER_MUTANTS or request.config.getoption("--with-mpi", default=False):
+        yield
+        return
+    before = leftover_files.names()
+    yield
+    left = sorted(leftover_files.names() - before)
+    if left:
+        pytest.fail(f"left behind by this test: {', '.join(left)}", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)
