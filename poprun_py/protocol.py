@@ -40,6 +40,9 @@ EXIT_FIELDS = struct.Struct("!iIB")  # exit status, signal number (0: not killed
 #: EXIT flag: the shim itself was signalled (by its MPI launcher, or by hand), not told by poprun,
 #: and stopped its program.
 EXIT_SHIM_SIGNALLED = 1
+#: EXIT flag: when the shim came to stop its program, the program was stopped (SIGSTOP, SIGTSTP
+#: or a debugger): the job's other instances may have failed waiting for it.
+EXIT_WAS_STOPPED = 2
 
 #: poprun -> shim, one byte and its tag each: stop the program (SIGTERM to its process group,
 #: SIGKILL after the grace period).

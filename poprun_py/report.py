@@ -60,8 +60,9 @@ class Report:
         if self.failure is None or self.failure.index is None:
             return None
         state = self.instances[self.failure.index]
-        # One that left early is the cause, as the summary says, not the instance it took down.
-        cause = next(iter(self._left_before(state)), state)
+        # One that left early or was stopped is the cause, as the summary says, not the instance
+        # it took down.
+        cause = next(iter(self._left_before(state) or self._stopped_besides(state)), state)
         return {
             "instance": cause.index,
             "host": cause.host,
@@ -76,8 +77,8 @@ class Report:
     def _reason(self, state: InstanceState) -> str:
         """One line on why the job failed, given its first failed instance."""
         assert self.failure is not None
-        return (self._lost_host(state) or self._left_early(state)
-                or f"instance {state.index} on {state.host} failed: {self.failure.description}")
+        failed = f"instance {state.index} on {state.host} failed: {self.failure.description}"
+        return self._lost_host(state) or self._left_early(state) or self._stopped(state, failed) or failed
 
     def _lost_host(self, state: InstanceState) -> str | None:
         """When every instance of a remote host was lost without a report, the host is what
@@ -108,6 +109,21 @@ class Report:
                 f"left early: exited with status 0 while instance(s) {ranges(victims)} still ran, and "
                 f"{state.ended_at - first:.1f} s later mpiexec ended those (an MPI program that exits "
                 f"without MPI_Finalize, e.g. through os._exit, takes the job down)")
+
+    def _stopped(self, state: InstanceState, failed: str) -> str | None:
+        """When others were found stopped (SIGSTOP, SIGTSTP, a debugger) as poprun ended the job,
+        they come first: an instance that waits on a stopped one gives up at its timeout, and is
+        the one that fails."""
+        stopped = self._stopped_besides(state)
+        if not stopped:
+            return None
+        return (f"instance(s) {ranges([s.index for s in stopped])} on {', '.join(sorted({s.host for s in stopped}))} "
+                f"had been stopped (SIGSTOP, SIGTSTP or a debugger) when {failed}; an instance that waits for a "
+                "stopped one fails at its timeout")
+
+    def _stopped_besides(self, state: InstanceState) -> list[InstanceState]:
+        """The instances other than ``state`` whose program was found stopped when it was ended."""
+        return [s for s in self.instances if s is not state and s.was_stopped]
 
     def _left_before(self, state: InstanceState) -> list[InstanceState]:
         """The instances that exited with status 0 before the launcher ended ``state``, in order."""

@@ -68,6 +68,8 @@ class Pump:
         self.reason: str | None = None
         #: The shim itself was signalled (not told by poprun) and stopped its program.
         self.signalled = False
+        #: When the shim came to stop its program, the program was stopped (SIGSTOP, a debugger).
+        self.was_stopped = False
         # The loop's state (_pump): the program's pipes still open, its status once it has exited,
         # until when its pipes may stay open after that, and the pidfds watched.
         self.open_streams = 2
@@ -102,11 +104,15 @@ class Pump:
         return status
 
     def stop_program(self, *_: object) -> None:
-        """SIGTERM the program's process group now, SIGKILL it after the grace period."""
+        """SIGTERM the program's process group now, SIGKILL it after the grace period. A program
+        found stopped is continued after the SIGTERM, so that it can act on it, and the exit
+        report says it was stopped."""
         if self.pid is None or self.kill_at is not None:
             return
         self.kill_at = time.monotonic() + self.grace
+        self.was_stopped = self.returncode is None and sweep.is_stopped(self.pid)
         self._signal_group(_signal.SIGTERM)
+        self._signal_group(_signal.SIGCONT)
 
     def _on_signal(self, *_: object) -> None:
         """The shim was signalled (mpiexec ending the job, or someone by hand): stop the program."""
@@ -132,8 +138,9 @@ class Pump:
                 if cause is not None:
                     self.send(protocol.frame(protocol.ROOT_CAUSE, cause))
             root_cause.remove(self.error_file)
-        self.send(protocol.exit_report(status, signum, self.reason,
-                                       protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0))
+        flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
+            (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0)
+        self.send(protocol.exit_report(status, signum, self.reason, flags))
         self._await_release()
         return status
 

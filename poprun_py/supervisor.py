@@ -322,6 +322,7 @@ class Supervisor:
             elif kind == protocol.EXIT:
                 state.status, state.signal, state.error, flags = protocol.read_exit(payload)
                 state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
+                state.was_stopped = bool(flags & protocol.EXIT_WAS_STOPPED)
                 state.ended_at = time.monotonic()
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())

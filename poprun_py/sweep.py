@@ -34,8 +34,9 @@ def pids() -> list[int]:
         return []
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """A live process's parent and session IDs; None once it is gone or a zombie."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command's name (state ppid pgrp session ...); None
+    once the process is gone or a zombie."""
     try:  # os.open/os.read: a buffered file object per process would cost 3x as much
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         try:
@@ -44,10 +45,22 @@ def _stat(pid: int) -> tuple[int, int] | None:
             os.close(fd)
     except OSError:
         return None
-    fields = stat.rsplit(b")", 1)[-1].split()  # state ppid pgrp session ...
+    fields = stat.rsplit(b")", 1)[-1].split()
     if len(fields) < 4 or fields[0] == b"Z":
         return None
-    return int(fields[1]), int(fields[3])
+    return fields
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """A live process's parent and session IDs; None once it is gone or a zombie."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[1]), int(fields[3]))
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped: by SIGSTOP or SIGTSTP (state T), or at a debugger's stop (t)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in (b"T", b"t")
 
 
 def in_session(pid: int, session: int) -> bool:

@@ -331,6 +331,26 @@ def test_signals_that_go_on_until_poprun_exits_cut_no_cleanup_short(tmp_path: Pa
         assert json.loads(report.read_text())["instance"] == 1, report.read_text()
 
 
+def test_an_instance_found_stopped_is_named_before_the_one_that_timed_out_waiting_for_it(tmp_path: Path) -> None:
+    """Instance 1 stops itself (SIGSTOP) after a barrier; instance 0's allreduce times out and
+    fails. The summary and --error-file name the stopped instance first, and poprun ends it with
+    SIGTERM at once (continued after the SIGTERM), not with SIGKILL after the grace."""
+    script = ("import os, signal, numpy as np, popdist_py\npopdist_py.init()\npopdist_py.barrier()\n"
+              "if popdist_py.getInstanceIndex() == 1:\n    os.kill(os.getpid(), signal.SIGSTOP)\n"
+              "popdist_py.allreduce(np.ones(3))\n")
+    report = tmp_path / "report.json"
+    result = poprun("--error-file", str(report), "--num-instances", "2", PYTHON, "-c", script,
+                    env={**OMP_SET, environment.COLLECTIVE_TIMEOUT: "1", environment.KILL_GRACE: "30"})
+    assert result.returncode == 1, result.stderr
+    summary = [line for line in result.stderr.splitlines() if line.startswith("poprun: ")]
+    host = socket.gethostname()
+    assert summary[0] == (f"poprun: instance(s) 1 on {host} had been stopped (SIGSTOP, SIGTSTP or a debugger) "
+                          f"when instance 0 on {host} failed: exit status 1; an instance that waits for a "
+                          "stopped one fails at its timeout"), result.stderr
+    written = json.loads(report.read_text())
+    assert (written["instance"], written["signal"]) == (1, "SIGTERM"), written
+
+
 def test_instances_that_never_start_end_the_job_at_the_start_timeout(tmp_path: Path) -> None:
     """An mpiexec that never starts the instances (here Hydra behind a wrapper that stalls first,
     as a host that takes ssh but never runs the launcher's processes does) is not waited on for

@@ -11,12 +11,13 @@ import signal
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from poprun_py import environment, protocol
+from poprun_py import environment, protocol, sweep
 from poprun_py.shim import _read_nonce, divide_cores, spawn, threads_per_instance
 from tests.helpers import PYTHON, ROOT, run
 from tests.launcher.shim import SECRET, shim_session
@@ -38,6 +39,23 @@ def test_terminate_stops_the_program_and_the_shim_kills_it_after_the_grace() -> 
         poprun.output(b"got TERM")
         # Killed at the 0.2 s grace, or never; told by poprun, not signalled: no flag.
         assert poprun.exit_report(within=10) == (128 + signal.SIGKILL, signal.SIGKILL, None, 0)
+
+
+def test_terminate_continues_a_stopped_program_so_that_it_acts_on_sigterm_and_says_it_was_stopped() -> None:
+    program = ("import os, signal, sys\n"
+               "signal.signal(signal.SIGTERM, lambda *_: (os.write(1, b'got TERM\\n'), sys.exit(5)))\n"
+               "os.write(1, b'stopping\\n')\nos.kill(os.getpid(), signal.SIGSTOP)\n"
+               "while True: signal.pause()\n")
+    with shim_session(PYTHON, "-c", program, env={environment.KILL_GRACE: "15"}) as (shim, poprun):
+        poprun.output(b"stopping")
+        (program_pid,) = sweep.descendants(shim.pid)
+        deadline = time.monotonic() + 10
+        while not sweep.is_stopped(program_pid):  # it said so just before its SIGSTOP
+            assert time.monotonic() < deadline, "the program never stopped"
+            time.sleep(0.01)
+        poprun.send(protocol.TERMINATE)
+        poprun.output(b"got TERM")  # continued: its handler ran long before the 15 s grace
+        assert poprun.exit_report(within=10) == (5, None, None, protocol.EXIT_WAS_STOPPED)
 
 
 def test_a_signal_after_terminate_does_not_count_as_the_shim_being_signalled() -> None:

@@ -93,3 +93,15 @@ def test_descendants_are_found_through_every_generation_and_only_they_are_killed
     assert sweep.kill_descendant(grandchild, parent.pid)
     assert parent.wait(timeout=10) == 0  # its `wait` returned: the sleep is gone
     assert sweep.descendants(parent.pid) == []
+
+
+def test_a_stopped_process_is_told_from_a_running_one_and_a_zombie(processes: list[subprocess.Popen[bytes]]) -> None:
+    sleeper = _sleeper()
+    processes.append(sleeper)
+    assert not sweep.is_stopped(sleeper.pid)
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    os.waitid(os.P_PID, sleeper.pid, os.WSTOPPED | os.WNOWAIT)  # stopped by now (the state says T)
+    assert sweep.is_stopped(sleeper.pid)
+    os.kill(sleeper.pid, signal.SIGKILL)
+    os.waitid(os.P_PID, sleeper.pid, os.WEXITED | os.WNOWAIT)
+    assert not sweep.is_stopped(sleeper.pid)  # a zombie
