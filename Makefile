@@ -82,16 +82,12 @@ MUTMUT_SUPERVISOR := "poprun_py.supervisor.*"
 mutants: install
 	$(MAKE) --no-print-directory mutmut-run MUTMUT_WHAT='$(MUTMUT_LIBRARY)' MUTMUT_LIMIT=1800
 
-# The launcher's mutants include sweeps that kill processes: a mutant of one can kill every process
-# its user may, so the run is kept in a PID namespace of its own (as root, or in a user namespace),
-# where it can kill only itself.
-MUTMUT_SANDBOX = $(shell if unshare --pid --fork --mount-proc true 2>/dev/null; then \
-	echo unshare --pid --fork --mount-proc; elif unshare --user --map-root-user --pid --fork --mount-proc true \
-	2>/dev/null; then echo unshare --user --map-root-user --pid --fork --mount-proc; fi)
-
+# The launcher's mutants include sweeps that kill processes, and its tests check what jobs leave in
+# /tmp and /dev/shm: tests/mutation/sandbox runs mutmut in a PID namespace of its own, where a
+# mutant can kill only the run, with /tmp and /dev/shm of its own.
 mutants-launcher mutants-supervisor: install
-	@test -n "$(MUTMUT_SANDBOX)" || { echo "$@ needs a PID namespace (unshare): its mutants can kill any process of yours"; exit 1; }
-	$(MAKE) --no-print-directory mutmut-run MUTMUT_LIMIT=3600 MUTMUT_WRAP='$(MUTMUT_SANDBOX)' \
+	@tests/mutation/sandbox true || { echo "$@ needs a PID namespace (unshare): its mutants can kill any process of yours"; exit 1; }
+	$(MAKE) --no-print-directory mutmut-run MUTMUT_LIMIT=3600 MUTMUT_WRAP=tests/mutation/sandbox \
 		MUTMUT_WHAT='$(if $(filter mutants-launcher,$@),$(MUTMUT_LAUNCHER),$(MUTMUT_SUPERVISOR))'
 
 mutmut-run:
