@@ -148,6 +148,7 @@ def agree(
     describe_rank: Describe | None = None,
     fields: Sequence[str] | None = None,
     ranks: Sequence[int] | None = None,
+    notes: Mapping[str, str] | None = None,
 ) -> None:
     """Check that every rank of ``comm`` calls ``what`` with an equal ``signature``.
 
@@ -155,7 +156,8 @@ def agree(
     mismatch says e.g. ``allreduce: shapes differ between instances: instance 0 (3, 4), instance
     1 (4,)``. ``describe_rank(rank)`` names a rank in messages (default ``instance {rank}``).
     ``ranks`` restricts the check to those ranks of ``comm`` (sorted, including the caller); only
-    they take part. Raises CollectiveMismatchError on every participant, or
+    they take part. ``notes`` (by field name) explain a field when it differs. Raises
+    CollectiveMismatchError on every participant, or
     CollectiveTimeoutError naming the ranks that did not arrive within ``timeout`` seconds (see
     :func:`collective_timeout`).
     """
@@ -202,7 +204,7 @@ def agree(
     values = [decode_signature(received[i].tobytes()) for i in range(size)]
     if all(v == values[0] for v in values):  # equal values pickled differently (e.g. int vs np.int64)
         return
-    raise CollectiveMismatchError(mismatch_message(what, members, values, describe, fields))
+    raise CollectiveMismatchError(mismatch_message(what, members, values, describe, fields, notes))
 
 
 def _abandon(recvs: list[Any], sends: list[Any]) -> None:
@@ -231,7 +233,8 @@ def _plural(field: str) -> str:
 
 
 def mismatch_message(
-    what: str, ranks: Sequence[int], values: list[tuple[str, Any]], describe: Describe, fields: Sequence[str] | None
+    what: str, ranks: Sequence[int], values: list[tuple[str, Any]], describe: Describe, fields: Sequence[str] | None,
+    notes: Mapping[str, str] | None = None,
 ) -> str:
     positions = range(len(values))
     whats = [w for w, _ in values]
@@ -250,7 +253,8 @@ def mismatch_message(
             column = [n[field] for n in named]
             if any(v != column[0] for v in column):
                 listing = ", ".join(f"{describe(ranks[i])} {_fmt(column[i])}" for i in positions)
-                parts.append(f"{_plural(field)} differ between instances: {listing}")
+                note = f" ({notes[field]})" if notes and field in notes else ""
+                parts.append(f"{_plural(field)} differ between instances: {listing}{note}")
         if parts:
             return f"{what}: " + "; ".join(parts)
     listing = ", ".join(f"{describe(ranks[i])} {_fmt(sigs[i])}" for i in positions)

@@ -86,6 +86,10 @@ def test_mismatch_messages() -> None:
                        "instance 0 (3, 4), instance 1 (4,), instance 2 (3, 4)")
     message = agreement.mismatch_message("x", [0, 3], [("x", (1,)), ("x", (1, 2))], d, ("a",))
     assert message == "x: signatures differ between instances: instance 0 (1,), instance 3 (1, 2)"
+    # A field's note follows it when it differs, and only then.
+    message = agreement.mismatch_message("x", [0, 1], [("x", (1, 7)), ("x", (2, 7))], d, ("a", "b"),
+                                         {"a": "why a", "b": "why b"})
+    assert message == "x: as differ between instances: instance 0 1, instance 1 2 (why a)"
 
 
 def test_mismatch_messages_name_each_field_that_differs() -> None:

@@ -8,6 +8,7 @@ must be bitwise identical for every split (1xR, 2xR/2, ...).
 from __future__ import annotations
 
 import gc
+import re
 import threading
 import time
 from pathlib import Path
@@ -174,6 +175,35 @@ def test_mismatch_between_instances_is_named_on_every_instance(n: int) -> None:
             # every instance raised: they are still in step and the runtime stays usable
             got = rt.run(lambda ctx: ops.replicated_all_reduce(np.array([ctx.replica_index])))
             assert got.tolist() == [[6], [6]]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_collective_skipped_on_one_instance_is_named_by_each_instances_step() -> None:
+    """Instance 1's first step skips the allreduce instance 0's makes (a step with no collective is
+    local), so its second step's allreduce meets instance 0's first: the mismatch says which step
+    each instance is in, and why they can differ."""
+    with instances(2) as comm:
+        if comm is None:
+            return
+        with Runtime(replication=4, comm=comm, timeout=30) as rt:
+            me = rt.instance_index
+
+            def first(ctx: StepContext) -> np.ndarray | None:
+                return ops.replicated_all_reduce(np.zeros(2)) if me == 0 else None
+
+            def second(ctx: StepContext) -> np.ndarray:
+                return ops.replicated_all_reduce(np.zeros(1))
+
+            with pytest.raises(InstancesDisagreeError) as info:
+                rt.run(first)
+                rt.run(second)  # instance 1 only: its first step was local
+            msg = str(info.value)
+            assert re.search(r"steps differ between instances: instance 0 \(replicas 0-1\) 1, instance 1 "
+                             r"\(replicas 2-3\) 2 \(each instance's count of Runtime\.run calls: a step in which "
+                             r"one instance called no collective", msg), msg
+            assert "shapes differ between instances: instance 0 (replicas 0-1) (2,), instance 1 (replicas 2-3) (1,)" \
+                in msg, msg
+            assert rt.run(second).tolist() == [[0.0]] * 2  # raised on both: still in step
 
 
 @pytest.mark.mpi(min_size=3)

@@ -51,12 +51,15 @@ class CallLink:
     One per runtime, re-pointed at each call: only one combiner runs at a time.
     """
 
-    __slots__ = ("index", "sig", "transport")
+    __slots__ = ("index", "sig", "step", "transport")
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
         self.sig: Signature | None = None
         self.index = 0
+        #: the current step's number (Runtime.run calls so far): only in error messages, as local
+        #: steps need not run on every instance
+        self.step = 0
 
     def channel(self, sendbufs: Sequence[np.ndarray], recvbufs: Sequence[np.ndarray]) -> HeaderChannel:
         return self.transport.channel(sendbufs, recvbufs)
@@ -70,7 +73,7 @@ class CallLink:
     def describe(self) -> tuple[str, tuple[Any, ...], Sequence[str]]:
         assert self.sig is not None
         values, fields = self.sig.agree_signature(self.index)
-        return f"{self.sig.kind} #{self.index} of the step", values, fields
+        return f"{self.sig.kind} #{self.index} of the step", (*values, self.step), (*fields, "step")
 
 
 class Entry:
@@ -132,6 +135,8 @@ class Dispatcher:
         """Forget the previous run's deposits and failure."""
         self.rendezvous.reset()
         self._step_collectives = 0
+        if self._link is not None:
+            self._link.step += 1
 
     def end_step(self, index: int) -> None:
         """Local replica ``index`` returned from its step: deposit its end (a mismatch if others are
@@ -250,8 +255,11 @@ class Dispatcher:
 
         what = f"end of step (after {n - 1} collective{'' if n == 2 else 's'})"
 
+        step = self._link.step if self._link is not None else 0
+
         def describe() -> tuple[str, tuple[Any, ...], Sequence[str]]:
-            return what, (what, "", "", (), "", 0), ("collective", "op", "dtype", "shape", "group", "axis")
+            return (what, (what, "", "", (), "", 0, step),
+                    ("collective", "op", "dtype", "shape", "group", "axis", "step"))
 
         transport.exchange(channel, describe)
 

@@ -47,6 +47,9 @@ TAG_GATHER = 13
 STATUS_OK = 0
 STATUS_ABORT = 1
 STATUS_CLOSED = 2
+#: What a difference in the ``step`` field of a collective's signature (see ``dispatch.CallLink``) means.
+STEP_NOTE = ("each instance's count of Runtime.run calls: a step in which one instance called no collective, "
+             "run there only or with its collectives skipped, pairs its next step with this one elsewhere")
 _OK = np.int64(STATUS_OK).tobytes()
 _CLOSED = np.int64(STATUS_CLOSED).tobytes()
 
@@ -193,7 +196,7 @@ class Transport:
             log.debug("%s: header mismatch, asking agree() for the details", what)
             try:
                 agreement.agree(self.comm, what, signature, timeout=self.timeout, describe_rank=self.describe,
-                                fields=fields)
+                                fields=fields, notes={"step": STEP_NOTE})
             except CollectiveMismatchError as exc:  # raised on every instance: they are still in step
                 raise InstancesDisagreeError(str(exc)) from None
             raise InstancesDisagreeError(
