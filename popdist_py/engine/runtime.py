@@ -48,7 +48,7 @@ from popdist_py.engine._state.variables import (
     host_value,
     per_group_values,
 )
-from popdist_py.engine.errors import CollectiveError, InstancesDisagreeError, PeerAborted, StepAborted
+from popdist_py.engine.errors import CollectiveError, InstancesDisagreeError, PeerAborted, PeerClosed, StepAborted
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,8 @@ class Runtime:
         self._run_lock = threading.Lock()
         self._running = False
         self._broken: str | None = None
+        #: why the instances must meet before the next step (a step failed), if they must
+        self._renew: str | None = None
         self._closed = False
         log.debug("Runtime: %d replicas, %d in this process (instance %d), %s executor", R, L, index, self._executor)
 
@@ -203,6 +205,8 @@ class Runtime:
             raise RuntimeError("Runtime.run is already running in another thread; runs of one Runtime are sequential")
         try:
             self._check_usable()
+            if self._renew is not None:
+                self._meet_after_failure(self._renew)
             L = self.instance_replication_factor
             arrays = [self._input(k, a) for k, a in enumerate(inputs)]
             if self._timeout_arg is None:
@@ -270,12 +274,27 @@ class Runtime:
                 f"{type(other).__name__}: {other}"
             )
         if self._transport is not None and not isinstance(exc, InstancesDisagreeError):
-            self._broken = (
-                f"a step failed on this instance ({type(exc).__name__}: {exc}); the instances are out of step"
-            )
+            # The instances are out of step (not all of them raised, or not at the same point): the
+            # next run first meets the others, each come once it has seen a failure (its own, or
+            # the abort notice sent here); one that closed its runtime can no longer come.
+            if isinstance(exc, PeerClosed):
+                self._broken = f"a step failed on this instance ({type(exc).__name__}: {exc})"
+            else:
+                self._renew = f"{type(exc).__name__} on {self._placement.describe_instance(self.instance_index)}"
             if not isinstance(exc, PeerAborted):
                 self._transport.send_abort(self._dispatcher.seq)
         raise exc
+
+    def _meet_after_failure(self, why: str) -> None:
+        """Meet the other instances after a failed step, and go on over a new communicator."""
+        assert self._transport is not None
+        try:
+            self._transport.renew(why)
+        except CollectiveError as exc:
+            self._broken = f"the instances could not be brought back in step after a failed step: {exc}"
+            raise
+        self._dispatcher.renewed()
+        self._renew = None
 
     def _stack(self, outputs: list[Any]) -> Any:
         first = outputs[0]
@@ -568,7 +587,8 @@ class Runtime:
         if self._transport is not None:
             assert self._farewell is not None
             self._farewell.detach()  # said here instead, waiting for the peers' (to free the communicator)
-            wait = min(self._transport.timeout, FAREWELL_WAIT) if self._broken is None else 0.0
+            in_step = self._broken is None and self._renew is None
+            wait = min(self._transport.timeout, FAREWELL_WAIT) if in_step else 0.0
             in_step = self._transport.farewell(self._dispatcher.seq, wait)
             self._transport.close(free=in_step)
 

@@ -130,6 +130,14 @@ class Dispatcher:
         """The plans built so far (one per collective signature that has run)."""
         return [e.plan for e in self._entries.values() if e.plan is not None]
 
+    def renewed(self) -> None:
+        """The transport goes on over a new communicator (after a failed step): every header
+        channel is made again there, and the sequence numbers start afresh on every instance."""
+        for plan in self.plans():
+            plan.channel = None
+        self._end_channel = None
+        self.seq = 0
+
     # -- a step --------------------------------------------------------------------------------------
     def start_step(self) -> None:
         """Forget the previous run's deposits and failure."""

@@ -44,6 +44,7 @@ HDR_BYTES = 8 * HDR_WORDS
 TAG_HEADER = 11
 TAG_DATA = 12
 TAG_GATHER = 13
+TAG_RENEW = 14
 STATUS_OK = 0
 STATUS_ABORT = 1
 STATUS_CLOSED = 2
@@ -124,6 +125,11 @@ class Transport:
 
         self.MPI = MPI
         self.comm = comm.Dup()
+        #: where the instances meet to start afresh after a failed step (see ``renew``)
+        self._recovery = comm.Dup()
+        #: communicators left by renew (a stray message of a failed step may still arrive in one:
+        #: freed, its context could be reused by a new communicator and the message match there)
+        self._retired: list[Any] = []
         self.size = self.comm.Get_size()
         self.rank = self.comm.Get_rank()
         self.peers = tuple(p for p in range(self.size) if p != self.rank)
@@ -315,6 +321,59 @@ class Transport:
             return False
         return all(b.data[24:32] == _CLOSED for b in bufs)
 
+    def renew(self, why: str) -> None:
+        """Meet every other instance after a failed step (each comes once it has seen the failure:
+        its own exception, or an abort notice) and go on over a new communicator, where no message
+        of the failed step can arrive; every channel must be made again. Raises PeerClosed for an
+        instance that closed its runtime instead (its farewell, on the old communicator, is looked
+        for meanwhile), CollectiveTimeoutError naming those that did not come; then this
+        transport cannot be used."""
+        what = f"bringing the instances back in step after a failed step ({why})"
+        MPI = self.MPI
+        token = np.zeros(1, np.int64)
+        got = [np.zeros(1, np.int64) for _ in self.peers]
+        recvs = [self._recovery.Irecv(g, p, TAG_RENEW) for g, p in zip(got, self.peers, strict=True)]
+        self._orphans += [self._recovery.Isend(token, p, TAG_RENEW) for p in self.peers]
+        closed: list[int] = []
+
+        def met() -> bool:
+            for p, r in zip(self.peers, recvs, strict=True):
+                if not r.Test() and self._said_farewell(p):
+                    closed.append(p)
+            return bool(closed) or MPI.Request.Testall(recvs)
+
+        # A peer waiting for data that never comes sees the failure only at its own timeout.
+        arrived = poll(met, time.monotonic() + 2 * self.timeout)
+        if closed or not arrived:
+            missing = [p for p, r in zip(self.peers, recvs, strict=True) if not _withdraw(r)]
+            self._orphans += recvs
+            if closed:
+                names = ", ".join(self.describe(p) for p in closed)
+                raise PeerClosed(f"{what}: {names} closed its Runtime instead")
+            names = ", ".join(self.describe(p) for p in missing)
+            raise CollectiveTimeoutError(f"{what}: {names} did not come within {2 * self.timeout:g} s (twice the "
+                                         f"collective timeout); set {COLLECTIVE_TIMEOUT} to wait longer")
+        comm, request = self._recovery.Idup()
+        deadline.wait(request, self._recovery, what, timeout=self.timeout, describe_rank=self.describe)
+        for ch in self._channels:
+            ch.free()
+        self._channels.clear()
+        self._retired.append(self.comm)
+        self.comm = comm
+        agreement.prepare(self.comm, timeout=self.timeout, what=what)
+
+    def _said_farewell(self, peer: int) -> bool:
+        """Whether, among the messages ``peer`` left on this communicator (those of a failed step),
+        is its farewell (see ``farewell``). Each is received here: the communicator is retired next."""
+        MPI = self.MPI
+        status = MPI.Status()
+        while self.comm.Iprobe(peer, TAG_HEADER, status):
+            buf = np.zeros(max(status.Get_count(MPI.BYTE), HDR_BYTES), np.uint8)
+            self.comm.Recv([buf, MPI.BYTE], peer, TAG_HEADER)
+            if buf.data[24:32] == _CLOSED:
+                return True
+        return False
+
     # -- host-side collectives for variables ----------------------------------------------------------
     def allgatherv(self, send: np.ndarray, counts: Sequence[int], recv: np.ndarray, what: str) -> None:
         """Gather ``counts[i]`` bytes from instance ``i`` into ``recv`` (instance order), with a deadline."""
@@ -363,7 +422,8 @@ class Transport:
             ch.free()
         self._channels.clear()
         if free:
-            try:
-                self.comm.Free()
-            except Exception:  # pragma: no cover
-                log.debug("could not free the runtime communicator", exc_info=True)
+            for comm in (self.comm, self._recovery):
+                try:
+                    comm.Free()
+                except Exception:  # pragma: no cover
+                    log.debug("could not free a runtime communicator", exc_info=True)
