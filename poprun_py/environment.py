@@ -130,6 +130,8 @@ UCX_NET_DEVICES = _define("UCX_NET_DEVICES", "poprun (one host: lo) or the shim 
                           "MPICH (UCX)", "the interface MPI traffic uses on this host")
 FI_TCP_IFACE = _define("FI_TCP_IFACE", "poprun (one host: lo) or the shim (--host-subnet), unless set",
                        "MPICH (libfabric)", "the same, for libfabric's TCP provider")
+OMPI_MCA_BTL = _define("OMPI_MCA_btl", "poprun (one host: ^tcp), unless set", "Open MPI",
+                       "its byte transfer layers: on one host none over TCP, which listens on every interface")
 # ----------------------------------------- MPI launchers -> a program started without poprun
 # Under a bare `mpiexec -n N` (or `srun`) popdist_py answers as N instances of one replica each,
 # from the launcher's own variables; their presence also tells "started by mpiexec" from

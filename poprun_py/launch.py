@@ -105,6 +105,9 @@ def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -
     if callback is None:  # nothing crosses hosts: MPI's own sockets (UCX, libfabric) stay on loopback
         for name in (environment.UCX_NET_DEVICES, environment.FI_TCP_IFACE):
             job_env[name] = os.environ.get(name, "lo")
+        # Open MPI's TCP transport listens on every interface whatever it is told to use; on one
+        # host shared memory carries everything.
+        job_env[environment.OMPI_MCA_BTL] = os.environ.get(environment.OMPI_MCA_BTL, "^tcp")
     return CommandSpec(
         job_env=job_env,
         instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],

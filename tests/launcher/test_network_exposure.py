@@ -76,12 +76,9 @@ def _beyond_loopback(opened: list[str]) -> list[str]:
     return [entry for entry in opened if not loopback(entry)]
 
 
-@pytest.mark.parametrize("mpi", [
-    "mpich",
-    pytest.param("openmpi", marks=pytest.mark.xfail(
-        strict=True, reason="Open MPI's prterun and its TCP transport listen on every interface (issue 24 is open)")),
-])
-def test_a_one_host_job_listens_on_loopback_only(mpi: str, tmp_path: Path) -> None:
+def _job_sockets(mpi: str, tmp_path: Path) -> dict[str, list[str]]:
+    """What each process of a running two-instance one-host job listens on (or has bound), by
+    ``PID command``; the job ran to status 0."""
     go = tmp_path / "go"
     args, env = (["--mpi", str(OPENMPI_MPIEXEC)], {"MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)}) if mpi == "openmpi" \
         else ([], {})
@@ -92,12 +89,39 @@ def test_a_one_host_job_listens_on_loopback_only(mpi: str, tmp_path: Path) -> No
         assert proc.stdout is not None
         ready = [proc.stdout.readline(), proc.stdout.readline()]
         assert sorted(ready) == ["[0] ready\n", "[1] ready\n"], proc.communicate(timeout=SUBPROCESS_TIMEOUT)
-        pids = _descendants(proc.pid)
-        opened = _open_to(set().union(*(_socket_inodes(pid) for pid in pids)))
+        opened = {}
+        for pid in _descendants(proc.pid):
+            try:
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue  # gone
+            opened[f"{pid} {name}"] = _open_to(_socket_inodes(pid))
         go.touch()
         _, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert any(entry.startswith("127.0.0.1:") for entry in opened), opened  # poprun's own control port at least
-    assert _beyond_loopback(opened) == [], (pids, opened)
+    assert any(entry.startswith("127.0.0.1:") for entry in opened[f"{proc.pid} python"]), opened  # poprun's port
+    return opened
+
+
+#: The launchers of Open MPI (prterun is what its mpiexec execs, prted its daemon).
+OPENMPI_LAUNCHERS = ("prterun", "prted", "mpiexec", "mpirun")
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_a_one_host_jobs_instances_listen_on_loopback_only(mpi: str, tmp_path: Path) -> None:
+    opened = _job_sockets(mpi, tmp_path)
+    instances = {who: entries for who, entries in opened.items() if who.split()[1] not in OPENMPI_LAUNCHERS}
+    assert _beyond_loopback([entry for entries in instances.values() for entry in entries]) == [], opened
+
+
+@pytest.mark.parametrize("mpi", [
+    "mpich",
+    pytest.param("openmpi", marks=pytest.mark.xfail(
+        strict=True, reason="Open MPI 5.0.11's prterun listens for its daemons on every interface, and no "
+                            "setting confines it to loopback (docs/design.md)")),
+])
+def test_a_one_host_job_listens_on_loopback_only(mpi: str, tmp_path: Path) -> None:
+    opened = _job_sockets(mpi, tmp_path)
+    assert _beyond_loopback([entry for entries in opened.values() for entry in entries]) == [], opened
