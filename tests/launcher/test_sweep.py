@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,14 @@ from poprun_py import sweep
 
 
 def _sleeper(*, env: dict[str, str] | None = None, new_session: bool = False) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["sleep", "60"], env=env, start_new_session=new_session)
+    """``sleep 60``, returned once its environment can be read: Popen returns when the exec has
+    begun, and until the kernel has set the new program's stack up /proc/PID/environ reads empty."""
+    process = subprocess.Popen(["sleep", "60"], env=env, start_new_session=new_session)
+    deadline = time.monotonic() + 10
+    while env and not Path(f"/proc/{process.pid}/environ").read_bytes():
+        assert time.monotonic() < deadline, "sleep never finished its exec"
+        time.sleep(0.001)
+    return process
 
 
 @pytest.fixture
