@@ -38,6 +38,7 @@ _LAUNCH = ("tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_pop
         "test_a_storm_of_signals_ends_the_job_once_with_its_summary_and_leaves_nothing",
         "test_a_reader_that_stops_reading_is_not_an_error",
         "test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on",
+        "test_an_instance_found_stopped_is_named_before_the_one_that_timed_out_waiting_for_it",
     )))
 _SHIM = "tests/launcher/test_shim_commands.py"
 
