@@ -210,6 +210,36 @@ def test_signal_to_poprun_stops_every_instance(sig: signal.Signals, status: int)
     assert wait_no_processes(marker) == []
 
 
+def test_what_mpiexec_says_after_it_exits_is_passed_on_and_waited_for_without_spinning(tmp_path: Path) -> None:
+    """A launcher wrapper exits with mpiexec's status while a process of its still holds its stderr:
+    that process's words, said once the wrapper is gone, reach poprun's stderr, and poprun waits for
+    the pipe to close (here a second) asleep, not polling in a loop."""
+    wrapper = tmp_path / "mpiexec"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+                       f'{BIN / "mpiexec"} "$@"; status=$?\n'
+                       "(while kill -0 $$ 2>/dev/null; do sleep 0.01; done\n"
+                       " echo 'mpiexec: last words' >&2; sleep 1) &\n"
+                       "exit $status\n")
+    wrapper.chmod(0o755)
+    proc = subprocess.Popen([*POPRUN, "--mpi", str(wrapper), "--num-instances", "2", PYTHON, "-c", "print('bye')"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=OMP_SET)
+    try:
+        assert proc.stdout is not None
+        assert sorted([proc.stdout.readline(), proc.stdout.readline()]) == ["[0] bye\n", "[1] bye\n"]
+        start, cpu_at_start = time.monotonic(), _cpu_seconds(proc.pid)
+        cpu = cpu_at_start
+        while proc.poll() is None and time.monotonic() - start < 30:  # its CPU time, until it exits
+            cpu = _cpu_seconds(proc.pid) or cpu
+            time.sleep(0.05)
+        elapsed = time.monotonic() - start
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert err.endswith("mpiexec: last words\n"), err
+    assert cpu - cpu_at_start < 0.3 * elapsed, (cpu - cpu_at_start, elapsed)
+
+
 def test_poprun_s_account_of_a_failed_job_at_vv() -> None:
     """-vv's lines of a job whose instance 1 fails: each step once, in order where there is one."""
     result = poprun("-vv", "--mpi", str(BIN / "mpiexec"), "--num-instances", "2", PYTHON, "-c",
