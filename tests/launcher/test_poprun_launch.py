@@ -336,6 +336,22 @@ def test_unknown_host_is_one_line_naming_it(mpi: str) -> None:
                              "ssh: Could not resolve hostname ghost!host: Name or service not known\n")
 
 
+def test_what_mpiexec_said_about_a_host_that_could_not_start_is_shown_at_v(tmp_path: Path) -> None:
+    """-v keeps what the launcher said (here a wrapper's line that is not UTF-8, then Hydra's) before
+    the one line naming the host."""
+    wrapper = tmp_path / "mpiexec"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+                       f"printf '\\377 the wrapper starts\\n' >&2\nexec {BIN / 'mpiexec'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    result = poprun("-v", "--mpi", str(wrapper), "--num-instances", "2", "-H", "ghost!host", "/bin/true", env=OMP_SET)
+    assert result.returncode == 255, result.stderr
+    said = result.stderr.split(" POPRUN [I] mpiexec said:\n", 1)[1]
+    assert said.startswith("\ufffd the wrapper starts\n"), result.stderr
+    assert "ssh: Could not resolve hostname ghost!host" in said, result.stderr
+    assert said.endswith("poprun: error: instance(s) 0-1 could not be started: host ghost!host: "
+                         "ssh: Could not resolve hostname ghost!host: Name or service not known\n"), result.stderr
+
+
 def test_poprun_s_own_line_starts_a_line_after_mpiexec_left_one_open_on_stderr() -> None:
     out, err = io.BytesIO(), io.BytesIO()
     s = supervisor(out, err)
