@@ -49,11 +49,10 @@ class Supervisor:
     """``secret``: this run's (``seal``), which the shims get in their environment from mpiexec."""
 
     def __init__(self, num_instances: int, hosts: list[str], build_command: Callable[[str], list[str]],
-                 secret: str, show_instance: int | None = None, listen_address: str = "127.0.0.1",
+                 secret: str, *, listen_address: str, start_timeout: float, show_instance: int | None = None,
                  remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
-                 output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE,
-                 start_timeout: float = 120.0) -> None:
+                 output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE) -> None:
         # Shared by every instance: who owns the current line of each, one line for both when they
         # are the same file or terminal (see poprun_py.output).
         self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)

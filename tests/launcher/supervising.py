@@ -14,10 +14,14 @@ from poprun_py import log, protocol
 from poprun_py.seal import TO_POPRUN, Seal, new_secret
 from poprun_py.supervisor import Supervisor
 
+#: poprun's --start-timeout when not given (the supervisor itself has no default).
+START_TIMEOUT = 120.0
+
 
 def supervisor(stdout: io.BytesIO, stderr: io.BytesIO, hosts: tuple[str, ...] = ("localhost",)) -> Supervisor:
     """A supervisor of one instance per host in ``hosts`` that writes to these buffers."""
-    return Supervisor(len(hosts), list(hosts), lambda address: [], new_secret(), stdout=stdout, stderr=stderr)
+    return Supervisor(len(hosts), list(hosts), lambda address: [], new_secret(), listen_address="127.0.0.1",
+                      start_timeout=START_TIMEOUT, stdout=stdout, stderr=stderr)
 
 
 def call_in(s: Supervisor, server: socket.socket, index: int, then: tuple[bytes, ...] = ()) -> socket.socket:

@@ -20,7 +20,7 @@ from poprun_py import protocol
 from poprun_py.seal import new_secret
 from poprun_py.supervisor import Supervisor
 from tests.helpers import BIN, OMP_SET, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
-from tests.launcher.supervising import call_in, supervisor
+from tests.launcher.supervising import START_TIMEOUT, call_in, supervisor
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
 
@@ -352,6 +352,21 @@ def test_what_mpiexec_said_about_a_host_that_could_not_start_is_shown_at_v(tmp_p
                          "ssh: Could not resolve hostname ghost!host: Name or service not known\n"), result.stderr
 
 
+def test_what_mpiexec_says_during_the_teardown_is_kept_for_vv_not_passed_on(tmp_path: Path) -> None:
+    """Once poprun is stopping a failed job, the launcher's words (here a wrapper's, after mpiexec
+    has ended, not UTF-8) are noise around the summary: -vv shows them, as they were, in one line."""
+    wrapper = tmp_path / "mpiexec"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+                       f'{BIN / "mpiexec"} "$@"; status=$?\n'
+                       "printf '  \\377 mpiexec ended  \\n' >&2\nexit $status\n")
+    wrapper.chmod(0o755)
+    result = poprun("-vv", "--mpi", str(wrapper), "--num-instances", "2", PYTHON, "-c",
+                    "import os, sys, time; sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(60)", env=OMP_SET)
+    assert result.returncode == 3, result.stderr
+    said = [line.split(" POPRUN ", 1)[1] for line in result.stderr.splitlines() if "mpiexec ended" in line]
+    assert said == ["[D] mpiexec during teardown:   \ufffd mpiexec ended"], result.stderr
+
+
 def test_poprun_s_own_line_starts_a_line_after_mpiexec_left_one_open_on_stderr() -> None:
     out, err = io.BytesIO(), io.BytesIO()
     s = supervisor(out, err)
@@ -385,7 +400,8 @@ def test_what_mpiexec_says_is_held_until_every_instance_has_called_in_then_passe
     # If a host cannot be reached, what mpiexec said is launcher noise around the one line poprun
     # gives instead; once every instance has called in, it is shown, and from then on as it comes.
     out, err = io.BytesIO(), io.BytesIO()
-    s = Supervisor(3, ["node"] * 3, lambda address: [], new_secret(), stdout=out, stderr=err)
+    s = Supervisor(3, ["node"] * 3, lambda address: [], new_secret(), listen_address="127.0.0.1",
+                   start_timeout=START_TIMEOUT, stdout=out, stderr=err)
     read, write = os.pipe()
     shims = []
     server = socket.create_server(("127.0.0.1", 0))

@@ -59,7 +59,8 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/library/test_failsafe.py", "tests/library/test_collectives_local.py",
         "tests/library/test_popdist_under_poprun.py"),
     # teardown and release, on both sides of the control connection
-    "poprun_py.supervisor": (*_LAUNCH, "tests/launcher/test_supervisor_checks.py", "tests/launcher/test_root_cause.py"),
+    "poprun_py.supervisor": (*_LAUNCH, "tests/launcher/test_supervisor_checks.py", "tests/launcher/test_root_cause.py",
+                             "tests/launcher/test_poprun_output.py::test_log_dir_keeps_each_instances_raw_output"),
     "poprun_py.teardown": (*_LAUNCH, "tests/launcher/test_leftovers.py"),
     "poprun_py.shim": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py"),
     "poprun_py.shim_pump": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
