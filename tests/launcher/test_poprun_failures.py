@@ -310,7 +310,8 @@ def test_signals_that_go_on_until_poprun_exits_cut_no_cleanup_short(tmp_path: Pa
             "time.sleep(60 if os.environ['RANK'] == '0' else 0); raise SystemExit(3)")
     report = tmp_path / "report.json"
     proc = subprocess.Popen([*POPRUN, "--error-file", str(report), "--num-instances", "2", PYTHON, "-c", fill],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=OMP_SET)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, **OMP_SET})
     try:
         assert proc.stdout is not None
         directories = {proc.stdout.readline().split("] ", 1)[-1].strip() for _ in range(2)}

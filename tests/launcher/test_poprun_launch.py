@@ -222,7 +222,8 @@ def test_what_mpiexec_says_after_it_exits_is_passed_on_and_waited_for_without_sp
                        "exit $status\n")
     wrapper.chmod(0o755)
     proc = subprocess.Popen([*POPRUN, "--mpi", str(wrapper), "--num-instances", "2", PYTHON, "-c", "print('bye')"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=OMP_SET)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, **OMP_SET})
     try:
         assert proc.stdout is not None
         assert sorted([proc.stdout.readline(), proc.stdout.readline()]) == ["[0] bye\n", "[1] bye\n"]
