@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -130,6 +131,23 @@ def test_a_shim_started_without_poprun_s_address_or_secret_says_so_and_runs_the_
     assert (status, out) == (5, "hi\n")
     assert err == (f"poprun instance 0: cannot reach poprun (no {environment.CONTROL} or {environment.SECRET} in "
                    "its environment (was it dropped by mpiexec's options?)); output will not be tagged\n")
+
+
+def test_a_shim_without_a_job_address_ends_no_process_by_its_marks() -> None:
+    """Without poprun's address there are no marks of a job to know its processes by: a process
+    whose environment holds the instance index and a control address of "None" is left alone."""
+    outsider = subprocess.Popen(["sleep", "60"], env={environment.CONTROL: "None", environment.INSTANCE_INDEX: "0"})
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{outsider.pid}/environ").read_bytes():  # Popen returns mid-exec
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        status, out, _ = _shim_without_poprun({})
+        assert (status, out) == (5, "hi\n")
+        assert outsider.poll() is None
+    finally:
+        outsider.kill()
+        outsider.wait(timeout=10)
 
 
 def test_a_poprun_that_closes_before_its_nonce_is_not_reached() -> None:
