@@ -150,6 +150,15 @@ def test_a_shim_without_a_job_address_ends_no_process_by_its_marks() -> None:
         outsider.wait(timeout=10)
 
 
+def test_the_program_starts_with_sigpipe_and_sigxfsz_at_their_defaults() -> None:
+    """The shim's interpreter ignores SIGPIPE (and SIGXFSZ); the program must not inherit that: a
+    shell pipeline's writer would then carry on after its reader left. Read from the program's own
+    /proc status (a Python program would set SIGPIPE aside itself)."""
+    result = run([PYTHON, "-S", str(SHIM_ENTRY), "0", "grep", "^SigIgn:", "/proc/self/status"], env={})
+    ignored = int(result.stdout.split()[1], 16)
+    assert ignored & (1 << (signal.SIGPIPE - 1)) == 0 and ignored & (1 << (signal.SIGXFSZ - 1)) == 0, result.stdout
+
+
 def test_a_poprun_that_closes_before_its_nonce_is_not_reached() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         address = f"127.0.0.1:{server.getsockname()[1]}"
