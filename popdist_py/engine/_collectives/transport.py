@@ -355,12 +355,17 @@ class Transport:
                                          f"collective timeout); set {COLLECTIVE_TIMEOUT} to wait longer")
         comm, request = self._recovery.Idup()
         deadline.wait(request, self._recovery, what, timeout=self.timeout, describe_rank=self.describe)
-        for ch in self._channels:
-            ch.free()
-        self._channels.clear()
+        self._free_channels()
         self._retired.append(self.comm)
         self.comm = comm
         agreement.prepare(self.comm, timeout=self.timeout, what=what)
+
+    def _free_channels(self) -> None:
+        """Free every header channel (inactive between collectives; one still active, of a failed
+        exchange, is left to MPI)."""
+        for ch in self._channels:
+            ch.free()
+        self._channels.clear()
 
     def _said_farewell(self, peer: int) -> bool:
         """Whether, among the messages ``peer`` left on this communicator (those of a failed step),
@@ -418,9 +423,7 @@ class Transport:
             return
         _ORPHANS.extend(r for r in self._orphans if not r.Test())
         self._orphans.clear()
-        for ch in self._channels:  # inactive between collectives (a timed-out one has no requests left)
-            ch.free()
-        self._channels.clear()
+        self._free_channels()
         if free:
             for comm in (self.comm, self._recovery):
                 try:
