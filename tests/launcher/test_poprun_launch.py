@@ -338,10 +338,11 @@ def test_unknown_host_is_one_line_naming_it(mpi: str) -> None:
 
 
 def test_what_mpiexec_said_about_a_host_that_could_not_start_is_shown_at_v(tmp_path: Path) -> None:
-    """-v keeps what the launcher said (here a wrapper's line that is not UTF-8, then Hydra's) before
-    the one line naming the host."""
-    wrapper = tmp_path / "mpiexec"
-    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+    """-v keeps what the launcher said (here a wrapper's line that is not UTF-8, then Hydra's, in
+    several reads), as it was, before the one line naming the host."""
+    wrapper, copy = tmp_path / "mpiexec", tmp_path / "said"  # the wrapper keeps a copy of its stderr
+    wrapper.write_text(f'#!/bin/bash\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+                       f'exec 2> >(tee {copy} >&2)\n'
                        f"printf '\\377 the wrapper starts\\n' >&2\nexec {BIN / 'mpiexec'} \"$@\"\n")
     wrapper.chmod(0o755)
     result = poprun("-v", "--mpi", str(wrapper), "--num-instances", "2", "-H", "ghost!host", "/bin/true", env=OMP_SET)
@@ -349,8 +350,9 @@ def test_what_mpiexec_said_about_a_host_that_could_not_start_is_shown_at_v(tmp_p
     said = result.stderr.split(" POPRUN [I] mpiexec said:\n", 1)[1]
     assert said.startswith("\ufffd the wrapper starts\n"), result.stderr
     assert "ssh: Could not resolve hostname ghost!host" in said, result.stderr
-    assert said.endswith("poprun: error: instance(s) 0-1 could not be started: host ghost!host: "
-                         "ssh: Could not resolve hostname ghost!host: Name or service not known\n"), result.stderr
+    last = ("poprun: error: instance(s) 0-1 could not be started: host ghost!host: "
+            "ssh: Could not resolve hostname ghost!host: Name or service not known\n")
+    assert said == copy.read_text(errors="replace").strip() + "\n" + last, result.stderr  # newlines read as text
 
 
 def test_what_mpiexec_says_during_the_teardown_is_kept_for_vv_not_passed_on(tmp_path: Path) -> None:
