@@ -417,10 +417,10 @@ class Supervisor:
         unstarted = self._unstarted_hosts()
         if unstarted:
             # The root cause, even when the launcher then took down instances that did start.
-            from poprun_py.host_errors import describe
+            from poprun_py.host_errors import describe, launcher_text
             from poprun_py.report import ranges
 
-            said = b"".join(self.mpiexec_output).decode(errors="replace").strip()
+            said = launcher_text(self.mpiexec_output).strip()
             if said:
                 log.info("mpiexec said:\n%s", said)
             self.held = None
