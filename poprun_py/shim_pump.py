@@ -150,9 +150,15 @@ class Pump:
         if self.control is None:
             return
         self.control.settimeout(RELEASE_WAIT_SECONDS)
+        # A signal ends the wait, once, and only while it lasts: one that comes later (mpiexec ending
+        # the processes of a job whose instances left without MPI_Finalize) must not raise on the
+        # shim's way out, which would change its status.
+        waiting = [True]
 
         def leave(*_: object) -> None:
-            raise _Leave
+            if waiting[0]:
+                waiting[0] = False
+                raise _Leave
 
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, leave)
@@ -160,9 +166,10 @@ class Pump:
             while True:
                 message = self.control.recv(COMMANDS_READ_SIZE)
                 if not message or protocol.RELEASE in self._commands(message):
-                    return
+                    break
+            waiting[0] = False
         except (_Leave, OSError):
-            return
+            waiting[0] = False
 
     def _pump(self, stdout_fd: int, stderr_fd: int) -> tuple[int, int | None]:
         """Pass the program's output on and poprun's TERMINATE in until the program has exited and

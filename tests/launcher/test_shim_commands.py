@@ -95,6 +95,23 @@ def test_after_its_exit_report_the_shim_waits_for_release() -> None:
         assert shim.wait(timeout=30) == 0
 
 
+def test_signals_after_release_do_not_change_the_shim_s_status() -> None:
+    """mpiexec ends the processes of a job whose instances left without MPI_Finalize, so a shim
+    may be signalled while it leaves: its status stays its program's, with nothing said."""
+    with shim_session(PYTHON, "-c", "print('done')") as (shim, poprun):
+        assert poprun.exit_report() == (0, None, None, 0)
+        poprun.send(protocol.RELEASE)
+        sent = 0
+        while shim.poll() is None:  # SIGTERM after SIGTERM, from the RELEASE until the shim is gone
+            try:
+                os.kill(shim.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                break
+            sent += 1
+        _, err = shim.communicate(timeout=30)
+    assert (shim.returncode, err) == (0, ""), sent
+
+
 def test_a_command_that_fails_its_check_stops_the_program_and_is_named() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
         poprun.output(b"ready")
