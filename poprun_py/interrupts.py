@@ -38,10 +38,24 @@ def _swallow(_signum: int, _frame: object) -> None:
 
 class Held:
     """Within, STOPPING is blocked; a signal that came meanwhile acts on leaving (or never, when
-    poprun exits within)."""
+    poprun exits within).
+
+    Python runs a signal's handler a few instructions after the signal arrives: one that arrived
+    just before the block would still run inside it. So, within, the handlers only note the signal,
+    and leaving raises it again, where the usual handlers act on it."""
 
     def __enter__(self) -> None:
         self.previous = _signal.pthread_sigmask(_signal.SIG_BLOCK, STOPPING)
+        self.noted: int | None = None
+        self.handlers = {sig: _signal.signal(sig, self._note) for sig in STOPPING}
+
+    def _note(self, signum: int, _frame: object) -> None:
+        if self.noted is None:
+            self.noted = signum
 
     def __exit__(self, *_: object) -> None:
+        for sig, handler in self.handlers.items():
+            _signal.signal(sig, handler)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, self.previous)
+        if self.noted is not None:
+            _signal.raise_signal(self.noted)
