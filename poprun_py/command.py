@@ -143,7 +143,8 @@ HELP_SECTIONS = {
                "verbose", "version", "help"),
     "Hosts": ("host", "host_file", "host_subnet", "master_port", "numa_aware"),
     "Output": ("only_output_from_instance", "log_dir", "tee", "prefix_timestamp", "print_topology"),
-    "Failures and restarts": ("max_restarts", "error_file", "start_timeout"),
+    "Failures and restarts": ("max_restarts", "restart_backoff", "min_hosts", "host_cooldown",
+                              "host_discovery_script", "error_file", "start_timeout"),
     "MPI": ("mpi", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args"),
     "Configuration files": ("import_config", "export_config", "overwrite_config"),
     "PopRun options that do nothing here (accepted so PopRun scripts run; each one given is warned about)": (
@@ -287,9 +288,24 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               show_default=True, metavar="N",
               help="When an instance fails, stop the job and start it again, up to N times; instances get "
                    "POPDIST_RESTART_COUNT (and TORCHELASTIC_RESTART_COUNT) to resume from a checkpoint.")
+@click.option("--restart-backoff", type=Count(0, 3600, "is more than an hour"), default=1, show_default=True,
+              metavar="SECONDS",
+              help="Wait this long before the first restart, twice as long before each next one (at most 60 s).")
+@click.option("--min-hosts", type=Count(1), default=1, show_default=True, metavar="N",
+              help="A restart leaves out the hosts that were lost or could not start, and spreads the same "
+                   "replicas over the hosts left; with fewer than N left, poprun stops instead.")
+@click.option("--host-cooldown", type=Count(0, 86400, "is more than a day"), default=60, show_default=True,
+              metavar="SECONDS",
+              help="How long a failed host is left out; twice as long after each further failure of it.")
+@click.option("--host-discovery-script", type=FileName(dir_okay=False), metavar="PATH",
+              help="A program that prints the hosts available now, one 'host' or 'host:slots' per line "
+                   "(Horovod's contract): asked at every restart (and for the first start without "
+                   "-H/--host-file), so a repaired or new host joins, up to the job's first number of hosts; "
+                   "slots bounds the instances a restart puts there.")
 @click.option("--error-file", type=FileName(dir_okay=False), metavar="FILE",
-              help="When the job fails, write the failure to FILE as JSON: instance, host, status, signal, "
-                   "time, reason, restart and the last lines of its stderr.")
+              help="When a start of the job fails, write every start so far to FILE as a JSON list, the last "
+                   "one last: restart, hosts, instances, and the failure's instance, host, status, signal, "
+                   "time, reason, lost hosts and the last lines of its stderr.")
 @click.option("--start-timeout", type=Count(1, 86400, "is more than a day"), default=120, show_default=True,
               metavar="SECONDS",
               help="Stop the job when an instance has not started this long after mpiexec did (a host that "

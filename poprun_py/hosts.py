@@ -104,7 +104,7 @@ def count_hosts(spec: str) -> int:
 def expand_hosts(spec: str) -> list[str]:
     """Expand ``"node[0-2],gpu7"`` into ``["node0", "node1", "node2", "gpu7"]``; a list of more
     than MAX_HOSTS is refused before it is built, and so is one with a host twice or a bad name."""
-    return _checked(_expand(spec), f"host list {_shown(spec)!r}")
+    return checked(_expand(spec), f"host list {_shown(spec)!r}")
 
 
 def _expand(spec: str) -> list[str]:
@@ -141,10 +141,10 @@ def read_host_file(path: str | Path) -> list[str]:
     hosts = [host for pattern in patterns for host in _expand(pattern)]
     if not hosts:
         raise PlanError(f"host file {str(path)!r} lists no hosts; put one host name per line")
-    return _checked(hosts, f"host file {str(path)!r}")
+    return checked(hosts, f"host file {str(path)!r}")
 
 
-def _checked(hosts: list[str], source: str) -> list[str]:
+def checked(hosts: list[str], source: str) -> list[str]:
     """``hosts``, given by ``source``, when each could be a host's name and none is listed twice:
     poprun spreads the instances evenly over the hosts, so a host listed twice would get two shares
     and each would be told it is alone there (LOCAL_RANK 0, LOCAL_WORLD_SIZE 1)."""

@@ -6,9 +6,9 @@ Runs on every launch before mpiexec starts, so it imports only what a plain laun
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
+import time
 
 from poprun_py import environment, interrupts, log
 from poprun_py.errors import PlanError
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from poprun_py.launch_options import LaunchOptions
     from poprun_py.mpi import Command, CommandSpec, MpiLauncher
     from poprun_py.plan import JobPlan
+    from poprun_py.restarts import Restarts
 
 
 class ProgramError(Exception):
@@ -50,8 +51,9 @@ def launch(options: LaunchOptions) -> int:
     # A dry run asks no resolver: the address remote hosts call back on is shown as a placeholder.
     remote = _remote_hosts(hosts, resolve=not options["dry_run"])
     callback = _callback_address(hosts, remote, options["host_subnet"], resolve=not options["dry_run"])
-    master_port = _torchrun_contract(plan, options, remote, callback)
-    spec = _command_spec(options, plan, callback)
+    # The job's id is the same for every start; a dry run prints the same each time.
+    plan.run_id = "<run-id>" if options["dry_run"] else os.urandom(8).hex()
+    start = Start(options, plan, remote, callback, _torchrun_contract(plan, options, remote, callback))
     _check_program(options["program"], bool(remote))
     launcher = detect_launcher(find_mpiexec(options["mpi"]), need_version=options["dry_run"] or options["verbose"] > 0)
     if _poprun_picks_the_mpi(options) and not hosts:
@@ -67,11 +69,12 @@ def launch(options: LaunchOptions) -> int:
     if options["dry_run"]:
         from poprun_py.mpi import build_command
 
-        _print_dry_run(plan, launcher, build_command(launcher, plan, _with_control(spec, "<poprun-address>:<port>")))
+        shown = _with_control(start.spec, "<poprun-address>:<port>")
+        _print_dry_run(plan, launcher, build_command(launcher, plan, shown))
         return 0
     _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
     _say_threads_per_instance(plan, remote)
-    return _run(options, plan, spec, launcher, remote, callback, master_port, grace)
+    return _run(options, start, launcher, grace)
 
 
 def _poprun_picks_the_mpi(options: LaunchOptions) -> bool:
@@ -149,19 +152,47 @@ def _make_error_dir(plan: JobPlan, spec: CommandSpec) -> None:
         spec.instance_envs = [plan.instance_env(i) for i in range(plan.num_instances)]
 
 
-def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: MpiLauncher, remote: list[str],
-         callback: str | None, master_port: Callable[[], str], grace: float) -> int:
-    """Start the job, and start it again after a failure while --max-restarts allows; the last status.
-    ``grace``: the instances' kill grace, which poprun's own escalation waits for too."""
+class Start:
+    """What one start of the job runs: its plan, the hosts of it that are not this machine, the
+    address they call back on, the mpiexec command's parts, and what gives MASTER_PORT."""
+
+    def __init__(self, options: LaunchOptions, plan: JobPlan, remote: list[str], callback: str | None,
+                 master_port: Callable[[], str]) -> None:
+        self.plan = plan
+        self.remote = remote
+        self.callback = callback
+        self.master_port = master_port
+        self.spec = _command_spec(options, plan, callback)
+
+    def moved(self, options: LaunchOptions, num_instances: int, hosts: list[str]) -> Start:
+        """This start's job with ``num_instances`` instances on ``hosts`` (a restart without lost
+        hosts): the same replicas, id, restarts and error files, instance 0's host's address anew."""
+        from poprun_py.plan import JobPlan
+
+        old = self.plan
+        plan = JobPlan(num_instances, old.num_replicas, old.ipus_per_replica, tuple(hosts), old.executable_cache_path,
+                       run_id=old.run_id)
+        plan.error_dir = old.error_dir
+        remote = [host for host in self.remote if host in hosts]
+        _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
+        return Start(options, plan, remote, self.callback, _torchrun_contract(plan, options, remote, self.callback))
+
+
+def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float) -> int:
+    """Start the job, and start it again after a failure while --max-restarts allows, without the
+    hosts it lost; the last status. ``grace``: the instances' kill grace, which poprun's own
+    escalation waits for too."""
     from poprun_py.mpi import build_command
     from poprun_py.output import OutputOptions
     from poprun_py.seal import new_secret
     from poprun_py.supervisor import Supervisor
 
     written: list[str] = []
+    first = start.plan  # its error files' directory serves every start
+    policy: Restarts | None = None
 
     def command(control_address: str) -> list[str]:
-        built = build_command(launcher, plan, _with_control(spec, control_address))
+        built = build_command(launcher, start.plan, _with_control(start.spec, control_address))
         os.environ.update(built.env)  # for mpiexec (its ssh options); the instances inherit them too
         paths = {}
         for placeholder, text in built.files().items():
@@ -172,38 +203,77 @@ def _run(options: LaunchOptions, plan: JobPlan, spec: CommandSpec, launcher: Mpi
         return built.argv(paths)
 
     restarts = options["max_restarts"]
+    records: list[dict[str, object]] = []  # --error-file: each start's end, once one has failed
     status = 1
     try:
-        _make_error_dir(plan, spec)
+        _make_error_dir(first, start.spec)
         for restart in range(restarts + 1):
-            spec.job_env[environment.RESTART_COUNT] = str(restart)
-            spec.job_env[environment.TORCHELASTIC_RESTART_COUNT] = str(restart)
-            spec.job_env[environment.MASTER_PORT] = master_port()  # a free one for every start
+            job_env = start.spec.job_env
+            job_env[environment.RESTART_COUNT] = str(restart)
+            job_env[environment.TORCHELASTIC_RESTART_COUNT] = str(restart)
+            job_env[environment.MASTER_PORT] = start.master_port()  # a free one for every start
             # A new secret for every start; mpiexec passes it on from its environment (Open MPI by
             # name, as it does every POPRUN_ variable), so it is on no command line.
             secret = os.environ[environment.SECRET] = new_secret()
-            supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances], command, secret,
-                                    show_instance=options["only_output_from_instance"],
-                                    listen_address=callback or "127.0.0.1", remote_hosts=frozenset(remote),
+            supervisor = Supervisor(start.plan.num_instances, [i.host for i in start.plan.instances], command,
+                                    secret, show_instance=options["only_output_from_instance"],
+                                    listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
                                     grace=grace, start_timeout=options["start_timeout"],
                                     output=OutputOptions(options["log_dir"], options["tee"],
                                                          options["prefix_timestamp"], append=restart > 0))
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
-            if report is not None and options["error_file"]:
-                _write_error_file(options["error_file"], {**report, "restart": restart})
+            lost = supervisor.lost_hosts() if status else {}
+            if status or records:
+                records.append({"restart": restart, "hosts": list(start.plan.host_names),
+                                "instances": start.plan.num_instances,
+                                **(report or {"status": status, "reason": None}), "lost_hosts": lost})
+                if options["error_file"]:
+                    from poprun_py import error_file
+
+                    error_file.write(options["error_file"], records)
             if status == 0 or supervisor.interrupted is not None or restart == restarts:
                 return status
-            sys.stderr.write(f"poprun: restarting the job ({restart + 1} of {restarts} restart(s)): "
-                             f"{report['reason'] if report else f'exit status {status}'}\n")
-            sys.stderr.flush()
+            if policy is None:
+                from poprun_py.restarts import Restarts
+
+                policy = Restarts.for_plan(start.plan, options["min_hosts"], options["host_cooldown"],
+                                           options["host_discovery_script"])
+            reason = str(report["reason"]) if report else f"exit status {status}"
+            moved = _restart(options, start, restart + 1, reason, lost, policy)
+            if moved is None:
+                return status
+            start = moved
         return status
     finally:
         with interrupts.Held():
             for path in written:
                 os.unlink(path)
-            if plan.error_dir is not None:
-                _remove_tree(plan.error_dir)
+            if first.error_dir is not None:
+                _remove_tree(first.error_dir)
+
+
+def _restart(options: LaunchOptions, start: Start, restart: int, reason: str, lost: dict[str, str],
+             policy: Restarts) -> Start | None:
+    """Say why the job starts again, wait its backoff, and return where restart number ``restart``
+    runs: without the hosts ``lost`` (see ``restarts``); None when too few hosts are left."""
+    from poprun_py.restarts import Layout, backoff
+
+    current = Layout(start.plan.num_instances, list(start.plan.hosts))
+    try:
+        layout, change = policy.next_layout(current, lost)
+    except PlanError as exc:
+        sys.stderr.write(f"poprun: {exc}\n")
+        sys.stderr.flush()
+        return None
+    wait = backoff(restart, options["restart_backoff"])
+    sys.stderr.write(f"poprun: restarting the job ({restart} of {options['max_restarts']} restart(s))"
+                     f"{f' in {wait:g} s' if wait else ''}: {reason}\n" + (f"poprun: {change}\n" if change else ""))
+    sys.stderr.flush()
+    time.sleep(wait)
+    if layout == current:
+        return start
+    return start.moved(options, layout.num_instances, layout.hosts)
 
 
 def _torchrun_contract(plan: JobPlan, options: LaunchOptions, remote: list[str],
@@ -217,7 +287,6 @@ def _torchrun_contract(plan: JobPlan, options: LaunchOptions, remote: list[str],
     from poprun_py.plan import DEFAULT_MASTER_PORT
 
     dry_run = options["dry_run"]
-    plan.run_id = "<run-id>" if dry_run else os.urandom(8).hex()  # a dry run prints the same each time
     plan.max_restarts = options["max_restarts"]
     plan.error_dir = f"{ERROR_DIR_PARENT}/poprun-{plan.run_id}"
     first = plan.instance(0).host
@@ -307,75 +376,6 @@ def _check_open_files(per_host: int, num_instances: int, log_files: bool) -> Non
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # mpiexec and its proxies inherit it
 
 
-def _write_error_file(path: str, report: dict[str, object]) -> None:
-    """--error-file: the failure as one JSON object.
-
-    A regular file (or none yet) is replaced whole: the JSON goes to a new temporary file beside it,
-    which is renamed over it, so no reader sees half of it; a symbolic link is followed, not
-    replaced. Whatever else the path names (a terminal, ``/dev/stderr``, a FIFO that someone
-    reads) is written to, never replaced. What cannot be written is a warning, and leaves nothing."""
-    import json
-    import stat
-
-    text = (json.dumps(report, indent=2) + "\n").encode()
-    target = os.path.realpath(path)
-    try:
-        mode = os.stat(target).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        log.warning("cannot write the error file %s: %s", path, exc.strerror or exc)
-        return
-    try:
-        if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-            _write_in_place(target, text)
-        else:
-            with interrupts.Held():  # else its temporary file could stay
-                _replace_file(target, text, None if mode is None else stat.S_IMODE(mode))
-    except OSError as exc:
-        why = "no one reads that FIFO" if exc.errno == errno.ENXIO else exc.strerror or exc
-        log.warning("cannot write the error file %s: %s", path, why)
-
-
-def _write_in_place(target: str, text: bytes) -> None:
-    """Write ``text`` into a file that is not a regular one; a FIFO that no one reads fails (ENXIO)
-    instead of waiting for a reader."""
-    from poprun_py.output import write_all
-
-    fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    try:
-        write_all(fd, text)
-    finally:
-        os.close(fd)
-
-
-def _replace_file(target: str, text: bytes, mode: int | None) -> None:
-    """Replace the regular file ``target`` (or create it) with ``text``, through a new file beside it;
-    the old file's permissions are kept (a new one's follow the umask). Nothing is left on failure."""
-    import tempfile
-
-    from poprun_py.output import write_all
-
-    if mode is None:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", dir=os.path.dirname(target))
-    try:
-        try:
-            os.fchmod(fd, mode)
-            write_all(fd, text)
-        finally:
-            os.close(fd)
-        os.replace(temporary, target)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-
-
 def _with_control(spec: CommandSpec, control_address: str) -> CommandSpec:
     spec.job_env[environment.CONTROL] = control_address
     return spec
@@ -432,10 +432,18 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command) -> None
 
 
 def _resolve_hosts(options: LaunchOptions) -> list[str]:
-    """-H or --host-file; without either, inside a Slurm allocation its nodes; else none (this machine)."""
+    """-H or --host-file; without either, what --host-discovery-script lists, or inside a Slurm
+    allocation its nodes; else none (this machine)."""
     if options["host"] is not None and options["host_file"] is not None:
         raise PlanError("--host and --host-file exclude each other; give only one of them")
     if options["host"] is None and options["host_file"] is None:
+        script = options["host_discovery_script"]
+        if script is not None:
+            from poprun_py.restarts import discover
+
+            hosts = [host for host, _ in discover(script)]
+            log.info("no -H/--host-file: using the %d host(s) --host-discovery-script %s lists", len(hosts), script)
+            return hosts
         nodes = os.environ.get(environment.SLURM_NODELIST)
         if not nodes:
             return []

@@ -30,6 +30,10 @@ class LaunchOptions(TypedDict):
     overwrite_config: bool
     mpi: str | None
     max_restarts: int
+    restart_backoff: int
+    min_hosts: int
+    host_cooldown: int
+    host_discovery_script: str | None
     error_file: str | None
     start_timeout: int
     master_port: int | None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 
 from poprun_py import protocol
 from poprun_py.states import Failure, InstanceState, describe_status, signal_name
@@ -57,8 +58,10 @@ class Report:
     def failure_report(self) -> dict[str, object] | None:
         """The first failure, for --error-file and the restart message: which instance, where, its
         status or signal, when, one line saying why, and the last lines of its stderr."""
-        if self.failure is None or self.failure.index is None:
+        if self.failure is None:
             return None
+        if self.failure.index is None:
+            return own_failure(self.failure.description, self.failure.status, self.failure.at)
         state = self.instances[self.failure.index]
         # One that left early or was stopped is the cause, as the summary says, not the instance
         # it took down.
@@ -83,16 +86,41 @@ class Report:
     def _lost_host(self, state: InstanceState) -> str | None:
         """When every instance of a remote host was lost without a report, the host is what
         failed: say so, with what ssh said about it if anything."""
-        if not state.lost or state.host not in self.remote_hosts:
+        if not state.lost:
             return None
-        on_host = [s for s in self.instances if s.host == state.host]
-        if not all(s.lost for s in on_host):
+        why = self._host_lost(state.host)
+        if why is None:
+            return None
+        on_host = [s.index for s in self.instances if s.host == state.host]
+        return f"host {state.host} was lost: instance(s) {ranges(on_host)} there ended without an exit report ({why})"
+
+    def _host_lost(self, host: str) -> str | None:
+        """Why the remote ``host`` is lost, when every instance there was lost without a report."""
+        if host not in self.remote_hosts:
+            return None
+        on_host = [s for s in self.instances if s.host == host]
+        if not on_host or not all(s.lost for s in on_host):
             return None
         silent = next((s for s in on_host if s.silent), None)
-        why = self.host_failures().get(state.host) or \
-            (loss(silent) if silent else "its processes or the connection to it died")
-        return (f"host {state.host} was lost: instance(s) {ranges([s.index for s in on_host])} there ended "
-                f"without an exit report ({why})")
+        died = loss(silent) if silent else "its processes or the connection to it died"
+        return self.host_failures().get(host) or died
+
+    def lost_hosts(self) -> dict[str, str]:
+        """The remote hosts this run lost, each with why: every instance there was lost without an
+        exit report, and the host is what the job's failure names or what the launcher blames (the
+        launcher ending the instances of the other hosts loses them too, as victims); or none there
+        had started by --start-timeout when instances elsewhere had."""
+        hosts = dict.fromkeys(s.host for s in self.instances if s.host in self.remote_hosts)
+        first = None if self.failure is None or self.failure.index is None else self.instances[self.failure.index].host
+        blamed = self.host_failures()
+        lost = {host: why for host in hosts
+                if (host == first or host in blamed) and (why := self._host_lost(host)) is not None}
+        timed_out = self.failure is not None and self.failure.index is None  # poprun's one reason: the start
+        if timed_out and any(s.pid is not None for s in self.instances):
+            for host in hosts:
+                if host not in lost and all(s.pid is None for s in self.instances if s.host == host):
+                    lost[host] = "its instances had not started by --start-timeout"
+        return lost
 
     def _left_early(self, state: InstanceState) -> str | None:
         """When the launcher ended an instance (Hydra kills it: no exit report; gforker signals its
@@ -130,6 +158,14 @@ class Report:
         if not _ended_by_launcher(state) or state.silent or state.ended_at is None:
             return []
         return [s for s in self.instances if s.status == 0 and s.ended_at is not None and s.ended_at < state.ended_at]
+
+
+def own_failure(reason: str, status: int, at: float | None = None) -> dict[str, object]:
+    """The failure report of a run that ended for poprun's own reason, no instance's (a host that
+    could not start, --start-timeout, mpiexec's failure): the same keys, no instance."""
+    when = datetime.datetime.fromtimestamp(time.time() if at is None else at, datetime.UTC)
+    return {"instance": None, "host": None, "status": status, "signal": None, "time": when.isoformat(),
+            "reason": reason, "stderr_tail": [], "root_cause": None}
 
 
 def _ended_by_launcher(state: InstanceState) -> bool:

@@ -82,6 +82,9 @@ class Supervisor:
         self.held: list[tuple[int, bytes]] | None = []
         #: Streams on which mpiexec's own output left a line unfinished (poprun's lines start anew).
         self.mpiexec_open: set[int] = set()
+        #: poprun's own line on why the job failed, when no instance's failure says it.
+        self.ended_because: str | None = None
+        self.status: int | None = None
 
     # ---------------------------------------------------------------- set-up
     def run(self) -> int:
@@ -96,7 +99,8 @@ class Supervisor:
         try:
             self._start_and_watch(server, address, wake_read, wake_write, previous_wakeup, started)
             # Signals are still only recorded: a storm of them cannot cut the summary short.
-            return self._finish()
+            self.status = self._finish()
+            return self.status
         finally:
             for sig, handler in previous_handlers.items():
                 _signal.signal(sig, handler)
@@ -452,6 +456,7 @@ class Supervisor:
         return {host: why for host, why in self._host_failures().items() if host in never}
 
     def _error(self, message: str) -> None:
+        self.ended_because = message
         self._say(f"poprun: error: {message}\n")
 
     def _report(self) -> Report:
@@ -463,6 +468,17 @@ class Supervisor:
         self._say(self._report().summary(reason))
 
     def failure_report(self) -> dict[str, object] | None:
-        """The first failure, for --error-file and the restart message (see ``report``)."""
-        return self._report().failure_report()
+        """The first failure, for --error-file and the restart message (see ``report``); poprun's
+        own reason when no instance failed (a host that could not start, mpiexec's failure)."""
+        report = self._report().failure_report()
+        if report is None and self.ended_because is not None:
+            from poprun_py.report import own_failure
+
+            report = own_failure(self.ended_because, self.status or 1)
+        return report
+
+    def lost_hosts(self) -> dict[str, str]:
+        """The hosts this run lost, each with why: those the launcher could not start the instances
+        on, and remote hosts whose every instance was lost or never called in (see ``report``)."""
+        return {**self._unstarted_hosts(), **self._report().lost_hosts()}
 

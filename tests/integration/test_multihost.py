@@ -1,8 +1,8 @@
 """``poprun -H node0,node1 ...`` from the root namespace onto real hosts: network namespaces, each
 with its own address, hostname and sshd (``tests/cluster.py``), MPICH and Open MPI.
 
-MPI is kept on the network (``UCX_TLS=self,tcp``): the namespaces share ``/dev/shm``, and the
-interface counters show that the bytes really crossed it. After every test no process of the
+MPI is kept on the network (``UCX_TLS=self,tcp``; each host has its own ``/tmp`` and ``/dev/shm``),
+and the interface counters show that the bytes really crossed it. After every test no process of the
 job is left on any host, nor here.
 """
 
@@ -12,24 +12,17 @@ import json
 import os
 import re
 import signal
-import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import NETWORK_ENV, Cluster, unavailable_reason
-from tests.conftest import LOUD
+from tests.cluster import NETWORK_ENV, Cluster
 from tests.helpers import (
     BIN,
-    MPICH_MPIEXEC,
     OMP_SET,
-    OPENMPI_LIBMPI,
-    OPENMPI_MPIEXEC,
-    POPRUN,
     PYTHON,
     ROOT,
     poprun,
@@ -37,51 +30,15 @@ from tests.helpers import (
     tagged_json,
     wait_no_processes,
 )
+from tests.integration.conftest import FAILURE_BOUND, job_env, mpi_args, start_poprun, wait_started
 
-pytestmark = [pytest.mark.multihost, pytest.mark.slow]
+pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
 
 SCRIPTS = ROOT / "tests" / "scripts"
 WHERE = str(SCRIPTS / "where_and_what.py")
 BEHAVE = str(SCRIPTS / "behave.py")
 ENGINE_TRAIN = str(SCRIPTS / "engine_train.py")
 MNIST = str(ROOT / "examples" / "mnist_rts.py")
-MPIEXEC = {"mpich": MPICH_MPIEXEC, "openmpi": OPENMPI_MPIEXEC}
-#: A host failure must end the job within this bound (ssh's ConnectTimeout is 10 s).
-FAILURE_BOUND = 30.0
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    reason = unavailable_reason()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"the multi-host tests must run in CI, but the cluster cannot be built: {reason}")
-        pytest.skip(f"{LOUD}: {reason}")
-    with Cluster(3, networks=2) as built:
-        yield built
-
-
-@pytest.fixture(autouse=True)
-def nothing_left(cluster: Cluster) -> Iterator[None]:
-    """After each test: no process on any host (its listening sshd aside); hosts come back."""
-    yield
-    for host in cluster.hosts:  # a host cut off cannot be cleaned until it is back on the network
-        cluster.set_link(host, up=True)
-    left = cluster.leftovers(within=10)
-    for host in cluster.hosts:
-        cluster.restore(host)
-    assert left == {}, f"processes left on the hosts: {left}"
-
-
-def mpi_args(mpi: str) -> list[str]:
-    return ["--mpi", str(MPIEXEC[mpi])]
-
-
-def job_env(mpi: str, **extra: str) -> dict[str, str]:
-    env = {**NETWORK_ENV, **extra}
-    if mpi == "openmpi":
-        env["MPI4PY_LIBMPI"] = str(OPENMPI_LIBMPI)
-    return env
 
 
 def tx_bytes(cluster: Cluster, network: int | None = None) -> dict[str, int]:
@@ -213,7 +170,7 @@ def test_a_recorded_failure_on_a_remote_host_reaches_the_summary(cluster: Cluste
     at = lines.index("poprun: root cause (instance 1's error file): RuntimeError: step 1 failed on purpose")
     assert lines[at - 1] == "poprun: instance 1 on node1 failed: exit status 1"
     assert any(line.endswith(", in fail_on_purpose") for line in lines[at:]), result.stderr
-    report = json.loads(error_file.read_text())
+    report = json.loads(error_file.read_text())[-1]
     assert (report["host"], report["root_cause"]["message"]) == ("node1", "RuntimeError: step 1 failed on purpose")
     assert ", in fail_on_purpose\n" in report["root_cause"]["traceback"]
 
@@ -333,28 +290,13 @@ def test_host_that_cannot_be_reached(cluster: Cluster, mpi: str, failure: str, s
     assert wait_no_processes(marker) == []
 
 
-def _start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([*POPRUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **env}, cwd=ROOT)
-
-
-def _wait_started(proc: subprocess.Popen[str], count: int) -> None:
-    """Block until every instance has said it started (ordered by their messages, not a sleep)."""
-    assert proc.stdout is not None
-    started = 0
-    while started < count:
-        line = proc.stdout.readline()
-        assert line, f"poprun ended before {count} instances started: {proc.communicate(timeout=30)}"
-        started += "started" in line
-
-
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_host_that_dies_mid_job(cluster: Cluster, mpi: str) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
-    proc = _start(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
+    proc = start_poprun(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
                   env=job_env(mpi))
     try:
-        _wait_started(proc, 4)
+        wait_started(proc, 4)
         start = time.monotonic()
         cluster.kill_host(cluster.host("node1"))  # its sshd, MPI daemon, shims and programs
         _, stderr = proc.communicate(timeout=FAILURE_BOUND + 30)
@@ -372,9 +314,9 @@ def test_host_cut_off_mid_job(cluster: Cluster) -> None:
     up on them; their shims, whose heartbeats go unacknowledged, stop their programs by themselves."""
     marker = f"marker-{uuid.uuid4().hex}"
     node1 = cluster.host("node1")
-    proc = _start("--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker, env=job_env("mpich"))
+    proc = start_poprun("--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker, env=job_env("mpich"))
     try:
-        _wait_started(proc, 4)
+        wait_started(proc, 4)
         start = time.monotonic()
         cluster.set_link(node1, up=False)
         _, stderr = proc.communicate(timeout=FAILURE_BOUND + 30)
@@ -396,10 +338,10 @@ def test_host_cut_off_mid_job(cluster: Cluster) -> None:
                                             ("openmpi", signal.SIGTERM, 143)])
 def test_signal_to_poprun_stops_every_host(cluster: Cluster, mpi: str, sig: int, status: int) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
-    proc = _start(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
+    proc = start_poprun(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
                   env=job_env(mpi))
     try:
-        _wait_started(proc, 4)
+        wait_started(proc, 4)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=30)
     finally:

@@ -104,7 +104,7 @@ def test_max_restarts_resumes_from_the_scripts_checkpoint(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stderr
     restarts = [line for line in result.stderr.splitlines() if line.startswith("poprun: restarting")]
     assert len(restarts) == 1, result.stderr
-    assert restarts[0].startswith("poprun: restarting the job (1 of 1 restart(s)): instance 1 on ")
+    assert restarts[0].startswith("poprun: restarting the job (1 of 1 restart(s)) in 1 s: instance 1 on ")
     assert restarts[0].endswith(" failed: exit status 1")
     reports = tagged_json(result.stdout)
     assert sorted(reports) == [0, 1]
@@ -128,7 +128,7 @@ def test_a_recorded_failure_shows_its_root_cause(tmp_path: Path) -> None:
     assert lines[at + 1] == "poprun: its traceback:" and traceback[0] == "    Traceback (most recent call last):"
     assert any(line.endswith(", in fail_on_purpose") for line in traceback), traceback
     assert traceback[-1] == "    RuntimeError: step 1 failed on purpose"
-    report = json.loads(error_file.read_text())
+    report = json.loads(error_file.read_text())[-1]
     assert report["instance"] == 1 and report["status"] == 1
     assert report["root_cause"]["message"] == "RuntimeError: step 1 failed on purpose"
     assert ", in fail_on_purpose\n" in report["root_cause"]["traceback"]

@@ -57,7 +57,7 @@ def test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting(mpi: st
     error_file = tmp_path / "error.json"
     result = poprun("-v", *args, "--error-file", str(error_file), "--num-instances", "2", PYTHON,
                     str(SCRIPTS / "leave_early.py"), timeout=90)
-    report = json.loads(error_file.read_text())  # the same instance as the summary
+    report = json.loads(error_file.read_text())[-1]  # the same instance as the summary
     assert report["instance"] == 0 and "left early" in report["reason"], report
     if mpi == "hydra":
         assert result.returncode == 1, result.stderr  # a lost instance's status
@@ -329,7 +329,7 @@ def test_signals_that_go_on_until_poprun_exits_cut_no_cleanup_short(tmp_path: Pa
     assert not os.path.exists(directories.pop()), err
     assert set(os.listdir(tmp_path)) <= {"report.json"}, os.listdir(tmp_path)
     if report.exists():  # the failure came before the first signal
-        assert json.loads(report.read_text())["instance"] == 1, report.read_text()
+        assert json.loads(report.read_text())[-1]["instance"] == 1, report.read_text()
 
 
 def test_an_instance_found_stopped_is_named_before_the_one_that_timed_out_waiting_for_it(tmp_path: Path) -> None:
@@ -348,7 +348,7 @@ def test_an_instance_found_stopped_is_named_before_the_one_that_timed_out_waitin
     assert summary[0] == (f"poprun: instance(s) 1 on {host} had been stopped (SIGSTOP, SIGTSTP or a debugger) "
                           f"when instance 0 on {host} failed: exit status 1; an instance that waits for a "
                           "stopped one fails at its timeout"), result.stderr
-    written = json.loads(report.read_text())
+    written = json.loads(report.read_text())[-1]
     assert (written["instance"], written["signal"]) == (1, "SIGTERM"), written
 
 
@@ -435,12 +435,15 @@ def test_a_restarted_job_resumes_from_its_checkpoint_and_ends_as_if_it_never_fai
                      PYTHON, str(SCRIPTS / "mnist_fail_once.py"), *train,
                      "--checkpoint", str(tmp_path / "crashed.npz"), timeout=120)
     assert crashed.returncode == 0, crashed.stderr
-    assert "poprun: restarting the job (1 of 1 restart(s)): instance 1 on " in crashed.stderr
+    assert "poprun: restarting the job (1 of 1 restart(s)) in 1 s: instance 1 on " in crashed.stderr
     assert "killed by SIGKILL" in crashed.stderr and "resumed from" in crashed.stderr
     final = re.compile(r"^\[\d\] final: .*$", re.MULTILINE)
     assert sorted(final.findall(crashed.stdout)) == sorted(final.findall(clean.stdout)) != []
-    failure = json.loads(report.read_text())
+    failure, restarted = json.loads(report.read_text())  # every start, the last one last
     assert (failure["instance"], failure["signal"], failure["status"], failure["restart"]) == (1, "SIGKILL", 137, 0)
+    assert (failure["hosts"], failure["instances"], failure["lost_hosts"]) == (["localhost"], 2, {})
+    assert restarted == {"restart": 1, "hosts": ["localhost"], "instances": 2, "status": 0, "reason": None,
+                         "lost_hosts": {}}
 
 
 def test_an_interrupted_job_is_not_restarted() -> None:

@@ -104,7 +104,7 @@ def test_a_failed_programs_record_is_in_the_summary_and_the_error_file(tmp_path:
     assert lines[at + 1:at + 6] == ["poprun: its traceback:", "    Traceback (most recent call last):",
                                     '      File "t.py", line 3, in load_batch',
                                     "        raise ValueError('bad batch 7')", "    ValueError: bad batch 7"]
-    report = json.loads(error_file.read_text())
+    report = json.loads(error_file.read_text())[-1]
     assert report["instance"] == 1 and report["root_cause"] == {
         "message": "ValueError: bad batch 7", "traceback": RECORDED["message"]["extraInfo"]["py_callstack"],
         "timestamp": "1700000000"}

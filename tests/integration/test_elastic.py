@@ -1,0 +1,153 @@
+"""Restarts that survive a lost host, on the namespace cluster (``tests/cluster.py``): the restart
+leaves the host out and spreads the same replicas over the hosts that remain; a host that comes
+back is used again once its cooldown has passed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import Cluster
+from tests.helpers import PYTHON, ROOT, run, wait_no_processes
+from tests.integration.conftest import FAILURE_BOUND, job_env, mpi_args, start_poprun
+
+pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
+
+MNIST = str(ROOT / "examples" / "mnist_rts.py")
+MNIST_FAIL_ONCE = str(ROOT / "tests" / "scripts" / "mnist_fail_once.py")
+
+#: Says where each start put it; the first start waits to be ended, a later one ends at once (or,
+#: given a file to wait for, fails once the test has created it).
+PROGRAM = ("import os, sys, time\n"
+           "e = os.environ\n"
+           "print(f\"start {e['POPDIST_RESTART_COUNT']}: {os.uname().nodename} instance {e['RANK']} of "
+           "{e['WORLD_SIZE']}, replicas {e['POPDIST_REPLICA_INDEX_OFFSET']}+{e['POPDIST_NUM_LOCAL_REPLICAS']} "
+           "of {e['POPDIST_NUM_TOTAL_REPLICAS']}\", flush=True)\n"
+           "if e['POPDIST_RESTART_COUNT'] == '0': time.sleep(120)\n"
+           "if len(sys.argv) > 2 and e['POPDIST_RESTART_COUNT'] == '1':\n"
+           "    while not os.path.exists(sys.argv[2]): time.sleep(0.05)\n"
+           "    sys.exit(7)\n")
+
+
+def _lines(proc: subprocess.Popen[str], prefix: str, count: int) -> list[str]:
+    """The next ``count`` lines of poprun's stdout that hold ``prefix`` (ordered by the messages)."""
+    assert proc.stdout is not None
+    found: list[str] = []
+    while len(found) < count:
+        line = proc.stdout.readline()
+        assert line, f"poprun ended before {count} lines with {prefix!r}: {found} {proc.communicate(timeout=30)}"
+        if prefix in line:
+            found.append(line.rstrip("\n"))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster: Cluster, mpi: str,
+                                                                         tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    report = tmp_path / "attempts.json"
+    proc = start_poprun(*mpi_args(mpi), "--max-restarts", "2", "--restart-backoff", "0", "--error-file", str(report),
+                        "--num-instances", "3", "--num-replicas", "6", "-H", "node0,node1,node2",
+                        PYTHON, "-c", PROGRAM, marker, env=job_env(mpi))
+    try:
+        assert _lines(proc, "start 0:", 3) == [f"[{i}] start 0: node{i} instance {i} of 3, replicas {2 * i}+2 of 6"
+                                               for i in range(3)]
+        cluster.kill_host(cluster.host("node2"))  # its sshd, MPI daemon, shims and programs
+        out, err = proc.communicate(timeout=FAILURE_BOUND + 60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert sorted(line for line in out.splitlines() if "start 1:" in line) == [
+        f"[{i}] start 1: node{i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)]
+    assert re.search(r"^poprun: restarting the job \(1 of 2 restart\(s\)\): host node2 was lost: instance\(s\) 2 "
+                     r"there ended without an exit report \(.+\)$", err, re.MULTILINE), err
+    assert ("poprun: the restart runs on 2 host(s) without node2 (lost, tried again in 60 s): 2 instance(s) x 3 "
+            "local replica(s) = 6 replicas (before: 3 x 2 on 3 host(s))\n") in err
+    failed, ended = json.loads(report.read_text())
+    assert (failed["restart"], failed["hosts"], failed["instances"], list(failed["lost_hosts"])) == \
+        (0, ["node0", "node1", "node2"], 3, ["node2"])
+    assert failed["reason"].startswith("host node2 was lost")
+    assert ended == {"restart": 1, "hosts": ["node0", "node1"], "instances": 2, "status": 0, "reason": None,
+                     "lost_hosts": {}}
+    assert wait_no_processes(marker) == []
+
+
+def test_a_host_that_comes_back_is_used_again_after_its_cooldown(cluster: Cluster) -> None:
+    """node2 is lost at start 0; start 1 runs on node0 and node1 while node2 comes back; once its
+    cooldown (1 s) has passed, start 1 fails, and start 2 runs on all three hosts again."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    fail = cluster.workdir / f"fail-{marker}"  # not under /tmp, which each host has its own of
+    proc = start_poprun("--max-restarts", "2", "--restart-backoff", "0", "--host-cooldown", "1",
+                        "--num-instances", "3", "--num-replicas", "6", "-H", "node0,node1,node2",
+                        PYTHON, "-c", PROGRAM, marker, str(fail), env=job_env("mpich"))
+    try:
+        _lines(proc, "start 0:", 3)
+        node2 = cluster.host("node2")
+        cluster.kill_host(node2)
+        _lines(proc, "start 1:", 2)
+        cluster.restore(node2)
+        time.sleep(1.5)  # past the 1 s cooldown, which started before start 1 did: a bound, not a race
+        fail.touch()  # start 1 fails now
+        out, err = proc.communicate(timeout=FAILURE_BOUND + 60)
+    finally:
+        proc.kill()
+        fail.unlink(missing_ok=True)
+    assert proc.returncode == 0, err
+    assert sorted(line for line in out.splitlines() if "start 2:" in line) == [
+        f"[{i}] start 2: node{i} instance {i} of 3, replicas {2 * i}+2 of 6" for i in range(3)]
+    assert ("poprun: the restart runs on 3 host(s) with node2 again: 3 instance(s) x 2 local replica(s) = 6 "
+            "replicas (before: 2 x 3 on 2 host(s))\n") in err
+    assert wait_no_processes(marker) == []
+
+
+def test_too_few_hosts_left_stops_the_job_saying_why(cluster: Cluster, tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    report = tmp_path / "attempts.json"
+    proc = start_poprun("--max-restarts", "2", "--restart-backoff", "0", "--min-hosts", "2", "--error-file",
+                        str(report), "--num-instances", "2", "-H", "node0,node1", PYTHON, "-c", PROGRAM, marker,
+                        env=job_env("mpich"))
+    try:
+        _lines(proc, "start 0:", 2)
+        cluster.kill_host(cluster.host("node1"))
+        _, err = proc.communicate(timeout=FAILURE_BOUND + 60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert err.endswith("poprun: not restarting: 1 host(s) left (node0), fewer than --min-hosts 2; left out after "
+                        "failing: node1 for 60 s\n"), err
+    [attempt] = json.loads(report.read_text())
+    assert attempt["lost_hosts"].keys() == {"node1"} and attempt["restart"] == 0
+    assert wait_no_processes(marker) == []
+
+
+def test_mnist_resumes_on_the_hosts_left_with_the_bits_of_a_run_that_never_failed(cluster: Cluster) -> None:
+    """6 replicas, 2 per instance on node0-node2; node2 is lost in the middle of the second epoch;
+    the restart resumes from the checkpoint after the first on node0 and node1, 3 replicas each,
+    and ends with the accuracy and weights of one process that never failed."""
+    final = re.compile(r"final: test_accuracy=(\S+) weights_sha256=([0-9a-f]{64})")
+    reference = run([PYTHON, MNIST, "--replication-factor", "6", "--epochs", "3"], timeout=120)
+    assert reference.returncode == 0, reference.stderr
+    checkpoint = cluster.workdir / f"mnist-{uuid.uuid4().hex}.npz"  # where every host sees it
+    proc = start_poprun("--max-restarts", "1", "--restart-backoff", "0", "--num-instances", "3", "--num-replicas",
+                        "6", "-H", "node0,node1,node2", PYTHON, MNIST_FAIL_ONCE, "--epochs", "3", "--rts",
+                        "--checkpoint", str(checkpoint),
+                        env=job_env("mpich", MNIST_FAIL_INSTANCE="2", MNIST_FAIL_HOW="pause"))
+    try:
+        assert _lines(proc, "pausing mid-epoch", 1) == ["[2] pausing mid-epoch"]
+        cluster.kill_host(cluster.host("node2"))
+        out, err = proc.communicate(timeout=FAILURE_BOUND + 120)
+    finally:
+        proc.kill()
+        checkpoint.unlink(missing_ok=True)
+    assert proc.returncode == 0, err
+    assert ("poprun: the restart runs on 2 host(s) without node2 (lost, tried again in 60 s): 2 instance(s) x 3 "
+            "local replica(s) = 6 replicas (before: 3 x 2 on 3 host(s))\n") in err
+    assert re.search(r"^\[0\] .*resumed from .* after 1 epoch\(s\)$", err, re.MULTILINE), err
+    finals = final.findall(out)
+    assert len(finals) == 2 and set(finals) == set(final.findall(reference.stdout)), (out, reference.stdout)
