@@ -62,7 +62,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         layer = _layer(item.path)
         if layer is not None:
             item.add_marker(layer)
-    if UNDER_MUTANTS:
+    # A file of tests/mpi run under mpiexec from the copy (tests/integration/test_mpi_suites.py) is
+    # run whole: the selection and its order are for mutmut's own pytest.
+    if UNDER_MUTANTS and not config.getoption("--with-mpi", default=False):
         _mutmut_order(config, items)
 
 
