@@ -18,6 +18,13 @@ _SSH_PATTERNS = (
     re.compile(r"Connection (?:to|closed by) (?P<host>\S+?)(?: port \d+)? (?P<why>closed by remote host\.?|.*)"),
     re.compile(r"Timeout, server (?P<host>\S+) (?P<why>not responding\.?)"),
 )
+#: ssh's messages that name no host (or only an address): when nothing names a host, they are put
+#: down to the hosts whose instances never started.
+_SSH_ANONYMOUS = (
+    re.compile(r"Connection timed out during banner exchange"),
+    re.compile(r"kex_exchange_identification: .+"),
+    re.compile(r"banner exchange: Connection to \S+ port \d+: .+"),
+)
 #: Open MPI's box for a daemon that never called back names the host on its own line.
 _OPENMPI_REMOTE = re.compile(r"^\s*Remote host:\s+(?P<host>\S+)\s*$", re.MULTILINE)
 _OPENMPI_STATUS = re.compile(r"Daemon exit status:\s+(?P<status>\d+)")
@@ -29,10 +36,13 @@ def launcher_text(chunks: list[bytes]) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def host_failures(output: str, hosts: list[str]) -> dict[str, str]:
-    """``{host: what went wrong}`` for each of ``hosts`` that the launcher's ``output`` blames."""
+def host_failures(output: str, hosts: list[str], unstarted: list[str] | None = None) -> dict[str, str]:
+    """``{host: what went wrong}`` for each of ``hosts`` that the launcher's ``output`` blames; an
+    ssh message that names no host is put down to each of ``unstarted`` (hosts whose instances
+    never started) that nothing else names."""
     by_lower = {host.lower(): host for host in hosts}
     found: dict[str, str] = {}
+    anonymous: str | None = None
     for line in output.splitlines():
         line = line.strip()
         for pattern in _SSH_PATTERNS:
@@ -40,12 +50,18 @@ def host_failures(output: str, hosts: list[str]) -> dict[str, str]:
             if match and match.group("host").lower() in by_lower:
                 found.setdefault(by_lower[match.group("host").lower()], line)
                 break
+        else:
+            if anonymous is None and any(pattern.fullmatch(line) for pattern in _SSH_ANONYMOUS):
+                anonymous = f"ssh: {line}"
     for match in _OPENMPI_REMOTE.finditer(output):
         host = by_lower.get(match.group("host").lower())
         if host and host not in found:
             status = _OPENMPI_STATUS.search(output, match.end())
             found[host] = "Open MPI's daemon there did not call back" + \
                 (f" (exit status {status.group('status')})" if status else "")
+    if anonymous is not None and not found:
+        for host in unstarted or []:
+            found[host] = anonymous
     return found
 
 

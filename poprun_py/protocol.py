@@ -34,6 +34,10 @@ OUTPUT = 2  # stream 1 = stdout, 2 = stderr; payload: raw bytes
 EXIT = 3  # payload: EXIT_FIELDS, then an error message (UTF-8; empty when there is none)
 HEARTBEAT = 4  # no payload: the shim is alive and reachable (see HEARTBEAT_SECONDS)
 ROOT_CAUSE = 5  # before EXIT, from a failed program: its TORCHELASTIC_ERROR_FILE (see root_cause.py)
+#: The MPI launcher's process that started the shim (its host's daemon) died; payload: why (UTF-8).
+#: Sent the moment the shim sees it, before it stops its program: the launcher then ends the job's
+#: other hosts, and what poprun hears first names the host that failed.
+LAUNCHER_LOST = 6
 
 HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
 EXIT_FIELDS = struct.Struct("!iIB")  # exit status, signal number (0: not killed by a signal), EXIT_* flags

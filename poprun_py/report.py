@@ -81,18 +81,36 @@ class Report:
         """One line on why the job failed, given its first failed instance."""
         assert self.failure is not None
         failed = f"instance {state.index} on {state.host} failed: {self.failure.description}"
-        return self._lost_host(state) or self._left_early(state) or self._stopped(state, failed) or failed
+        lost = self._failed_hosts(state)
+        return ((self._host_line(lost[0]) if lost else None) or self._left_early(state)
+                or self._stopped(state, failed) or failed)
 
-    def _lost_host(self, state: InstanceState) -> str | None:
-        """When every instance of a remote host was lost without a report, the host is what
-        failed: say so, with what ssh said about it if anything."""
-        if not state.lost:
-            return None
-        why = self._host_lost(state.host)
-        if why is None:
-            return None
-        on_host = [s.index for s in self.instances if s.host == state.host]
-        return f"host {state.host} was lost: instance(s) {ranges(on_host)} there ended without an exit report ({why})"
+    def _failed_hosts(self, state: InstanceState) -> list[str]:
+        """The remote hosts whose loss the failure of ``state`` comes from, each with every instance
+        lost without a report: those the launcher's output blames (ssh: "Connection to node1 closed
+        by remote host"; the launcher then ends the others, which are lost too, as victims); else
+        ``state``'s own host; else, when the launcher ended ``state`` (Open MPI's daemons do once
+        they lose a host) and no instance left early, another host whose instances were all lost
+        (a silent one first). None when ``state`` failed by itself, or its host's MPI daemon died
+        (its shim says so)."""
+        if state.launcher_lost or state.failed_by_itself:
+            return []
+        blamed = [h for h in self.host_failures() if self._host_lost(h) is not None]
+        if blamed:
+            return blamed
+        if state.lost and self._host_lost(state.host) is not None:
+            return [state.host]
+        if not _ended_by_launcher(state) or self._left_before(state):
+            return []
+        others = [h for h in dict.fromkeys(s.host for s in self.instances)
+                  if h != state.host and self._host_lost(h) is not None]
+        others.sort(key=lambda h: not any(s.silent for s in self.instances if s.host == h))
+        return others[:1]
+
+    def _host_line(self, host: str) -> str:
+        on_host = [s.index for s in self.instances if s.host == host]
+        return (f"host {host} was lost: instance(s) {ranges(on_host)} there ended without an exit report "
+                f"({self._host_lost(host)})")
 
     def _host_lost(self, host: str) -> str | None:
         """Why the remote ``host`` is lost, when every instance there was lost without a report."""
@@ -106,19 +124,20 @@ class Report:
         return self.host_failures().get(host) or died
 
     def lost_hosts(self) -> dict[str, str]:
-        """The remote hosts this run lost, each with why: every instance there was lost without an
-        exit report, and the host is what the job's failure names or what the launcher blames (the
-        launcher ending the instances of the other hosts loses them too, as victims); or none there
+        """The remote hosts this run lost, each with why: those the failure comes from (see
+        ``_failed_hosts``); the failure's host when its MPI daemon died; or those where no instance
         had started by --start-timeout when instances elsewhere had."""
-        hosts = dict.fromkeys(s.host for s in self.instances if s.host in self.remote_hosts)
-        first = None if self.failure is None or self.failure.index is None else self.instances[self.failure.index].host
-        blamed = self.host_failures()
-        lost = {host: why for host in hosts
-                if (host == first or host in blamed) and (why := self._host_lost(host)) is not None}
+        lost: dict[str, str] = {}
+        if self.failure is not None and self.failure.index is not None:
+            cause = self.instances[self.failure.index]
+            if cause.launcher_lost and cause.host in self.remote_hosts:
+                lost[cause.host] = cause.launcher_lost
+            for host in self._failed_hosts(cause):
+                lost[host] = self._host_lost(host) or ""
         timed_out = self.failure is not None and self.failure.index is None  # poprun's one reason: the start
         if timed_out and any(s.pid is not None for s in self.instances):
-            for host in hosts:
-                if host not in lost and all(s.pid is None for s in self.instances if s.host == host):
+            for host in dict.fromkeys(s.host for s in self.instances if s.host in self.remote_hosts):
+                if all(s.pid is None for s in self.instances if s.host == host):
                     lost[host] = "its instances had not started by --start-timeout"
         return lost
 

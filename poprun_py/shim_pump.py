@@ -252,6 +252,7 @@ class Pump:
             if self.returncode is None:
                 self.reason = (f"the MPI launcher's process that started instance {self.index} on "
                                f"{_socket.gethostname()} (PID {self.launcher}) died; the instance was stopped")
+                self.send(protocol.frame(protocol.LAUNCHER_LOST, self.reason.encode()))
                 self.stop_program()
         elif key == CONTROL:
             assert self.control is not None

@@ -31,6 +31,7 @@ class InstanceState:
         self.lost = False  # disconnected without an exit report
         self.shim_signalled = False  # its shim was signalled (not told by poprun) and stopped the program
         self.was_stopped = False  # its program was stopped (SIGSTOP, a debugger) when its shim came to end it
+        self.launcher_lost: str | None = None  # its shim saw its host's MPI daemon die: why (protocol.LAUNCHER_LOST)
         self.last_heard = 0.0  # time.monotonic() of its last frame
         self.silent = False  # lost because nothing came from it for protocol.SILENCE_LIMIT seconds
         self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss

@@ -218,7 +218,9 @@ class Supervisor:
         from poprun_py.host_errors import host_failures, launcher_text
 
         hosts = list(dict.fromkeys(state.host for state in self.instances))
-        return host_failures(launcher_text(self.mpiexec_output), hosts)
+        unstarted = [h for h in hosts if h in self.remote_hosts
+                     and all(s.pid is None for s in self.instances if s.host == h)]
+        return host_failures(launcher_text(self.mpiexec_output), hosts, unstarted)
 
     def _mpiexec_pipes_open(self) -> bool:
         return any(kind == "mpiexec" for kind, _ in self.watch.labels())
@@ -322,6 +324,12 @@ class Supervisor:
                 state.output.feed(stream, payload)
             elif kind == protocol.ROOT_CAUSE:
                 state.root_cause = payload
+            elif kind == protocol.LAUNCHER_LOST:
+                state.launcher_lost = payload.decode(errors="replace")
+                log.info("instance %d on %s: %s", state.index, state.host, state.launcher_lost)
+                if self.failure is None and self.teardown.started is None:
+                    self.failure = Failure(state.index, 1, state.launcher_lost)
+                    self.teardown.begin()
             elif kind == protocol.EXIT:
                 state.status, state.signal, state.error, flags = protocol.read_exit(payload)
                 state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
@@ -330,6 +338,8 @@ class Supervisor:
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())
                 log.info("instance %d on %s: %s", state.index, state.host, describe_status(state.status, state.signal))
+                if self.failure is not None and self.failure.index == state.index and state.launcher_lost:
+                    self.failure.status = state.status  # what its shim's stop gave, as for any failure
                 if state.status != 0 and self.failure is None and not state.stopped_by_poprun \
                         and self.teardown.started is None:
                     self.failure = Failure(state.index, state.status, describe_status(state.status, state.signal))
@@ -470,15 +480,15 @@ class Supervisor:
     def failure_report(self) -> dict[str, object] | None:
         """The first failure, for --error-file and the restart message (see ``report``); poprun's
         own reason when no instance failed (a host that could not start, mpiexec's failure)."""
-        report = self._report().failure_report()
-        if report is None and self.ended_because is not None:
+        if self.ended_because is not None:  # said instead of an instance's failure (see _finish)
             from poprun_py.report import own_failure
 
-            report = own_failure(self.ended_because, self.status or 1)
-        return report
+            return own_failure(self.ended_because, self.status or 1)
+        return self._report().failure_report()
 
     def lost_hosts(self) -> dict[str, str]:
         """The hosts this run lost, each with why: those the launcher could not start the instances
-        on, and remote hosts whose every instance was lost or never called in (see ``report``)."""
-        return {**self._unstarted_hosts(), **self._report().lost_hosts()}
+        on (then the others' losses are the launcher ending the job), else remote hosts whose every
+        instance was lost or never called in (see ``report``)."""
+        return self._unstarted_hosts() or self._report().lost_hosts()
 

@@ -5,7 +5,10 @@ back is used again once its cooldown has passed."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -14,13 +17,16 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import Cluster
-from tests.helpers import PYTHON, ROOT, run, wait_no_processes
+from tests.helpers import PYTHON, ROOT, run, tagged_json, wait_no_processes
 from tests.integration.conftest import FAILURE_BOUND, job_env, mpi_args, start_poprun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
 
 MNIST = str(ROOT / "examples" / "mnist_rts.py")
 MNIST_FAIL_ONCE = str(ROOT / "tests" / "scripts" / "mnist_fail_once.py")
+DDP = str(ROOT / "tests" / "scripts" / "ddp_train.py")
+#: Importing torch takes seconds per process, and the machine may have two cores for them all.
+TORCH_TIMEOUT = 120
 
 #: Says where each start put it; the first start waits to be ended, a later one ends at once (or,
 #: given a file to wait for, fails once the test has created it).
@@ -151,3 +157,103 @@ def test_mnist_resumes_on_the_hosts_left_with_the_bits_of_a_run_that_never_faile
     assert re.search(r"^\[0\] .*resumed from .* after 1 epoch\(s\)$", err, re.MULTILINE), err
     finals = final.findall(out)
     assert len(finals) == 2 and set(finals) == set(final.findall(reference.stdout)), (out, reference.stdout)
+
+
+@pytest.mark.timeout(3 * TORCH_TIMEOUT)
+def test_torch_ddp_resumes_from_its_own_checkpoint_on_fewer_ranks(cluster: Cluster) -> None:
+    """An unmodified DDP script, one rank per host on node0-node2, saving a checkpoint every step;
+    node2 is lost while the ranks hold at step 2; the restart runs 2 ranks on node0 and node1,
+    which resume from the step-2 checkpoint and finish, each saying how many ranks it had. (The
+    job's 6 replicas are what a restart spreads: 3 per rank on 2 hosts; a torch script has no use
+    for them but the count: 3 replicas would not spread over 2 hosts, and the restart would run
+    one rank.)"""
+    work = cluster.workdir / f"ddp-{uuid.uuid4().hex}"  # where every host sees it
+    work.mkdir()
+    proc = start_poprun("--max-restarts", "1", "--restart-backoff", "0", "--num-instances", "3", "--num-replicas", "6",
+                        "-H", "node0,node1,node2", PYTHON, DDP, "--steps", "4", "--checkpoint", str(work / "ckpt.pt"),
+                        "--hold-at-step", "2", "--marker-dir", str(work), env=job_env("mpich"))
+    try:
+        deadline = time.monotonic() + TORCH_TIMEOUT
+        while not all((work / f"rank{r}").exists() for r in range(3)):  # each rank says it holds at step 2
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=30)
+            time.sleep(0.1)
+        cluster.kill_host(cluster.host("node2"))
+        out, err = proc.communicate(timeout=FAILURE_BOUND + 2 * TORCH_TIMEOUT)
+    finally:
+        proc.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    assert proc.returncode == 0, err
+    reports = tagged_json(out)
+    assert sorted(reports) == [0, 1], out
+    for rank, report in reports.items():
+        assert (report["rank"], report["resumed_from"], report["env"]["WORLD_SIZE"]) == (rank, 2, "2")
+        assert report["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+    assert len({report["params_sha256"] for report in reports.values()}) == 1
+
+
+def _hang_sshd(cluster: Cluster, name: str) -> None:
+    """The host's sshd stops (SIGSTOP): connections are accepted by the kernel, but no banner comes."""
+    sshd = cluster.host(name).sshd
+    assert sshd is not None
+    for pid in cluster.pids(cluster.host(name)):
+        if pid == sshd.pid or _parent(pid) == sshd.pid:
+            os.kill(pid, signal.SIGSTOP)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _kill_daemon(cluster: Cluster, name: str) -> None:
+    """MPI's daemon on the host dies (Hydra's proxy, Open MPI's prted); its shims and programs stay."""
+    for line in cluster.processes(cluster.host(name)):
+        pid, command = line.split(": ", 1)
+        if "hydra_pmi_proxy" in command or "prted" in command:
+            os.kill(int(pid), signal.SIGKILL)
+
+
+#: How each case breaks node1, and whether before the job starts or once every instance runs.
+BREAK = {
+    "sshd hung": (_hang_sshd, False),
+    "sshd refuses": (lambda cluster, name: cluster.stop_sshd(cluster.host(name)), False),
+    "partition": (lambda cluster, name: cluster.set_link(cluster.host(name), up=False), True),
+    "daemon dies": (_kill_daemon, True),
+    "host dies": (lambda cluster, name: cluster.kill_host(cluster.host(name)), True),
+}
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+@pytest.mark.parametrize("case", list(BREAK))
+def test_the_host_that_failed_is_named_and_left_out(cluster: Cluster, mpi: str, case: str, tmp_path: Path) -> None:
+    """Whatever breaks node1, before the job or in it, the failure names node1, --error-file lists
+    it lost, and the restart runs on node0 and node2."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    report = tmp_path / "attempts.json"
+    brk, mid_job = BREAK[case]
+    if not mid_job:
+        brk(cluster, "node1")
+    proc = start_poprun(*mpi_args(mpi), "--max-restarts", "1", "--restart-backoff", "0", "--error-file", str(report),
+                        "--num-instances", "3", "--num-replicas", "6", "-H", "node0,node1,node2",
+                        PYTHON, "-c", PROGRAM, marker, env=job_env(mpi))
+    try:
+        if mid_job:
+            _lines(proc, "start 0:", 3)
+            brk(cluster, "node1")
+        out, err = proc.communicate(timeout=2 * FAILURE_BOUND + 60)
+    finally:
+        proc.kill()
+        if case == "sshd hung":  # its stopped processes go; the fixture starts a new sshd
+            cluster.kill_host(cluster.host("node1"))
+    assert proc.returncode == 0, err
+    first = json.loads(report.read_text())[0]
+    assert list(first["lost_hosts"]) == ["node1"], (first, err)
+    restarting = next(line for line in err.splitlines() if line.startswith("poprun: restarting the job"))
+    assert "node1" in restarting and "node0" not in restarting and "node2" not in restarting, err
+    assert ("poprun: the restart runs on 2 host(s) without node1 (lost, tried again in 60 s): 2 instance(s) x 3 "
+            "local replica(s) = 6 replicas (before: 3 x 2 on 3 host(s))\n") in err
+    assert sorted(line for line in out.splitlines() if "start 1:" in line) == [
+        f"[{i}] start 1: node{2 * i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)]
+    assert wait_no_processes(marker) == []

@@ -10,8 +10,9 @@ as it saw them, and a hash of its parameters, which every rank checks equal acro
 - ``--fail-at-step K --fail-rank R``: on the first start only, rank R raises in ``fail_on_purpose``
   at step K (under ``@record``, so torch writes TORCHELASTIC_ERROR_FILE), while the other ranks
   hold there (they do not fail by themselves: the failure is R's alone);
-- ``--hold-at-step K --marker-dir D``: at step K every rank writes ``D/rank<r>`` (its PID) and
-  waits for ``D/go``, which no test writes: a test kills one of them there.
+- ``--hold-at-step K --marker-dir D``: on the first start only, at step K every rank writes
+  ``D/rank<r>`` (its PID) and waits for ``D/go``, which no test writes: a test kills one of them
+  (or its host) there.
 
 Holding ranks give up after HOLD_SECONDS and exit 3, so nothing waits for ever.
 
@@ -90,7 +91,7 @@ def train(args: argparse.Namespace, rank: int, restart: int) -> tuple[int, str]:
             if rank == args.fail_rank:
                 fail_on_purpose(step)
             hold(os.devnull + ".never")  # the failure is the failing rank's alone
-        if step == args.hold_at_step:
+        if step == args.hold_at_step and restart == 0:
             marker = os.path.join(args.marker_dir, f"rank{rank}")
             with open(marker + ".tmp", "w") as f:
                 f.write(str(os.getpid()))
