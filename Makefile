@@ -72,7 +72,7 @@ bench-quick: install
 # Mutation testing (docs/mutation.md): mutmut, from the `mutation` extra, over the modules and tests
 # named in pyproject.toml's [tool.mutmut] (which test which: tests/mutation/selection.py); a fresh
 # mutants/ each run. `mutants`: the library, output framing and the environment contract, bounded
-# to 30 minutes (about 24 on 2 cores); `mutants-launcher`: the shim, the teardown and their
+# to 30 minutes (about 20 on 2 cores); `mutants-launcher`: the shim, the teardown and their
 # protocol, and `mutants-supervisor`: poprun's loop, whose tests are jobs (neither yet fits in 30
 # minutes on 2 cores: docs/mutation.md).
 MUTMUT_LIBRARY    := "popdist_py.*" "poprun_py.output.*" "poprun_py.environment.*"

@@ -135,6 +135,38 @@ def test_mismatched_shapes_are_named_on_every_rank() -> None:
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_differing_field_is_explained_by_its_note() -> None:
+    c = world()
+    rank = c.Get_rank()
+    with pytest.raises(CollectiveMismatchError) as info:
+        agreement.agree(c, "allreduce", ("sum", (2 + min(rank, 1),), "float32"), fields=FIELDS,
+                        notes={"shape": "steps: instance 0 at 3, instance 1 at 4", "op": "not this one"})
+    listing = ", ".join(f"instance {r} ({2 + min(r, 1)},)" for r in range(c.Get_size()))
+    assert str(info.value) == (f"allreduce: shapes differ between instances: {listing} (steps: instance 0 at 3, "
+                               "instance 1 at 4)")  # the note of a field that does not differ is not said
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_communicator_marked_broken_fails_every_later_collective_at_once_saying_why() -> None:
+    c = world().Dup()
+    try:
+        agreement.agree(c, "set-up", ())  # its check communicator exists now
+        agreement.mark_broken(c, "an earlier collective timed out in its data exchange")
+        start = time.monotonic()
+        with pytest.raises(CollectiveError) as info:
+            agreement.agree(c, "allreduce", ("sum",))
+        assert time.monotonic() - start < 1  # at once, not at the collective's timeout
+        assert str(info.value) == ("allreduce: an earlier collective timed out in its data exchange; this "
+                                   "communicator cannot be used for collectives any more")
+        fresh = world().Dup()
+        agreement.mark_broken(fresh, "no check communicator yet: nothing to mark")
+        agreement.agree(fresh, "still usable", ())
+        fresh.Free()
+    finally:
+        c.Free()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_every_differing_field_is_named_with_custom_rank_names() -> None:
     c = world()
     rank = c.Get_rank()
