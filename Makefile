@@ -7,8 +7,8 @@ STAMP  := $(VENV)/.installed
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
-.PHONY: install hosts-tools lint test test-fast demo bench bench-quick mutants mutants-launcher mutants-supervisor \
-	mutmut-run clean
+.PHONY: install hosts-tools lint test test-fast demo bench bench-quick mutants mutants-shim mutants-teardown \
+	mutants-supervisor mutants-connections mutmut-run clean
 
 install: $(STAMP) hosts-tools
 
@@ -70,33 +70,30 @@ bench-quick: install
 	$(PY) -m bench.run --quick
 
 # Mutation testing (docs/mutation.md): mutmut, from the `mutation` extra, over the modules and tests
-# named in pyproject.toml's [tool.mutmut] (which test which: tests/mutation/selection.py); a fresh
-# mutants/ each run. `mutants`: the library, output framing and the environment contract, bounded
-# to 30 minutes (about 20 on 2 cores); `mutants-launcher`: the shim, the teardown and their
-# protocol, and `mutants-supervisor`: poprun's loop, whose tests are jobs (neither yet fits in 30
-# minutes on 2 cores: docs/mutation.md).
-MUTMUT_LIBRARY    := "popdist_py.*" "poprun_py.output.*" "poprun_py.environment.*"
-MUTMUT_LAUNCHER   := "poprun_py.teardown.*" "poprun_py.shim.*" "poprun_py.shim_pump.*" "poprun_py.protocol.*"
-MUTMUT_SUPERVISOR := "poprun_py.supervisor.*"
+# named in pyproject.toml's [tool.mutmut] (which test which, and which mutants each target runs:
+# tests/mutation/selection.py); a fresh mutants/ each run, stopped after 30 minutes. `mutants`: the
+# library, output framing and the environment contract; `mutants-shim`, `mutants-teardown`,
+# `mutants-supervisor` and `mutants-connections`: the launcher, whose tests are jobs, in four parts
+# that each fit in 30 minutes on 2 cores.
+MUTMUT_LAUNCHER := mutants-shim mutants-teardown mutants-supervisor mutants-connections
 
 mutants: install
-	$(MAKE) --no-print-directory mutmut-run MUTMUT_WHAT='$(MUTMUT_LIBRARY)' MUTMUT_LIMIT=1800
+	$(MAKE) --no-print-directory mutmut-run MUTMUT_TARGET=library
 
 # The launcher's mutants include sweeps that kill processes, and its tests check what jobs leave in
 # /tmp and /dev/shm: tests/mutation/sandbox runs mutmut in a PID namespace of its own, where a
 # mutant can kill only the run, with /tmp and /dev/shm of its own.
-mutants-launcher mutants-supervisor: install
+$(MUTMUT_LAUNCHER): install
 	@tests/mutation/sandbox true || { echo "$@ needs a PID namespace (unshare): its mutants can kill any process of yours"; exit 1; }
-	$(MAKE) --no-print-directory mutmut-run MUTMUT_LIMIT=3600 MUTMUT_WRAP=tests/mutation/sandbox \
-		MUTMUT_WHAT='$(if $(filter mutants-launcher,$@),$(MUTMUT_LAUNCHER),$(MUTMUT_SUPERVISOR))'
+	$(MAKE) --no-print-directory mutmut-run MUTMUT_TARGET=$(@:mutants-%=%) MUTMUT_WRAP=tests/mutation/sandbox
 
 mutmut-run:
 	$(PY) -m pip install --quiet --disable-pip-version-check \
 		--config-settings editable_mode=compat -e '.[test,examples,bench,mutation]'
 	rm -rf mutants
-	PATH=$(VENV)/bin:$$PATH MUTMUT_PATTERNS='$(subst ",,$(MUTMUT_WHAT))' $(MUTMUT_WRAP) timeout $(MUTMUT_LIMIT) \
-		$(VENV)/bin/mutmut run --max-children 3 $(MUTMUT_WHAT) \
-		</dev/null >/dev/null
+	set -f; patterns="$$($(PY) -m tests.mutation.selection $(MUTMUT_TARGET))" && \
+		PATH=$(VENV)/bin:$$PATH MUTMUT_PATTERNS="$$patterns" $(MUTMUT_WRAP) timeout 1800 \
+		$(VENV)/bin/mutmut run --max-children 3 $$patterns </dev/null >/dev/null
 	$(VENV)/bin/mutmut results --all true | $(PY) -m tests.mutation.summary
 	$(VENV)/bin/mutmut results
 

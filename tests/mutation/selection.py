@@ -60,7 +60,9 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/library/test_popdist_under_poprun.py"),
     # teardown and release, on both sides of the control connection
     "poprun_py.supervisor": (*_LAUNCH, "tests/launcher/test_supervisor_checks.py", "tests/launcher/test_root_cause.py",
-                             "tests/launcher/test_poprun_output.py::test_log_dir_keeps_each_instances_raw_output"),
+                             "tests/launcher/test_poprun_output.py::test_log_dir_keeps_each_instances_raw_output",
+                             ("tests/launcher/test_error_file.py::"
+                             "test_a_launch_that_fails_is_recorded_with_the_host_that_could_not_start")),
     "poprun_py.teardown": (*_LAUNCH, "tests/launcher/test_leftovers.py"),
     "poprun_py.shim": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py"),
     "poprun_py.shim_pump": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
@@ -86,6 +88,51 @@ def selects(entries: tuple[str, ...], nodeid: str) -> bool:
 
 
 def tests_of_run(patterns: list[str]) -> tuple[str, ...]:
-    """The entries for the modules a run of mutmut with these name ``patterns`` mutates."""
+    """The entries for the modules a run of mutmut with these name ``patterns`` mutates (a pattern
+    names a module's mutants, or those of some of its functions)."""
     return tuple(entry for module, entries in TESTS_OF_MODULE.items()
-                 if any(fnmatchcase(f"{module}.x_", pattern) for pattern in patterns) for entry in entries)
+                 if any(fnmatchcase(f"{module}.x_", pattern) or pattern.startswith(f"{module}.x")
+                        for pattern in patterns) for entry in entries)
+
+
+#: The supervisor's methods that deal with the shims' connections (``make mutants-connections``);
+#: the rest, the run, mpiexec and the end of the job, are ``make mutants-supervisor``'s.
+SUPERVISOR_CONNECTIONS = ("_accept", "_drop_pending", "_read_hello", "_recv", "_read_instance", "_handle_frames",
+                          "_release_when_all_done", "_check_silence", "_check_start", "_disconnect")
+
+
+def _supervisor_methods() -> list[str]:
+    """The methods of poprun_py/supervisor.py's Supervisor, read from its source."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "poprun_py" / "supervisor.py").read_text())
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Supervisor")
+    return [node.name for node in cls.body if isinstance(node, ast.FunctionDef)]
+
+
+def _methods(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(f"poprun_py.supervisor.xǁSupervisorǁ{name}__mutmut_*" for name in names)
+
+
+#: The Makefile's mutation targets (``make mutants``, ``make mutants-NAME``): the mutants each
+#: runs, as mutmut name patterns, each sized to finish within 30 minutes on two cores
+#: (docs/mutation.md); every function of the mutated modules is in exactly one (a test checks).
+TARGETS: dict[str, tuple[str, ...]] = {
+    "library": ("popdist_py.*", "poprun_py.output.*", "poprun_py.environment.*"),
+    "shim": ("poprun_py.shim.*", "poprun_py.shim_pump.*"),
+    "teardown": ("poprun_py.teardown.*", "poprun_py.protocol.*"),
+    "supervisor": _methods([m for m in _supervisor_methods() if m not in SUPERVISOR_CONNECTIONS]),
+    "connections": _methods(SUPERVISOR_CONNECTIONS),
+}
+
+
+def target_of(mutant: str) -> list[str]:
+    """The targets whose patterns select ``mutant`` (a mutant's or a function's mutmut name)."""
+    return [name for name, patterns in TARGETS.items() if any(fnmatchcase(mutant, p) for p in patterns)]
+
+
+if __name__ == "__main__":  # the Makefile: the patterns of the target named, one per line
+    import sys
+
+    print("\n".join(TARGETS[sys.argv[1]]))
