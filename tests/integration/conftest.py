@@ -66,3 +66,14 @@ def wait_started(proc: subprocess.Popen[str], count: int) -> None:
         line = proc.stdout.readline()
         assert line, f"poprun ended before {count} instances started: {proc.communicate(timeout=30)}"
         started += "started" in line
+
+
+#: What MPI and poprun leave in a host's /tmp and /dev/shm when their processes are killed.
+JOB_FILE_PREFIXES = ("hydra_hwloc_xmlfile_", "mpich_shm_", "ompi.", "prte.", "prted.", "poprun-", "pmix")
+
+
+def job_files(cluster: Cluster, name: str) -> list[str]:
+    """The files of MPI and poprun in the host's own /tmp and /dev/shm (read over ssh: a shell
+    there is in the host's mount namespace)."""
+    listed = cluster.ssh(cluster.host(name), "ls -A /tmp /dev/shm").stdout.split()
+    return sorted(entry for entry in listed if entry.startswith(JOB_FILE_PREFIXES))

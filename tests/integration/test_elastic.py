@@ -18,7 +18,7 @@ import pytest
 
 from tests.cluster import Cluster
 from tests.helpers import PYTHON, ROOT, run, tagged_json, wait_no_processes
-from tests.integration.conftest import FAILURE_BOUND, job_env, mpi_args, start_poprun
+from tests.integration.conftest import FAILURE_BOUND, job_env, job_files, mpi_args, start_poprun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
 
@@ -82,6 +82,8 @@ def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster
     assert ended == {"restart": 1, "hosts": ["node0", "node1"], "instances": 2, "status": 0, "reason": None,
                      "lost_hosts": {}}
     assert wait_no_processes(marker) == []
+    # The start that lost node2 was ended on node0 and node1 too: nothing of it stays there.
+    assert {name: job_files(cluster, name) for name in ("node0", "node1")} == {"node0": [], "node1": []}
 
 
 def test_a_host_that_comes_back_is_used_again_after_its_cooldown(cluster: Cluster) -> None:
