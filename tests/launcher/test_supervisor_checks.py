@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -38,9 +38,11 @@ def test_an_instance_silent_past_the_limit_is_lost_and_ends_the_job(
     quiet.last_heard = now - protocol.SILENCE_LIMIT + 10  # quiet, within the limit
     silent.last_heard = now - protocol.SILENCE_LIMIT - 1
     finished.status, finished.last_heard = 0, now - 3600  # exited: no word is expected from it
-    with poprun_log() as said:
+    with poprun_log(1) as said:
         s._check_silence()
-    assert said.getvalue().endswith(" POPRUN [W] no word from instance 1 on b for 21 s\n"), said.getvalue()
+    lines = [line.split(" POPRUN ", 1)[1] for line in said.getvalue().splitlines()]
+    assert lines[:2] == ["[W] no word from instance 1 on b for 21 s",
+                         "[I] instance 1 on b was lost without an exit report"], lines
     assert (silent.silent, silent.lost, silent.connection) == (True, True, None)
     assert s.failure is not None and (s.failure.index, s.failure.status) == (1, 1)
     assert s.failure.description.startswith("lost: ")
@@ -198,3 +200,61 @@ def test_the_shims_are_released_together_once_every_instance_is_done(
         if index < 2:  # some instance still runs: nobody is released yet
             assert [_commands(other, other_seal) for other, other_seal in ends] == [[], [], []]
     assert [_commands(shim, seal) for shim, seal in ends] == [[protocol.RELEASE]] * 3
+
+
+def _read_until(s: Supervisor, index: int, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10  # until the bytes are through loopback
+    while not done() and time.monotonic() < deadline:
+        s._read_instance(index)
+    assert done()
+
+
+def test_a_shim_whose_mpi_daemon_died_is_the_failure_from_its_first_word(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """The launcher ends the other hosts' instances as soon as a host's daemon dies; the shims
+    there say so at once (LAUNCHER_LOST), and what poprun hears first is the failure: here b's,
+    though c's failure report comes before b's own."""
+    s, server, shims = job
+    ends = [call_in_sealed(s, server, index) for index in range(3)]
+    shims += [shim for shim, _ in ends]
+    why = b"the MPI launcher's process that started instance 1 on b (PID 7) died \xff"
+    with poprun_log(1) as said:
+        ends[1][0].sendall(ends[1][1].seal(protocol.frame(protocol.LAUNCHER_LOST, why)))
+        _read_until(s, 1, lambda: s.failure is not None)
+    assert s.failure is not None and s.failure.index == 1 and s.teardown.started is not None
+    assert s.instances[1].launcher_lost == why.decode(errors="replace")
+    lines = [line.split(" POPRUN ", 1)[1] for line in said.getvalue().splitlines()]
+    assert lines == [f"[I] instance 1 on b: {why.decode(errors='replace')}", "[I] stopping every instance"]
+    # c, ended by the launcher, reports first; then b's shim, having stopped its program.
+    ends[2][0].sendall(ends[2][1].seal(protocol.exit_report(143, 15, None)))
+    _read_until(s, 2, lambda: s.instances[2].status is not None)
+    assert (s.failure.index, s.failure.status) == (1, 1)
+    ends[1][0].sendall(ends[1][1].seal(protocol.exit_report(143, 15, None)))
+    _read_until(s, 1, lambda: s.instances[1].status is not None)
+    assert (s.failure.index, s.failure.status) == (1, 143)  # b's status, as for any failure
+
+
+def test_a_daemon_lost_after_the_failure_does_not_replace_it(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    ends = [call_in_sealed(s, server, index) for index in range(3)]
+    shims += [shim for shim, _ in ends]
+    ends[0][0].sendall(ends[0][1].seal(protocol.exit_report(3, None, None)))
+    _read_until(s, 0, lambda: s.failure is not None)
+    ends[1][0].sendall(ends[1][1].seal(protocol.frame(protocol.LAUNCHER_LOST, b"its daemon died")))
+    _read_until(s, 1, lambda: s.instances[1].launcher_lost is not None)
+    ends[1][0].sendall(ends[1][1].seal(protocol.exit_report(143, 15, None)))
+    _read_until(s, 1, lambda: s.instances[1].status is not None)
+    assert s.failure is not None and (s.failure.index, s.failure.status) == (0, 3)
+
+
+def test_a_daemon_lost_while_poprun_stops_the_job_is_no_failure(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """Stopping a job (on a signal) ends the daemons too: the shims' word of it is no failure."""
+    s, server, shims = job
+    ends = [call_in_sealed(s, server, index) for index in range(3)]
+    shims += [shim for shim, _ in ends]
+    s.teardown.begin()  # what a SIGTERM to poprun starts, with no failure
+    ends[1][0].sendall(ends[1][1].seal(protocol.frame(protocol.LAUNCHER_LOST, b"its daemon died")))
+    _read_until(s, 1, lambda: s.instances[1].launcher_lost is not None)
+    assert s.failure is None
