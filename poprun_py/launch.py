@@ -173,9 +173,11 @@ class Start:
         plan = JobPlan(num_instances, old.num_replicas, old.ipus_per_replica, tuple(hosts), old.executable_cache_path,
                        run_id=old.run_id)
         plan.error_dir = old.error_dir
-        remote = [host for host in self.remote if host in hosts]
+        # A discovery script may bring hosts the job did not start on, remote where all were local.
+        remote = _remote_hosts(hosts, resolve=True)
+        callback = self.callback or _callback_address(hosts, remote, options["host_subnet"], resolve=True)
         _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
-        return Start(options, plan, remote, self.callback, _torchrun_contract(plan, options, remote, self.callback))
+        return Start(options, plan, remote, callback, _torchrun_contract(plan, options, remote, callback))
 
 
 def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float) -> int:

@@ -338,6 +338,20 @@ def test_unknown_host_is_one_line_naming_it(mpi: str) -> None:
                              "ssh: Could not resolve hostname ghost!host: Name or service not known\n")
 
 
+def test_an_ssh_message_that_names_no_host_is_put_down_to_the_remote_host_that_never_started(tmp_path: Path) -> None:
+    """A hung sshd's time-out names no host: it is the remote host whose instances never started
+    (not this machine's, which never started either: the wrapper starts nothing)."""
+    wrapper = tmp_path / "mpiexec"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+                       "echo 'Connection timed out during banner exchange' >&2\nexit 255\n")
+    wrapper.chmod(0o755)
+    result = poprun("--mpi", str(wrapper), "--num-instances", "2", "-H", "localhost,ghost!host", "/bin/true",
+                    env=OMP_SET)
+    said = ("poprun: error: instance(s) 1 could not be started: host ghost!host: ssh: Connection timed out during "
+            "banner exchange\n")
+    assert (result.returncode, result.stderr) == (255, said)
+
+
 def test_what_mpiexec_said_about_a_host_that_could_not_start_is_shown_at_v(tmp_path: Path) -> None:
     """-v keeps what the launcher said (here a wrapper's line that is not UTF-8, then Hydra's, in
     several reads), as it was, before the one line naming the host."""
