@@ -15,6 +15,24 @@ import time
 
 index = os.environ["POPDIST_INSTANCE_INDEX"]
 actions = dict(arg.split(":", 1) for arg in sys.argv[2:])
+steps = actions.get(index, "sleep=120").split(",")
+
+
+cleanup_seconds = next((float(step.split("=", 1)[1]) for step in steps if step.startswith("term-cleanup=")), None)
+
+
+def clean_up(signum: int, frame: object) -> None:
+    """term-cleanup: on SIGTERM, take that long to clean up, say so, end with status 0."""
+    time.sleep(cleanup_seconds or 0.0)
+    print(f"instance {index} cleaned up", flush=True)
+    os._exit(0)
+
+
+# What it does on SIGTERM is set before it says it started: a test signals it as soon as it has.
+if "ignore-term" in steps:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if cleanup_seconds is not None:
+    signal.signal(signal.SIGTERM, clean_up)
 print(f"instance {index} started", flush=True)
 # Each instance says it has started with a file in a folder of this job (named by poprun's control
 # address, unique per job) and this host (the instances of other hosts cannot see it).
@@ -47,7 +65,7 @@ def others_started() -> None:
     shutil.rmtree(started_dir, ignore_errors=True)  # every instance here has written: nothing is left
 
 
-for step in actions.get(index, "sleep=120").split(","):
+for step in steps:
     what, _, value = step.partition("=")
     if what == "exit":
         others_started()
@@ -59,15 +77,6 @@ for step in actions.get(index, "sleep=120").split(","):
         time.sleep(float(value))
     elif what == "stderr":
         print(value, file=sys.stderr, flush=True)
-    elif what == "ignore-term":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    elif what == "term-cleanup":  # on SIGTERM: take VALUE seconds to clean up, say so, end with status 0
-        def clean_up(signum: int, frame: object, seconds: float = float(value)) -> None:
-            time.sleep(seconds)
-            print(f"instance {index} cleaned up", flush=True)
-            os._exit(0)
-
-        signal.signal(signal.SIGTERM, clean_up)
     elif what == "waitfile":
         give_up = time.monotonic() + 30
         while not os.path.exists(value) and time.monotonic() < give_up:
