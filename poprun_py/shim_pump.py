@@ -160,9 +160,9 @@ class Pump:
                 waiting[0] = False
                 raise _Leave
 
-        for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-            _signal.signal(sig, leave)
-        try:
+        try:  # a signal right after its handler is set already ends the wait
+            for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+                _signal.signal(sig, leave)
             while True:
                 message = self.control.recv(COMMANDS_READ_SIZE)
                 if not message or protocol.RELEASE in self._commands(message):
