@@ -230,32 +230,37 @@ BREAK = {
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 @pytest.mark.parametrize("case", list(BREAK))
 def test_the_host_that_failed_is_named_and_left_out(cluster: Cluster, mpi: str, case: str, tmp_path: Path) -> None:
-    """Whatever breaks node1, before the job or in it, the failure names node1, --error-file lists
-    it lost, and the restart runs on node0 and node2."""
+    """Whatever breaks node1, before the job or in it, a failure that names a host names node1,
+    --error-file lists it lost, and the restart runs on node0 and node2. (Hydra sometimes ends
+    before ssh's line about a refusing host reaches its stderr: that start names no host, and the
+    next one, on the same hosts, does; hence two restarts.)"""
     marker = f"marker-{uuid.uuid4().hex}"
     report = tmp_path / "attempts.json"
     brk, mid_job = BREAK[case]
     if not mid_job:
         brk(cluster, "node1")
-    proc = start_poprun(*mpi_args(mpi), "--max-restarts", "1", "--restart-backoff", "0", "--error-file", str(report),
+    proc = start_poprun(*mpi_args(mpi), "--max-restarts", "2", "--restart-backoff", "0", "--error-file", str(report),
                         "--num-instances", "3", "--num-replicas", "6", "-H", "node0,node1,node2",
                         PYTHON, "-c", PROGRAM, marker, env=job_env(mpi))
     try:
         if mid_job:
             _lines(proc, "start 0:", 3)
             brk(cluster, "node1")
-        out, err = proc.communicate(timeout=2 * FAILURE_BOUND + 60)
+        out, err = proc.communicate(timeout=3 * FAILURE_BOUND + 60)
     finally:
         proc.kill()
         if case == "sshd hung":  # its stopped processes go; the fixture starts a new sshd
             cluster.kill_host(cluster.host("node1"))
     assert proc.returncode == 0, err
-    first = json.loads(report.read_text())[0]
-    assert list(first["lost_hosts"]) == ["node1"], (first, err)
-    restarting = next(line for line in err.splitlines() if line.startswith("poprun: restarting the job"))
-    assert "node1" in restarting and "node0" not in restarting and "node2" not in restarting, err
+    *failed, ended = json.loads(report.read_text())
+    assert [list(record["lost_hosts"]) for record in failed][-1:] == [["node1"]], (failed, err)
+    assert all(list(record["lost_hosts"]) in ([], ["node1"]) for record in failed), (failed, err)
+    naming = [line for line in err.splitlines() if line.startswith("poprun: restarting the job") and "node" in line]
+    assert naming and all("node1" in line and "node0" not in line and "node2" not in line for line in naming), err
     assert ("poprun: the restart runs on 2 host(s) without node1 (lost, tried again in 60 s): 2 instance(s) x 3 "
             "local replica(s) = 6 replicas (before: 3 x 2 on 3 host(s))\n") in err
-    assert sorted(line for line in out.splitlines() if "start 1:" in line) == [
-        f"[{i}] start 1: node{2 * i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)]
+    last = ended["restart"]
+    assert (ended["hosts"], ended["status"]) == (["node0", "node2"], 0)
+    assert sorted(line for line in out.splitlines() if f"start {last}:" in line) == [
+        f"[{i}] start {last}: node{2 * i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)]
     assert wait_no_processes(marker) == []
