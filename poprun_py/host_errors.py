@@ -37,9 +37,9 @@ def launcher_text(chunks: list[bytes]) -> str:
 
 
 def host_failures(output: str, hosts: list[str], unstarted: list[str] | None = None) -> dict[str, str]:
-    """``{host: what went wrong}`` for each of ``hosts`` that the launcher's ``output`` blames; an
-    ssh message that names no host is put down to each of ``unstarted`` (hosts whose instances
-    never started) that nothing else names."""
+    """``{host: what went wrong}`` for each of ``hosts`` that the launcher's ``output`` blames; when
+    it names none, an ssh message that names no host is put down to each of ``unstarted`` (hosts
+    whose instances never started)."""
     by_lower = {host.lower(): host for host in hosts}
     found: dict[str, str] = {}
     anonymous: str | None = None

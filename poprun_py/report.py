@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from functools import cached_property
 
 from poprun_py import protocol
 from poprun_py.states import Failure, InstanceState, describe_status, signal_name
@@ -24,6 +25,20 @@ class Report:
         self.remote_hosts = remote_hosts
         #: What the launcher's output says went wrong on which host (read only when needed).
         self.host_failures = host_failures
+
+    @cached_property
+    def _by_host(self) -> dict[str, list[InstanceState]]:
+        """Each host's instances, in the order of the hosts' first instances (read once: a job may
+        have thousands of hosts, and a failure is looked at host by host)."""
+        grouped: dict[str, list[InstanceState]] = {}
+        for state in self.instances:
+            grouped.setdefault(state.host, []).append(state)
+        return grouped
+
+    @cached_property
+    def _blamed(self) -> dict[str, str]:
+        """What the launcher's output says went wrong on which host, read once."""
+        return self.host_failures()
 
     def summary(self, reason: str | None) -> str:
         """The lines on stderr: the root cause, what its program recorded, the last lines of its
@@ -95,20 +110,19 @@ class Report:
         (its shim says so)."""
         if state.launcher_lost or state.failed_by_itself:
             return []
-        blamed = [h for h in self.host_failures() if self._host_lost(h) is not None]
+        blamed = [h for h in self._blamed if self._host_lost(h) is not None]
         if blamed:
             return blamed
         if state.lost and self._host_lost(state.host) is not None:
             return [state.host]
         if not _ended_by_launcher(state) or self._left_before(state):
             return []
-        others = [h for h in dict.fromkeys(s.host for s in self.instances)
-                  if h != state.host and self._host_lost(h) is not None]
-        others.sort(key=lambda h: not any(s.silent for s in self.instances if s.host == h))
+        others = [h for h in self._by_host if h != state.host and self._host_lost(h) is not None]
+        others.sort(key=lambda h: not any(s.silent for s in self._by_host[h]))
         return others[:1]
 
     def _host_line(self, host: str) -> str:
-        on_host = [s.index for s in self.instances if s.host == host]
+        on_host = [s.index for s in self._by_host[host]]
         return (f"host {host} was lost: instance(s) {ranges(on_host)} there ended without an exit report "
                 f"({self._host_lost(host)})")
 
@@ -116,12 +130,12 @@ class Report:
         """Why the remote ``host`` is lost, when every instance there was lost without a report."""
         if host not in self.remote_hosts:
             return None
-        on_host = [s for s in self.instances if s.host == host]
+        on_host = self._by_host.get(host, [])
         if not on_host or not all(s.lost for s in on_host):
             return None
         silent = next((s for s in on_host if s.silent), None)
         died = loss(silent) if silent else "its processes or the connection to it died"
-        return self.host_failures().get(host) or died
+        return self._blamed.get(host) or died
 
     def lost_hosts(self) -> dict[str, str]:
         """The remote hosts this run lost, each with why: those the failure comes from (see
@@ -136,8 +150,8 @@ class Report:
                 lost[host] = self._host_lost(host) or ""
         timed_out = self.failure is not None and self.failure.index is None  # poprun's one reason: the start
         if timed_out and any(s.pid is not None for s in self.instances):
-            for host in dict.fromkeys(s.host for s in self.instances if s.host in self.remote_hosts):
-                if all(s.pid is None for s in self.instances if s.host == host):
+            for host, on_host in self._by_host.items():
+                if host in self.remote_hosts and all(s.pid is None for s in on_host):
                     lost[host] = "its instances had not started by --start-timeout"
         return lost
 

@@ -157,6 +157,7 @@ class Restarts:
         self.replicas = replicas
         self.per_host = layout.num_instances // max(len(layout.hosts), 1)
         self.pool = HostPool(list(layout.hosts), cooldown)
+        self.first_hosts = set(layout.hosts)
         self.min_hosts = min_hosts
         self.discovery_script = discovery_script
 
@@ -188,20 +189,20 @@ class Restarts:
 
     def _describe(self, old: Layout, new: Layout, lost: dict[str, str], usable: list[str],
                   cooling: dict[str, float]) -> str:
-        gone = [h for h in old.hosts if h not in new.hosts]
-        added = [h for h in new.hosts if h not in old.hosts]
+        before, now = set(old.hosts), set(new.hosts)
+        gone = [h for h in old.hosts if h not in now]
+        added = [h for h in new.hosts if h not in before]
         parts = []
         if gone:
             why = [f"{h} ({'lost' if h in lost else 'left out'}"
                    + (f", tried again in {cooling[h]:.0f} s" if h in cooling else "") + ")" for h in gone]
             parts.append("without " + ", ".join(why))
-        back = [h for h in added if h in self.pool.failures]
-        if back:
-            parts.append(f"with {', '.join(back)} again")
-        fresh = [h for h in added if h not in self.pool.failures]
-        if fresh:
-            parts.append(f"with {', '.join(fresh)} (discovered)")
-        idle = [h for h in usable if h not in new.hosts]
+        for kind, hosts in (("again", [h for h in added if h in self.pool.failures]),
+                            ("", [h for h in added if h not in self.pool.failures and h in self.first_hosts]),
+                            ("(discovered)", [h for h in added if h not in self.first_hosts])):
+            if hosts:
+                parts.append(f"with {', '.join(hosts)}" + (f" {kind}" if kind else ""))
+        idle = [h for h in usable if h not in now]
         if idle:
             parts.append(f"{', '.join(idle)} idle ({self.replicas} replicas do not spread evenly over "
                          f"{len(usable)} hosts)")

@@ -163,6 +163,12 @@ class Supervisor:
                 # mpiexec is gone: read what is still in flight, then stop.
                 drained = not connected and not self._mpiexec_pipes_open()
                 if drained or time.monotonic() - mpiexec_done_at > AFTER_MPIEXEC_SECONDS:
+                    # mpiexec is gone, and with it whatever could still have carried their words:
+                    # instances that never reported are lost (a host cut off before the silence
+                    # limit, whose daemon Open MPI gave up on first).
+                    for state in self.instances:
+                        if state.connection is not None and state.status is None:
+                            self._disconnect(state)
                     return
             for fd, (kind, data) in self.watch.ready(TICK_SECONDS):
                 if kind == "listen":
@@ -218,8 +224,8 @@ class Supervisor:
         from poprun_py.host_errors import host_failures, launcher_text
 
         hosts = list(dict.fromkeys(state.host for state in self.instances))
-        unstarted = [h for h in hosts if h in self.remote_hosts
-                     and all(s.pid is None for s in self.instances if s.host == h)]
+        started = {state.host for state in self.instances if state.pid is not None}
+        unstarted = [h for h in hosts if h in self.remote_hosts and h not in started]
         return host_failures(launcher_text(self.mpiexec_output), hosts, unstarted)
 
     def _mpiexec_pipes_open(self) -> bool:

@@ -171,3 +171,14 @@ def test_without_hosts_the_first_start_asks_the_discovery_script(tmp_path: Path)
     refused = poprun("--host-discovery-script", failing, "--num-instances", "2", "--dry-run", "/bin/true")
     assert (refused.returncode, refused.stderr) == (2, (f"poprun: error: --host-discovery-script {failing} exited "
                                                        "with status 2\n"))
+
+
+def test_a_host_left_idle_and_used_later_is_neither_back_nor_discovered() -> None:
+    """6 replicas on 6 hosts; 2 lost: 3 of the 4 left take them, f is idle; one more lost: f is used."""
+    hosts = ["a", "b", "c", "d", "e", "f"]
+    restarts = Restarts(Layout(6, hosts), 6, min_hosts=1, cooldown=60, discovery_script=None)
+    layout, said = restarts.next_layout(Layout(6, hosts), {"a": "lost", "b": "lost"}, now=0)
+    assert layout == Layout(3, ["c", "d", "e"]) and "f idle (6 replicas do not spread evenly over 4 hosts)" in said
+    layout, said = restarts.next_layout(layout, {"c": "lost"}, now=1)
+    assert layout == Layout(3, ["d", "e", "f"])
+    assert said.startswith("the restart runs on 3 host(s) without c (lost, tried again in 60 s), with f: ")
