@@ -107,8 +107,9 @@ class Report:
         ``state``'s own host; else, when the launcher ended ``state`` (Open MPI's daemons do once
         they lose a host) and no instance left early, another host whose instances were all lost
         (a silent one first). None when ``state`` failed by itself, or its host's MPI daemon died
-        (its shim says so)."""
-        if state.launcher_lost or state.failed_by_itself:
+        (its shim says so) and its shim then reported the stop: a shim that said so and was then
+        lost went down with its host, having seen the daemon end a moment before."""
+        if state.failed_by_itself or (state.launcher_lost and not state.lost):
             return []
         blamed = [h for h in self._blamed if self._host_lost(h) is not None]
         if blamed:

@@ -209,6 +209,10 @@ def _read_until(s: Supervisor, index: int, done: Callable[[], bool]) -> None:
     assert done()
 
 
+def _reported(s: Supervisor, index: int) -> Callable[[], bool]:
+    return lambda: s.instances[index].status is not None
+
+
 def test_a_shim_whose_mpi_daemon_died_is_the_failure_from_its_first_word(
         job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
     """The launcher ends the other hosts' instances as soon as a host's daemon dies; the shims
@@ -258,3 +262,39 @@ def test_a_daemon_lost_while_poprun_stops_the_job_is_no_failure(
     ends[1][0].sendall(ends[1][1].seal(protocol.frame(protocol.LAUNCHER_LOST, b"its daemon died")))
     _read_until(s, 1, lambda: s.instances[1].launcher_lost is not None)
     assert s.failure is None
+
+
+def test_a_shim_that_saw_its_daemon_die_and_was_then_lost_went_down_with_its_host(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """A host dies; its shim, killed a moment after its MPI daemon, may yet say the daemon died
+    (LAUNCHER_LOST). With no exit report after it, the host is lost, not its daemon alone."""
+    s, server, shims = job
+    s.remote_hosts = frozenset({"b", "c"})
+    ends = [call_in_sealed(s, server, index) for index in range(3)]
+    shims += [shim for shim, _ in ends]
+    ends[1][0].sendall(ends[1][1].seal(protocol.frame(protocol.LAUNCHER_LOST, b"its daemon died")))
+    ends[1][0].close()
+    _read_until(s, 1, lambda: s.instances[1].lost)
+    for index in (0, 2):
+        ends[index][0].sendall(ends[index][1].seal(protocol.exit_report(143, 15, None)))
+        _read_until(s, index, _reported(s, index))
+    assert s.failure is not None and s.failure.index == 1
+    summary = s._report().summary(None)
+    assert ("poprun: host b was lost: instance(s) 1 there ended without an exit report "
+            "(its processes or the connection to it died)\n") in summary, summary
+    assert s.lost_hosts() == {"b": "its processes or the connection to it died"}
+
+
+def test_a_shim_that_saw_its_daemon_die_and_reported_the_stop_names_the_daemon(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    s.remote_hosts = frozenset({"b", "c"})
+    ends = [call_in_sealed(s, server, index) for index in range(3)]
+    shims += [shim for shim, _ in ends]
+    ends[1][0].sendall(ends[1][1].seal(protocol.frame(protocol.LAUNCHER_LOST, b"its daemon died")))
+    for index in (1, 0, 2):
+        ends[index][0].sendall(ends[index][1].seal(protocol.exit_report(143, 15, None)))
+        _read_until(s, index, _reported(s, index))
+    summary = s._report().summary(None)
+    assert "poprun: instance 1 on b failed: its daemon died\n" in summary, summary
+    assert s.lost_hosts() == {"b": "its daemon died"}
