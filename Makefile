@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
-.PHONY: install hosts-tools lint test test-fast demo bench bench-quick mutants mutants-shim mutants-teardown \
+.PHONY: install hosts-tools lint test test-fast demo bench bench-quick mutants mutants-shim mutants-pump mutants-teardown \
 	mutants-supervisor mutants-connections mutmut-run clean
 
 install: $(STAMP) hosts-tools
@@ -72,10 +72,10 @@ bench-quick: install
 # Mutation testing (docs/mutation.md): mutmut, from the `mutation` extra, over the modules and tests
 # named in pyproject.toml's [tool.mutmut] (which test which, and which mutants each target runs:
 # tests/mutation/selection.py); a fresh mutants/ each run, stopped after 30 minutes. `mutants`: the
-# library, output framing and the environment contract; `mutants-shim`, `mutants-teardown`,
-# `mutants-supervisor` and `mutants-connections`: the launcher, whose tests are jobs, in four parts
-# that each fit in 30 minutes on 2 cores.
-MUTMUT_LAUNCHER := mutants-shim mutants-teardown mutants-supervisor mutants-connections
+# library, output framing and the environment contract; `mutants-shim`, `mutants-pump`,
+# `mutants-teardown`, `mutants-supervisor` and `mutants-connections`: the launcher, whose tests are
+# jobs, in five parts that each fit in 30 minutes on 2 cores.
+MUTMUT_LAUNCHER := mutants-shim mutants-pump mutants-teardown mutants-supervisor mutants-connections
 
 mutants: install
 	$(MAKE) --no-print-directory mutmut-run MUTMUT_TARGET=library

@@ -120,7 +120,8 @@ def _methods(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 #: (docs/mutation.md); every function of the mutated modules is in exactly one (a test checks).
 TARGETS: dict[str, tuple[str, ...]] = {
     "library": ("popdist_py.*", "poprun_py.output.*", "poprun_py.environment.*"),
-    "shim": ("poprun_py.shim.*", "poprun_py.shim_pump.*"),
+    "shim": ("poprun_py.shim.*",),
+    "pump": ("poprun_py.shim_pump.*",),
     "teardown": ("poprun_py.teardown.*", "poprun_py.protocol.*"),
     "supervisor": _methods([m for m in _supervisor_methods() if m not in SUPERVISOR_CONNECTIONS]),
     "connections": _methods(SUPERVISOR_CONNECTIONS),
