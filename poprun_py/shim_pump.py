@@ -26,8 +26,8 @@ DRAIN_SECONDS = 1.0
 #: At most this long after its exit report, a shim waits for RELEASE: an instance that could not
 #: reach poprun can never be counted as done, and must not hold the others for ever.
 RELEASE_WAIT_SECONDS = 10.0
-#: Keys of the descriptors the loop watches.
-CONTROL, STDOUT, STDERR, EXITED, LAUNCHER = 0, 1, 2, 3, 4
+#: Keys of the descriptors the loop (and the wait for RELEASE) watches.
+CONTROL, STDOUT, STDERR, EXITED, LAUNCHER, SIGNALLED = 0, 1, 2, 3, 4, 5
 #: How long the shim keeps ending descendants that escaped the program's process group, and how
 #: long it lets each round of deaths settle before it looks again.
 ESCAPED_SECONDS = 2.0
@@ -40,8 +40,8 @@ POLL_WAIT = 0.05
 KILLED = float("inf")
 
 
-class _Leave(Exception):
-    """Raised by a signal handler to end the wait for RELEASE."""
+def _ignore(*_: object) -> None:
+    """A signal's handler during the wait for RELEASE: the wake-up descriptor does the work."""
 
 
 class Pump:
@@ -140,36 +140,45 @@ class Pump:
             root_cause.remove(self.error_file)
         flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
             (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0)
+        wake = self._signals_end_the_wait()  # before the report: poprun may stop the job on it
         self.send(protocol.exit_report(status, signum, self.reason, flags))
-        self._await_release()
+        self._await_release(wake)
         return status
 
-    def _await_release(self) -> None:
-        """Wait, idle, for poprun's RELEASE (see ``protocol.RELEASE``), poprun's end, a signal, or
-        RELEASE_WAIT_SECONDS."""
+    def _signals_end_the_wait(self) -> int | None:
+        """From now on a signal only ends the wait for RELEASE (mpiexec ending the processes of a
+        job whose instances left without MPI_Finalize): its handler does nothing, and the wake-up
+        descriptor it writes to, returned, is watched by the wait. Nothing is raised, so a signal
+        at any moment, during the wait or after it, leaves the shim's status its program's."""
         if self.control is None:
+            return None
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        _signal.set_wakeup_fd(wake_write)
+        for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+            _signal.signal(sig, _ignore)
+        return wake_read
+
+    def _await_release(self, wake: int | None) -> None:
+        """Wait, idle, for poprun's RELEASE (see ``protocol.RELEASE``), poprun's end, a signal
+        (``wake`` readable), or RELEASE_WAIT_SECONDS."""
+        if self.control is None or wake is None:
             return
-        self.control.settimeout(RELEASE_WAIT_SECONDS)
-        # A signal ends the wait, once, and only while it lasts: one that comes later (mpiexec ending
-        # the processes of a job whose instances left without MPI_Finalize) must not raise on the
-        # shim's way out, which would change its status.
-        waiting = [True]
-
-        def leave(*_: object) -> None:
-            if waiting[0]:
-                waiting[0] = False
-                raise _Leave
-
-        try:  # a signal right after its handler is set already ends the wait
-            for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-                _signal.signal(sig, leave)
-            while True:
-                message = self.control.recv(COMMANDS_READ_SIZE)
-                if not message or protocol.RELEASE in self._commands(message):
-                    break
-            waiting[0] = False
-        except (_Leave, OSError):
-            waiting[0] = False
+        watch = Watch()
+        watch.add(self.control, CONTROL)
+        watch.add(wake, SIGNALLED)
+        deadline = time.monotonic() + RELEASE_WAIT_SECONDS
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                ready = [key for _, key in watch.ready(left)]
+                if SIGNALLED in ready:
+                    return
+                if CONTROL in ready:
+                    message = self.control.recv(COMMANDS_READ_SIZE)
+                    if not message or protocol.RELEASE in self._commands(message):
+                        return
+        except OSError:
+            return
 
     def _pump(self, stdout_fd: int, stderr_fd: int) -> tuple[int, int | None]:
         """Pass the program's output on and poprun's TERMINATE in until the program has exited and

@@ -20,6 +20,7 @@ import pytest
 
 from poprun_py import environment, protocol, sweep
 from poprun_py.shim import _read_nonce, divide_cores, spawn, threads_per_instance
+from poprun_py.shim_pump import RELEASE_WAIT_SECONDS
 from tests.helpers import PYTHON, ROOT, run
 from tests.launcher.shim import SECRET, shim_session
 
@@ -93,6 +94,18 @@ def test_after_its_exit_report_the_shim_waits_for_release() -> None:
         poprun.send(protocol.RELEASE)
         assert poprun.connection.recv(1) == b""  # released: it exits
         assert shim.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["TERM", "INT", "HUP"])
+def test_a_signal_after_the_exit_report_ends_the_wait_for_release(sig: int) -> None:
+    """mpiexec ending the job's processes: the shim leaves at once, its status its program's. The
+    signal comes after the exit report has reached poprun, which the shim sends once a signal
+    can end its wait, so the wait may or may not have begun."""
+    with shim_session(PYTHON, "-c", "import sys; sys.exit(4)") as (shim, poprun):
+        assert poprun.exit_report() == (4, None, None, 0)
+        shim.send_signal(sig)
+        _, err = shim.communicate(timeout=RELEASE_WAIT_SECONDS / 2)  # not the wait's whole 10 s
+    assert (shim.returncode, err) == (4, "")
 
 
 def test_signals_after_release_do_not_change_the_shim_s_status() -> None:
