@@ -60,7 +60,7 @@ def remove_unused(place: tuple[str, str], since: float) -> list[str]:
             candidates.append(path)
     if not candidates:
         return []
-    busy = _in_use(set(candidates))
+    busy = users(set(candidates))
     removed = []
     for path in candidates:
         if path in busy:
@@ -85,19 +85,21 @@ def open_files(pid: int) -> list[str]:
     return found
 
 
-def _in_use(paths: set[str]) -> set[str]:
-    """Which of ``paths`` some live process has open or mapped (from /proc)."""
-    busy: set[str] = set()
+def users(paths: set[str]) -> dict[str, list[int]]:
+    """Each of ``paths`` that some live process has open or mapped, with their PIDs (from /proc)."""
+    found: dict[str, list[int]] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            busy |= paths.intersection(open_files(int(pid)))
+            held = paths.intersection(open_files(int(pid)))
             with open(f"/proc/{pid}/maps") as maps:
                 for line in maps:
-                    path = line.rstrip("\n").partition("/")[2]
-                    if path and "/" + path in paths:
-                        busy.add("/" + path)
+                    path = "/" + line.rstrip("\n").partition("/")[2]
+                    if path in paths:
+                        held.add(path)
         except OSError:
             continue  # gone, or not ours to read
-    return busy
+        for path in held:
+            found.setdefault(path, []).append(int(pid))
+    return found

@@ -8,6 +8,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,11 +116,12 @@ def leaves_no_job_files(request: pytest.FixtureRequest) -> Iterator[None]:
     if UNDER_MUTANTS or request.config.getoption("--with-mpi", default=False):
         yield
         return
-    before = leftover_files.names()
+    before, since = leftover_files.names(), time.time()
     yield
     left = sorted(leftover_files.names() - before)
     if left:
-        pytest.fail(f"left behind by this test: {', '.join(left)}", pytrace=False)
+        described = ", ".join(leftover_files.describe(path, since) for path in left)
+        pytest.fail(f"left behind by this test: {described}", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -29,6 +29,20 @@ def names() -> set[str]:
     return found
 
 
+def describe(path: str, since: float) -> str:
+    """``path`` with what tells where it came from: its age against ``since`` (a ``time.time()``)
+    and the processes that still have it open or mapped."""
+    from poprun_py.leftovers import users
+
+    try:
+        modified = os.lstat(path).st_mtime
+    except OSError:
+        return f"{path} (gone since)"
+    pids = users({path}).get(path)
+    held = f"; in use by PID {', '.join(map(str, pids))}" if pids else ""
+    return f"{path} (modified {modified - since:+.3f} s from the start{held})"
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in ("snapshot", "check"):
         print(__doc__, file=sys.stderr)
