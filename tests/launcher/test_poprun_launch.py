@@ -213,13 +213,14 @@ def test_signal_to_poprun_stops_every_instance(sig: signal.Signals, status: int)
 def test_what_mpiexec_says_after_it_exits_is_passed_on_and_waited_for_without_spinning(tmp_path: Path) -> None:
     """A launcher wrapper exits with mpiexec's status while a process of its still holds its stderr:
     that process's words, said once the wrapper is gone, reach poprun's stderr, and poprun waits for
-    the pipe to close (here half a second, well inside the 2 s it waits at most) asleep, not polling in
-    a loop."""
+    the pipe to close (here a fifth of a second, well inside the 2 s it waits at most, so that a
+    loaded host still fits: at half a second a mutation run's load once made poprun end the writer)
+    asleep, not polling in a loop."""
     wrapper = tmp_path / "mpiexec"
     wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
                        f'{BIN / "mpiexec"} "$@"; status=$?\n'
                        "(while kill -0 $$ 2>/dev/null; do sleep 0.01; done\n"
-                       " echo 'mpiexec: last words' >&2; sleep 0.5) &\n"
+                       " echo 'mpiexec: last words' >&2; sleep 0.2) &\n"
                        "exit $status\n")
     wrapper.chmod(0o755)
     proc = subprocess.Popen([*POPRUN, "--mpi", str(wrapper), "--num-instances", "2", PYTHON, "-c", "print('bye')"],
