@@ -108,6 +108,14 @@ def test_a_signal_after_the_exit_report_ends_the_wait_for_release(sig: int) -> N
     assert (shim.returncode, err) == (4, "")
 
 
+def test_poprun_gone_during_the_wait_for_release_ends_it() -> None:
+    with shim_session(PYTHON, "-c", "import sys; sys.exit(4)") as (shim, poprun):
+        assert poprun.exit_report() == (4, None, None, 0)
+        poprun.connection.close()  # poprun's end of the connection: the shim reads its end
+        _, err = shim.communicate(timeout=RELEASE_WAIT_SECONDS / 2)  # not the wait's whole 10 s
+    assert (shim.returncode, err) == (4, "")
+
+
 def test_signals_after_release_do_not_change_the_shim_s_status() -> None:
     """mpiexec ends the processes of a job whose instances left without MPI_Finalize, so a shim
     may be signalled while it leaves: its status stays its program's, with nothing said."""
