@@ -259,6 +259,13 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_
     return Command([launcher.path, *spec.global_args], hosts, tail, blocks, "-configfile", env)
 
 
+#: Open MPI's daemons on other hosts notice within about 20 s that their launcher can no longer be
+#: reached (TCP keep-alives on its connection; by default 8 minutes) and end: a host cut off from
+#: the job keeps none of them while it stays cut off.
+DAEMON_KEEPALIVE = (("oob_tcp_keepalive_time", "5"), ("oob_tcp_keepalive_intvl", "3"),
+                    ("oob_tcp_keepalive_probes", "5"))
+
+
 def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_env: dict[str, str],
                      argv: Callable[[int], list[str]]) -> Command:
     head = [launcher.path, *spec.global_args]
@@ -281,6 +288,8 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, jo
     if spec.host_subnet:
         tail += ["--mca", "btl_tcp_if_include", spec.host_subnet, "--prtemca", "oob_tcp_if_include",
                  spec.host_subnet]
+    if spec.callback_address:
+        tail += [arg for name, value in DAEMON_KEEPALIVE for arg in ("--prtemca", name, value)]
     env = {}
     if spec.callback_address and environment.PRTE_SSH_ARGS not in os.environ:
         env[environment.PRTE_SSH_ARGS] = SSH_ARGS
