@@ -26,8 +26,6 @@ DRAIN_SECONDS = 1.0
 #: At most this long after its exit report, a shim waits for RELEASE: an instance that could not
 #: reach poprun can never be counted as done, and must not hold the others for ever.
 RELEASE_WAIT_SECONDS = 10.0
-#: How long a daemon the shim ends has to go after SIGTERM, before its SIGKILL.
-LAUNCHER_END_SECONDS = 1.0
 #: Keys of the descriptors the loop (and the wait for RELEASE) watches.
 CONTROL, STDOUT, STDERR, EXITED, LAUNCHER, SIGNALLED = 0, 1, 2, 3, 4, 5
 #: How long the shim keeps ending descendants that escaped the program's process group, and how
@@ -72,8 +70,6 @@ class Pump:
         self.signalled = False
         #: When the shim came to stop its program, the program was stopped (SIGSTOP, a debugger).
         self.was_stopped = False
-        #: poprun's connection failed unacknowledged (the network to poprun is cut).
-        self.cut_off = False
         # The loop's state (_pump): the program's pipes still open, its status once it has exited,
         # until when its pipes may stay open after that, and the pidfds watched.
         self.open_streams = 2
@@ -136,8 +132,6 @@ class Pump:
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, self._on_signal)
         status, signum = self._pump(stdout_fd, stderr_fd)
-        if self.cut_off:
-            self._end_launcher()
         if self.error_file:
             if status and self.control is not None:
                 cause = root_cause.collect(self.error_file)
@@ -150,23 +144,6 @@ class Pump:
         self.send(protocol.exit_report(status, signum, self.reason, flags))
         self._await_release(wake)
         return status
-
-    def _end_launcher(self) -> None:
-        """Cut off from poprun, which has given up on this host (it hears nothing either), the
-        shim ends its MPI daemon too: cut off from its own launcher as well, the daemon would wait
-        until the network returns. SIGTERM first (Hydra's proxy then ends the host's other
-        instances and removes its files), SIGKILL if it has not gone within a second."""
-        if self.launcher_fd is None:
-            return
-        for sig in (_signal.SIGTERM, _signal.SIGKILL):
-            try:
-                _signal.pidfd_send_signal(self.launcher_fd, sig)
-            except OSError:
-                return  # already gone
-            watch = Watch()
-            watch.add(self.launcher_fd, LAUNCHER)
-            if watch.ready(LAUNCHER_END_SECONDS):
-                return
 
     def _signals_end_the_wait(self) -> int | None:
         """From now on a signal only ends the wait for RELEASE (mpiexec ending the processes of a
@@ -290,8 +267,6 @@ class Pump:
             assert self.control is not None
             try:
                 message = self.control.recv(COMMANDS_READ_SIZE)
-            except TimeoutError:  # TCP_USER_TIMEOUT: nothing acknowledged for SILENCE_LIMIT s
-                message, self.cut_off = b"", True
             except OSError:
                 message = b""
             if not message or protocol.TERMINATE in self._commands(message):

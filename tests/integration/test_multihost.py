@@ -319,9 +319,9 @@ def test_host_that_dies_mid_job(cluster: Cluster, mpi: str) -> None:
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_host_cut_off_mid_job(cluster: Cluster, mpi: str) -> None:
     """No FIN, no RST: the host's link goes down. poprun hears nothing from its instances and gives
-    up on them; their shims, whose heartbeats go unacknowledged, stop their programs by themselves
-    and end the host's MPI daemon (cut off from its launcher too, it would wait for the network),
-    so nothing of the job stays there, while still cut off."""
+    up on them; their shims, whose heartbeats go unacknowledged, stop their programs by themselves,
+    and the host's MPI daemon ends too (Open MPI's on the keep-alives poprun gives it), so nothing
+    of the job stays there, while still cut off."""
     marker = f"marker-{uuid.uuid4().hex}"
     node1 = cluster.host("node1")
     proc = start_poprun(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
