@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -73,9 +74,23 @@ def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout
 
 
 def _remove_mpich_leftovers(since: float) -> None:
-    """Bare mpiexec leaves what its killed processes had (poprun removes it after its jobs)."""
+    """Bare mpiexec leaves what its killed processes had (poprun removes it after its jobs). What
+    is still in use then is named on stderr with its holders (a rare segment left by these tests
+    has no holder by the time the test's check finds it)."""
     for place in (leftovers.SHARED_MEMORY, leftovers.HYDRA_TOPOLOGY):
         leftovers.remove_unused(place, since)
+        directory, prefix = place
+        left = {os.path.join(directory, name) for name in os.listdir(directory) if name.startswith(prefix)}
+        for path, pids in leftovers.users(left).items():
+            holders = [f"{pid}: {_cmdline(pid)}" for pid in pids]
+            print(f"in use at the removal: {path} by {'; '.join(holders)}", file=sys.stderr)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "(gone)"
 
 
 def _kill_session(proc: subprocess.Popen[str]) -> None:
