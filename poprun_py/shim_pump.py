@@ -162,8 +162,9 @@ class Pump:
     def _await_release(self, wake: int | None) -> None:
         """Wait, idle, for poprun's RELEASE (see ``protocol.RELEASE``), poprun's end, a signal
         (``wake`` readable), or RELEASE_WAIT_SECONDS."""
-        if self.control is None or wake is None:
+        if wake is None:  # no connection to poprun: nothing to wait for
             return
+        assert self.control is not None
         watch = Watch()
         watch.add(self.control, CONTROL)
         watch.add(wake, SIGNALLED)

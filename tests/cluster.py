@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.helpers import live_command_line
+
 #: Prefix of every name the cluster creates (namespaces, links, files, markers).
 PREFIX = "prpy"
 HOSTS_FILE = Path("/etc/hosts")
@@ -254,13 +256,9 @@ class Cluster:
         for pid in self.pids(host):
             if not include_sshd and host.sshd is not None and pid == host.sshd.pid:
                 continue
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if stat[0] != "Z":
-                keep.append(f"{pid}: {cmdline.strip()}")
+            cmdline = live_command_line(pid)
+            if cmdline is not None:
+                keep.append(f"{pid}: {cmdline}")
         return keep
 
     def leftovers(self, within: float = 5.0) -> dict[str, list[str]]:

@@ -55,19 +55,26 @@ def tagged_json(stdout: str) -> dict[int, dict[str, Any]]:
     return found
 
 
+def live_command_line(pid: int | str) -> str | None:
+    """Process ``pid``'s command line, its arguments joined by spaces (from /proc); None when it is
+    gone or a zombie."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+    return None if state == "Z" else cmdline.strip()
+
+
 def processes_matching(marker: str) -> list[str]:
     """Command lines of live processes containing ``marker`` (read from /proc, no ps parsing)."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmdline and state != "Z":
-            found.append(f"{pid}: {cmdline.strip()}")
+        cmdline = live_command_line(pid)
+        if cmdline is not None and marker in cmdline:
+            found.append(f"{pid}: {cmdline}")
     return found
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py import leftovers
-from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, wait_no_processes
+from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, live_command_line, wait_no_processes
 
 MPIEXEC = str(BIN / "mpiexec")
 SCRIPT = ROOT / "tests" / "scripts" / "failsafe_job.py"
@@ -82,15 +82,8 @@ def _remove_mpich_leftovers(since: float) -> None:
         directory, prefix = place
         left = {os.path.join(directory, name) for name in os.listdir(directory) if name.startswith(prefix)}
         for path, pids in leftovers.users(left).items():
-            holders = [f"{pid}: {_cmdline(pid)}" for pid in pids]
+            holders = [f"{pid}: {live_command_line(pid) or '(gone)'}" for pid in pids]
             print(f"in use at the removal: {path} by {'; '.join(holders)}", file=sys.stderr)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "(gone)"
 
 
 def _kill_session(proc: subprocess.Popen[str]) -> None:
