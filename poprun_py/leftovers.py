@@ -4,7 +4,9 @@ A rank killed during a teardown never unlinks its shared-memory segments (``/dev
 mpich_shm_*``, megabytes each), and a killed Hydra proxy never removes its topology file
 (``/tmp/hydra_hwloc_xmlfile_*``). After a job, a file is removed only when it is this user's,
 was created since the job started, and no live process has it open or mapped: so the files
-of other jobs running on the host are left alone. (A file that another job has created but not
+of other jobs running on the host are left alone. A killed process still lists its mappings for
+a few milliseconds while it exits; it is no user (else its segment would stay), but a process
+whose main thread has ended while another thread runs is one. (A file that another job has created but not
 yet mapped, a window of microseconds inside MPI_Init, is the one case this cannot tell apart.)
 
 Built-in modules only: the per-instance shim uses it.
@@ -73,27 +75,60 @@ def remove_unused(place: tuple[str, str], since: float) -> list[str]:
     return removed
 
 
+#: The task flag that is set once a thread has begun to exit (``PF_EXITING``, in the flags field of
+#: /proc/<pid>/stat).
+_EXITING = 0x4
+
+
 def open_files(pid: int) -> list[str]:
     """What process ``pid``'s descriptors point at (paths, ``socket:[inode]``, ...); OSError if it
     is gone or not ours to read."""
+    return _open_files(f"/proc/{pid}")
+
+
+def _open_files(task: str) -> list[str]:
     found = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    for fd in os.listdir(f"{task}/fd"):
         try:
-            found.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            found.append(os.readlink(f"{task}/fd/{fd}"))
         except OSError:
             continue  # closed meanwhile
     return found
 
 
+def _exiting(task: str) -> bool:
+    with open(f"{task}/stat") as stat:
+        flags = stat.read().rpartition(")")[2].split()[6]
+    return int(flags) & _EXITING != 0
+
+
+def _running_task(pid: str) -> str | None:
+    """The /proc directory that shows what process ``pid`` holds: its own while its main thread runs;
+    once that thread has ended, another thread's (the process's own then shows no descriptors and no
+    mappings, though its other threads go on using them); None when every thread is exiting, as a
+    killed process is for a few milliseconds, with its mappings still listed."""
+    process = f"/proc/{pid}"
+    if not _exiting(process):
+        return process
+    for tid in os.listdir(f"{process}/task"):
+        if tid != pid and not _exiting(f"{process}/task/{tid}"):
+            return f"{process}/task/{tid}"
+    return None
+
+
 def users(paths: set[str]) -> dict[str, list[int]]:
-    """Each of ``paths`` that some live process has open or mapped, with their PIDs (from /proc)."""
+    """Each of ``paths`` that some live process has open or mapped, with their PIDs (from /proc). A
+    process all of whose threads are exiting is no user: what it holds goes with it."""
     found: dict[str, list[int]] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            held = paths.intersection(open_files(int(pid)))
-            with open(f"/proc/{pid}/maps") as maps:
+            task = _running_task(pid)
+            if task is None:
+                continue
+            held = paths.intersection(_open_files(task))
+            with open(f"{task}/maps") as maps:
                 for line in maps:
                     path = "/" + line.rstrip("\n").partition("/")[2]
                     if path in paths:

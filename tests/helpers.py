@@ -57,13 +57,23 @@ def tagged_json(stdout: str) -> dict[int, dict[str, Any]]:
 
 def live_command_line(pid: int | str) -> str | None:
     """Process ``pid``'s command line, its arguments joined by spaces (from /proc); None when it is
-    gone or a zombie."""
+    gone or a zombie. A process whose main thread has ended while another runs is live: its own
+    entry reads as a zombie with an empty command line, so the running thread's is read."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        tasks = [f"/proc/{pid}"]
+        if _state(tasks[0]) == "Z":
+            tasks = [f"/proc/{pid}/task/{tid}" for tid in os.listdir(f"/proc/{pid}/task") if tid != str(pid)]
+        for task in tasks:
+            cmdline = Path(f"{task}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if _state(task) != "Z":
+                return cmdline.strip()
     except OSError:
-        return None
-    return None if state == "Z" else cmdline.strip()
+        pass
+    return None
+
+
+def _state(task: str) -> str:
+    return Path(f"{task}/stat").read_text().rpartition(")")[2].split()[0]
 
 
 def processes_matching(marker: str) -> list[str]:

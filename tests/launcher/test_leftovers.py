@@ -5,12 +5,13 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import subprocess
 import time
 import uuid
 from pathlib import Path
 
 from poprun_py import leftovers
-from tests.helpers import PYTHON, ROOT, run
+from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, live_command_line, run
 
 
 def _made(place: tuple[str, str], tag: str) -> Path:
@@ -41,3 +42,44 @@ def test_files_left_by_killed_processes_are_removed_and_named_and_files_in_use_o
     finally:
         for path in (opened, mapped, older, *left):
             path.unlink(missing_ok=True)
+
+
+#: A process whose main thread ends while another thread goes on holding a mapping of the file named
+#: on its command line, until its standard input is closed.
+_MAIN_THREAD_ENDS = """
+import ctypes, mmap, os, sys, threading
+fd = os.open(sys.argv[1], os.O_RDWR)
+held = mmap.mmap(fd, 4096)
+os.close(fd)
+def hold():
+    sys.stdin.read()
+    os._exit(0)
+threading.Thread(target=hold).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def test_a_file_mapped_by_a_thread_that_outlives_its_main_thread_is_in_use_until_that_thread_ends() -> None:
+    since = time.time()
+    path = _made(leftovers.SHARED_MEMORY, f"{uuid.uuid4().hex}_thread")
+    child = subprocess.Popen([PYTHON, "-c", _MAIN_THREAD_ENDS, str(path)], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+        while _state(child.pid) != "Z":  # the main thread has ended; the process's own maps are empty now
+            assert time.monotonic() < deadline and child.poll() is None, "the main thread did not end"
+            time.sleep(0.01)
+        assert leftovers.users({str(path)}) == {str(path): [child.pid]}
+        assert str(path) in (live_command_line(child.pid) or "")  # live for the suite's process checks too
+        assert leftovers.remove_unused(leftovers.SHARED_MEMORY, since) == [] and path.exists()
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(timeout=SUBPROCESS_TIMEOUT) == 0
+        assert leftovers.users({str(path)}) == {}
+    finally:
+        child.kill()
+        child.wait()
+        path.unlink(missing_ok=True)

@@ -75,8 +75,7 @@ def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout
 
 def _remove_mpich_leftovers(since: float) -> None:
     """Bare mpiexec leaves what its killed processes had (poprun removes it after its jobs). What
-    is still in use then is named on stderr with its holders (a rare segment left by these tests
-    has no holder by the time the test's check finds it)."""
+    is still in use then is named on stderr with its holders."""
     for place in (leftovers.SHARED_MEMORY, leftovers.HYDRA_TOPOLOGY):
         leftovers.remove_unused(place, since)
         directory, prefix = place
