@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from poprun_py import protocol
+from poprun_py.process import Process
 from poprun_py.seal import Seal
 from poprun_py.supervisor import MAX_PENDING, Supervisor
+from tests.helpers import PYTHON
 from tests.launcher.supervising import call_in, call_in_sealed, poprun_log, supervisor
 
 
@@ -298,3 +300,29 @@ def test_a_shim_that_saw_its_daemon_die_and_reported_the_stop_names_the_daemon(
     summary = s._report().summary(None)
     assert "poprun: instance 1 on b failed: its daemon died\n" in summary, summary
     assert s.lost_hosts() == {"b": "its daemon died"}
+
+
+def test_an_instance_still_connected_without_a_report_once_mpiexec_is_gone_is_lost_with_its_host(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """A host cut off before the silence limit: the launcher gives up on its daemon and ends, while
+    that host's shim's connection still looks open. Once mpiexec is gone and its output read, no
+    word can come from it: the instance is lost and its host named."""
+    s, server, shims = job
+    s.remote_hosts = frozenset({"b", "c"})
+    ends = [call_in_sealed(s, server, index) for index in range(3)]
+    shims += [shim for shim, _ in ends]
+    for index in (0, 2):  # their work done; b's report can no longer come
+        ends[index][0].sendall(ends[index][1].seal(protocol.exit_report(0, None, None)))
+        _read_until(s, index, _reported(s, index))
+    s.mpiexec = s.teardown.mpiexec = Process([PYTHON, "-c", "raise SystemExit(1)"])
+    try:
+        s.watch.add(s.mpiexec.stdout, ("mpiexec", 1))
+        s.watch.add(s.mpiexec.stderr, ("mpiexec", 2))
+        s._loop()
+    finally:
+        s.mpiexec.close()
+    assert s.instances[1].lost and s.instances[1].connection is None
+    assert s.failure is not None and s.failure.index == 1
+    summary = s._report().summary(None)
+    assert ("poprun: host b was lost: instance(s) 1 there ended without an exit report "
+            "(its processes or the connection to it died)\n") in summary, summary
