@@ -132,6 +132,8 @@ FI_TCP_IFACE = _define("FI_TCP_IFACE", "poprun (one host: lo) or the shim (--hos
                        "MPICH (libfabric)", "the same, for libfabric's TCP provider")
 OMPI_MCA_BTL = _define("OMPI_MCA_btl", "poprun (one host: ^tcp), unless set", "Open MPI",
                        "its byte transfer layers: on one host none over TCP, which listens on every interface")
+LD_PRELOAD = _define("LD_PRELOAD", "poprun (one host, Open MPI: its _loopback library first), the shim (removes it)",
+                     "the dynamic loader", "Open MPI's launcher binds loopback where it would bind every interface")
 # ----------------------------------------- MPI launchers -> a program started without poprun
 # Under a bare `mpiexec -n N` (or `srun`) popdist_py answers as N instances of one replica each,
 # from the launcher's own variables; their presence also tells "started by mpiexec" from

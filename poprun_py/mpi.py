@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from poprun_py import environment
+from poprun_py import environment, loopback
 from poprun_py.errors import PlanError
 from poprun_py.paths import which
 
@@ -293,6 +293,10 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, jo
     env = {}
     if spec.callback_address and environment.PRTE_SSH_ARGS not in os.environ:
         env[environment.PRTE_SSH_ARGS] = SSH_ARGS
+    if not spec.callback_address and (library := loopback.library()):
+        # One host: the launcher, which would listen on every interface, binds loopback (the
+        # shim takes the library out again before the program starts).
+        env[environment.LD_PRELOAD] = loopback.preloaded(os.environ.get(environment.LD_PRELOAD), library)
     # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
     for name, value in job_env.items():
         tail += ["-x", f"{name}={value}"]

@@ -63,6 +63,20 @@ def spawn(argv: list[str], *, no_stdin: bool) -> tuple[int, int, int] | OSError:
     return pid, out_r, err_r
 
 
+def keep_launchers_library_from_the_program() -> None:
+    """Take poprun's library for Open MPI's launcher (``loopback``) out of ``LD_PRELOAD``: the
+    program's own binds are its business."""
+    value = os.environ.get(environment.LD_PRELOAD)
+    if value is None:
+        return
+    from poprun_py.loopback import without_library
+
+    if rest := without_library(value):
+        os.environ[environment.LD_PRELOAD] = rest
+    else:
+        del os.environ[environment.LD_PRELOAD]
+
+
 def adopt_orphans() -> None:
     """Become the subreaper of the program's descendants (see ``_subreaper``): an orphaned daemon
     is then adopted by the shim, not by init, and ended with the job (``shim_pump.end_escaped``)."""
@@ -176,6 +190,7 @@ def _read_nonce(control: _socket.socket, timeout: float) -> bytes:
 def main() -> int:
     index, argv = int(sys.argv[1]), sys.argv[2:]
     secret = os.environ.pop(environment.SECRET, None)  # the program does not get it
+    keep_launchers_library_from_the_program()
     if not argv:  # a large job: the program came in the environment (see mpi.build_command)
         from poprun_py.protocol import decode_argv
 

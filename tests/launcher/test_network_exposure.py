@@ -4,13 +4,14 @@ have bound (UDP), read from /proc while the job runs, is on 127.0.0.0/8 or ::1."
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from poprun_py import leftovers
+from poprun_py import leftovers, loopback
 from tests.helpers import OPENMPI_LIBMPI, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT
 
 # Every instance has joined MPI (and its sockets are open) when it prints; then it waits for the file.
@@ -116,12 +117,32 @@ def test_a_one_host_jobs_instances_listen_on_loopback_only(mpi: str, tmp_path: P
     assert _beyond_loopback([entry for entries in instances.values() for entry in entries]) == [], opened
 
 
-@pytest.mark.parametrize("mpi", [
-    "mpich",
-    pytest.param("openmpi", marks=pytest.mark.xfail(
-        strict=True, reason="Open MPI 5.0.11's prterun listens for its daemons on every interface, and no "
-                            "setting confines it to loopback (docs/design.md)")),
-])
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_a_one_host_job_listens_on_loopback_only(mpi: str, tmp_path: Path) -> None:
     opened = _job_sockets(mpi, tmp_path)
     assert _beyond_loopback([entry for entries in opened.values() for entry in entries]) == [], opened
+
+
+@pytest.mark.parametrize("users", [None, "libm.so.6"])
+def test_the_launchers_library_stays_out_of_the_programs_environment(users: str | None) -> None:
+    """poprun preloads its library into Open MPI's launcher on one host (that is what keeps it on
+    loopback, above); the program gets LD_PRELOAD as its user set it, or not at all."""
+    env = {**os.environ, "MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)}
+    env.pop("LD_PRELOAD", None)
+    if users:
+        env["LD_PRELOAD"] = users
+    code = "import json, os; print(json.dumps(os.environ.get('LD_PRELOAD')))"
+    result = subprocess.run([*POPRUN, "--mpi", str(OPENMPI_MPIEXEC), "--num-instances", "2", PYTHON, "-c", code],
+                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=SUBPROCESS_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [f"[{i}] {json.dumps(users)}" for i in range(2)], result.stdout
+
+
+def test_the_launchers_library_goes_first_once_and_comes_out_leaving_the_users_entries() -> None:
+    path = loopback.library()
+    assert path is not None, "poprun_py/_loopback.c was not built with the package"
+    assert loopback.preloaded(None, path) == path
+    again = loopback.preloaded(loopback.preloaded("/u/a.so:/u/b.so", path), path)  # a restart builds it again
+    assert again == f"{path} /u/a.so /u/b.so"
+    assert loopback.without_library(again) == "/u/a.so /u/b.so"
+    assert loopback.without_library(path) == ""

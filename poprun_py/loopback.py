@@ -1,0 +1,50 @@
+"""Open MPI's launcher kept on loopback in a one-host job.
+
+``prterun`` listens for its daemons on every interface (it binds the wildcard address whatever
+its settings say), though a one-host job starts no daemon. ``_loopback.c``, a small library built
+with the package, turns such a bind into one to loopback in a process that preloads it. poprun
+preloads it into the launcher of a one-host Open MPI job (``LD_PRELOAD``, ahead of the user's
+own), and the shim takes it out again before the program starts: what the program itself listens
+on is its own business.
+
+Built-in modules only: the shim uses it.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.machinery import EXTENSION_SUFFIXES
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_NAME = "_loopback"
+
+
+def library() -> str | None:
+    """The built library's path; None where it was not built (the build needs a C compiler,
+    and a platform with ``LD_PRELOAD``)."""
+    for suffix in EXTENSION_SUFFIXES:
+        path = os.path.join(_HERE, _NAME + suffix)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def preloaded(value: str | None, path: str) -> str:
+    """``LD_PRELOAD``'s ``value`` with ``path`` first (once: a restart builds the command again)."""
+    entries = [entry for entry in _entries(value) if entry != path]
+    return " ".join([path, *entries])
+
+
+def without_library(value: str) -> str:
+    """``LD_PRELOAD``'s ``value`` without this package's library, in whatever order the rest came."""
+    return " ".join(entry for entry in _entries(value) if not _ours(entry))
+
+
+def _entries(value: str | None) -> list[str]:
+    # ld.so separates LD_PRELOAD's entries by spaces or colons.
+    return (value or "").replace(":", " ").split()
+
+
+def _ours(entry: str) -> bool:
+    directory, name = os.path.split(entry)
+    return directory == _HERE and name.startswith(_NAME + ".")
