@@ -38,9 +38,10 @@ def launch(options: LaunchOptions) -> int:
     from poprun_py.mpi import detect_launcher, find_mpiexec
     from poprun_py.plan import JobPlan
 
-    hosts = _resolve_hosts(options)
+    hosts, slots = _resolve_hosts(options)
     plan = JobPlan(options["num_instances"], options["num_replicas"] or options["num_instances"],
                    options["ipus_per_replica"], tuple(hosts), options["executable_cache_path"])
+    _check_slots(plan, slots, options["host_discovery_script"])
     only = options["only_output_from_instance"]
     if only is not None and only >= plan.num_instances:
         raise PlanError(f"--only-output-from-instance {only} is outside the instances 0..{plan.num_instances - 1}")
@@ -433,9 +434,9 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command) -> None
             print("  " + line)
 
 
-def _resolve_hosts(options: LaunchOptions) -> list[str]:
-    """-H or --host-file; without either, what --host-discovery-script lists, or inside a Slurm
-    allocation its nodes; else none (this machine)."""
+def _resolve_hosts(options: LaunchOptions) -> tuple[list[str], dict[str, int]]:
+    """-H or --host-file; without either, what --host-discovery-script lists (with the slots it
+    gives hosts), or inside a Slurm allocation its nodes; else none (this machine)."""
     if options["host"] is not None and options["host_file"] is not None:
         raise PlanError("--host and --host-file exclude each other; give only one of them")
     if options["host"] is None and options["host_file"] is None:
@@ -443,24 +444,35 @@ def _resolve_hosts(options: LaunchOptions) -> list[str]:
         if script is not None:
             from poprun_py.restarts import discover
 
-            hosts = [host for host, _ in discover(script)]
-            log.info("no -H/--host-file: using the %d host(s) --host-discovery-script %s lists", len(hosts), script)
-            return hosts
+            found = discover(script)
+            log.info("no -H/--host-file: using the %d host(s) --host-discovery-script %s lists", len(found), script)
+            return [host for host, _ in found], {host: slots for host, slots in found if slots is not None}
         nodes = os.environ.get(environment.SLURM_NODELIST)
         if not nodes:
-            return []
+            return [], {}
         from poprun_py.hosts import expand_hosts
 
         hosts = expand_hosts(nodes)
         log.info("no -H/--host-file: using the Slurm allocation's %d node(s) from %s=%s as hosts",
                  len(hosts), environment.SLURM_NODELIST, nodes)
-        return hosts
+        return hosts, {}
     from poprun_py.hosts import expand_hosts, read_host_file
 
     if options["host"] is not None:
-        return expand_hosts(options["host"])
+        return expand_hosts(options["host"]), {}
     assert options["host_file"] is not None
-    return read_host_file(options["host_file"])
+    return read_host_file(options["host_file"]), {}
+
+
+def _check_slots(plan: JobPlan, slots: dict[str, int], script: str | None) -> None:
+    """The first start puts the same number of instances on every host: each must have the slots
+    the discovery script gave it for them (restarts fit the slots themselves: ``restarts.spread``)."""
+    short = [f"{host}:{slots[host]}" for host in plan.host_names if slots.get(host, plan.instances_per_host)
+             < plan.instances_per_host]
+    if short:
+        raise PlanError(f"--host-discovery-script {script} gives {', '.join(short)}: fewer slots than the "
+                        f"{plan.instances_per_host} instances per host that {plan.num_instances} instances on "
+                        f"{len(plan.host_names)} hosts need")
 
 
 def _check_program(program: str | None, any_remote: bool) -> None:

@@ -173,6 +173,20 @@ def test_without_hosts_the_first_start_asks_the_discovery_script(tmp_path: Path)
                                                        "with status 2\n"))
 
 
+def test_the_first_start_fits_the_slots_the_discovery_script_gives(tmp_path: Path) -> None:
+    """4 instances on 2 hosts put 2 on each: a host given 1 slot is named; 2 slots (or none said) start."""
+    script = _script(tmp_path, "echo nodeA:1; echo nodeB:2")
+    short = poprun("--host-discovery-script", script, "--num-instances", "4", "--dry-run", "/bin/true")
+    assert (short.returncode, short.stderr) == (2, (
+        f"poprun: error: --host-discovery-script {script} gives nodeA:1: fewer slots than the 2 instances per "
+        "host that 4 instances on 2 hosts need\n"))
+    fits = poprun("--host-discovery-script", _script(tmp_path, "echo nodeA:2; echo nodeB"), "--num-instances", "4",
+                  "--dry-run", "/bin/true")
+    assert fits.returncode == 0, fits.stderr
+    assert "  instance 1 on nodeA (local index 1)" in fits.stdout, fits.stdout
+    assert "  instance 3 on nodeB (local index 1)" in fits.stdout, fits.stdout
+
+
 def test_a_host_left_idle_and_used_later_is_neither_back_nor_discovered() -> None:
     """6 replicas on 6 hosts; 2 lost: 3 of the 4 left take them, f is idle; one more lost: f is used."""
     hosts = ["a", "b", "c", "d", "e", "f"]
