@@ -114,6 +114,36 @@ def test_a_host_that_comes_back_is_used_again_after_its_cooldown(cluster: Cluste
     assert wait_no_processes(marker) == []
 
 
+def test_a_new_host_the_discovery_script_lists_takes_the_place_of_a_lost_one(cluster: Cluster) -> None:
+    """The job starts on the hosts the script lists (node0, node1); the scheduler then lists node2
+    instead of node1, and node1 is lost: the restart runs on node0 and node2."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    listed = cluster.workdir / f"hosts-{marker}"  # not under /tmp, which each host has its own of
+    script = cluster.workdir / f"discover-{marker}"
+    listed.write_text("node0\nnode1\n")
+    script.write_text(f"#!/bin/sh\ncat {listed}\n")
+    script.chmod(0o755)
+    proc = start_poprun("--max-restarts", "1", "--restart-backoff", "0", "--host-discovery-script", str(script),
+                        "--num-instances", "2", "--num-replicas", "4", PYTHON, "-c", PROGRAM, marker,
+                        env=job_env("mpich"))
+    try:
+        assert _lines(proc, "start 0:", 2) == [f"[{i}] start 0: node{i} instance {i} of 2, replicas {2 * i}+2 of 4"
+                                               for i in range(2)]
+        listed.write_text("node0\nnode2\n")
+        cluster.kill_host(cluster.host("node1"))
+        out, err = proc.communicate(timeout=FAILURE_BOUND + 60)
+    finally:
+        proc.kill()
+        listed.unlink(missing_ok=True)
+        script.unlink(missing_ok=True)
+    assert proc.returncode == 0, err
+    assert sorted(line for line in out.splitlines() if "start 1:" in line) == [
+        f"[{i}] start 1: node{2 * i} instance {i} of 2, replicas {2 * i}+2 of 4" for i in range(2)]
+    assert ("poprun: the restart runs on 2 host(s) without node1 (lost, tried again in 60 s), with node2: 2 "
+            "instance(s) x 2 local replica(s) = 4 replicas (before: 2 x 2 on 2 host(s))\n") in err, err
+    assert wait_no_processes(marker) == []
+
+
 def test_too_few_hosts_left_stops_the_job_saying_why(cluster: Cluster, tmp_path: Path) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     report = tmp_path / "attempts.json"

@@ -274,6 +274,37 @@ def test_torch_randperm_equals_reference(n: int, seed: int) -> None:
     assert torch_randperm(n, seed).tolist() == reference_randperm(n, seed)
 
 
+def test_torch_randperm_equals_torch_itself_at_sizes_a_dataset_has() -> None:
+    torch = pytest.importorskip("torch")
+    for n, seed in [(100_000, 0), (100_001, 12345), (1 << 17, 2**40 + 7), (250_000, 2**64 - 1)]:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        assert np.array_equal(torch_randperm(n, seed), torch.randperm(n, generator=generator).numpy()), (n, seed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(min_value=1, max_value=300), seed=st.integers(min_value=0, max_value=2**32 - 1),
+       data=st.data())
+def test_the_compiled_swap_pass_and_its_python_fallback_agree(n: int, seed: int, data: st.DataObject) -> None:
+    from popdist_py import _swaps
+    from popdist_py.data import _mt19937, _swap_pass_in_python
+
+    draws = _mt19937(seed).random_raw(data.draw(st.integers(min_value=0, max_value=n), label="draws"))
+    compiled, fallback = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
+    _swaps.swap_pass(compiled, draws)
+    _swap_pass_in_python(fallback, draws)
+    assert compiled.tolist() == fallback.tolist()
+
+
+def test_the_compiled_swap_pass_refuses_what_it_cannot_swap() -> None:
+    from popdist_py import _swaps
+
+    with pytest.raises(ValueError, match="at most n uint64"):
+        _swaps.swap_pass(np.arange(2, dtype=np.int64), np.zeros(3, dtype=np.uint64))
+    with pytest.raises(TypeError):
+        _swaps.swap_pass(np.arange(4, dtype=np.int64)[::2], np.zeros(1, dtype=np.uint64))  # not contiguous
+
+
 # ------------------------------------------------------------------------------------------
 # shard()
 
