@@ -163,6 +163,8 @@ class Supervisor:
                 # mpiexec is gone: read what is still in flight, then stop.
                 drained = not connected and not self._mpiexec_pipes_open()
                 if drained or time.monotonic() - mpiexec_done_at > AFTER_MPIEXEC_SECONDS:
+                    if not drained:
+                        self._say_what_was_left_open()
                     # mpiexec is gone, and with it whatever could still have carried their words:
                     # instances that never reported are lost (a host cut off before the silence
                     # limit, whose daemon Open MPI gave up on first).
@@ -227,6 +229,17 @@ class Supervisor:
         started = {state.host for state in self.instances if state.pid is not None}
         unstarted = [h for h in hosts if h in self.remote_hosts and h not in started]
         return host_failures(launcher_text(self.mpiexec_output), hosts, unstarted)
+
+    def _say_what_was_left_open(self) -> None:
+        """-v: what was still open when poprun stopped waiting after mpiexec's exit."""
+        streams = [{1: "stdout", 2: "stderr"}[data] for kind, data in self.watch.labels() if kind == "mpiexec"]
+        connected = [state.index for state in self.instances if state.connection is not None]
+        held = [f"its {' and '.join(sorted(streams))} still open (held by a process it started)"] if streams else []
+        if connected:
+            from poprun_py.report import ranges
+
+            held.append(f"instance(s) {ranges(connected)} still connected")
+        log.info("stopped waiting %g s after mpiexec exited: %s", AFTER_MPIEXEC_SECONDS, "; ".join(held))
 
     def _mpiexec_pipes_open(self) -> bool:
         return any(kind == "mpiexec" for kind, _ in self.watch.labels())

@@ -243,6 +243,24 @@ def test_what_mpiexec_says_after_it_exits_is_passed_on_and_waited_for_without_sp
     assert cpu - cpu_at_start < 0.3 * elapsed, (cpu - cpu_at_start, elapsed)
 
 
+@pytest.mark.parametrize("held", [False, True])
+def test_mpiexecs_output_is_waited_for_only_while_a_process_holds_it(tmp_path: Path, held: bool) -> None:
+    """Once mpiexec has exited and its pipes have closed, poprun ends then; a process of the
+    launcher's that holds its output is waited for at most 2 s, and -v says what was left open."""
+    mpiexec = BIN / "mpiexec"
+    if held:
+        mpiexec = tmp_path / "mpiexec"
+        mpiexec.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
+                           f'{BIN / "mpiexec"} "$@"; status=$?\n(sleep 30) &\nexit $status\n')
+        mpiexec.chmod(0o755)
+    result = poprun("-v", "--mpi", str(mpiexec), "--num-instances", "2", PYTHON, "-c", "pass", env=OMP_SET)
+    assert result.returncode == 0, result.stderr
+    said = "POPRUN [I] stopped waiting 2 s after mpiexec exited: its stderr and stdout still open (held by a process " \
+           "it started)\n"
+    assert (said in result.stderr) == held, result.stderr
+    assert ("stopped waiting" in result.stderr) == held, result.stderr
+
+
 def test_poprun_s_account_of_a_failed_job_at_vv() -> None:
     """-vv's lines of a job whose instance 1 fails: each step once, in order where there is one."""
     result = poprun("-vv", "--mpi", str(BIN / "mpiexec"), "--num-instances", "2", PYTHON, "-c",
