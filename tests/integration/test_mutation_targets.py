@@ -38,3 +38,10 @@ def test_the_makefile_reads_a_target_s_patterns_one_per_line() -> None:
         printed = subprocess.run([PYTHON, "-m", "tests.mutation.selection", name], capture_output=True, text=True,
                                  cwd=ROOT, timeout=30, check=True).stdout
         assert printed.splitlines() == list(patterns)
+
+
+def test_the_selection_and_mutmuts_config_name_the_same_modules_and_test_files() -> None:
+    """Checked in the copy at every run too; here it fails in `make test`, before a run is started."""
+    from tests.conftest import _check_selection
+
+    _check_selection()  # a pytest.UsageError naming what differs
