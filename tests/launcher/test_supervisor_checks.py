@@ -4,6 +4,8 @@ gone silent (its host died or the network to it is cut) and instances that never
 from __future__ import annotations
 
 import io
+import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -302,11 +304,13 @@ def test_a_shim_that_saw_its_daemon_die_and_reported_the_stop_names_the_daemon(
     assert s.lost_hosts() == {"b": "its daemon died"}
 
 
+@pytest.mark.parametrize("held", [False, True])
 def test_an_instance_still_connected_without_a_report_once_mpiexec_is_gone_is_lost_with_its_host(
-        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+        job: tuple[Supervisor, socket.socket, list[socket.socket]], held: bool) -> None:
     """A host cut off before the silence limit: the launcher gives up on its daemon and ends, while
     that host's shim's connection still looks open. Once mpiexec is gone and its output read, no
-    word can come from it: the instance is lost and its host named."""
+    word can come from it: the instance is lost and its host named. (Here a process the launcher
+    started may also hold its output: -v names what held poprun's wait.)"""
     s, server, shims = job
     s.remote_hosts = frozenset({"b", "c"})
     ends = [call_in_sealed(s, server, index) for index in range(3)]
@@ -314,13 +318,20 @@ def test_an_instance_still_connected_without_a_report_once_mpiexec_is_gone_is_lo
     for index in (0, 2):  # their work done; b's report can no longer come
         ends[index][0].sendall(ends[index][1].seal(protocol.exit_report(0, None, None)))
         _read_until(s, index, _reported(s, index))
-    s.mpiexec = s.teardown.mpiexec = Process([PYTHON, "-c", "raise SystemExit(1)"])
+    launcher = ("import subprocess; subprocess.Popen(['sleep', '60']); " if held else "") + "raise SystemExit(1)"
+    s.mpiexec = s.teardown.mpiexec = Process([PYTHON, "-c", launcher])
     try:
         s.watch.add(s.mpiexec.stdout, ("mpiexec", 1))
         s.watch.add(s.mpiexec.stderr, ("mpiexec", 2))
-        s._loop()
+        with poprun_log(1) as said:
+            s._loop()
     finally:
+        if held:
+            os.killpg(s.mpiexec.pid, signal.SIGKILL)  # the sleep, in the launcher's session
         s.mpiexec.close()
+    output = "its stderr and stdout still open (held by a process it started); " if held else ""
+    assert f"POPRUN [I] stopped waiting 2 s after mpiexec exited: {output}instance(s) 0-2 still connected\n" \
+        in said.getvalue(), said.getvalue()
     assert s.instances[1].lost and s.instances[1].connection is None
     assert s.failure is not None and s.failure.index == 1
     summary = s._report().summary(None)
