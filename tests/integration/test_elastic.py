@@ -139,8 +139,8 @@ def test_a_new_host_the_discovery_script_lists_takes_the_place_of_a_lost_one(clu
     assert proc.returncode == 0, err
     assert sorted(line for line in out.splitlines() if "start 1:" in line) == [
         f"[{i}] start 1: node{2 * i} instance {i} of 2, replicas {2 * i}+2 of 4" for i in range(2)]
-    assert ("poprun: the restart runs on 2 host(s) without node1 (lost, tried again in 60 s), with node2: 2 "
-            "instance(s) x 2 local replica(s) = 4 replicas (before: 2 x 2 on 2 host(s))\n") in err, err
+    assert ("poprun: the restart runs on 2 host(s) without node1 (lost), with node2 (discovered): 2 instance(s) x 2 "
+            "local replica(s) = 4 replicas (before: 2 x 2 on 2 host(s))\n") in err, err  # node1 is no longer listed
     assert wait_no_processes(marker) == []
 
 
