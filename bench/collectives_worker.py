@@ -1,15 +1,16 @@
 """Run under mpiexec/poprun: time collectives per size and print one JSON line (from rank 0).
 
-    collectives_worker.py raw        OP SIZES...   mpi4py buffer calls on COMM_WORLD, one array per rank
-    collectives_worker.py engine     OP SIZES...   popdist_py.engine, L replicas per process
-    collectives_worker.py engine+raw OP SIZES...   both, batch by batch in the same processes
+    collectives_worker.py KINDS OP SIZES...
 
-OP is allreduce, allgather or reduce_scatter; SIZES are bytes per replica (float32). Each size:
-warm-up, then batches of iterations; a time is the median batch mean, taken as the maximum over
-ranks (a collective is as slow as its slowest participant). With ``engine+raw`` the engine's
-batches alternate with raw batches, so both see the same machine: this machine's speed drifts
-by tens of percent over seconds, which separate jobs would turn into ratio noise. Prints
-``{size: {kind: seconds}}`` with kinds ``engine`` and/or ``raw``.
+KINDS joins with ``+`` one or more of: ``raw`` (mpi4py buffer calls on COMM_WORLD, one array per
+rank), ``engine`` (popdist_py.engine, L replicas per process) and ``gloo`` (torch.distributed's
+gloo backend, one tensor per rank, set up from the torchrun variables poprun gives). OP is
+allreduce, allgather, reduce_scatter or broadcast (not ``engine``: it has no broadcast, as PopXL
+has none); SIZES are bytes per replica (float32). Each size: warm-up, then batches of
+iterations; a time is the median batch mean, taken as the maximum over ranks (a collective is as
+slow as its slowest participant). The kinds' batches alternate, so all see the same machine:
+this machine's speed drifts by tens of percent over seconds, which separate jobs would turn into
+ratio noise. Prints ``{size: {kind: seconds}}``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def raw_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Callable
     if op == "allreduce":
         recv = np.empty_like(send)
         call = lambda: comm.Allreduce(send, recv, op=MPI.SUM)  # noqa: E731
+    elif op == "broadcast":
+        call = lambda: comm.Bcast(send, root=0)  # noqa: E731
     elif op == "allgather":
         recv = np.empty(n * comm.size, dtype=np.float32)
         call = lambda: comm.Allgather(send, recv)  # noqa: E731
@@ -72,6 +75,35 @@ def engine_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Calla
     return lambda: rt.run(step, data, counts)
 
 
+def gloo_batch(op: str, nbytes: int, iters: int) -> Callable[[], None]:
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: poprun's
+    size = dist.get_world_size()
+    n = nbytes // 4
+    send = torch.ones(n, dtype=torch.float32)
+    call: Callable[[], object]
+    if op == "allreduce":
+        call = lambda: dist.all_reduce(send)  # noqa: E731
+    elif op == "broadcast":
+        call = lambda: dist.broadcast(send, src=0)  # noqa: E731
+    elif op == "allgather":
+        gathered = torch.empty(n * size, dtype=torch.float32)
+        call = lambda: dist.all_gather_into_tensor(gathered, send)  # noqa: E731
+    else:
+        part = torch.empty(n // size, dtype=torch.float32)
+        whole = torch.ones(part.numel() * size, dtype=torch.float32)
+        call = lambda: dist.reduce_scatter_single(part, whole)  # noqa: E731
+
+    def batch() -> None:
+        for _ in range(iters):
+            call()
+
+    return batch
+
+
 _RT: Runtime | None = None
 
 
@@ -98,19 +130,29 @@ def measure(batches: dict[str, Callable[[], None]], iters: int, comm: MPI.Intrac
     return {name: float(np.median(m)) for name, m in means.items()}
 
 
+KINDS = ("engine", "raw", "gloo")
+
+
+def _batch(kind: str, op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Callable[[], None]:
+    if kind == "engine":
+        return engine_batch(op, nbytes, comm, iters)
+    if kind == "raw":
+        return raw_batch(op, nbytes, comm, iters)
+    return gloo_batch(op, nbytes, iters)
+
+
 def main() -> None:
     mode, op, sizes = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3:]]
+    kinds = mode.split("+")
+    if not kinds or any(kind not in KINDS for kind in kinds):
+        raise SystemExit(f"mode {mode!r} is not one or more of {', '.join(KINDS)} joined by '+'")
+    if op == "broadcast" and "engine" in kinds:
+        raise SystemExit("the engine has no broadcast (as PopXL has none): time it as raw or gloo")
     comm = MPI.COMM_WORLD
     results = {}
     for nbytes in sizes:
         iters = iterations_for(nbytes)
-        batches = {}
-        if mode in ("engine", "engine+raw"):
-            batches["engine"] = engine_batch(op, nbytes, comm, iters)
-        if mode in ("raw", "engine+raw"):
-            batches["raw"] = raw_batch(op, nbytes, comm, iters)
-        if not batches:
-            raise SystemExit(f"mode {mode!r} is not one of raw, engine, engine+raw")
+        batches = {kind: _batch(kind, op, nbytes, comm, iters) for kind in kinds}
         local = measure(batches, iters, comm)
         results[nbytes] = {name: comm.allreduce(t, op=MPI.MAX) for name, t in local.items()}
     if comm.rank == 0:

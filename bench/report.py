@@ -76,20 +76,10 @@ def markdown(results: dict[str, Any]) -> str:
         lines += _pipeline(results["pipeline"])
     if "matmul" in results:
         lines += _matmul(results["matmul"])
+    if "peers" in results:
+        lines += _peers(results["peers"])
     if "multihost" in results:
-        m = results["multihost"]
-        if "skipped" in m:
-            lines += [f"Multi-host: not measured ({m['skipped']}).", ""]
-        else:
-            launch, reduce = m["launch"], m["allreduce"]
-            lines += [(f"| 2 hosts ({', '.join(m['hosts'])}; network namespaces, UCX_TLS={m['transport']}) | "
-                       "bare mpiexec / raw MPI (ms) | poprun / engine (ms) | ratio |"), "|---|---|---|---|",
-                      (f"| launch 2 instances, `from mpi4py import MPI` | "
-                       f"{_ms(launch['seconds']['mpiexec']['median'])} | "
-                       f"{_ms(launch['seconds']['poprun']['median'])} | {launch['ratio']:.2f} |"),
-                      (f"| all-reduce {_size(reduce['bytes_per_replica'])} per replica (engine 2x2, raw 2 ranks) | "
-                       f"{_ms(reduce['mpi4py_raw_2']['seconds'])} | {_ms(reduce['engine_2x2']['seconds'])} | "
-                       f"{reduce['ratio_engine_to_raw_2']:.2f} |"), ""]
+        lines += _multihost(results["multihost"])
     targets = [t for s in results.values() if isinstance(s, dict) for t in
                (s.get("targets") or ([s["target"]] if "target" in s else []))]
     if targets:
@@ -171,6 +161,54 @@ def _matmul(section: dict[str, Any]) -> list[str]:
     lines += ["", (f"Ratios: medians over {section['rounds']} rounds of the ratio within a round (BLAS: numpy's "
                    "OpenBLAS, one thread). Rows computed alone equal the rows of the whole call: "
                    f"{'yes' if equal else '**no**'}."), ""]
+    return lines
+
+
+def _multihost(m: dict[str, Any]) -> list[str]:
+    if "skipped" in m:
+        return [f"Multi-host: not measured ({m['skipped']}).", ""]
+    launch, reduce = m["launch"], m["allreduce"]
+    return [(f"| 2 hosts ({', '.join(m['hosts'])}; network namespaces, UCX_TLS={m['transport']}) | "
+             "bare mpiexec / raw MPI (ms) | poprun / engine (ms) | ratio |"), "|---|---|---|---|",
+            (f"| launch 2 instances, `from mpi4py import MPI` | "
+             f"{_ms(launch['seconds']['mpiexec']['median'])} | "
+             f"{_ms(launch['seconds']['poprun']['median'])} | {launch['ratio']:.2f} |"),
+            (f"| all-reduce {_size(reduce['bytes_per_replica'])} per replica (engine 2x2, raw 2 ranks) | "
+             f"{_ms(reduce['mpi4py_raw_2']['seconds'])} | {_ms(reduce['engine_2x2']['seconds'])} | "
+             f"{reduce['ratio_engine_to_raw_2']:.2f} |"), ""]
+
+
+def _peers(p: dict[str, Any]) -> list[str]:
+    lines = [("| shuffled DistributedSampler, 2 replicas, replica 0's epoch as a list | popdist_py (ms) | "
+              "torch 2.13.0 (ms) | ratio | lists identical |"), "|---|---|---|---|---|"]
+    for row in p["sampler"]:
+        lines.append(f"| n = {row['n']:,} | {_ms(row['seconds']['popdist_py'])} | {_ms(row['seconds']['torch'])} | "
+                     f"{row['ratio']:.2f} | {'yes' if row['identical'] else '**no**'} |")
+    lines.append("")
+    for op, rows in p.get("collectives", {}).items():
+        engines = [name for name in ("engine_2x2", "engine_4x1") if name in rows[0]]
+        lines += [(f"| {op.replace('_', '-')} per replica, 4 replicas | gloo 4 ranks (ms) | "
+                   + "".join(f"{name.replace('_', ' ')} (ms) | " for name in engines) + "mpi4py 4 ranks (ms) | "
+                   + "".join(f"{name.replace('_', ' ')} / gloo | " for name in engines) + "mpi4py / gloo |"),
+                  "|---|---|" + "---|" * (2 * len(engines) + 2)]
+        for row in rows:
+            cells = [_ms(row["gloo_4"]), *(_ms(row[name]) for name in engines), _ms(row["mpi4py_4"]),
+                     *(f"{row[f'{name}_over_gloo']:.2f}" for name in engines), f"{row['mpi4py_4_over_gloo']:.2f}"]
+            lines.append(f"| {_size(row['bytes_per_replica'])} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if "training" in p:
+        t = p["training"]
+        lines += [f"| training: {t['model']} | engine Trainer (samples/s) | torch DDP (samples/s) | engine / DDP |",
+                  "|---|---|---|---|"]
+        for n in ("1", "2"):
+            lines.append(f"| {n} process(es) | {t['samples_per_s']['engine'][n]:.0f} | "
+                         f"{t['samples_per_s']['ddp'][n]:.0f} | {t['engine_over_ddp'][n]:.2f} |")
+        lines += [f"| scaling 1 -> 2 | {t['scaling']['engine']:.2f} | {t['scaling']['ddp']:.2f} | |", ""]
+    seconds = p["launch"]["seconds"]
+    lines += ["| launch 2 instances of `python -c pass` | bare mpiexec | poprun | torchrun 2.13.0 |",
+              "|---|---|---|---|",
+              "| ms, median | " + " | ".join(_ms(seconds[who]["median"]) for who in ("mpiexec", "poprun", "torchrun"))
+              + " |", ""]
     return lines
 
 

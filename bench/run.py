@@ -1,6 +1,8 @@
 """``make bench``: measure side by side, write bench/results.json, results.md and results.png.
 
-    python -m bench.run [--quick] [--sections allreduce,launch,scaling,rts_memory,training,pipeline,multihost,matmul]
+    python -m bench.run [--quick] [--sections NAME,...]
+
+Sections: allreduce, launch, scaling, rts_memory, training, pipeline, multihost, matmul, peers.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 log = logging.getLogger("bench")
 SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scaling": "bench.scaling",
             "rts_memory": "bench.rts_memory", "training": "bench.training", "pipeline": "bench.pipeline",
-            "multihost": "bench.multihost", "matmul": "bench.matmul"}
+            "multihost": "bench.multihost", "matmul": "bench.matmul", "peers": "bench.peers"}
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ def test_engine_and_raw_all_reduce_are_timed_in_one_job() -> None:
 def test_unknown_worker_mode_is_named() -> None:
     out = run([PYTHON, "-m", "bench.collectives_worker", "fast", "allreduce", "1024"])
     assert out.returncode != 0
-    assert "mode 'fast' is not one of raw, engine, engine+raw" in out.stderr
+    assert "mode 'fast' is not one or more of engine, raw, gloo joined by '+'" in out.stderr
 
 
 def test_scaling_section_reports_both_batches_and_its_target() -> None:
@@ -101,3 +101,26 @@ def test_matmul_section_times_each_product_and_checks_the_invariance() -> None:
     target = {"what": "matmul", "limit": 1.3, "value": 1.0, "holds": True}
     text = report.markdown({"matmul": {"rows": [row], "rounds": 2, "target": target}})
     assert "| 16x64x32 |" in text and "Rows computed alone equal the rows of the whole call: yes" in text
+
+
+def test_the_peers_sections_pieces_measure_both_sides_and_render() -> None:
+    """torch 2.13.0 and this project side by side, at the smallest sizes (the figures are `make bench`'s)."""
+    pytest.importorskip("torch")
+    from bench import peers
+
+    section: dict[str, Any] = {
+        "sampler": peers.sampler([1000, 1001], rounds=1),  # lists asserted identical inside
+        "launch": peers.launch(rounds=1),
+        "collectives": peers.collectives([1 << 20], rounds=1, ops=("allreduce", "broadcast")),  # few iterations
+        "training": peers.training(rounds=1, steps=1, global_batch=64),
+    }
+    assert [row["n"] for row in section["sampler"]] == [1000, 1001]
+    assert set(section["launch"]["seconds"]) == {"mpiexec", "poprun", "torchrun"}
+    [reduced] = section["collectives"]["allreduce"]
+    assert {"gloo_4", "engine_4x1", "engine_2x2", "mpi4py_4"} <= set(reduced) and reduced["gloo_4"] > 0
+    [broadcast] = section["collectives"]["broadcast"]
+    assert "engine_4x1" not in broadcast and broadcast["mpi4py_4_over_gloo"] > 0
+    assert all(v > 0 for by_n in section["training"]["samples_per_s"].values() for v in by_n.values())
+    table = report.markdown({"peers": section})
+    assert "| n = 1,001 |" in table and "| 1 MiB |" in table and "| 2 process(es) |" in table, table
+    assert "torchrun 2.13.0 |" in table
