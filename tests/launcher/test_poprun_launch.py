@@ -255,8 +255,8 @@ def test_mpiexecs_output_is_waited_for_only_while_a_process_holds_it(tmp_path: P
         mpiexec.chmod(0o755)
     result = poprun("-v", "--mpi", str(mpiexec), "--num-instances", "2", PYTHON, "-c", "pass", env=OMP_SET)
     assert result.returncode == 0, result.stderr
-    said = "POPRUN [I] stopped waiting 2 s after mpiexec exited: its stderr and stdout still open (held by a process " \
-           "it started)\n"
+    said = ("POPRUN [I] stopped waiting 2 s after mpiexec exited: its stderr and stdout still open (held by a "
+            "process it started)\n")
     assert (said in result.stderr) == held, result.stderr
     assert ("stopped waiting" in result.stderr) == held, result.stderr
 
