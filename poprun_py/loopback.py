@@ -16,14 +16,16 @@ import os
 from importlib.machinery import EXTENSION_SUFFIXES
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_NAME = "_loopback"
+#: The library's name in the package: built like an extension module, but preloaded into another
+#: program, never imported (it has no Python module in it).
+NAME = "_loopback"
 
 
 def library() -> str | None:
     """The built library's path; None where it was not built (the build needs a C compiler,
     and a platform with ``LD_PRELOAD``)."""
     for suffix in EXTENSION_SUFFIXES:
-        path = os.path.join(_HERE, _NAME + suffix)
+        path = os.path.join(_HERE, NAME + suffix)
         if os.path.exists(path):
             return path
     return None
@@ -47,4 +49,4 @@ def _entries(value: str | None) -> list[str]:
 
 def _ours(entry: str) -> bool:
     directory, name = os.path.split(entry)
-    return directory == _HERE and name.startswith(_NAME + ".")
+    return directory == _HERE and name.startswith(NAME + ".")

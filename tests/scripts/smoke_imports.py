@@ -4,7 +4,8 @@
 
 Walks both packages with pkgutil from where they are installed, fails if that is under CHECKOUT,
 imports each module (the two that are scripts, ``poprun_py.__main__`` and ``poprun_py.instance``,
-are only found: importing runs them) and prints one JSON object: the packages' files, the
+are only found: importing runs them; so is the library poprun preloads into Open MPI's launcher,
+which is no Python module) and prints one JSON object: the packages' files, the
 modules, the compiled extension's file and whether each package has ``py.typed``.
 """
 
@@ -24,6 +25,9 @@ SCRIPTS = ("poprun_py.__main__", "poprun_py.instance")
 def main(checkout: str) -> int:
     import popdist_py
     import poprun_py
+    from poprun_py import loopback
+
+    found_only = (*SCRIPTS, f"poprun_py.{loopback.NAME}")
 
     root = Path(checkout).resolve()
     modules: list[str] = []
@@ -36,7 +40,7 @@ def main(checkout: str) -> int:
         files[package.__name__] = str(where)
         typed[package.__name__] = (where / "py.typed").is_file()
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".", onerror=_raise):
-            if info.name in SCRIPTS:
+            if info.name in found_only:
                 if importlib.util.find_spec(info.name) is None:
                     raise SystemExit(f"{info.name} is missing")
             else:
