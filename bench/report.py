@@ -225,7 +225,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("allreduce", "launch", "scaling", "rts_memory") if k in results]
+    panels = [k for k in ("allreduce", "launch", "scaling", "rts_memory", "peers") if k in results]
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
@@ -248,6 +248,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
             ax.set_xticks([0.2, 1.2], ["MPI init", "pass"])
             ax.set_ylabel("ms to run 2 instances")
             ax.legend()
+        elif key == "peers":
+            rows = section["collectives"]["allreduce"]
+            sizes = [r["bytes_per_replica"] for r in rows]
+            for name, label in (("gloo_4", "torch gloo, 4 ranks"), ("engine_2x2", "engine 2x2"),
+                                ("engine_4x1", "engine 4x1"), ("mpi4py_4", "mpi4py, 4 ranks")):
+                ax.loglog(sizes, [r[name] * 1e3 for r in rows], marker="o", label=label)
+            ax.set_xlabel("bytes per replica (4 replicas)")
+            ax.set_ylabel("ms per all-reduce")
+            ax.legend()
         elif key == "scaling":
             values = section["samples_per_s"]
             ax.bar(range(len(values)), list(values.values()))
@@ -258,7 +267,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
             ax.bar(range(len(values)), list(values.values()))
             ax.set_xticks(range(len(values)), [k.replace("_", "\n") for k in values])
             ax.set_ylabel("MiB per process")
-        ax.set_title(key)
+        ax.set_title({"peers": "all-reduce against torch 2.13.0"}.get(key, key))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
