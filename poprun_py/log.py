@@ -33,7 +33,19 @@ def _get() -> logging.Logger:
         import logging
         import sys
 
-        handler = logging.StreamHandler(sys.stderr)
+        class Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+            """Writes to ``sys.stderr`` as it is at each message, not as it was when the first one
+            was logged (a caller that runs poprun in-process may have replaced it meanwhile)."""
+
+            @property
+            def stream(self) -> object:
+                return sys.stderr
+
+            @stream.setter
+            def stream(self, _value: object) -> None:
+                pass
+
+        handler = Stderr()
         handler.setFormatter(logging.Formatter(
             "%(asctime)s.%(msecs)03d %(process)d POPRUN [%(levelname).1s] %(message)s", "%H:%M:%S"))
         logger = logging.getLogger(NAME)
