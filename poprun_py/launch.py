@@ -467,11 +467,11 @@ def _resolve_hosts(options: LaunchOptions) -> tuple[list[str], dict[str, int]]:
 def _check_slots(plan: JobPlan, slots: dict[str, int], script: str | None) -> None:
     """The first start puts the same number of instances on every host: each must have the slots
     the discovery script gave it for them (restarts fit the slots themselves: ``restarts.spread``)."""
-    short = [f"{host}:{slots[host]}" for host in plan.host_names if slots.get(host, plan.instances_per_host)
-             < plan.instances_per_host]
+    each = plan.instances_per_host
+    short = [f"{host}:{slots[host]}" for host in plan.host_names if host in slots and slots[host] < each]
     if short:
         raise PlanError(f"--host-discovery-script {script} gives {', '.join(short)}: fewer slots than the "
-                        f"{plan.instances_per_host} instances per host that {plan.num_instances} instances on "
+                        f"{each} instances per host that {plan.num_instances} instances on "
                         f"{len(plan.host_names)} hosts need")
 
 

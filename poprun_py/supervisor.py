@@ -232,9 +232,9 @@ class Supervisor:
 
     def _say_what_was_left_open(self) -> None:
         """-v: what was still open when poprun stopped waiting after mpiexec's exit."""
-        streams = [{1: "stdout", 2: "stderr"}[data] for kind, data in self.watch.labels() if kind == "mpiexec"]
+        streams = sorted({1: "stdout", 2: "stderr"}[stream] for stream in self._open_mpiexec_streams())
         connected = [state.index for state in self.instances if state.connection is not None]
-        held = [f"its {' and '.join(sorted(streams))} still open (held by a process it started)"] if streams else []
+        held = [f"its {' and '.join(streams)} still open (held by a process it started)"] if streams else []
         if connected:
             from poprun_py.report import ranges
 
@@ -242,7 +242,11 @@ class Supervisor:
         log.info("stopped waiting %g s after mpiexec exited: %s", AFTER_MPIEXEC_SECONDS, "; ".join(held))
 
     def _mpiexec_pipes_open(self) -> bool:
-        return any(kind == "mpiexec" for kind, _ in self.watch.labels())
+        return bool(self._open_mpiexec_streams())
+
+    def _open_mpiexec_streams(self) -> list[int]:
+        """mpiexec's streams (1, 2) whose pipes are still open."""
+        return [stream for kind, stream in self.watch.labels() if kind == "mpiexec"]
 
     def _accept(self, server: _socket.socket) -> None:
         """A new connection: its nonce first (see ``seal``); nothing it sends is believed unchecked."""

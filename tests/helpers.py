@@ -61,18 +61,19 @@ def live_command_line(pid: int | str) -> str | None:
     entry reads as a zombie with an empty command line, so the running thread's is read."""
     try:
         tasks = [f"/proc/{pid}"]
-        if _state(tasks[0]) == "Z":
+        if task_state(tasks[0]) == "Z":
             tasks = [f"/proc/{pid}/task/{tid}" for tid in os.listdir(f"/proc/{pid}/task") if tid != str(pid)]
         for task in tasks:
             cmdline = Path(f"{task}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if _state(task) != "Z":
+            if task_state(task) != "Z":
                 return cmdline.strip()
     except OSError:
         pass
     return None
 
 
-def _state(task: str) -> str:
+def task_state(task: str) -> str:
+    """The state letter of a process or thread, by its /proc directory (``/proc/PID``, ``.../task/TID``)."""
     return Path(f"{task}/stat").read_text().rpartition(")")[2].split()[0]
 
 

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from poprun_py import leftovers
-from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, live_command_line, run
+from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, live_command_line, run, task_state
 
 
 def _made(place: tuple[str, str], tag: str) -> Path:
@@ -59,17 +59,13 @@ ctypes.CDLL(None).pthread_exit(None)
 """
 
 
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-
-
 def test_a_file_mapped_by_a_thread_that_outlives_its_main_thread_is_in_use_until_that_thread_ends() -> None:
     since = time.time()
     path = _made(leftovers.SHARED_MEMORY, f"{uuid.uuid4().hex}_thread")
     child = subprocess.Popen([PYTHON, "-c", _MAIN_THREAD_ENDS, str(path)], stdin=subprocess.PIPE)
     try:
         deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-        while _state(child.pid) != "Z":  # the main thread has ended; the process's own maps are empty now
+        while task_state(f"/proc/{child.pid}") != "Z":  # its main thread has ended: its own maps read empty
             assert time.monotonic() < deadline and child.poll() is None, "the main thread did not end"
             time.sleep(0.01)
         assert leftovers.users({str(path)}) == {str(path): [child.pid]}

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py import leftovers
-from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, live_command_line, wait_no_processes
+from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, wait_no_processes
 
 MPIEXEC = str(BIN / "mpiexec")
 SCRIPT = ROOT / "tests" / "scripts" / "failsafe_job.py"
@@ -74,15 +73,10 @@ def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout
 
 
 def _remove_mpich_leftovers(since: float) -> None:
-    """Bare mpiexec leaves what its killed processes had (poprun removes it after its jobs). What
-    is still in use then is named on stderr with its holders."""
+    """Bare mpiexec leaves what its killed processes had (poprun removes it after its jobs); what
+    is still in use then is named by the suite's check of each test (``leaves_no_job_files``)."""
     for place in (leftovers.SHARED_MEMORY, leftovers.HYDRA_TOPOLOGY):
         leftovers.remove_unused(place, since)
-        directory, prefix = place
-        left = {os.path.join(directory, name) for name in os.listdir(directory) if name.startswith(prefix)}
-        for path, pids in leftovers.users(left).items():
-            holders = [f"{pid}: {live_command_line(pid) or '(gone)'}" for pid in pids]
-            print(f"in use at the removal: {path} by {'; '.join(holders)}", file=sys.stderr)
 
 
 def _kill_session(proc: subprocess.Popen[str]) -> None:
