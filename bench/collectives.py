@@ -21,7 +21,8 @@ BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n 
               "reduce_scatter": lambda n: (n - 1) / n}
 
 
-def _run(command: list[str]) -> dict[int, dict[str, float]]:
+def worker_times(command: list[str]) -> dict[int, dict[str, float]]:
+    """Run ``bench.collectives_worker`` (under ``command``'s launcher): its ``{size: {kind: seconds}}``."""
     out = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -46,9 +47,9 @@ def run(quick: bool) -> dict[str, object]:
         sz = [str(s) for s in (sizes if op == "allreduce" else [s for s in sizes if s >= 1 << 20])]
         # The 2-rank raw all-reduce runs in the engine's own 2 processes, alternating with it.
         both = op == "allreduce"
-        engine = _run([str(BIN / "poprun"), "--num-instances", "2", "--num-replicas", "4",
+        engine = worker_times([str(BIN / "poprun"), "--num-instances", "2", "--num-replicas", "4",
                        python, *WORKER, "engine+raw" if both else "engine", op, *sz])
-        flat4 = _run([str(BIN / "mpiexec"), "-n", "4", python, *WORKER, "raw", op, *sz])
+        flat4 = worker_times([str(BIN / "mpiexec"), "-n", "4", python, *WORKER, "raw", op, *sz])
         rows: list[dict[str, object]] = []
         for s in map(int, sz):
             e = engine[s]["engine"]

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench.collectives import WORKER, _entry, _run
+from bench.collectives import WORKER, _entry, worker_times
 from bench.timing import time_commands
 from tests.cluster import NETWORK_ENV, Cluster, unavailable_reason
 
@@ -51,7 +51,7 @@ def _measure(cluster: Cluster, quick: bool) -> dict[str, object]:
         "poprun": [str(BIN / "poprun"), "--num-instances", "2", "-H", hosts, *program],
     }, rounds=5 if quick else 15)
     launch_ratio = times["poprun"]["median"] / times["mpiexec"]["median"]
-    both = _run([str(BIN / "poprun"), "--num-instances", "2", "--num-replicas", "4", "-H", hosts,
+    both = worker_times([str(BIN / "poprun"), "--num-instances", "2", "--num-replicas", "4", "-H", hosts,
                  python, *WORKER, "engine+raw", "allreduce", str(SIZE)])[SIZE]
     return {
         "hosts": cluster.names, "transport": NETWORK_ENV["UCX_TLS"],

@@ -99,7 +99,7 @@ def launch(rounds: int) -> dict[str, Any]:
 
 
 def collectives(sizes: list[int], rounds: int, ops: tuple[str, ...] = OPS) -> dict[str, list[dict[str, Any]]]:
-    from bench.collectives import _run
+    from bench.collectives import worker_times
 
     python, poprun = sys.executable, str(BIN / "poprun")
     result: dict[str, list[dict[str, Any]]] = {}
@@ -113,7 +113,7 @@ def collectives(sizes: list[int], rounds: int, ops: tuple[str, ...] = OPS) -> di
         samples: dict[str, dict[int, list[float]]] = {}
         for _ in range(rounds):
             for split, command in jobs.items():
-                for size, times in _run(command).items():
+                for size, times in worker_times(command).items():
                     for kind, seconds in times.items():
                         name = {"engine": f"engine_{split}", "raw": "mpi4py_4", "gloo": "gloo_4"}[kind]
                         samples.setdefault(name, {}).setdefault(size, []).append(seconds)
@@ -130,14 +130,14 @@ def collectives(sizes: list[int], rounds: int, ops: tuple[str, ...] = OPS) -> di
 
 
 def training(rounds: int, steps: int, global_batch: int = TRAINING_BATCH) -> dict[str, Any]:
-    from bench.scaling import _throughput
+    from bench.scaling import throughput
 
     python, poprun = sys.executable, str(BIN / "poprun")
     samples: dict[str, dict[str, list[float]]] = {framework: {"1": [], "2": []} for framework in ("engine", "ddp")}
     for _ in range(rounds):
         for processes in ("1", "2"):
             for framework, by_processes in samples.items():
-                by_processes[processes].append(_throughput([
+                by_processes[processes].append(throughput([
                     poprun, "--num-instances", processes, python, "-m", "bench.peers_training_worker", framework,
                     str(global_batch), str(steps)]))
     median = {framework: {n: statistics.median(values) for n, values in by_processes.items()}

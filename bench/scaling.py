@@ -24,7 +24,8 @@ GLOBAL_BATCH = 2048
 SMALL_BATCH = 1024
 
 
-def _throughput(command: list[str]) -> float:
+def throughput(command: list[str]) -> float:
+    """The samples/s a training worker run by ``command`` prints, one BLAS thread per process."""
     env = {**os.environ, **ONE_THREAD}
     out = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     if out.returncode != 0:
@@ -55,7 +56,7 @@ def run(quick: bool) -> dict[str, object]:
     runs: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(rounds):  # interleaved, medians below
         for name, command in configs.items():
-            runs[name].append(_throughput(command))
+            runs[name].append(throughput(command))
     median = {name: _median(values) for name, values in runs.items()}
     speedup = median["2_instances"] / median["1_instance"]
     small = {"1_instance": median.pop("small_batch_1_instance"), "2_instances": median.pop("small_batch_2_instances")}
