@@ -106,6 +106,11 @@ class Segments:
         emit(run, self.size)
         return out
 
+    @property
+    def pieces(self) -> list[np.ndarray]:
+        """The pieces as given (any shape, read in C order)."""
+        return self._pieces
+
     def flat_pieces(self) -> list[np.ndarray]:
         """The pieces as flat arrays (views)."""
         return [p if p.ndim == 1 else p.reshape(-1) for p in self._pieces]
