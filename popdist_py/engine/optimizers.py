@@ -20,7 +20,7 @@ steps, nothing is rebuilt.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -238,6 +238,28 @@ def _check_number(owner: str, name: str, value: Any, valid: _Range) -> float:
     return v
 
 
+#: Bytes of the weight an update without norms works on at a time (:meth:`Optimizer.update`).
+UPDATE_BLOCK_BYTES = 256 << 10
+#: Scratch arrays a direction is computed in.
+_SCRATCH = 2
+
+
+def _blocks(weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray]
+            ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    """``weight``, ``grad`` and ``state`` cut into aligned flat blocks of :data:`UPDATE_BLOCK_BYTES`
+    (views: updates write through), or whole when the weight or a state tensor is no contiguous
+    array (no flat view of it exists)."""
+    if not all(a.flags.c_contiguous for a in (weight, *state.values())):
+        yield weight, grad, state
+        return
+    w, g = weight.reshape(-1), grad.reshape(-1)
+    flat = {name: s.reshape(-1) for name, s in state.items()}
+    size = max(1, UPDATE_BLOCK_BYTES // weight.dtype.itemsize)
+    for lo in range(0, w.size, size):
+        part = slice(lo, lo + size)
+        yield w[part], g[part], {name: s[part] for name, s in flat.items()}
+
+
 class Optimizer:
     """Base: hyper-parameter resolution, state creation and checks, ``apply`` and ``update``.
 
@@ -325,6 +347,16 @@ class Optimizer:
 
     def direction(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
         """Updates ``state`` in place and returns the direction ``d`` (a new array): elementwise."""
+        grad = self.check(weight, grad, state, step)
+        scratch = [np.empty_like(weight) for _ in range(_SCRATCH)]
+        return self._direction(weight, grad, state, step, self.hypers(step), scratch)
+
+    def _direction(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int,
+                   hypers: dict[str, float], scratch: list[np.ndarray]) -> np.ndarray:
+        """:meth:`direction` on checked inputs (``grad`` in the weight's dtype) with the
+        hyper-parameters of ``step``, computed in ``scratch`` (arrays like the weight, one of which
+        it returns) with no other temporary: one operation at a time, in the order the rule is
+        written, so any block of the tensors gives that block of the whole result."""
         raise NotImplementedError
 
     def trust_ratio(self, weight_norm: float, direction_norm: float, step: int) -> float:
@@ -343,13 +375,28 @@ class Optimizer:
     def update(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int,
                norm: Callable[[np.ndarray], float] | None = None) -> None:
         """One update in place. ``norm(x)``: the L2 norm of the whole tensor of which ``x`` is this
-        piece (default: ``x`` is the whole tensor, :func:`exact_norm`); only LAMB asks for it."""
-        d = self.direction(weight, grad, state, step)
-        ratio = 1.0
+        piece (default: ``x`` is the whole tensor, :func:`exact_norm`); only LAMB asks for it.
+
+        Without norms the update runs :data:`UPDATE_BLOCK_BYTES` of the weight at a time in scratch
+        it reuses, with the bits of :meth:`direction` and :meth:`apply` on the whole tensor. A
+        whole-tensor temporary of a large weight is a fresh memory mapping each step, whose pages
+        the kernel zeroes on first touch: that zeroing was over a quarter of the training
+        benchmark's replicated step."""
         if self.uses_norms:
+            d = self.direction(weight, grad, state, step)
             measure = norm or exact_norm
-            ratio = self.trust_ratio(measure(weight), measure(d), step)
-        self.apply(weight, d, step, ratio)
+            self.apply(weight, d, step, self.trust_ratio(measure(weight), measure(d), step))
+            return
+        grad = self.check(weight, grad, state, step)
+        hypers = self.hypers(step)
+        scale = weight.dtype.type(hypers["lr"])  # apply's scalar at a trust ratio of 1
+        scratch: list[np.ndarray] = []
+        for w, g, s in _blocks(weight, grad, state):
+            if not scratch or scratch[0].size < w.size or w.ndim != 1:
+                scratch = [np.empty_like(w) for _ in range(_SCRATCH)]
+            d = self._direction(w, g, s, step, hypers, [x[:w.size] if w.ndim == 1 else x for x in scratch])
+            np.multiply(d, scale, out=d)
+            np.subtract(w, d, out=w)
 
 
 class SGD(Optimizer):
@@ -387,25 +434,31 @@ class SGD(Optimizer):
             self._check_nesterov(self.hyper("momentum", step), self.hyper("dampening", step), f" at update {step}")
         return g
 
-    def direction(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
-        grad = self.check(weight, grad, state, step)
+    def _direction(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int,
+                   hypers: dict[str, float], scratch: list[np.ndarray]) -> np.ndarray:
         t = weight.dtype.type
-        decay = self.hyper("weight_decay", step)
-        d = grad + t(decay) * weight if decay else grad.copy()
-        momentum = self.hyper("momentum", step)
+        d, tmp = scratch
+        decay, momentum = hypers["weight_decay"], hypers["momentum"]
+        if decay:  # d = grad + decay * weight
+            np.multiply(weight, t(decay), out=d)
+            np.add(grad, d, out=d)
+        else:
+            np.copyto(d, grad)
         if not momentum:
             return d
-        dampening = self.hyper("dampening", step)
         buf = state["momentum_buffer"]
         if step == 1:
             buf[...] = d
-        else:
+        else:  # buf = buf * momentum + (1 - dampening) * d
             np.multiply(buf, t(momentum), out=buf)
-            np.add(buf, t(1.0 - dampening) * d, out=buf)
-        if self.nesterov:
-            ahead: np.ndarray = d + t(momentum) * buf
-            return ahead
-        return buf.copy()
+            np.multiply(d, t(1.0 - hypers["dampening"]), out=tmp)
+            np.add(buf, tmp, out=buf)
+        if self.nesterov:  # d + momentum * buf
+            np.multiply(buf, t(momentum), out=tmp)
+            np.add(d, tmp, out=d)
+            return d
+        np.copyto(d, buf)
+        return d
 
 
 class Adam(Optimizer):
@@ -454,23 +507,32 @@ class Adam(Optimizer):
                              f"use at least {float(np.finfo(weight.dtype).smallest_subnormal):g}")
         return g
 
-    def direction(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
-        grad = self.check(weight, grad, state, step)
+    def _direction(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int,
+                   hypers: dict[str, float], scratch: list[np.ndarray]) -> np.ndarray:
         t = weight.dtype.type
-        beta1, beta2 = self.hyper("beta1", step), self.hyper("beta2", step)
-        eps, decay = self.hyper("eps", step), self.hyper("weight_decay", step)
-        g = grad + t(decay) * weight if decay and not self.decoupled else grad
+        beta1, beta2, eps, decay = hypers["beta1"], hypers["beta2"], hypers["eps"], hypers["weight_decay"]
+        a, b = scratch
+        g = grad
+        if decay and not self.decoupled:  # g = grad + decay * weight
+            np.multiply(weight, t(decay), out=a)
+            g = np.add(grad, a, out=a)
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        np.multiply(m, t(beta1), out=m)
-        np.add(m, t(1.0 - beta1) * g, out=m)
-        np.multiply(v, t(beta2), out=v)
-        np.add(v, t(1.0 - beta2) * (g * g), out=v)
-        m_hat = m / t(1.0 - beta1 ** step)
-        v_hat = v / t(1.0 - beta2 ** step)
-        d: np.ndarray = m_hat / (np.sqrt(v_hat) + t(eps))
-        if decay and self.decoupled:
-            d += t(decay) * weight
-        return d
+        np.multiply(m, t(beta1), out=m)  # m = m * beta1 + (1 - beta1) * g
+        np.multiply(g, t(1.0 - beta1), out=b)
+        np.add(m, b, out=m)
+        np.multiply(v, t(beta2), out=v)  # v = v * beta2 + (1 - beta2) * (g * g)
+        np.multiply(g, g, out=b)
+        np.multiply(b, t(1.0 - beta2), out=b)
+        np.add(v, b, out=v)
+        np.divide(v, t(1.0 - beta2 ** step), out=b)  # d = m_hat / (sqrt(v_hat) + eps)
+        np.sqrt(b, out=b)
+        np.add(b, t(eps), out=b)
+        np.divide(m, t(1.0 - beta1 ** step), out=a)
+        np.divide(a, b, out=a)
+        if decay and self.decoupled:  # d + decay * weight
+            np.multiply(weight, t(decay), out=b)
+            np.add(a, b, out=a)
+        return a
 
 
 class AdamW(Adam):

@@ -17,6 +17,7 @@ from popdist_py.engine.optimizers import (
     MAX_NORM_ELEMENTS,
     PARTS_LENGTH,
     SGD,
+    UPDATE_BLOCK_BYTES,
     Adam,
     AdamW,
     Optimizer,
@@ -224,6 +225,83 @@ def test_shard_updates_are_slices_of_the_whole_update(case: int, n: int, dtype: 
         for j in range(count):  # padding stays zero, in the weight and in the state
             assert not shards[j][layout.real(j):].any()
             assert not any(s[layout.real(j):].any() for s in states[j].values())
+
+
+def expression_direction(opt: Optimizer, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+                         step: int) -> np.ndarray:
+    """The rules as numpy expressions (each temporary a new array), in the order the optimizers
+    compute them: their scratch-buffer form must give exactly these bits."""
+    t = w.dtype.type
+    h = opt.hypers(step)
+    if isinstance(opt, SGD):
+        sgd = g + t(h["weight_decay"]) * w if h["weight_decay"] else g.copy()
+        if not h["momentum"]:
+            return sgd
+        buf = state["momentum_buffer"]
+        if step == 1:
+            buf[...] = sgd
+        else:
+            np.multiply(buf, t(h["momentum"]), out=buf)
+            np.add(buf, t(1.0 - h["dampening"]) * sgd, out=buf)
+        return sgd + t(h["momentum"]) * buf if opt.nesterov else buf.copy()
+    assert isinstance(opt, Adam)
+    decay = h["weight_decay"]
+    g = g + t(decay) * w if decay and not opt.decoupled else g
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    np.multiply(m, t(h["beta1"]), out=m)
+    np.add(m, t(1.0 - h["beta1"]) * g, out=m)
+    np.multiply(v, t(h["beta2"]), out=v)
+    np.add(v, t(1.0 - h["beta2"]) * (g * g), out=v)
+    d: np.ndarray = (m / t(1.0 - h["beta1"] ** step)) / (np.sqrt(v / t(1.0 - h["beta2"] ** step)) + t(h["eps"]))
+    if decay and opt.decoupled:
+        d += t(decay) * w
+    return d
+
+
+@pytest.mark.determinism
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_directions_have_the_bits_of_their_rules_as_expressions(case: int, dtype: Any) -> None:
+    make, _ = CASES[case]
+    opt, ref = make(), make()
+    rng = np.random.default_rng(case)
+    w = (rng.standard_normal(300) * 10.0 ** rng.integers(-3, 3, 300)).astype(dtype)
+    state, ref_state = opt.init_state(w.shape, dtype), ref.init_state(w.shape, dtype)
+    for t, g in enumerate(grads_for(w.shape, case, dtype), start=1):
+        d = opt.direction(w, g, state, t)
+        assert d.tobytes() == expression_direction(ref, w, g, ref_state, t).tobytes(), t
+        assert all(state[k].tobytes() == ref_state[k].tobytes() for k in state), t
+        w = w - dtype(0.01) * d
+
+
+@pytest.mark.determinism
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_updates_block_by_block_give_the_bits_of_the_whole_tensor(case: int, dtype: Any) -> None:
+    """A weight of several update blocks and part of one, flat, 2-D, and one that is no contiguous
+    array (updated whole): ``update``'s bits are those of ``direction`` and ``apply`` on the
+    whole tensor, and the state's too."""
+    make, _ = CASES[case]
+    block = UPDATE_BLOCK_BYTES // np.dtype(dtype).itemsize
+    rng = np.random.default_rng(case)
+    n = 37 * (2 * block // 37 + 3)  # two blocks and part of a third, in 37 rows
+    w0 = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)).astype(dtype)
+    grads = grads_for((n,), case + 1, dtype)[:3]
+    for shape, order in (((n,), "C"), ((37, n // 37), "C"), ((37, n // 37), "F")):
+        opt, whole = make(), make()
+        w = w0.reshape(shape).copy(order="F" if order == "F" else "C")
+        ref = w.copy(order="K")
+        state = {k: v.copy(order="F" if order == "F" else "C") for k, v in opt.init_state(shape, dtype).items()}
+        ref_state = whole.init_state(shape, dtype)
+        for t, g in enumerate(grads, start=1):
+            opt.update(w, g.reshape(shape), state, t)
+            d = whole.direction(ref, g.reshape(shape), ref_state, t)
+            if whole.uses_norms:
+                whole.apply(ref, d, t, whole.trust_ratio(exact_norm(ref), exact_norm(d), t))
+            else:
+                whole.apply(ref, d, t)
+        assert np.ascontiguousarray(w).tobytes() == np.ascontiguousarray(ref).tobytes(), (shape, order)
+        assert all(np.ascontiguousarray(state[k]).tobytes() == ref_state[k].tobytes() for k in state), (shape, order)
 
 
 def test_update_with_a_norm_callable_uses_it_for_both_norms() -> None:

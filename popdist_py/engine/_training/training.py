@@ -536,15 +536,15 @@ class Trainer:
         waiting: list[tuple[str, np.ndarray, np.ndarray]] = []  # LAMB: (name, weight, direction) until the norms
         for name, state in zip(names, self._read_ahead.in_order(jobs), strict=True):
             weight = self._weight_piece(ctx, name, params, loaded)
-            d = opt.direction(weight, np.asarray(reduced[name]), state, step)
+            if opt.uses_norms:
+                waiting.append((name, weight, opt.direction(weight, np.asarray(reduced[name]), state, step)))
+            else:
+                opt.update(weight, np.asarray(reduced[name]), state, step)
             for s, store in self._states[name].items():
                 store.save(i, state[s])
             del state
-            if opt.uses_norms:
-                waiting.append((name, weight, d))
-                continue
-            opt.apply(weight, d, step)
-            self._put_weight(ctx, name, weight)
+            if not opt.uses_norms:
+                self._put_weight(ctx, name, weight)
         if waiting:
             for (name, weight, d), ratio in zip(waiting, self._trust_ratios(waiting, step), strict=True):
                 opt.apply(weight, d, step, ratio)
