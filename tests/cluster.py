@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.helpers import live_command_line
+from tests.helpers import live_command_line, stat_fields, task_state
 
 #: Prefix of every name the cluster creates (namespaces, links, files, markers).
 PREFIX = "prpy"
@@ -107,6 +107,42 @@ class Host:
 
     def __repr__(self) -> str:
         return f"Host({self.name!r}, {self.address})"
+
+
+def _parents_first(pids: set[int]) -> list[int]:
+    """``pids``, each after its ancestors among them (by the parent pids in /proc)."""
+    parent: dict[int, int] = {}
+    for pid in pids:
+        try:
+            parent[pid] = int(stat_fields(f"/proc/{pid}")[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            parent[pid] = 0
+
+    def depth(pid: int) -> int:
+        seen = {pid}
+        while (pid := parent.get(pid, 0)) in parent and pid not in seen:
+            seen.add(pid)
+        return len(seen)
+
+    return sorted(pids, key=depth)
+
+
+def _freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once /proc shows it stopped (or gone): the signal is delivered
+    asynchronously, and a process still running could answer what it sees."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + COMMAND_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            if task_state(f"/proc/{pid}") in "TtZX":
+                return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.001)
+    raise TimeoutError(f"process {pid} did not stop within {COMMAND_TIMEOUT} s of SIGSTOP")
 
 
 class Cluster:
@@ -276,14 +312,13 @@ class Cluster:
 
         A real host dies at one instant; killing its processes one by one would let a survivor
         see a sibling's death and answer (a shim reporting its program's exit), so every process
-        is first frozen with SIGSTOP (again until no new one appears), then killed."""
+        is first frozen with SIGSTOP (again until no new one appears), then killed. Parents are
+        frozen before their children, each seen stopped before the next: a parent still running
+        when its child stops would see that and answer (a shim reporting its program stopped)."""
         frozen: set[int] = set()
         while fresh := set(self.pids(host)) - frozen:
-            for pid in fresh:
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                except ProcessLookupError:
-                    pass
+            for pid in _parents_first(fresh):
+                _freeze(pid)
             frozen |= fresh
         for pid in frozen:
             try:

@@ -72,9 +72,15 @@ def live_command_line(pid: int | str) -> str | None:
     return None
 
 
+def stat_fields(task: str) -> list[str]:
+    """The fields of a process's or thread's stat that follow its name (state, parent pid, ...), by
+    its /proc directory (``/proc/PID``, ``.../task/TID``)."""
+    return Path(f"{task}/stat").read_text().rpartition(")")[2].split()
+
+
 def task_state(task: str) -> str:
-    """The state letter of a process or thread, by its /proc directory (``/proc/PID``, ``.../task/TID``)."""
-    return Path(f"{task}/stat").read_text().rpartition(")")[2].split()[0]
+    """The state letter of a process or thread, by its /proc directory."""
+    return stat_fields(task)[0]
 
 
 def processes_matching(marker: str) -> list[str]:
