@@ -134,3 +134,33 @@ def test_the_kernel_refuses_a_program_or_lengths_that_do_not_fit() -> None:
         assert not out.any(), message
     with pytest.raises(TypeError):
         kernel(x, ((0, 1),), 0, -1, out, 0)  # type: ignore[arg-type]
+
+
+def test_programs_of_float_additions_go_to_the_kernel_and_the_others_to_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every addition is offered to the kernel, which runs those of float32/float64 (arrays or
+    pieces: its result is the one returned) and declines the others; other ops never reach it."""
+    kernel = reduce.add_tree
+    assert kernel is not None
+    calls: list[str] = []
+
+    def counting(inputs: list[Any], *rest: Any) -> bool:
+        ran = kernel(inputs, *rest)
+        calls.append(f"{rest[3].dtype} {'ran' if ran else 'declined'}")
+        return ran
+
+    monkeypatch.setattr(reduce, "add_tree", counting)
+    prog = Program((0, 3), [(0, 1), (1, 2), (2, 3)])
+    rng = np.random.default_rng(4)
+    for dtype in (np.float32, np.float64):
+        xs = [rng.standard_normal(5000).astype(dtype) for _ in range(3)]
+        expect = reduce_sequence(xs, "mean")
+        assert prog.run_blocked(xs, np.add, np.empty(5000, dtype), 3).tobytes() == expect.tobytes()
+        pieces = [Segments(np.array_split(x, 4), dtype) for x in xs]
+        assert prog.run_blocked(pieces, np.add, np.empty(5000, dtype), 3).tobytes() == expect.tobytes()
+    assert calls == ["float32 ran"] * 2 + ["float64 ran"] * 2
+    ints = [np.arange(10, dtype=np.int32) for _ in range(3)]
+    assert prog.run_blocked(ints, np.add, np.empty(10, np.int32)).tolist() == (np.arange(10) * 3).tolist()
+    floats = [rng.standard_normal(10).astype(np.float32) for _ in range(3)]
+    assert prog.run_blocked(floats, np.maximum, np.empty(10, np.float32)).tobytes() == \
+        reduce_sequence(floats, "max").tobytes()
+    assert calls[4:] == ["int32 declined"]

@@ -46,7 +46,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     # the canonical reduction order
     "popdist_py.engine._collectives.reduce": (
         "tests/engine/test_engine_reduce.py", "tests/engine/test_engine_segments.py",
-        "tests/library/test_collectives_local.py"),
+        "tests/engine/test_engine_tree_kernel.py", "tests/library/test_collectives_local.py"),
     # deadlines of every wait, failure release, agreement
     "popdist_py.deadline": (
         "tests/library/test_deadline_poll.py", "tests/library/test_collectives_local.py",
