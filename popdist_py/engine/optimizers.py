@@ -260,6 +260,14 @@ def _blocks(weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray]
         yield w[part], g[part], {name: s[part] for name, s in flat.items()}
 
 
+def _descend(weight: np.ndarray, d: np.ndarray, lr: float, trust_ratio: float,
+             scratch: np.ndarray | None = None) -> None:
+    """``weight -= lr * trust_ratio * d`` in place, the scalar formed once in float64 and rounded to
+    the weight's dtype (equal scalars, equal bits on every shard); ``scratch`` (``d`` itself, when
+    it is no longer needed) takes the product instead of a new array."""
+    np.subtract(weight, np.multiply(d, weight.dtype.type(lr * trust_ratio), out=scratch), out=weight)
+
+
 class Optimizer:
     """Base: hyper-parameter resolution, state creation and checks, ``apply`` and ``update``.
 
@@ -364,13 +372,11 @@ class Optimizer:
         return 1.0
 
     def apply(self, weight: np.ndarray, d: np.ndarray, step: int, trust_ratio: float = 1.0) -> None:
-        """``weight -= lr * trust_ratio * d`` in place. The scalar is formed once in float64 and
-        rounded to the weight's dtype, so equal scalars give equal bits on every shard."""
+        """``weight -= lr * trust_ratio * d`` in place (:func:`_descend`)."""
         if d.shape != weight.shape:
             raise ValueError(f"{type(self).__name__}: direction shape {d.shape} differs from the weight's "
                              f"{weight.shape}")
-        scale = weight.dtype.type(self.hyper("lr", step) * trust_ratio)
-        np.subtract(weight, scale * d, out=weight)
+        _descend(weight, d, self.hyper("lr", step), trust_ratio)
 
     def update(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray], step: int,
                norm: Callable[[np.ndarray], float] | None = None) -> None:
@@ -389,14 +395,13 @@ class Optimizer:
             return
         grad = self.check(weight, grad, state, step)
         hypers = self.hypers(step)
-        scale = weight.dtype.type(hypers["lr"])  # apply's scalar at a trust ratio of 1
         scratch: list[np.ndarray] = []
         for w, g, s in _blocks(weight, grad, state):
-            if not scratch or scratch[0].size < w.size or w.ndim != 1:
+            if not scratch:  # the first block is the largest
                 scratch = [np.empty_like(w) for _ in range(_SCRATCH)]
-            d = self._direction(w, g, s, step, hypers, [x[:w.size] if w.ndim == 1 else x for x in scratch])
-            np.multiply(d, scale, out=d)
-            np.subtract(w, d, out=w)
+            cut = scratch if w.shape == scratch[0].shape else [x[:w.size] for x in scratch]
+            d = self._direction(w, g, s, step, hypers, cut)
+            _descend(w, d, hypers["lr"], 1.0, scratch=d)
 
 
 class SGD(Optimizer):

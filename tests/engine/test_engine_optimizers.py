@@ -287,8 +287,18 @@ def test_updates_block_by_block_give_the_bits_of_the_whole_tensor(case: int, dty
     n = 37 * (2 * block // 37 + 3)  # two blocks and part of a third, in 37 rows
     w0 = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)).astype(dtype)
     grads = grads_for((n,), case + 1, dtype)[:3]
-    for shape, order in (((n,), "C"), ((37, n // 37), "C"), ((37, n // 37), "F")):
+    for shape, order, blocks in (((n,), "C", [block, block, n - 2 * block]),
+                                 ((37, n // 37), "C", [block, block, n - 2 * block]), ((37, n // 37), "F", [n])):
         opt, whole = make(), make()
+        if not opt.uses_norms:  # the blocks the update works on, in order
+            sizes: list[int] = []
+            direction = opt._direction
+
+            def recording(w: np.ndarray, *rest: Any, direction: Any = direction, sizes: list[int] = sizes) -> Any:
+                sizes.append(w.size)
+                return direction(w, *rest)
+
+            opt._direction = recording  # type: ignore[method-assign, assignment]
         w = w0.reshape(shape).copy(order="F" if order == "F" else "C")
         ref = w.copy(order="K")
         state = {k: v.copy(order="F" if order == "F" else "C") for k, v in opt.init_state(shape, dtype).items()}
@@ -302,6 +312,8 @@ def test_updates_block_by_block_give_the_bits_of_the_whole_tensor(case: int, dty
                 whole.apply(ref, d, t)
         assert np.ascontiguousarray(w).tobytes() == np.ascontiguousarray(ref).tobytes(), (shape, order)
         assert all(np.ascontiguousarray(state[k]).tobytes() == ref_state[k].tobytes() for k in state), (shape, order)
+        if not opt.uses_norms:
+            assert sizes == blocks * len(grads), (shape, order)
 
 
 def test_update_with_a_norm_callable_uses_it_for_both_norms() -> None:
