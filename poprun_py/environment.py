@@ -97,6 +97,9 @@ COLLECTIVE_TIMEOUT = _define("POPDIST_COLLECTIVE_TIMEOUT", "the user", "popdist_
                              "seconds to wait for a peer in a collective before naming it (600; inf)")
 ENGINE_EXECUTOR = _define("POPDIST_ENGINE_EXECUTOR", "the user", "popdist_py.engine",
                           "how L replicas run: auto (default), threads or cooperative")
+ENGINE_THREADS = _define("POPDIST_ENGINE_THREADS", "the user", "popdist_py.engine",
+                         "threads that share a large collective's local work (default: this instance's cores, "
+                         "its CPUs divided by LOCAL_WORLD_SIZE; 1: the combining replica alone)")
 REMOTE_DIR = _define("POPDIST_REMOTE_DIR", "the user", "popdist_py.engine",
                      "existing directory for file-backed remote buffers (default: a private one in /dev/shm, or in "
                      "the temp dir when /dev/shm has no room)")

@@ -33,9 +33,10 @@ from popdist_py.engine._collectives.transport import Transport
 from popdist_py.engine._execution import context
 from popdist_py.engine._execution.context import StepContext
 from popdist_py.engine._execution.cooperative import CooperativePool
-from popdist_py.engine._execution.executor import THREADS, ReplicaExecutor, choose
+from popdist_py.engine._execution.executor import THREADS, ReplicaExecutor, choose, slice_threads
 from popdist_py.engine._execution.pool import ReplicaPool
 from popdist_py.engine._execution.replicas import ReplicaPlacement, runtime_topology
+from popdist_py.engine._execution.slices import Slicer
 from popdist_py.engine._state import checkpoint
 from popdist_py.engine._state.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
 from popdist_py.engine._state.sharding import ShardMeta, sharding_domain
@@ -84,6 +85,11 @@ class Runtime:
             instances poprun put on this host), else cooperative. Same results and errors
             either way; with L == 1 the step runs directly on the calling thread. One process runs
             at most 65536 replicas, the threads executor at most 1024 (an error names the limit).
+        threads: threads that share a large collective's local work (summing the local
+            replicas' inputs, filling an all-gather's result), each a contiguous slice of the
+            elements, so the bits do not depend on it (default ``$POPDIST_ENGINE_THREADS``, else
+            this instance's cores: CPU affinity divided by ``$LOCAL_WORLD_SIZE``). 1: the
+            replica that combines does it alone. ``rt.threads`` tells the choice.
 
     Every instance must create its runtimes, variables and collectives in the same order.
     """
@@ -96,9 +102,11 @@ class Runtime:
         timeout: float | None = None,
         remote_dir: str | os.PathLike[str] | None = None,
         executor: str | None = None,
+        threads: int | None = None,
     ) -> None:
         R, L, index, comm = runtime_topology(replication, comm)
         self._executor = choose(executor, L)
+        self._slicer = Slicer(slice_threads(threads), name=f"slice@{index}")
         self._placement = ReplicaPlacement(R, L, index)
         self._timeout_arg = timeout
         seconds = deadline.collective_timeout(timeout)
@@ -111,10 +119,10 @@ class Runtime:
         self._transport: Transport | None = None
         if self._placement.num_instances > 1:
             self._transport = Transport(comm, self._placement.describe_instance, seconds)
-        self._dispatcher = Dispatcher(self._placement, self._transport, waits, seconds)
+        self._dispatcher = Dispatcher(self._placement, self._transport, waits, seconds, self._slicer)
         self._contexts = [StepContext(self, self._dispatcher, i) for i in range(L)]
         # the finalizer holds the pool: neither pool may reference the runtime between runs
-        self._finalizer = weakref.finalize(self, self._pool.shutdown)
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._slicer)
         # Peers waiting for this instance in a collective are told at once when this runtime
         # closes, is collected, or the interpreter exits: a step here ended without that collective.
         self._farewell = (weakref.finalize(self, _say_closed, self._transport, self._dispatcher)
@@ -148,6 +156,11 @@ class Runtime:
     @property
     def num_instances(self) -> int:
         return self._placement.num_instances
+
+    @property
+    def threads(self) -> int:
+        """Threads that share a large collective's local work (see the class's ``threads``)."""
+        return self._slicer.threads
 
     @property
     def executor(self) -> str:
@@ -603,6 +616,12 @@ class Runtime:
             f"Runtime(replication_factor={self.replication_factor}, instance_replication_factor="
             f"{self.instance_replication_factor}, replica_index_offset={self.replica_index_offset})"
         )
+
+
+def _shutdown(pool: ReplicaExecutor, slicer: Slicer) -> None:
+    """Stop the replicas' threads and the slices' threads."""
+    pool.shutdown()
+    slicer.shutdown()
 
 
 def _say_closed(transport: Transport, dispatcher: Dispatcher) -> None:

@@ -17,7 +17,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from popdist_py.engine import CommGroup, InstancesDisagreeError, PeerAborted, PeerClosed, Runtime, StepContext, ops
+from popdist_py.engine import (
+    CommGroup,
+    InstancesDisagreeError,
+    PeerAborted,
+    PeerClosed,
+    ReplicaGrouping,
+    Runtime,
+    StepContext,
+    ops,
+)
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from tests.engine_helpers import instances, load_script, valid_groupings, world
 
@@ -520,3 +529,32 @@ def test_explicit_communicator_must_split_the_replicas_evenly() -> None:
         Runtime(replication=bad, comm=w)
     with Runtime(comm=w, timeout=60) as rt:  # no PopDist environment: one replica per rank
         assert (rt.replication_factor, rt.instance_replication_factor, rt.instance_index) == (w.size, 1, w.rank)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.determinism
+def test_large_collectives_in_slices_equal_one_process_for_every_split() -> None:
+    """Regions and partials of collectives that span instances, cut into slices on 3 threads,
+    give the bits of one process reducing on one thread."""
+    replicas, n = 4, (1 << 20) + 37
+    x = wild(np.random.default_rng(5), (replicas, n))
+    rts = ReplicaGrouping.create(replicas, 1, 2)
+
+    def step(ctx: StepContext, xi: np.ndarray) -> tuple[np.ndarray, ...]:
+        shard = ops.replicated_reduce_scatter(xi, op="add", configure_output_for_replicated_tensor_sharding=True)
+        return (ops.replicated_all_reduce(xi, op="mean"), ops.replicated_all_reduce(xi, op="add", group=rts),
+                ops.replicated_reduce_scatter(xi, op="add"), shard, ops.replicated_all_gather(shard))
+
+    with Runtime(replication=replicas, threads=1) as rt:
+        expect = rt.run(step, x)
+    for count in splits(replicas):
+        with instances(count) as comm:
+            if comm is None:
+                continue
+            with Runtime(replication=replicas, comm=comm, timeout=60, threads=3) as rt:
+                got = rt.run(step, x[rt.replica_index_offset:][: rt.instance_replication_factor])
+                slicer = rt.dispatcher.slicer
+                assert slicer is not None and slicer.split_runs > 0
+                offset = rt.replica_index_offset
+            for a, b in zip(got, expect, strict=True):  # each output stacked over the local replicas
+                assert a.tobytes() == b[offset : offset + len(a)].tobytes(), f"{count} x {replicas // count}"

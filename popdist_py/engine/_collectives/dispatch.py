@@ -35,6 +35,7 @@ from popdist_py.engine._collectives.segments import Segments
 from popdist_py.engine._collectives.transport import HDR_BYTES, HeaderChannel, Transport
 from popdist_py.engine._execution.context import StepContext
 from popdist_py.engine._execution.replicas import ReplicaPlacement
+from popdist_py.engine._execution.slices import Slicer
 from popdist_py.engine.errors import CollectiveMismatchError, StepAborted
 from popdist_py.op_names import SQUARE_ADD
 
@@ -102,12 +103,14 @@ class Dispatcher:
     """The collectives of one runtime's L local replicas (and, through ``transport``, of every instance).
 
     ``waits`` is the executor's way of waiting at the rendezvous; ``timeout`` (seconds, settable)
-    bounds every wait for a missing replica or instance.
+    bounds every wait for a missing replica or instance; ``slicer`` runs a large collective's
+    local work on several threads (None: on the combining replica's).
     """
 
     def __init__(self, placement: ReplicaPlacement, transport: Transport | None, waits: Waits,
-                 timeout: float) -> None:
+                 timeout: float, slicer: Slicer | None = None) -> None:
         self.placement = placement
+        self.slicer = slicer
         self.transport = transport
         self.timeout = timeout
         self.rendezvous = Rendezvous(placement.num_local_replicas, self._combine, self._describe_local,
@@ -233,7 +236,7 @@ class Dispatcher:
                     raise CollectiveMismatchError(self._mismatch(deposits))
         plan = entry.plan
         if plan is None:
-            plan = entry.plan = CollectivePlan(self.placement, entry.sig)
+            plan = entry.plan = CollectivePlan(self.placement, entry.sig, slicer=self.slicer)
         self.seq += 1
         self._step_collectives = first[2]
         link = self._link

@@ -22,6 +22,9 @@ Reductions (all-reduce, reduce-scatter) of a group that spans instances:
 
 Groups whose members are all local are reduced in-process; only what crosses instances goes
 through MPI. All-reduce and all-gather results are shared, read-only, by a group's local members.
+The local work of a large collective (each reduction over whole arrays, the copies into an
+all-gather's result) runs in contiguous slices of elements on the runtime's
+:class:`.slices.Slicer` threads: each element still goes through the same operations.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ import numpy as np
 
 from popdist_py.engine._collectives.grouping import ReplicaGrouping
 from popdist_py.engine._collectives.reduce import UFUNCS, Node, Program, decompose
-from popdist_py.engine._collectives.segments import dense
+from popdist_py.engine._collectives.segments import Segments, dense
 from popdist_py.engine._collectives.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
 from popdist_py.engine._execution.replicas import ReplicaPlacement
+from popdist_py.engine._execution.slices import MIN_SLICE_BYTES, Slicer
 from popdist_py.engine._state.sharding import ShardLayout, end_bounds, spread
 
 #: Per-replica input size (bytes) up to which data travels inside the header message.
@@ -226,8 +230,11 @@ class SmallJob(NamedTuple):
 class CollectivePlan:
     """Everything about one collective signature on this instance that does not depend on the data."""
 
-    def __init__(self, placement: ReplicaPlacement, sig: Signature, eager_limit: int = EAGER_LIMIT) -> None:
+    def __init__(self, placement: ReplicaPlacement, sig: Signature, eager_limit: int = EAGER_LIMIT,
+                 slicer: Slicer | None = None) -> None:
         self.placement = placement
+        #: runs large local work in slices on several threads (None: one thread, the caller's)
+        self.slicer = slicer if slicer is not None and slicer.threads > 1 else None
         self.sig = sig
         self.kind = sig.kind
         self.dtype = np.dtype(sig.dtype)
@@ -423,6 +430,38 @@ class CollectivePlan:
         for header in self._headers:  # struct: cheaper than numpy item assignments for four words
             _HEADER.pack_into(header, 0, seq, index, sig_hash, STATUS_OK)
 
+    def _fill(self, prog: Program, inputs: Sequence[Any], out: np.ndarray, divide_by: int = 0) -> np.ndarray:
+        """``prog`` over the 1-D ``inputs`` into ``out``, ``/ divide_by``; in slices on the slicer's
+        threads when the work is large and the inputs are whole arrays."""
+        slicer, ufunc = self.slicer, self.ufunc
+        nbytes = out.nbytes * (len(inputs) + 1)
+        if slicer is None or nbytes < 2 * MIN_SLICE_BYTES or any(type(a) is Segments for a in inputs):
+            return prog.run_blocked(inputs, ufunc, out, divide_by)
+
+        def part(lo: int, hi: int) -> None:
+            prog.run_blocked([a[lo:hi] for a in inputs], ufunc, out[lo:hi], divide_by)
+
+        slicer.run(part, out.shape[0], nbytes)
+        return out
+
+    def _copy(self, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """``dst[...] = src`` for each pair (arrays of one shape); in slices on the slicer's threads
+        when the copies are large and every array is C-contiguous."""
+        slicer = self.slicer
+        nbytes = 2 * sum(src.nbytes for _, src in pairs)
+        if slicer is None or nbytes < 2 * MIN_SLICE_BYTES or not all(
+                d.flags.c_contiguous and s.flags.c_contiguous for d, s in pairs):
+            for dst, src in pairs:
+                dst[...] = src
+            return
+        flat = [(d.reshape(-1), s.reshape(-1)) for d, s in pairs]
+
+        def part(lo: int, hi: int) -> None:
+            for dst, src in flat:
+                dst[lo:hi] = src[lo:hi]
+
+        slicer.run(part, flat[0][0].shape[0], nbytes)
+
     # -- execution ---------------------------------------------------------------------------------
     def run(self, xs: Sequence[np.ndarray], link: Link | None) -> list[Any]:
         """Results for every local replica from the arrays they deposited (``xs[local index]``)."""
@@ -469,7 +508,7 @@ class CollectivePlan:
         results: list[Any] = [None] * self.placement.num_local_replicas
         for gp, prog, members in self.local_jobs:  # groups with every member here
             out = np.empty(n, dtype) if self.kind == ALL_REDUCE else np.zeros(self.group_size * self.chunk, dtype)
-            prog.run_blocked([flat[li] for li in members], ufunc, out[:n], div)
+            self._fill(prog, [flat[li] for li in members], out[:n], div)
             self._assign(results, gp, out, 0)
         if link is None:
             return results
@@ -486,7 +525,7 @@ class CollectivePlan:
                 if dest is None:  # a single member: send its data as it is (packed, if in pieces)
                     sends.append((p, dense(flat[inputs[0]][lo:hi])))
                 else:
-                    sends.append((p, prog.run_blocked([flat[li][lo:hi] for li in inputs], ufunc, dest)))
+                    sends.append((p, self._fill(prog, [flat[li][lo:hi] for li in inputs], dest)))
             recvs = [(p, buf) for p, bufs in zip(self.peers, self.recv_data, strict=True) for buf in bufs]
             link.transfer(recvs, sends, TAG_DATA)
         # 3. my region of each spanning group, in one pass from my members' data and the peers' partials
@@ -501,7 +540,7 @@ class CollectivePlan:
             else:
                 out = np.zeros((gp.k1 - gp.k0) * self.chunk, dtype)
                 target = out[: hi - lo]
-            prog.run_blocked(region_inputs, ufunc, target, div)
+            self._fill(prog, region_inputs, target, div)
             outs.append((gp, out))
         # 4. all-reduce in bulk: every instance has completed one region; exchange them
         if self.kind == ALL_REDUCE and not self.eager and outs:
@@ -535,11 +574,12 @@ class CollectivePlan:
     def _gather(self, xs: Sequence[np.ndarray], link: Link | None) -> list[Any]:
         G, shape = self.group_size, self.shape
         stacks = []
+        copies = []
         for gp in self.groups:
             stacked = np.empty((G, *shape), self.dtype)
-            for k, li in zip(range(gp.k0, gp.k1), gp.local, strict=True):
-                stacked[k] = xs[li]
+            copies += [(stacked[k, ...], xs[li]) for k, li in zip(range(gp.k0, gp.k1), gp.local, strict=True)]
             stacks.append(stacked)
+        self._copy(copies)
         if link is not None:
             # the specs of an all-gather carry members as leaves: node[0] is the member
             if self.eager:

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 # The variables' names are the launcher's contract, defined once in poprun_py.environment (import-free).
-from popdist_py import settings
+from popdist_py import settings, validate
 from poprun_py.environment import ENGINE_EXECUTOR as ENV
-from poprun_py.environment import LOCAL_WORLD_SIZE
+from poprun_py.environment import ENGINE_THREADS, LOCAL_WORLD_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,14 @@ def instances_on_host() -> int:
 
 def cores_per_instance() -> int:
     return available_cores() // instances_on_host()
+
+
+def slice_threads(requested: int | None) -> int:
+    """Threads that share a large collective's local work (:mod:`.slices`): ``requested`` (an
+    argument) wins over ``$POPDIST_ENGINE_THREADS``, which wins over :func:`cores_per_instance`."""
+    if requested is not None:
+        return validate.count("threads", requested)
+    return settings.integer(ENGINE_THREADS, 0, minimum=1) or max(1, cores_per_instance())
 
 
 def choose(requested: str | None, num_local_replicas: int) -> str:
