@@ -5,7 +5,8 @@ by instance 0.
 
 The same model, data and optimizer in both: an MLP 1024-1024-1024-16 without biases (ReLU,
 softmax cross-entropy), float32, plain SGD (lr 0.01), the global batch split evenly over the
-instances, one BLAS thread per process. ``engine``: popdist_py.engine's Trainer (its fused
+replicas (``engine``: an instance may run several, ``poprun --num-replicas``), one BLAS thread per
+process. ``engine``: popdist_py.engine's Trainer (its fused
 gradient reduction, mean over replicas, and its optimizer), the model in numpy (BLAS products,
 as torch's). ``ddp``: torch DistributedDataParallel over gloo, set up from the torchrun variables
 poprun gives. Throughput is the global batch over the median step time, after one warm-up step.
@@ -63,8 +64,11 @@ def engine(global_batch: int) -> tuple[Callable[[], None], int, Callable[[], Non
     from popdist_py.engine.optimizers import SGD
 
     rt = Runtime()
-    x, y = _data(global_batch, rt.replica_index_offset, rt.replication_factor)
-    trainer = Trainer(rt, _initial(), _loss_and_grads, SGD(LEARNING_RATE), [x.shape, y.shape],
+    # each local replica its share of the global batch: inputs [L, share, ...]
+    shares = [_data(global_batch, rt.replica_index_offset + i, rt.replication_factor)
+              for i in range(rt.instance_replication_factor)]
+    x, y = np.stack([s[0] for s in shares]), np.stack([s[1] for s in shares])
+    trainer = Trainer(rt, _initial(), _loss_and_grads, SGD(LEARNING_RATE), [x.shape[1:], y.shape[1:]],
                       TrainingOptions(reduction="mean"))
 
     def step() -> None:

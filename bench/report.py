@@ -80,13 +80,23 @@ def markdown(results: dict[str, Any]) -> str:
         lines += _peers(results["peers"])
     if "multihost" in results:
         lines += _multihost(results["multihost"])
-    targets = [t for s in results.values() if isinstance(s, dict) for t in
-               (s.get("targets") or ([s["target"]] if "target" in s else []))]
-    if targets:
-        lines += ["| target | limit | measured | holds |", "|---|---|---|---|"]
-        for t in targets:
-            lines.append(f"| {t['what']} | {t['limit']} | {t['value']:.2f} | {'yes' if t['holds'] else '**no**'} |")
+    if "cores" in results:
+        lines += _cores(results["cores"])
+    lines += _targets(results)
     return "\n".join(lines) + "\n"
+
+
+def _targets(results: dict[str, Any]) -> list[str]:
+    """Every section's targets in one table, each with the core count of the host it was measured on."""
+    targets = [(s.get("machine", {}).get("cores", "?"), t) for s in results.values() if isinstance(s, dict)
+               for t in (s.get("targets") or ([s["target"]] if "target" in s else []))]
+    if not targets:
+        return []
+    lines = ["| target | host cores | limit | measured | holds |", "|---|---|---|---|---|"]
+    for cores, t in targets:
+        holds = "yes" if t["holds"] else "**no**"
+        lines.append(f"| {t['what']} | {cores} | {t['limit']} | {t['value']:.2f} | {holds} |")
+    return lines
 
 
 def _training(t: dict[str, Any]) -> list[str]:
@@ -176,6 +186,29 @@ def _multihost(m: dict[str, Any]) -> list[str]:
             (f"| all-reduce {_size(reduce['bytes_per_replica'])} per replica (engine 2x2, raw 2 ranks) | "
              f"{_ms(reduce['mpi4py_raw_2']['seconds'])} | {_ms(reduce['engine_2x2']['seconds'])} | "
              f"{reduce['ratio_engine_to_raw_2']:.2f} |"), ""]
+
+
+def _cores(c: dict[str, Any]) -> list[str]:
+    reduced, split, trained, R = c["reduction"], c["splits"], c["training"], c["replicas"]
+    threads = reduced["threads"]
+    lines = [(f"| in one process, {_size(reduced['bytes_per_replica'])} per replica ({c['cores']} cores) | "
+              f"1 thread (ms) | {threads} threads (ms) | speedup |"), "|---|---|---|---|"]
+    for L, by_op in reduced["local_replicas"].items():
+        for op, t in by_op.items():
+            lines.append(f"| {op.replace('_', '-')}, {L} local replicas | {_ms(t['one_thread'])} | "
+                         f"{_ms(t['threads'])} | {t['speedup']:.2f} |")
+    memory = reduced["memory_limit"]
+    lines += [(f"| the host's limit: `np.add` of two arrays into a fresh third | {_ms(memory['one_thread'])} | "
+               f"{_ms(memory['threads'])} | {memory['speedup']:.2f} |"), ""]
+    lines += [f"| all-reduce {_size(split['bytes_per_replica'])} per replica, {R} replicas | ms | vs fastest |",
+              "|---|---|---|"]
+    fastest = min(s for name, s in split["seconds"].items() if not name.startswith("mpi4py"))
+    lines += [f"| {name.replace('_', ' ') if name.startswith('mpi4py') else 'engine ' + name} | {_ms(s)} | "
+              f"{s / fastest:.2f} |" for name, s in split["seconds"].items()]
+    lines += ["", f"| training: {trained['model']} | samples/s |", "|---|---|"]
+    lines += [f"| {name.replace('_', ' ')} | {v:.0f} |" for name, v in trained["samples_per_s"].items()]
+    lines.append("")
+    return lines
 
 
 def _peers(p: dict[str, Any]) -> list[str]:

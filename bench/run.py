@@ -2,7 +2,7 @@
 
     python -m bench.run [--quick] [--sections NAME,...]
 
-Sections: allreduce, launch, scaling, rts_memory, training, pipeline, multihost, matmul, peers.
+Sections: allreduce, launch, scaling, rts_memory, training, pipeline, multihost, matmul, peers, cores.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 log = logging.getLogger("bench")
 SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scaling": "bench.scaling",
             "rts_memory": "bench.rts_memory", "training": "bench.training", "pipeline": "bench.pipeline",
-            "multihost": "bench.multihost", "matmul": "bench.matmul", "peers": "bench.peers"}
+            "multihost": "bench.multihost", "matmul": "bench.matmul", "peers": "bench.peers", "cores": "bench.cores"}
 
 
 def main() -> None:

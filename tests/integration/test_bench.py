@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench import pipeline, report, scaling, training
+from bench.machine import machine_info
 from tests.helpers import PYTHON, poprun, run
 
 pytestmark = pytest.mark.slow  # every test starts the workers (under poprun or alone)
@@ -124,3 +125,35 @@ def test_the_peers_sections_pieces_measure_both_sides_and_render() -> None:
     table = report.markdown({"peers": section})
     assert "| n = 1,001 |" in table and "| 1 MiB |" in table and "| 2 process(es) |" in table, table
     assert "torchrun 2.13.0 |" in table
+
+
+def test_the_cores_section_measures_threads_splits_and_training_and_renders() -> None:
+    """Local replicas against processes with a replica per core, at the smallest sizes."""
+    pytest.importorskip("torch")
+    from bench import cores
+
+    section: dict[str, Any] = cores.run(quick=True, reduction_bytes=4 << 20, split_bytes=1 << 20, global_batch=64)
+    R = section["replicas"]
+    assert cores.replicas() == R and section["reduction"]["threads"] == section["cores"]
+    rows = section["reduction"]["local_replicas"]
+    assert set(rows) == {str(L) for L in {2, 4, R}}
+    for by_op in rows.values():
+        assert set(by_op) == {"allreduce", "reduce_scatter", "allgather"}
+        assert all(t["speedup"] == t["one_thread"] / t["threads"] > 0 for t in by_op.values())
+    assert section["reduction"]["memory_limit"]["speedup"] > 0
+    splits = section["splits"]["seconds"]
+    assert set(splits) == {f"mpi4py_{R}_ranks"} | {f"{i}x{R // i}" for i in range(1, R + 1) if R % i == 0}
+    assert set(section["training"]["samples_per_s"]) == {f"engine_{R}_processes", f"engine_1x{R}",
+                                                         f"torch_ddp_{R}_processes"}
+    whats = [t["what"] for t in section["targets"]]
+    threads = f"one thread / {section['cores']} threads (at least)"
+    assert whats[:3] == [f"in-process all-reduce 4 MiB, 2 replicas: {threads}",
+                         f"in-process all-reduce 4 MiB, 4 replicas: {threads}",
+                         f"training samples/s: 1 x {R} replicas / {R} processes (at least)"]
+    assert len(whats) == (6 if R >= cores.MANY_CORES else 3)
+    for t in section["targets"]:
+        assert t["holds"] == (t["value"] >= t["limit"] if "at least" in t["what"] else t["value"] <= t["limit"])
+    section["machine"] = machine_info()  # the host cores the target table shows
+    table = report.markdown({"cores": section})
+    assert f"| engine 1x{R} |" in table and "| allreduce, 4 local replicas |" in table
+    assert f"| training samples/s: 1 x {R} replicas / {R} processes (at least) | {section['cores']} | 1.0 |" in table

@@ -1,0 +1,96 @@
+"""In one process: the engine's collectives over L local replicas, their local work on one thread
+against on several, batches alternating; prints one JSON line ``{L: {op: {threads: seconds}}}``.
+
+    cores_worker.py THREADS BYTES L [L ...]
+
+BYTES per replica (float32). ``Runtime(threads=1)`` leaves the combining replica to do the local
+work alone; ``Runtime(threads=THREADS)`` cuts it into slices on THREADS threads. Each time is the
+median over batches of the mean call. Beside them, under ``"memory"``, the host's own limit:
+plain ``np.add`` of two such arrays into a third, whole on one thread against split in equal
+parts over THREADS threads (fresh outputs, as a collective's result is).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
+
+import numpy as np
+
+from popdist_py.engine import Runtime, StepContext, ops
+
+BATCHES = 15
+ITERATIONS = 4
+OPS: dict[str, Callable[[np.ndarray], object]] = {
+    "allreduce": lambda x: ops.replicated_all_reduce(x, op="add"),
+    "reduce_scatter": lambda x: ops.replicated_reduce_scatter(x, op="add"),
+    "allgather": lambda x: ops.replicated_all_gather(x),
+}
+
+
+def batch(rt: Runtime, call: Callable[[np.ndarray], object], data: np.ndarray) -> Callable[[], None]:
+    def step(ctx: StepContext, x: np.ndarray) -> None:
+        for _ in range(ITERATIONS):
+            call(x)
+
+    return lambda: rt.run(step, data)
+
+
+def measure(threads: int, nbytes: int, local: int) -> dict[str, dict[str, float]]:
+    data = np.random.default_rng(local).standard_normal((local, nbytes // 4), dtype=np.float32)
+    runtimes = {"1": Runtime(local, threads=1), str(threads): Runtime(local, threads=threads)}
+    result: dict[str, dict[str, float]] = {}
+    try:
+        for op, call in OPS.items():
+            batches = {name: batch(rt, call, data) for name, rt in runtimes.items()}
+            for run in batches.values():  # warm-up: plans, pool threads
+                run()
+            means: dict[str, list[float]] = {name: [] for name in batches}
+            for _ in range(BATCHES):
+                for name, run in batches.items():
+                    start = time.perf_counter()
+                    run()
+                    means[name].append((time.perf_counter() - start) / ITERATIONS)
+            result[op] = {name: float(np.median(m)) for name, m in means.items()}
+    finally:
+        for rt in runtimes.values():
+            rt.close()
+    return result
+
+
+def memory_limit(threads: int, nbytes: int) -> dict[str, float]:
+    """Seconds of ``np.add`` into a fresh array, on one thread and split over ``threads``."""
+    n = nbytes // 4
+    a, b = np.ones(n, np.float32), np.ones(n, np.float32)
+    cuts = [n * i // threads for i in range(threads + 1)]
+    with ThreadPoolExecutor(threads - 1 or 1) as pool:
+        def split() -> None:
+            out = np.empty(n, np.float32)
+            futures = [pool.submit(np.add, a[lo:hi], b[lo:hi], out=out[lo:hi]) for lo, hi in pairwise(cuts[1:])]
+            np.add(a[: cuts[1]], b[: cuts[1]], out=out[: cuts[1]])
+            for f in futures:
+                f.result()
+
+        calls = {"1": lambda: np.add(a, b, out=np.empty(n, np.float32)), str(threads): split}
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(BATCHES * ITERATIONS):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def main() -> None:
+    threads, nbytes, locals_ = int(sys.argv[1]), int(sys.argv[2]), [int(a) for a in sys.argv[3:]]
+    result: dict[str, object] = {str(local): measure(threads, nbytes, local) for local in locals_}
+    result["memory"] = memory_limit(threads, nbytes)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
