@@ -1,5 +1,6 @@
 """``allreduce`` (+ all-gather, reduce-scatter): the engine at 2 instances x 2 replicas against
-flat 4-rank mpi4py and 2-rank raw mpi4py, per size, with algbw/busbw (nccl-tests convention).
+flat 4-rank mpi4py and 2-rank raw mpi4py, per size, with algbw/busbw (nccl-tests convention);
+and a 1 KiB all-reduce under each executor, which shows where a small collective's time goes.
 
 The 2-rank raw all-reduce is timed inside the engine's job, its batches alternating with the
 engine's (``engine+raw``), so their ratio does not depend on when each job happened to run."""
@@ -7,6 +8,7 @@ engine's (``engine+raw``), so their ratio does not depend on when each job happe
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,8 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [1 << 10, 1 << 20, 16 << 20]
+#: The small all-reduce whose time is taken apart by executor (:func:`latency`).
+LATENCY_BYTES = 1 << 10
 WORKER = ["-m", "bench.collectives_worker"]
 #: nccl-tests' bus-bandwidth factors for n participants.
 BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
@@ -35,6 +39,22 @@ def _entry(op: str, nbytes: int, seconds: float, participants: int) -> dict[str,
     size = nbytes * participants if op == "allgather" else nbytes
     algbw = size / seconds / 1e9
     return {"seconds": seconds, "algbw_GBps": algbw, "busbw_GBps": algbw * BUS_FACTOR[op](participants)}
+
+
+def latency(nbytes: int) -> dict[str, object]:
+    """Where a small all-reduce's time goes: the engine under each executor, at 2x2 beside raw
+    2-rank mpi4py in the same job, and at 1x2 (no MPI: the local replicas' meeting alone)."""
+    python, poprun = str(BIN / "python"), str(BIN / "poprun")
+    splits = {"2x2": ("2", "4", "threads+cooperative+raw"), "1x2": ("1", "2", "threads+cooperative")}
+    seconds = {}
+    for split, (instances, replicas, kinds) in splits.items():
+        times = worker_times([poprun, "--num-instances", instances, "--num-replicas", replicas, python, *WORKER,
+                              kinds, "allreduce", str(nbytes)])
+        seconds[split] = times[nbytes]
+    cores = os.cpu_count() or 1
+    auto = {split: ("threads" if cores // int(instances) >= 2 else "cooperative")
+            for split, (instances, _, _) in splits.items()}
+    return {"bytes_per_replica": nbytes, "seconds": seconds, "auto": auto}
 
 
 def run(quick: bool) -> dict[str, object]:
@@ -69,6 +89,7 @@ def run(quick: bool) -> dict[str, object]:
                         "value": ratios["ratio_engine_to_flat_4"], "holds": ratios["ratio_engine_to_flat_4"] <= 0.75})
         targets.append({"what": "2x2 all-reduce 16 MiB / 2-rank raw Allreduce", "limit": 1.5,
                         "value": ratios["ratio_engine_to_raw_2"], "holds": ratios["ratio_engine_to_raw_2"] <= 1.5})
+    result["latency_1k"] = latency(LATENCY_BYTES)
     ratios = allreduce_ratios[1 << 10]
     targets.append({"what": "2x2 all-reduce 1 KiB / 2-rank raw Allreduce latency", "limit": 3.0,
                     "value": ratios["ratio_engine_to_raw_2"], "holds": ratios["ratio_engine_to_raw_2"] <= 3.0})

@@ -3,7 +3,8 @@
     collectives_worker.py KINDS OP SIZES...
 
 KINDS joins with ``+`` one or more of: ``raw`` (mpi4py buffer calls on COMM_WORLD, one array per
-rank), ``engine`` (popdist_py.engine, L replicas per process) and ``gloo`` (torch.distributed's
+rank), ``engine`` (popdist_py.engine, L replicas per process, the executor its ``auto`` choice),
+``threads`` and ``cooperative`` (the engine with that executor), and ``gloo`` (torch.distributed's
 gloo backend, one tensor per rank, set up from the torchrun variables poprun gives). OP is
 allreduce, allgather, reduce_scatter or broadcast (not ``engine``: it has no broadcast, as PopXL
 has none); SIZES are bytes per replica (float32). Each size: warm-up, then batches of
@@ -58,10 +59,11 @@ def raw_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Callable
     return batch
 
 
-def engine_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Callable[[], None]:
+def engine_batch(op: str, nbytes: int, comm: MPI.Intracomm, iters: int, executor: str | None = None
+                 ) -> Callable[[], None]:
     from popdist_py.engine import ops
 
-    rt = _runtime()
+    rt = _runtime(executor)
     data = np.ones((rt.instance_replication_factor, nbytes // 4), dtype=np.float32)
     call: Callable[[np.ndarray], object] = {"allreduce": lambda x: ops.replicated_all_reduce(x, op="add"),
             "allgather": lambda x: ops.replicated_all_gather(x),
@@ -104,16 +106,17 @@ def gloo_batch(op: str, nbytes: int, iters: int) -> Callable[[], None]:
     return batch
 
 
-_RT: Runtime | None = None
+_RUNTIMES: dict[str | None, Runtime] = {}
 
 
-def _runtime() -> Runtime:
-    global _RT
-    if _RT is None:
+def _runtime(executor: str | None = None) -> Runtime:
+    """The job's runtime with ``executor`` (None: the runtime's own choice), one of each, reused."""
+    rt = _RUNTIMES.get(executor)
+    if rt is None:
         from popdist_py.engine import Runtime
 
-        _RT = Runtime()
-    return _RT
+        rt = _RUNTIMES[executor] = Runtime(executor=executor)
+    return rt
 
 
 def measure(batches: dict[str, Callable[[], None]], iters: int, comm: MPI.Intracomm) -> dict[str, float]:
@@ -130,12 +133,14 @@ def measure(batches: dict[str, Callable[[], None]], iters: int, comm: MPI.Intrac
     return {name: float(np.median(m)) for name, m in means.items()}
 
 
-KINDS = ("engine", "raw", "gloo")
+KINDS = ("engine", "threads", "cooperative", "raw", "gloo")
 
 
 def _batch(kind: str, op: str, nbytes: int, comm: MPI.Intracomm, iters: int) -> Callable[[], None]:
     if kind == "engine":
         return engine_batch(op, nbytes, comm, iters)
+    if kind in ("threads", "cooperative"):
+        return engine_batch(op, nbytes, comm, iters, executor=kind)
     if kind == "raw":
         return raw_batch(op, nbytes, comm, iters)
     return gloo_batch(op, nbytes, iters)
@@ -146,7 +151,7 @@ def main() -> None:
     kinds = mode.split("+")
     if not kinds or any(kind not in KINDS for kind in kinds):
         raise SystemExit(f"mode {mode!r} is not one or more of {', '.join(KINDS)} joined by '+'")
-    if op == "broadcast" and "engine" in kinds:
+    if op == "broadcast" and {"engine", "threads", "cooperative"} & set(kinds):
         raise SystemExit("the engine has no broadcast (as PopXL has none): time it as raw or gloo")
     comm = MPI.COMM_WORLD
     results = {}

@@ -36,6 +36,8 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{row['engine_2x2']['busbw_GBps']:.2f} | {row['ratio_engine_to_flat_4']:.2f} | "
                          f"{row['ratio_engine_to_raw_2']:.2f} |")
         lines.append("")
+        if "latency_1k" in section:
+            lines += _latency(section["latency_1k"])
         for op in ("allgather", "reduce_scatter"):
             name = op.replace("_", "-")
             lines += [f"| {name} per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | engine / 4 ranks |",
@@ -186,6 +188,15 @@ def _multihost(m: dict[str, Any]) -> list[str]:
             (f"| all-reduce {_size(reduce['bytes_per_replica'])} per replica (engine 2x2, raw 2 ranks) | "
              f"{_ms(reduce['mpi4py_raw_2']['seconds'])} | {_ms(reduce['engine_2x2']['seconds'])} | "
              f"{reduce['ratio_engine_to_raw_2']:.2f} |"), ""]
+
+
+def _latency(lat: dict[str, Any]) -> list[str]:
+    us = {split: {kind: f"{t * 1e6:.1f}" for kind, t in kinds.items()} for split, kinds in lat["seconds"].items()}
+    lines = [(f"| all-reduce {_size(lat['bytes_per_replica'])} per replica (us) | raw mpi4py, 2 ranks | engine, "
+              "threads executor | engine, cooperative executor | `auto` picks here |"), "|---|---|---|---|---|"]
+    for split, t in us.items():
+        lines.append(f"| {split} | {t.get('raw', '-')} | {t['threads']} | {t['cooperative']} | {lat['auto'][split]} |")
+    return [*lines, ""]
 
 
 def _cores(c: dict[str, Any]) -> list[str]:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from popdist_py.engine._collectives.rendezvous import Rendezvous
+from popdist_py.engine._collectives.rendezvous import SPIN_SECONDS, Rendezvous, ThreadWaits
 from popdist_py.engine.errors import CollectiveTimeoutError, StepAborted
+from tests.helpers import task_state
 
 pytestmark = pytest.mark.one_executor
 
@@ -201,3 +203,35 @@ def test_one_replica_combines_alone_and_records_its_failure() -> None:
     with pytest.raises(StepAborted, match=r"^step abandoned: replica 0 failed \(ValueError: bad deposit\)$"):
         r.arrive(0, "c", timeout=5)
     assert calls == [["a"], ["bad"]]
+
+
+def test_a_thread_waits_polls_then_sleeps_and_always_answers_its_wake_up() -> None:
+    """A wake-up already there, one during the polling, one after it (asleep), and none at all."""
+    waits = ThreadWaits(2)
+    waits.wake(0)
+    assert waits.sleep(0, 0.0)  # already there: no deadline needed
+    assert not waits.sleep(0, 0.0)  # nothing there, no time to wait
+    polling = threading.Event()
+    woken: list[bool] = []
+
+    def sleep() -> None:
+        polling.set()
+        woken.append(waits.sleep(1, 30.0))
+
+    for delay in ("during the polling", "while asleep"):
+        woken.clear()
+        sleeper = threading.Thread(target=sleep)
+        sleeper.start()
+        assert polling.wait(30)
+        if delay == "while asleep":  # the polling window is bounded: the thread is then blocked
+            deadline = time.monotonic() + 30
+            while task_state(f"/proc/self/task/{sleeper.native_id}") != "S" and time.monotonic() < deadline:
+                time.sleep(SPIN_SECONDS)
+        waits.wake(1)
+        sleeper.join(30)
+        assert woken == [True], delay
+        polling.clear()
+    start = time.monotonic()
+    assert not waits.sleep(1, 0.05)  # a deadline longer than the polling still holds
+    assert 0.04 <= time.monotonic() - start < 10
+

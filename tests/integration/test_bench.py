@@ -36,7 +36,7 @@ def test_engine_and_raw_all_reduce_are_timed_in_one_job() -> None:
 def test_unknown_worker_mode_is_named() -> None:
     out = run([PYTHON, "-m", "bench.collectives_worker", "fast", "allreduce", "1024"])
     assert out.returncode != 0
-    assert "mode 'fast' is not one or more of engine, raw, gloo joined by '+'" in out.stderr
+    assert "mode 'fast' is not one or more of engine, threads, cooperative, raw, gloo joined by '+'" in out.stderr
 
 
 def test_scaling_section_reports_both_batches_and_its_target() -> None:

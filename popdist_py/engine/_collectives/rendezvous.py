@@ -15,7 +15,9 @@ immediately, so an exception can never leave the others hanging.
 from __future__ import annotations
 
 import math
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -45,8 +47,22 @@ class Waits(Protocol):
         """Make replica ``index`` (asleep or about to sleep) return from :meth:`sleep`."""
 
 
+#: How long a replica thread polls its lock, yielding the CPU between polls, before it sleeps on it.
+#: A thread asleep in the kernel takes 15-25 us to run again on a virtual machine whose idle CPUs
+#: halt (as this project's CI hosts do), which would be most of a small collective's time; one
+#: that polls sees its wake-up within a few microseconds. The bound keeps a replica that waits for
+#: a slow one from burning a core.
+SPIN_SECONDS = 50e-6
+
+
+_clock = time.perf_counter
+_yield = os.sched_yield
+
+
 class ThreadWaits:
-    """Replica threads: each sleeps on its own lock, released by whoever wakes it."""
+    """Replica threads: each waits on its own lock, released by whoever wakes it; it polls the lock
+    for :data:`SPIN_SECONDS` (``os.sched_yield`` between polls, which also hands over the GIL) and
+    then sleeps on it."""
 
     def __init__(self, size: int) -> None:
         self._locks = [threading.Lock() for _ in range(size)]
@@ -58,9 +74,17 @@ class ThreadWaits:
             lock.acquire(blocking=False)
 
     def sleep(self, index: int, timeout: float) -> bool:
+        lock = self._locks[index]
+        end = _clock() + min(SPIN_SECONDS, timeout)
+        while True:
+            if lock.acquire(False):
+                return True
+            if _clock() >= end:
+                break
+            _yield()
         if math.isinf(timeout):
-            return self._locks[index].acquire()
-        return self._locks[index].acquire(timeout=timeout)
+            return lock.acquire()
+        return lock.acquire(timeout=max(0.0, timeout - SPIN_SECONDS))
 
     def wake(self, index: int) -> None:
         self._locks[index].release()
