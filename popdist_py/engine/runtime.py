@@ -28,12 +28,12 @@ import numpy as np
 from popdist_py import deadline
 from popdist_py.engine._collectives.dispatch import Dispatcher
 from popdist_py.engine._collectives.grouping import CommGroup, Group, ReplicaGrouping
-from popdist_py.engine._collectives.rendezvous import ThreadWaits, Waits
+from popdist_py.engine._collectives.rendezvous import SPIN_SECONDS, ThreadWaits, Waits
 from popdist_py.engine._collectives.transport import Transport
 from popdist_py.engine._execution import context
 from popdist_py.engine._execution.context import StepContext
 from popdist_py.engine._execution.cooperative import CooperativePool
-from popdist_py.engine._execution.executor import THREADS, ReplicaExecutor, choose, slice_threads
+from popdist_py.engine._execution.executor import THREADS, ReplicaExecutor, choose, polls, slice_threads
 from popdist_py.engine._execution.pool import ReplicaPool
 from popdist_py.engine._execution.replicas import ReplicaPlacement, runtime_topology
 from popdist_py.engine._execution.slices import Slicer
@@ -113,7 +113,9 @@ class Runtime:
         self._pool: ReplicaExecutor
         waits: Waits
         if self._executor == THREADS:  # first: it may fail (thread limits), and then stops what it started
-            self._pool, waits = ReplicaPool(L, name=f"replica@{self._placement.replica_index_offset}"), ThreadWaits(L)
+            poll = SPIN_SECONDS if polls(L) else 0.0
+            self._pool = ReplicaPool(L, name=f"replica@{self._placement.replica_index_offset}")
+            waits = ThreadWaits(L, poll)
         else:
             self._pool = waits = CooperativePool(L)
         self._transport: Transport | None = None

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from popdist_py.engine._collectives.rendezvous import SPIN_SECONDS, Rendezvous, ThreadWaits
+from popdist_py.engine._execution.executor import cores_per_instance, polls
 from popdist_py.engine.errors import CollectiveTimeoutError, StepAborted
 from tests.helpers import task_state
 
@@ -205,9 +206,10 @@ def test_one_replica_combines_alone_and_records_its_failure() -> None:
     assert calls == [["a"], ["bad"]]
 
 
-def test_a_thread_waits_polls_then_sleeps_and_always_answers_its_wake_up() -> None:
+@pytest.mark.parametrize("poll", [0.0, SPIN_SECONDS])
+def test_a_thread_waits_polls_then_sleeps_and_always_answers_its_wake_up(poll: float) -> None:
     """A wake-up already there, one during the polling, one after it (asleep), and none at all."""
-    waits = ThreadWaits(2)
+    waits = ThreadWaits(2, poll)
     waits.wake(0)
     assert waits.sleep(0, 0.0)  # already there: no deadline needed
     assert not waits.sleep(0, 0.0)  # nothing there, no time to wait
@@ -235,3 +237,9 @@ def test_a_thread_waits_polls_then_sleeps_and_always_answers_its_wake_up() -> No
     assert not waits.sleep(1, 0.05)  # a deadline longer than the polling still holds
     assert 0.04 <= time.monotonic() - start < 10
 
+
+
+def test_replica_threads_poll_only_where_each_has_a_core() -> None:
+    cores = cores_per_instance()
+    assert polls(max(1, cores)) == (cores >= 1)
+    assert not polls(cores + 1)

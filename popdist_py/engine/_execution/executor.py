@@ -80,6 +80,12 @@ def cores_per_instance() -> int:
     return available_cores() // instances_on_host()
 
 
+def polls(num_local_replicas: int) -> bool:
+    """Whether replica threads waiting at a collective poll before they sleep: only when each of
+    the instance's replica threads has a core to itself (:data:`.rendezvous.SPIN_SECONDS`)."""
+    return num_local_replicas <= cores_per_instance()
+
+
 def slice_threads(requested: int | None) -> int:
     """Threads that share a large collective's local work (:mod:`.slices`): ``requested`` (an
     argument) wins over ``$POPDIST_ENGINE_THREADS``, which wins over :func:`cores_per_instance`."""
