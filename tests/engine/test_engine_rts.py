@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, Shard, ShardArray, ShardLayout, ops
-from popdist_py.engine._state.sharding import spread
 from tests.engine_helpers import valid_groupings
 
 
@@ -77,21 +76,6 @@ def test_layout_is_balanced_and_round_trips(n: int, k: int) -> None:
     for got, want in zip(shards, reference_shards(flat, k), strict=True):
         assert got.tolist() == want.tolist()
     assert layout.join(shards.reshape(-1)).tolist() == flat.tolist()
-
-
-@settings(max_examples=200, deadline=None)
-@given(n=st.integers(0, 200), k=st.integers(1, 9), data=st.data())
-def test_spread_lays_packed_members_out_as_shards(n: int, k: int, data: st.DataObject) -> None:
-    layout = ShardLayout(n, k)
-    k0 = data.draw(st.integers(0, k - 1))
-    k1 = data.draw(st.integers(k0 + 1, k))
-    flat = np.arange(1, n + 1, dtype=np.float64)
-    s = layout.shard_size
-    buf = np.full((k1 - k0) * s, -1.0)
-    lo, hi = layout.bounds[k0], layout.bounds[k1]
-    buf[: hi - lo] = flat[lo:hi]
-    spread(buf, layout.bounds, k0, k1, s)
-    assert buf.tolist() == layout.split(flat)[k0:k1].reshape(-1).tolist()
 
 
 # -- collectives ---------------------------------------------------------------------------------------

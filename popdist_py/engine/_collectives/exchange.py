@@ -42,7 +42,7 @@ from popdist_py.engine._collectives.segments import Segments, dense
 from popdist_py.engine._collectives.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
 from popdist_py.engine._execution.replicas import ReplicaPlacement
 from popdist_py.engine._execution.slices import MIN_SLICE_BYTES, Slicer
-from popdist_py.engine._state.sharding import ShardLayout, end_bounds, spread
+from popdist_py.engine._state.sharding import ShardLayout, end_bounds
 
 #: Per-replica input size (bytes) up to which data travels inside the header message.
 EAGER_LIMIT = 32 * 1024
@@ -444,6 +444,31 @@ class CollectivePlan:
         slicer.run(part, out.shape[0], nbytes)
         return out
 
+    def _fill_shards(self, prog: Program, inputs: Sequence[Any], out: np.ndarray, k0: int, k1: int,
+                     divide_by: int) -> None:
+        """RTS reduce-scatter: ``prog`` over the elements of members ``k0 .. k1-1``, which ``inputs``
+        hold packed from member ``k0``'s first, written straight into their shards in ``out``
+        (:attr:`chunk` elements each, their padding left zero), in slices when large. (Reducing
+        them packed and then moving each shard to its place was a serial pass over the result.)"""
+        bd, cs, ufunc = self.bounds, self.chunk, self.ufunc
+        base = bd[k0]
+        #: (first, end) of each member's elements in ``inputs``, and where its shard starts in ``out``
+        shards = [(bd[k] - base, bd[k + 1] - base, (k - k0) * cs) for k in range(k0, k1)]
+
+        def part(lo: int, hi: int) -> None:
+            for first, end, at in shards:
+                a, b = max(first, lo), min(end, hi)
+                if a < b:
+                    prog.run_blocked([x[a:b] for x in inputs], ufunc, out[at + a - first : at + b - first], divide_by)
+
+        total = bd[k1] - base
+        slicer = self.slicer
+        nbytes = total * self.itemsize * (len(inputs) + 1)
+        if slicer is None or nbytes < 2 * MIN_SLICE_BYTES or any(type(x) is Segments for x in inputs):
+            part(0, total)
+        else:
+            slicer.run(part, total, nbytes)
+
     def _copy(self, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         """``dst[...] = src`` for each pair (arrays of one shape); in slices on the slicer's threads
         when the copies are large and every array is C-contiguous."""
@@ -508,7 +533,10 @@ class CollectivePlan:
         results: list[Any] = [None] * self.placement.num_local_replicas
         for gp, prog, members in self.local_jobs:  # groups with every member here
             out = np.empty(n, dtype) if self.kind == ALL_REDUCE else np.zeros(self.group_size * self.chunk, dtype)
-            self._fill(prog, [flat[li] for li in members], out[:n], div)
+            if self.rts is None:
+                self._fill(prog, [flat[li] for li in members], out[:n], div)
+            else:
+                self._fill_shards(prog, [flat[li] for li in members], out, gp.k0, gp.k1, div)
             self._assign(results, gp, out, 0)
         if link is None:
             return results
@@ -536,11 +564,13 @@ class CollectivePlan:
             region_inputs += remote
             if self.kind == ALL_REDUCE:
                 out = np.empty(n, dtype)
-                target = out[lo:hi]
+                self._fill(prog, region_inputs, out[lo:hi], div)
             else:
                 out = np.zeros((gp.k1 - gp.k0) * self.chunk, dtype)
-                target = out[: hi - lo]
-            self._fill(prog, region_inputs, target, div)
+                if self.rts is None:
+                    self._fill(prog, region_inputs, out[: hi - lo], div)
+                else:
+                    self._fill_shards(prog, region_inputs, out, gp.k0, gp.k1, div)
             outs.append((gp, out))
         # 4. all-reduce in bulk: every instance has completed one region; exchange them
         if self.kind == ALL_REDUCE and not self.eager and outs:
@@ -565,8 +595,6 @@ class CollectivePlan:
                 results[li] = full
         else:
             cs = self.chunk
-            if self.rts is not None:  # reduced elements are packed: lay them out as padded shards
-                spread(out, self.bounds, gp.k0, gp.k1, cs)
             for k, li in zip(range(gp.k0, gp.k1), gp.local, strict=True):
                 i = k - first_member
                 results[li] = out[i * cs : (i + 1) * cs]

@@ -105,21 +105,6 @@ class ShardLayout:
         return out
 
 
-def spread(buf: np.ndarray, bounds: tuple[int, ...], k0: int, k1: int, size: int) -> None:
-    """In place: members ``k0..k1-1``' elements, packed from ``buf[0]`` (member ``k`` at
-    ``bounds[k] - bounds[k0]``), moved to slots of ``size`` each and zero-padded.
-
-    Used by the reduce-scatter, which reduces a contiguous region and then lays it out as shards.
-    """
-    base = bounds[k0]
-    for k in range(k1 - 1, k0 - 1, -1):  # last first: every move goes right, into free space
-        src, length = bounds[k] - base, bounds[k + 1] - bounds[k]
-        dst = (k - k0) * size
-        if dst != src and length:
-            buf[dst : dst + length] = buf[src : src + length]  # numpy buffers overlapping copies
-        buf[dst + length : dst + size] = 0
-
-
 def end_bounds(n: int, count: int) -> tuple[int, ...]:
     """Bounds of the plain reduce-scatter layout: contiguous ``ceil(n / count)`` slices, padding at the end."""
     c = -(-n // count)
@@ -226,4 +211,4 @@ def _divisor(n: int, k: int) -> int:
     return max(d for d in range(1, min(n, k) + 1) if n % d == 0)
 
 
-__all__ = ["ShardArray", "ShardLayout", "ShardMeta", "end_bounds", "meta_of", "sharding_domain", "spread"]
+__all__ = ["ShardArray", "ShardLayout", "ShardMeta", "end_bounds", "meta_of", "sharding_domain"]
