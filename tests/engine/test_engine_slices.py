@@ -10,12 +10,23 @@ import numpy as np
 import pytest
 
 from popdist_py.engine import ReplicaGrouping, Runtime, ops
+from popdist_py.engine._collectives.segments import Segments
 from popdist_py.engine._execution.executor import cores_per_instance
 from popdist_py.engine._execution.slices import ALIGN, MIN_SLICE_BYTES, Slicer
 from popdist_py.settings import PopdistEnvError
 from poprun_py.environment import ENGINE_THREADS
 
 MiB = 1 << 20
+#: The least bytes of a slice in these tests: a few MiB of data then runs in several slices.
+SMALL = 1 << 20
+
+
+def small_slices(rt: Runtime) -> Slicer:
+    """``rt``'s slicer, cutting work into slices from :data:`SMALL` bytes (not MIN_SLICE_BYTES)."""
+    slicer = rt.dispatcher.slicer
+    assert slicer is not None
+    slicer.min_bytes = SMALL
+    return slicer
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 4, 16])
@@ -142,6 +153,8 @@ def test_a_large_collective_runs_on_the_slice_threads_and_close_stops_them() -> 
     before = slice_threads()
     x = np.ones((2, 2 * MiB), np.float32)
     rt = Runtime(2, threads=2)
+    assert rt.dispatcher.slicer is not None and rt.dispatcher.slicer.min_bytes == MIN_SLICE_BYTES
+    small_slices(rt)
     rt.run(lambda ctx, xi: ops.replicated_all_reduce(xi, op="add"), x[:, :ALIGN])  # small: no threads
     assert slice_threads() == before
     got: list[np.ndarray] = []
@@ -162,7 +175,8 @@ def _wild(rng: np.random.Generator, shape: tuple[int, ...], dtype: type) -> np.n
 CASES = [("all_reduce", "add", np.float32), ("all_reduce", "mean", np.float64), ("all_reduce", "max", np.float32),
          ("all_reduce", "add", np.int32), ("reduce_scatter", "add", np.float32),
          ("reduce_scatter", "mean", np.float32), ("rts_reduce_scatter", "add", np.float32),
-         ("all_gather", "", np.float32), ("rts_all_gather", "", np.float32)]
+         ("all_gather", "", np.float32), ("rts_all_gather", "", np.float32),
+         ("all_reduce_pieces", "mean", np.float32), ("rts_reduce_scatter_pieces", "add", np.float64)]
 
 
 @pytest.mark.determinism
@@ -174,6 +188,12 @@ def test_bits_do_not_depend_on_the_threads(L: int, kind: str, op: str, dtype: ty
     groupings = [ReplicaGrouping.create(L)] + ([ReplicaGrouping.create(L, 1, 2)] if L == 4 else [])
 
     def step(ctx: object, xi: np.ndarray, rg: ReplicaGrouping) -> np.ndarray:
+        if kind.endswith("_pieces"):  # a fused bucket: the input in pieces of many sizes, read in place
+            pieces = Segments(np.split(xi, [1, 5000, 5001, 300_000, 300_100, n - 2048]), xi.dtype)
+            if kind == "all_reduce_pieces":
+                return ops.replicated_all_reduce(pieces, op=op, group=rg)
+            return ops.replicated_reduce_scatter(pieces, op=op, group=rg,
+                                                 configure_output_for_replicated_tensor_sharding=True)
         if kind == "all_reduce":
             return ops.replicated_all_reduce(xi, op=op, group=rg)
         if kind == "reduce_scatter":
@@ -190,9 +210,9 @@ def test_bits_do_not_depend_on_the_threads(L: int, kind: str, op: str, dtype: ty
     results = {}
     for threads in (1, 2, 3):
         with Runtime(L, threads=threads) as rt:
+            slicer = small_slices(rt)
             results[threads] = [rt.run(lambda ctx, xi, rg=rg: step(ctx, xi, rg), x) for rg in groupings]
-            splits = rt.dispatcher.slicer
-            assert splits is not None and (splits.split_runs > 0) == (threads > 1)
+            assert (slicer.split_runs > 0) == (threads > 1)
     for threads in (2, 3):
         for got, expect in zip(results[threads], results[1], strict=True):
             for g, e in zip(got, expect, strict=True):

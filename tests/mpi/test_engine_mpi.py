@@ -552,9 +552,11 @@ def test_large_collectives_in_slices_equal_one_process_for_every_split() -> None
             if comm is None:
                 continue
             with Runtime(replication=replicas, comm=comm, timeout=60, threads=3) as rt:
-                got = rt.run(step, x[rt.replica_index_offset:][: rt.instance_replication_factor])
                 slicer = rt.dispatcher.slicer
-                assert slicer is not None and slicer.split_runs > 0
+                assert slicer is not None
+                slicer.min_bytes = 1 << 20  # a few MiB in several slices
+                got = rt.run(step, x[rt.replica_index_offset:][: rt.instance_replication_factor])
+                assert slicer.split_runs > 0
                 offset = rt.replica_index_offset
             for a, b in zip(got, expect, strict=True):  # each output stacked over the local replicas
                 assert a.tobytes() == b[offset : offset + len(a)].tobytes(), f"{count} x {replicas // count}"

@@ -38,10 +38,10 @@ import numpy as np
 
 from popdist_py.engine._collectives.grouping import ReplicaGrouping
 from popdist_py.engine._collectives.reduce import UFUNCS, Node, Program, decompose
-from popdist_py.engine._collectives.segments import Segments, dense
+from popdist_py.engine._collectives.segments import dense
 from popdist_py.engine._collectives.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
 from popdist_py.engine._execution.replicas import ReplicaPlacement
-from popdist_py.engine._execution.slices import MIN_SLICE_BYTES, Slicer
+from popdist_py.engine._execution.slices import Slicer
 from popdist_py.engine._state.sharding import ShardLayout, end_bounds
 
 #: Per-replica input size (bytes) up to which data travels inside the header message.
@@ -431,11 +431,12 @@ class CollectivePlan:
             _HEADER.pack_into(header, 0, seq, index, sig_hash, STATUS_OK)
 
     def _fill(self, prog: Program, inputs: Sequence[Any], out: np.ndarray, divide_by: int = 0) -> np.ndarray:
-        """``prog`` over the 1-D ``inputs`` into ``out``, ``/ divide_by``; in slices on the slicer's
-        threads when the work is large and the inputs are whole arrays."""
+        """``prog`` over the 1-D ``inputs`` (arrays or :class:`.segments.Segments`, a fused bucket's
+        pieces, sliced alike) into ``out``, ``/ divide_by``; in slices on the slicer's threads when
+        the work is large."""
         slicer, ufunc = self.slicer, self.ufunc
         nbytes = out.nbytes * (len(inputs) + 1)
-        if slicer is None or nbytes < 2 * MIN_SLICE_BYTES or any(type(a) is Segments for a in inputs):
+        if slicer is None or nbytes < 2 * slicer.min_bytes:
             return prog.run_blocked(inputs, ufunc, out, divide_by)
 
         def part(lo: int, hi: int) -> None:
@@ -464,7 +465,7 @@ class CollectivePlan:
         total = bd[k1] - base
         slicer = self.slicer
         nbytes = total * self.itemsize * (len(inputs) + 1)
-        if slicer is None or nbytes < 2 * MIN_SLICE_BYTES or any(type(x) is Segments for x in inputs):
+        if slicer is None or nbytes < 2 * slicer.min_bytes:
             part(0, total)
         else:
             slicer.run(part, total, nbytes)
@@ -474,7 +475,7 @@ class CollectivePlan:
         when the copies are large and every array is C-contiguous."""
         slicer = self.slicer
         nbytes = 2 * sum(src.nbytes for _, src in pairs)
-        if slicer is None or nbytes < 2 * MIN_SLICE_BYTES or not all(
+        if slicer is None or nbytes < 2 * slicer.min_bytes or not all(
                 d.flags.c_contiguous and s.flags.c_contiguous for d, s in pairs):
             for dst, src in pairs:
                 dst[...] = src
