@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -54,7 +56,30 @@ def latency(nbytes: int) -> dict[str, object]:
     cores = os.cpu_count() or 1
     auto = {split: ("threads" if cores // int(instances) >= 2 else "cooperative")
             for split, (instances, _, _) in splits.items()}
-    return {"bytes_per_replica": nbytes, "seconds": seconds, "auto": auto}
+    return {"bytes_per_replica": nbytes, "seconds": seconds, "auto": auto, "handoff_seconds": handoff()}
+
+
+def handoff(rounds: int = 20000) -> float:
+    """Seconds for one hand-off between two Python threads that wake each other through locks (a
+    ping-pong; the threads executor's floor for a collective's wake-up, on this host)."""
+    ping, pong = threading.Lock(), threading.Lock()
+    ping.acquire()
+    pong.acquire()
+
+    def other() -> None:
+        for _ in range(rounds):
+            ping.acquire()
+            pong.release()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        ping.release()
+        pong.acquire()
+    elapsed = time.perf_counter() - start
+    thread.join()
+    return elapsed / (2 * rounds)
 
 
 def run(quick: bool) -> dict[str, object]:

@@ -6,6 +6,8 @@ R is the host's cores, at most 16: one replica per core.
   per replica with the runtime's local work on one thread against cut into slices over the host's
   cores (``bench.cores_worker``), beside the host's memory limit: plain numpy adds, whole on one
   thread against split over the cores.
+- ``steps``: the engine's own time per Trainer step (a negligible model) at L = 1, 2, 4 and R
+  local replicas under each executor: the Python the GIL serializes across local replicas.
 - ``splits``: all-reduce of 16 MiB per replica over R replicas: mpi4py on R ranks, and the engine at
   every split I x L of R, under poprun; jobs alternate round by round.
 - ``training``: the peers' MLP (``bench.peers_training_worker``: the engine's Trainer) as R processes
@@ -68,6 +70,18 @@ def reduction(cores: int, R: int, nbytes: int) -> dict[str, Any]:
                              "speedup": memory["1"] / memory[str(cores)]}}
 
 
+def engine_steps(R: int) -> dict[str, Any]:
+    """The engine's own time per Trainer step (a negligible model) at L = 1, 2, 4 and R local
+    replicas under each executor: what the GIL serializes across local replicas."""
+    locals_ = sorted({1, 2, 4, R})
+    out = subprocess.run([sys.executable, "-m", "bench.cores_worker", "steps", *map(str, locals_)],
+                         capture_output=True, text=True, timeout=900, cwd=REPO)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench.cores_worker steps failed:\n{out.stderr[-3000:]}")
+    seconds: dict[str, dict[str, float]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"seconds": seconds}
+
+
 def splits(R: int, rounds: int, nbytes: int) -> dict[str, Any]:
     python, poprun = sys.executable, str(BIN / "poprun")
     size = str(nbytes)
@@ -114,6 +128,7 @@ def run(quick: bool, reduction_bytes: int = REDUCTION_BYTES, split_bytes: int = 
     """The section; the sizes are arguments so tests can run it small (the limits assume these)."""
     cores, R = os.cpu_count() or 1, replicas()
     reduced = reduction(cores, R, reduction_bytes)
+    steps = engine_steps(R)
     split = splits(R, rounds=1 if quick else 3, nbytes=split_bytes)
     trained = training(R, rounds=1 if quick else 3, steps=3 if quick else 5, global_batch=global_batch)
     targets = []
@@ -137,5 +152,5 @@ def run(quick: bool, reduction_bytes: int = REDUCTION_BYTES, split_bytes: int = 
              "limit": TRAINING_LIMIT, "value": trained["processes_over_ddp"],
              "holds": trained["processes_over_ddp"] >= TRAINING_LIMIT},
         ]
-    return {"cores": cores, "replicas": R, "reduction": reduced, "splits": split, "training": trained,
+    return {"cores": cores, "replicas": R, "reduction": reduced, "steps": steps, "splits": split, "training": trained,
             "targets": targets}

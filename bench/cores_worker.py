@@ -2,12 +2,14 @@
 against on several, batches alternating; prints one JSON line ``{L: {op: {threads: seconds}}}``.
 
     cores_worker.py THREADS BYTES L [L ...]
+    cores_worker.py steps L [L ...]
 
 BYTES per replica (float32). ``Runtime(threads=1)`` leaves the combining replica to do the local
 work alone; ``Runtime(threads=THREADS)`` cuts it into slices on THREADS threads. Each time is the
 median over batches of the mean call. Beside them, under ``"memory"``, the host's own limit:
 plain ``np.add`` of two such arrays into a third, whole on one thread against split in equal
-parts over THREADS threads (fresh outputs, as a collective's result is).
+parts over THREADS threads (fresh outputs, as a collective's result is). ``steps``: instead, the
+median time of a Trainer step on a negligible model under each executor, ``{executor: {L: s}}``.
 """
 
 from __future__ import annotations
@@ -85,7 +87,41 @@ def memory_limit(threads: int, nbytes: int) -> dict[str, float]:
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
+def step_times(locals_: list[int], steps: int = 200) -> dict[str, dict[str, float]]:
+    """Seconds of a Trainer step on a negligible model (an 8 x 8 weight, SGD), per executor and L:
+    the engine's own time per step, which the GIL serializes across local replicas."""
+    from popdist_py.engine import Trainer, TrainingOptions
+    from popdist_py.engine.optimizers import SGD
+
+    width = 8
+
+    def loss_and_grads(p: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray
+                       ) -> tuple[np.float32, dict[str, np.ndarray]]:
+        return np.float32(0.0), {"w": p["w"] * 0 + x[0, 0]}
+
+    result: dict[str, dict[str, float]] = {}
+    for executor in ("threads", "cooperative"):
+        result[executor] = {}
+        for L in locals_:
+            x, y = np.ones((L, 4, width), np.float32), np.zeros((L, 4), np.int64)
+            with Runtime(L, executor=executor if L > 1 else None) as rt, Trainer(
+                    rt, {"w": np.ones((width, width), np.float32)}, loss_and_grads, SGD(0.01),
+                    [x.shape[1:], y.shape[1:]], TrainingOptions(reduction="mean")) as trainer:
+                for _ in range(20):
+                    trainer.step(x, y)
+                seconds = []
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    trainer.step(x, y)
+                    seconds.append(time.perf_counter() - start)
+            result[executor][str(L)] = float(np.median(seconds))
+    return result
+
+
 def main() -> None:
+    if sys.argv[1] == "steps":
+        print(json.dumps(step_times([int(a) for a in sys.argv[2:]])), flush=True)
+        return
     threads, nbytes, locals_ = int(sys.argv[1]), int(sys.argv[2]), [int(a) for a in sys.argv[3:]]
     result: dict[str, object] = {str(local): measure(threads, nbytes, local) for local in locals_}
     result["memory"] = memory_limit(threads, nbytes)

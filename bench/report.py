@@ -196,6 +196,9 @@ def _latency(lat: dict[str, Any]) -> list[str]:
               "threads executor | engine, cooperative executor | `auto` picks here |"), "|---|---|---|---|---|"]
     for split, t in us.items():
         lines.append(f"| {split} | {t.get('raw', '-')} | {t['threads']} | {t['cooperative']} | {lat['auto'][split]} |")
+    if "handoff_seconds" in lat:
+        lines += ["", (f"One hand-off between two Python threads waking each other through locks, on this host: "
+                       f"{lat['handoff_seconds'] * 1e6:.1f} us.")]
     return [*lines, ""]
 
 
@@ -211,6 +214,16 @@ def _cores(c: dict[str, Any]) -> list[str]:
     memory = reduced["memory_limit"]
     lines += [(f"| the host's limit: `np.add` of two arrays into a fresh third | {_ms(memory['one_thread'])} | "
                f"{_ms(memory['threads'])} | {memory['speedup']:.2f} |"), ""]
+    if "steps" in c:
+        by_executor = c["steps"]["seconds"]
+        sizes = list(by_executor["threads"])
+        lines += [("| engine time per Trainer step, negligible model (us) | "
+                   + " | ".join(f"L = {L}" for L in sizes) + " | per replica at the largest L |"),
+                  "|---|" + "---|" * (len(sizes) + 1)]
+        for executor, t in by_executor.items():
+            lines.append(f"| {executor} | " + " | ".join(f"{t[L] * 1e6:.0f}" for L in sizes)
+                         + f" | {t[sizes[-1]] * 1e6 / int(sizes[-1]):.0f} |")
+        lines.append("")
     lines += [f"| all-reduce {_size(split['bytes_per_replica'])} per replica, {R} replicas | ms | vs fastest |",
               "|---|---|---|"]
     fastest = min(s for name, s in split["seconds"].items() if not name.startswith("mpi4py"))

@@ -141,6 +141,9 @@ def test_the_cores_section_measures_threads_splits_and_training_and_renders() ->
         assert set(by_op) == {"allreduce", "reduce_scatter", "allgather"}
         assert all(t["speedup"] == t["one_thread"] / t["threads"] > 0 for t in by_op.values())
     assert section["reduction"]["memory_limit"]["speedup"] > 0
+    steps = section["steps"]["seconds"]
+    assert set(steps) == {"threads", "cooperative"}
+    assert all(set(t) == {str(L) for L in {1, 2, 4, R}} and min(t.values()) > 0 for t in steps.values())
     splits = section["splits"]["seconds"]
     assert set(splits) == {f"mpi4py_{R}_ranks"} | {f"{i}x{R // i}" for i in range(1, R + 1) if R % i == 0}
     assert set(section["training"]["samples_per_s"]) == {f"engine_{R}_processes", f"engine_1x{R}",
@@ -156,4 +159,15 @@ def test_the_cores_section_measures_threads_splits_and_training_and_renders() ->
     section["machine"] = machine_info()  # the host cores the target table shows
     table = report.markdown({"cores": section})
     assert f"| engine 1x{R} |" in table and "| allreduce, 4 local replicas |" in table
+    assert "| engine time per Trainer step, negligible model (us) | L = 1 | L = 2 |" in table
     assert f"| training samples/s: 1 x {R} replicas / {R} processes (at least) | {section['cores']} | 1.0 |" in table
+
+
+def test_the_small_all_reduce_is_timed_under_each_executor_beside_a_thread_hand_off() -> None:
+    from bench import collectives
+
+    lat: dict[str, Any] = collectives.latency(1024)
+    assert set(lat["seconds"]) == {"2x2", "1x2"} and set(lat["seconds"]["2x2"]) == {"threads", "cooperative", "raw"}
+    assert set(lat["auto"].values()) <= {"threads", "cooperative"} and lat["handoff_seconds"] > 0
+    table = "\n".join(report._latency(lat))
+    assert "| 2x2 |" in table and "| 1x2 | - |" in table and "One hand-off between two Python threads" in table
