@@ -60,7 +60,7 @@ def test_slices_run_at_once_on_their_own_threads_the_first_on_the_caller() -> No
 
     try:
         n = 3 * ALIGN * 100
-        assert slicer.run(record, n, 3 * MIN_SLICE_BYTES) == 3
+        assert slicer.run(record, n, 3 * MIN_SLICE_BYTES) == 3 and slicer.split_runs == 1
         assert sorted((lo, hi) for lo, hi, _ in seen) == slicer.cuts(n, 3 * MIN_SLICE_BYTES)
         owner = {lo: ident for lo, _, ident in seen}
         assert owner[0] == threading.get_ident()
@@ -68,10 +68,24 @@ def test_slices_run_at_once_on_their_own_threads_the_first_on_the_caller() -> No
         seen.clear()
         together = None
         assert slicer.run(record, n, MIN_SLICE_BYTES) == 1  # small: whole, on the caller
-        assert seen == [(0, n, threading.get_ident())]
+        assert seen == [(0, n, threading.get_ident())] and slicer.split_runs == 1
+        assert slicer.run(lambda lo, hi: None, n, 3 * MIN_SLICE_BYTES) == 3 and slicer.split_runs == 2
+        # the same two threads ran both splits: the pool is kept between runs
+        assert len([t for t in threading.enumerate() if t.name.startswith("test-slice")]) == 2
     finally:
         slicer.shutdown()
     assert not [t for t in threading.enumerate() if t.name.startswith("test-slice")]
+
+
+def test_a_slicer_needs_a_thread_and_names_its_threads() -> None:
+    with pytest.raises(ValueError, match="threads=0 must be >= 1"):
+        Slicer(0)
+    slicer = Slicer(2)
+    try:
+        slicer.run(lambda lo, hi: None, 2 * ALIGN, 2 * MIN_SLICE_BYTES)
+        assert [t.name for t in threading.enumerate() if t.name.startswith("slice_")] == ["slice_0"]
+    finally:
+        slicer.shutdown()
 
 
 def test_a_failing_slice_is_raised_once_every_slice_has_finished() -> None:

@@ -54,6 +54,8 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "popdist_py.engine._collectives.rendezvous": (
         "tests/engine/test_engine_rendezvous.py", "tests/engine/test_engine_runtime.py",
         "tests/engine/test_engine_executor.py"),
+    # the local work of large collectives in slices: every element once, failures after every slice
+    "popdist_py.engine._execution.slices": ("tests/engine/test_engine_slices.py",),
     "popdist_py.agreement": ("tests/library/test_collectives_local.py", "tests/integration/test_mpi_suites.py"),
     "popdist_py.failsafe": (
         "tests/library/test_failsafe.py", "tests/library/test_collectives_local.py",

@@ -54,8 +54,9 @@ class Slicer:
         count = min(self.threads, nbytes // self.min_bytes, n // ALIGN)
         if count <= 1:
             return [(0, n)]
-        ends = [0, *(min(n, (n * i // count) // ALIGN * ALIGN) for i in range(1, count)), n]
-        return [(lo, hi) for lo, hi in itertools.pairwise(ends) if hi > lo]
+        # at least ALIGN elements a slice (count <= n // ALIGN): the ends rise strictly
+        ends = [0, *((n * i // count) // ALIGN * ALIGN for i in range(1, count)), n]
+        return list(itertools.pairwise(ends))
 
     def run(self, fn: Callable[[int, int], object], n: int, nbytes: int) -> int:
         """``fn(lo, hi)`` for each of :meth:`cuts`; the number of slices run. The first failure is
