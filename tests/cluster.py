@@ -314,13 +314,16 @@ class Cluster:
         see a sibling's death and answer (a shim reporting its program's exit), so every process
         is first frozen with SIGSTOP (again until no new one appears), then killed. Parents are
         frozen before their children, each seen stopped before the next: a parent still running
-        when its child stops would see that and answer (a shim reporting its program stopped)."""
+        when its child stops would see that and answer (a shim reporting its program stopped).
+        Children are killed before their parents: a parent's death would orphan its children's
+        process group, and the kernel continues an orphaned group's stopped members (SIGHUP, then
+        SIGCONT), which could then see the death and answer."""
         frozen: set[int] = set()
         while fresh := set(self.pids(host)) - frozen:
             for pid in _parents_first(fresh):
                 _freeze(pid)
             frozen |= fresh
-        for pid in frozen:
+        for pid in reversed(_parents_first(frozen)):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
