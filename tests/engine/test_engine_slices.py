@@ -39,6 +39,7 @@ def test_cuts_cover_the_elements_in_aligned_slices(threads: int, n: int, nbytes:
     assert all(hi > lo for lo, hi in cuts)
     assert len(cuts) <= max(1, min(threads, nbytes // MIN_SLICE_BYTES))
     assert all(hi % ALIGN == 0 for _, hi in cuts[:-1])
+    assert Slicer(threads).splits(nbytes) == (threads > 1 and nbytes >= 2 * MIN_SLICE_BYTES)
     if threads > 1 and nbytes >= 2 * MIN_SLICE_BYTES and n >= 2 * ALIGN:
         assert len(cuts) == min(threads, nbytes // MIN_SLICE_BYTES, n // ALIGN)
         sizes = [hi - lo for lo, hi in cuts]

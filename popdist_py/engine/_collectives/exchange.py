@@ -436,7 +436,7 @@ class CollectivePlan:
         the work is large."""
         slicer, ufunc = self.slicer, self.ufunc
         nbytes = out.nbytes * (len(inputs) + 1)
-        if slicer is None or nbytes < 2 * slicer.min_bytes:
+        if slicer is None or not slicer.splits(nbytes):
             return prog.run_blocked(inputs, ufunc, out, divide_by)
 
         def part(lo: int, hi: int) -> None:
@@ -465,7 +465,7 @@ class CollectivePlan:
         total = bd[k1] - base
         slicer = self.slicer
         nbytes = total * self.itemsize * (len(inputs) + 1)
-        if slicer is None or nbytes < 2 * slicer.min_bytes:
+        if slicer is None or not slicer.splits(nbytes):
             part(0, total)
         else:
             slicer.run(part, total, nbytes)
@@ -475,7 +475,7 @@ class CollectivePlan:
         when the copies are large and every array is C-contiguous."""
         slicer = self.slicer
         nbytes = 2 * sum(src.nbytes for _, src in pairs)
-        if slicer is None or nbytes < 2 * slicer.min_bytes or not all(
+        if slicer is None or not slicer.splits(nbytes) or not all(
                 d.flags.c_contiguous and s.flags.c_contiguous for d, s in pairs):
             for dst, src in pairs:
                 dst[...] = src

@@ -48,6 +48,10 @@ class Slicer:
         #: how many calls of :meth:`run` were cut into several slices
         self.split_runs = 0
 
+    def splits(self, nbytes: int) -> bool:
+        """Whether work streaming ``nbytes`` is large enough to be cut (at least two slices)."""
+        return self.threads > 1 and nbytes >= 2 * self.min_bytes
+
     def cuts(self, n: int, nbytes: int) -> list[tuple[int, int]]:
         """The slices ``[(lo, hi), ...]`` that cover ``[0, n)`` for work streaming ``nbytes`` in all:
         as many as there are threads, each of at least :attr:`min_bytes`, ends aligned."""
