@@ -225,12 +225,16 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
                                     output=OutputOptions(options["log_dir"], options["tee"],
                                                          options["prefix_timestamp"], append=restart > 0))
             status = supervisor.run()
-            report = supervisor.failure_report() if status else None
+            report = None
+            if status:
+                from poprun_py.report import own_failure
+
+                report = supervisor.failure_report() or own_failure(f"exit status {status}", status)
             lost = supervisor.lost_hosts() if status else {}
             if status or records:
                 records.append({"restart": restart, "hosts": list(start.plan.host_names),
                                 "instances": start.plan.num_instances,
-                                **(report or {"status": status, "reason": None}), "lost_hosts": lost})
+                                **(report or {"status": 0, "reason": None}), "lost_hosts": lost})
                 if options["error_file"]:
                     from poprun_py import error_file
 
@@ -242,8 +246,8 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
 
                 policy = Restarts.for_plan(start.plan, options["min_hosts"], options["host_cooldown"],
                                            options["host_discovery_script"])
-            reason = str(report["reason"]) if report else f"exit status {status}"
-            moved = _restart(options, start, restart + 1, reason, lost, policy)
+            assert report is not None  # the start failed
+            moved = _restart(options, start, restart + 1, str(report["reason"]), lost, policy)
             if moved is None:
                 return status
             start = moved

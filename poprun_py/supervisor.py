@@ -502,12 +502,16 @@ class Supervisor:
 
     def failure_report(self) -> dict[str, object] | None:
         """The first failure, for --error-file and the restart message (see ``report``); poprun's
-        own reason when no instance failed (a host that could not start, mpiexec's failure)."""
-        if self.ended_because is not None:  # said instead of an instance's failure (see _finish)
-            from poprun_py.report import own_failure
+        own reason when no instance failed (a host that could not start, mpiexec's failure, a signal
+        to poprun before any instance failed)."""
+        from poprun_py.report import own_failure
 
+        if self.ended_because is not None:  # said instead of an instance's failure (see _finish)
             return own_failure(self.ended_because, self.status or 1)
-        return self._report().failure_report()
+        report = self._report().failure_report()
+        if report is None and self.interrupted is not None:
+            return own_failure(f"interrupted by {signal_name(self.interrupted)}", 128 + self.interrupted)
+        return report
 
     def lost_hosts(self) -> dict[str, str]:
         """The hosts this run lost, each with why: those the launcher could not start the instances

@@ -33,6 +33,9 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
+# One --error-file record of a start that ended badly, whatever ended it.
+RECORD_KEYS = {"restart", "hosts", "instances", "lost_hosts", "instance", "host", "status", "signal", "time",
+               "reason", "stderr_tail", "root_cause"}
 
 
 def test_instances_failing_together_each_report_their_own_status(tmp_path: Path) -> None:
@@ -328,8 +331,12 @@ def test_signals_that_go_on_until_poprun_exits_cut_no_cleanup_short(tmp_path: Pa
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert not os.path.exists(directories.pop()), err
     assert set(os.listdir(tmp_path)) <= {"report.json"}, os.listdir(tmp_path)
-    if report.exists():  # the failure came before the first signal
-        assert json.loads(report.read_text())[-1]["instance"] == 1, report.read_text()
+    if report.exists():  # every start that ended badly; which came first, the failure or a signal, is a race
+        written = json.loads(report.read_text())[-1]
+        assert set(written) == RECORD_KEYS, written
+        assert (written["instance"], written["status"]) in {(1, 3), (None, 128 + signal.SIGTERM)}, written
+        if written["instance"] is None:
+            assert written["reason"] == "interrupted by SIGTERM", written
 
 
 def test_an_instance_found_stopped_is_named_before_the_one_that_timed_out_waiting_for_it(tmp_path: Path) -> None:
@@ -446,10 +453,13 @@ def test_a_restarted_job_resumes_from_its_checkpoint_and_ends_as_if_it_never_fai
                          "lost_hosts": {}}
 
 
-def test_an_interrupted_job_is_not_restarted() -> None:
+def test_an_interrupted_job_is_not_restarted(tmp_path: Path) -> None:
+    """SIGINT before any instance fails: no restart, and --error-file records the start as every
+    other failed start is recorded, with no instance and the signal as the reason."""
     marker = f"marker-{uuid.uuid4().hex}"
-    proc = subprocess.Popen([*POPRUN, "--max-restarts", "3", "--num-instances", "2", PYTHON,
-                             str(SCRIPTS / "behave.py"), marker],
+    report = tmp_path / "error.json"
+    proc = subprocess.Popen([*POPRUN, "--max-restarts", "3", "--error-file", str(report), "--num-instances", "2",
+                             PYTHON, str(SCRIPTS / "behave.py"), marker],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert proc.stdout is not None
@@ -464,6 +474,10 @@ def test_an_interrupted_job_is_not_restarted() -> None:
         proc.kill()
     assert proc.returncode == 130 and "restarting" not in stderr, stderr
     assert wait_no_processes(marker) == []
+    (written,) = json.loads(report.read_text())
+    assert set(written) == RECORD_KEYS, written
+    assert (written["restart"], written["instance"], written["host"], written["status"], written["reason"]) == (
+        0, None, None, 130, "interrupted by SIGINT"), written
 
 
 def test_a_job_that_cannot_fit_the_open_file_limit_is_refused_before_it_starts() -> None:

@@ -215,12 +215,17 @@ def test_what_mpiexec_says_after_it_exits_is_passed_on_and_waited_for_without_sp
     that process's words, said once the wrapper is gone, reach poprun's stderr, and poprun waits for
     the pipe to close (here a fifth of a second, well inside the 2 s it waits at most, so that a
     loaded host still fits: at half a second a mutation run's load once made poprun end the writer)
-    asleep, not polling in a loop."""
+    asleep, not polling in a loop. The writer learns that the wrapper is gone from a FIFO that only
+    the wrapper holds open for writing: its exit is the end of file the writer reads. The writer is
+    the shell: ``sleep`` closes its stdio before it exits (coreutils does), so poprun, seeing the pipe
+    close, could find it still alive and rightly kill it."""
     wrapper = tmp_path / "mpiexec"
+    exited = tmp_path / "exited"
+    os.mkfifo(exited)
     wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
                        f'{BIN / "mpiexec"} "$@"; status=$?\n'
-                       "(while kill -0 $$ 2>/dev/null; do sleep 0.01; done\n"
-                       " echo 'mpiexec: last words' >&2; sleep 0.2) &\n"
+                       f"(read _ < {exited}; echo 'mpiexec: last words' >&2; sleep 0.2 >/dev/null 2>&1; :) &\n"
+                       f"exec 4> {exited}\n"
                        "exit $status\n")
     wrapper.chmod(0o755)
     proc = subprocess.Popen([*POPRUN, "--mpi", str(wrapper), "--num-instances", "2", PYTHON, "-c", "print('bye')"],
