@@ -259,11 +259,14 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_
     return Command([launcher.path, *spec.global_args], hosts, tail, blocks, "-configfile", env)
 
 
-#: Open MPI's daemons on other hosts notice within about 20 s that their launcher can no longer be
+#: Open MPI's daemons on other hosts notice within about 8 s that their launcher can no longer be
 #: reached (TCP keep-alives on its connection; by default 8 minutes) and end: a host cut off from
-#: the job keeps none of them while it stays cut off.
-DAEMON_KEEPALIVE = (("oob_tcp_keepalive_time", "5"), ("oob_tcp_keepalive_intvl", "3"),
-                    ("oob_tcp_keepalive_probes", "5"))
+#: the job keeps none of them while it stays cut off. Well before the shims there stop their
+#: programs (``protocol.SILENCE_LIMIT``): the daemon then reports those exits to its launcher, and
+#: the kernel sends no keep-alive while data waits unacknowledged, so a daemon that had not given
+#: up by then would wait for TCP's retransmissions to give up (15 minutes).
+DAEMON_KEEPALIVE = (("oob_tcp_keepalive_time", "2"), ("oob_tcp_keepalive_intvl", "2"),
+                    ("oob_tcp_keepalive_probes", "3"))
 
 
 def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_env: dict[str, str],
