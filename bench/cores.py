@@ -6,6 +6,9 @@ R is the host's cores, at most 16: one replica per core.
   per replica with the runtime's local work on one thread against cut into slices over the host's
   cores (``bench.cores_worker``), beside the host's memory limit: plain numpy adds, whole on one
   thread against split over the cores.
+- ``cutting``: the all-reduce of L = 2 (and R) local replicas at 1, 4 and 16 MiB per replica, on one
+  thread against cut over the cores at every size: where cutting starts to pay on this host, which
+  is what ``POPDIST_ENGINE_SLICE_BYTES`` moves (the default cuts from 32 MiB streamed).
 - ``steps``: the engine's own time per Trainer step (a negligible model) at L = 1, 2, 4 and R
   local replicas under each executor: the Python the GIL serializes across local replicas.
 - ``splits``: all-reduce of 16 MiB per replica over R replicas: mpi4py on R ranks, and the engine at
@@ -38,6 +41,7 @@ MiB = 1 << 20
 REDUCTION_BYTES = 64 * MiB
 SPLIT_BYTES = 16 * MiB
 TRAINING_BATCH = 2048
+CUT_SIZES = (1 * MiB, 4 * MiB, 16 * MiB)
 #: in-process reduction on the host's cores / on one thread, at least
 REDUCTION_LIMIT = 1.2
 #: 1 x R all-reduce / mpi4py on R ranks, at most
@@ -68,6 +72,20 @@ def reduction(cores: int, R: int, nbytes: int) -> dict[str, Any]:
     return {"bytes_per_replica": nbytes, "threads": cores, "local_replicas": rows,
             "memory_limit": {"one_thread": memory["1"], "threads": memory[str(cores)],
                              "speedup": memory["1"] / memory[str(cores)]}}
+
+
+def cutting(cores: int, R: int, sizes: tuple[int, ...]) -> dict[str, Any]:
+    """All-reduce at each size, one thread against cut over the cores at every size (no threshold)."""
+    rows: dict[str, dict[str, dict[str, float]]] = {}
+    for L in sorted({2, R}):
+        out = subprocess.run([sys.executable, "-m", "bench.cores_worker", "cut", str(cores), str(L),
+                              *map(str, sizes)], capture_output=True, text=True, timeout=900, cwd=REPO)
+        if out.returncode != 0:
+            raise RuntimeError(f"bench.cores_worker cut failed:\n{out.stderr[-3000:]}")
+        raw = json.loads(out.stdout.strip().splitlines()[-1])
+        rows[str(L)] = {size: {"one_thread": t["1"], "threads": t[str(cores)], "speedup": t["1"] / t[str(cores)]}
+                        for size, t in raw.items()}
+    return {"threads": cores, "local_replicas": rows}
 
 
 def engine_steps(R: int) -> dict[str, Any]:
@@ -124,10 +142,11 @@ def training(R: int, rounds: int, steps: int, global_batch: int) -> dict[str, An
 
 
 def run(quick: bool, reduction_bytes: int = REDUCTION_BYTES, split_bytes: int = SPLIT_BYTES,
-        global_batch: int = TRAINING_BATCH) -> dict[str, object]:
+        global_batch: int = TRAINING_BATCH, cut_sizes: tuple[int, ...] = CUT_SIZES) -> dict[str, object]:
     """The section; the sizes are arguments so tests can run it small (the limits assume these)."""
     cores, R = os.cpu_count() or 1, replicas()
     reduced = reduction(cores, R, reduction_bytes)
+    cut = cutting(cores, R, cut_sizes)
     steps = engine_steps(R)
     split = splits(R, rounds=1 if quick else 3, nbytes=split_bytes)
     # 1 x R and R processes are within a few percent of each other on few cores: the median of 5
@@ -154,5 +173,5 @@ def run(quick: bool, reduction_bytes: int = REDUCTION_BYTES, split_bytes: int = 
              "limit": TRAINING_LIMIT, "value": trained["processes_over_ddp"],
              "holds": trained["processes_over_ddp"] >= TRAINING_LIMIT},
         ]
-    return {"cores": cores, "replicas": R, "reduction": reduced, "steps": steps, "splits": split, "training": trained,
-            "targets": targets}
+    return {"cores": cores, "replicas": R, "reduction": reduced, "cutting": cut, "steps": steps, "splits": split,
+            "training": trained, "targets": targets}

@@ -3,6 +3,7 @@ against on several, batches alternating; prints one JSON line ``{L: {op: {thread
 
     cores_worker.py THREADS BYTES L [L ...]
     cores_worker.py steps L [L ...]
+    cores_worker.py cut THREADS L BYTES [BYTES ...]
 
 BYTES per replica (float32). ``Runtime(threads=1)`` leaves the combining replica to do the local
 work alone; ``Runtime(threads=THREADS)`` cuts it into slices on THREADS threads. Each time is the
@@ -10,11 +11,15 @@ median over batches of the mean call. Beside them, under ``"memory"``, the host'
 plain ``np.add`` of two such arrays into a third, whole on one thread against split in equal
 parts over THREADS threads (fresh outputs, as a collective's result is). ``steps``: instead, the
 median time of a Trainer step on a negligible model under each executor, ``{executor: {L: s}}``.
+``cut``: the all-reduce of L local replicas at each size, on one thread against cut over THREADS
+threads at every size (``POPDIST_ENGINE_SLICE_BYTES`` lowered to 64 KiB), ``{BYTES: {threads: s}}``:
+where cutting starts to pay on this host.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,8 +29,11 @@ from itertools import pairwise
 import numpy as np
 
 from popdist_py.engine import Runtime, StepContext, ops
+from poprun_py.environment import ENGINE_SLICE_BYTES
 
 BATCHES = 15
+#: ``cut``'s slice size: every size measured is cut over all the threads
+CUT_EVERYWHERE = 64 << 10
 ITERATIONS = 4
 OPS: dict[str, Callable[[np.ndarray], object]] = {
     "allreduce": lambda x: ops.replicated_all_reduce(x, op="add"),
@@ -42,12 +50,13 @@ def batch(rt: Runtime, call: Callable[[np.ndarray], object], data: np.ndarray) -
     return lambda: rt.run(step, data)
 
 
-def measure(threads: int, nbytes: int, local: int) -> dict[str, dict[str, float]]:
+def measure(threads: int, nbytes: int, local: int, ops_: tuple[str, ...] = tuple(OPS)) -> dict[str, dict[str, float]]:
     data = np.random.default_rng(local).standard_normal((local, nbytes // 4), dtype=np.float32)
     runtimes = {"1": Runtime(local, threads=1), str(threads): Runtime(local, threads=threads)}
     result: dict[str, dict[str, float]] = {}
     try:
-        for op, call in OPS.items():
+        for op in ops_:
+            call = OPS[op]
             batches = {name: batch(rt, call, data) for name, rt in runtimes.items()}
             for run in batches.values():  # warm-up: plans, pool threads
                 run()
@@ -118,9 +127,19 @@ def step_times(locals_: list[int], steps: int = 200) -> dict[str, dict[str, floa
     return result
 
 
+def cut(threads: int, local: int, sizes: list[int]) -> dict[str, dict[str, float]]:
+    """The all-reduce at each size per replica, one thread against cut over ``threads`` at every size."""
+    os.environ[ENGINE_SLICE_BYTES] = str(CUT_EVERYWHERE)
+    return {str(nbytes): measure(threads, nbytes, local, ("allreduce",))["allreduce"] for nbytes in sizes}
+
+
 def main() -> None:
     if sys.argv[1] == "steps":
         print(json.dumps(step_times([int(a) for a in sys.argv[2:]])), flush=True)
+        return
+    if sys.argv[1] == "cut":
+        threads, local, sizes = int(sys.argv[2]), int(sys.argv[3]), [int(a) for a in sys.argv[4:]]
+        print(json.dumps(cut(threads, local, sizes)), flush=True)
         return
     threads, nbytes, locals_ = int(sys.argv[1]), int(sys.argv[2]), [int(a) for a in sys.argv[3:]]
     result: dict[str, object] = {str(local): measure(threads, nbytes, local) for local in locals_}

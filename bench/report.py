@@ -214,6 +214,15 @@ def _cores(c: dict[str, Any]) -> list[str]:
     memory = reduced["memory_limit"]
     lines += [(f"| the host's limit: `np.add` of two arrays into a fresh third | {_ms(memory['one_thread'])} | "
                f"{_ms(memory['threads'])} | {memory['speedup']:.2f} |"), ""]
+    if "cutting" in c:  # where cutting starts to pay (POPDIST_ENGINE_SLICE_BYTES)
+        by_local = c["cutting"]["local_replicas"]
+        sizes = list(next(iter(by_local.values())))
+        lines += [(f"| all-reduce cut over {c['cutting']['threads']} threads at every size: one thread / cut | "
+                   + " | ".join(f"{_size(int(size))} per replica" for size in sizes) + " |"),
+                  "|---|" + "---|" * len(sizes)]
+        lines += [f"| {L} local replicas | " + " | ".join(f"{t[size]['speedup']:.2f}" for size in sizes) + " |"
+                  for L, t in by_local.items()]
+        lines.append("")
     if "steps" in c:
         by_executor = c["steps"]["seconds"]
         sizes = list(by_executor["threads"])

@@ -100,6 +100,10 @@ ENGINE_EXECUTOR = _define("POPDIST_ENGINE_EXECUTOR", "the user", "popdist_py.eng
 ENGINE_THREADS = _define("POPDIST_ENGINE_THREADS", "the user", "popdist_py.engine",
                          "threads that share a large collective's local work (default: this instance's cores, "
                          "its CPUs divided by LOCAL_WORLD_SIZE; 1: the combining replica alone)")
+ENGINE_SLICE_BYTES = _define("POPDIST_ENGINE_SLICE_BYTES", "the user", "popdist_py.engine",
+                             "the least bytes (read and written) a thread is given of a large collective's local "
+                             "work: work under twice this runs whole on one thread (default 16 MiB, "
+                             "16777216; `make bench`'s cores section shows where cutting pays on a host)")
 REMOTE_DIR = _define("POPDIST_REMOTE_DIR", "the user", "popdist_py.engine",
                      "existing directory for file-backed remote buffers (default: a private one in /dev/shm, or in "
                      "the temp dir when /dev/shm has no room)")

@@ -33,7 +33,7 @@ from popdist_py.engine._collectives.transport import Transport
 from popdist_py.engine._execution import context
 from popdist_py.engine._execution.context import StepContext
 from popdist_py.engine._execution.cooperative import CooperativePool
-from popdist_py.engine._execution.executor import THREADS, ReplicaExecutor, choose, polls, slice_threads
+from popdist_py.engine._execution.executor import THREADS, ReplicaExecutor, choose, polls, slice_bytes, slice_threads
 from popdist_py.engine._execution.pool import ReplicaPool
 from popdist_py.engine._execution.replicas import ReplicaPlacement, runtime_topology
 from popdist_py.engine._execution.slices import Slicer
@@ -89,7 +89,8 @@ class Runtime:
             replicas' inputs, filling an all-gather's result), each a contiguous slice of the
             elements, so the bits do not depend on it (default ``$POPDIST_ENGINE_THREADS``, else
             this instance's cores: CPU affinity divided by ``$LOCAL_WORLD_SIZE``). 1: the
-            replica that combines does it alone. ``rt.threads`` tells the choice.
+            replica that combines does it alone. ``rt.threads`` tells the choice. Work is cut
+            only from 16 MiB streamed a thread (``$POPDIST_ENGINE_SLICE_BYTES`` sets another).
 
     Every instance must create its runtimes, variables and collectives in the same order.
     """
@@ -106,7 +107,7 @@ class Runtime:
     ) -> None:
         R, L, index, comm = runtime_topology(replication, comm)
         self._executor = choose(executor, L)
-        self._slicer = Slicer(slice_threads(threads), name=f"slice@{index}")
+        self._slicer = Slicer(slice_threads(threads), name=f"slice@{index}", min_bytes=slice_bytes())
         self._placement = ReplicaPlacement(R, L, index)
         self._timeout_arg = timeout
         seconds = deadline.collective_timeout(timeout)

@@ -14,7 +14,7 @@ from popdist_py.engine._collectives.segments import Segments
 from popdist_py.engine._execution.executor import cores_per_instance
 from popdist_py.engine._execution.slices import ALIGN, MIN_SLICE_BYTES, Slicer
 from popdist_py.settings import PopdistEnvError
-from poprun_py.environment import ENGINE_THREADS
+from poprun_py.environment import ENGINE_SLICE_BYTES, ENGINE_THREADS
 
 MiB = 1 << 20
 #: The least bytes of a slice in these tests: a few MiB of data then runs in several slices.
@@ -159,6 +159,27 @@ def test_runtime_threads_come_from_the_argument_the_environment_or_the_cores(mon
         Runtime(2, threads=0)
     with pytest.raises(TypeError, match="threads must be an integer"):
         Runtime(2, threads=True)
+
+
+def test_the_slice_size_comes_from_the_environment_and_moves_where_work_is_cut(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """POPDIST_ENGINE_SLICE_BYTES: 1 MiB cuts a 2 x 1 MiB all-reduce (3 MiB streamed) that the
+    default leaves whole; a bad value is one line naming the variable."""
+    x = np.arange(2 * MiB // 4 * 2, dtype=np.float32).reshape(2, -1)
+    monkeypatch.delenv(ENGINE_SLICE_BYTES, raising=False)
+    for setting, cut in ((None, 0), (str(MiB), 1)):
+        if setting is not None:
+            monkeypatch.setenv(ENGINE_SLICE_BYTES, setting)
+        with Runtime(2, threads=2) as rt:
+            slicer = rt.dispatcher.slicer
+            assert slicer is not None and slicer.min_bytes == (MIN_SLICE_BYTES if setting is None else MiB)
+            got = rt.run(lambda ctx, xi: ops.replicated_all_reduce(xi, op="add"), x[:, : MiB // 4])
+            assert slicer.split_runs == cut
+        np.testing.assert_array_equal(got[0], x[0, : MiB // 4] + x[1, : MiB // 4])
+    for bad in ("0", "16MiB", "-1"):
+        monkeypatch.setenv(ENGINE_SLICE_BYTES, bad)
+        with pytest.raises(PopdistEnvError, match=f"^{ENGINE_SLICE_BYTES}='{bad}'"):
+            Runtime(2)
 
 
 def test_a_large_collective_runs_on_the_slice_threads_and_close_stops_them() -> None:

@@ -132,7 +132,8 @@ def test_the_cores_section_measures_threads_splits_and_training_and_renders() ->
     pytest.importorskip("torch")
     from bench import cores
 
-    section: dict[str, Any] = cores.run(quick=True, reduction_bytes=4 << 20, split_bytes=1 << 20, global_batch=64)
+    section: dict[str, Any] = cores.run(quick=True, reduction_bytes=4 << 20, split_bytes=1 << 20, global_batch=64,
+                                        cut_sizes=(1 << 20, 2 << 20))
     R = section["replicas"]
     assert cores.replicas() == R and section["reduction"]["threads"] == section["cores"]
     rows = section["reduction"]["local_replicas"]
@@ -141,6 +142,11 @@ def test_the_cores_section_measures_threads_splits_and_training_and_renders() ->
         assert set(by_op) == {"allreduce", "reduce_scatter", "allgather"}
         assert all(t["speedup"] == t["one_thread"] / t["threads"] > 0 for t in by_op.values())
     assert section["reduction"]["memory_limit"]["speedup"] > 0
+    cut = section["cutting"]["local_replicas"]
+    assert set(cut) == {str(L) for L in {2, R}}
+    for by_size in cut.values():
+        assert set(by_size) == {str(1 << 20), str(2 << 20)}
+        assert all(t["speedup"] == t["one_thread"] / t["threads"] > 0 for t in by_size.values())
     steps = section["steps"]["seconds"]
     assert set(steps) == {"threads", "cooperative"}
     assert all(set(t) == {str(L) for L in {1, 2, 4, R}} and min(t.values()) > 0 for t in steps.values())
@@ -160,6 +166,8 @@ def test_the_cores_section_measures_threads_splits_and_training_and_renders() ->
     table = report.markdown({"cores": section})
     assert f"| engine 1x{R} |" in table and "| allreduce, 4 local replicas |" in table
     assert "| engine time per Trainer step, negligible model (us) | L = 1 | L = 2 |" in table
+    assert (f"| all-reduce cut over {section['cores']} threads at every size: one thread / cut | 1 MiB per replica | "
+            "2 MiB per replica |") in table and "| 2 local replicas | " in table
     assert f"| training samples/s: 1 x {R} replicas / {R} processes (at least) | {section['cores']} | 1.0 |" in table
 
 

@@ -21,10 +21,12 @@ import os
 from collections.abc import Callable
 from typing import Protocol
 
-# The variables' names are the launcher's contract, defined once in poprun_py.environment (import-free).
 from popdist_py import settings, validate
+from popdist_py.engine._execution.slices import MIN_SLICE_BYTES
+
+# The variables' names are the launcher's contract, defined once in poprun_py.environment (import-free).
 from poprun_py.environment import ENGINE_EXECUTOR as ENV
-from poprun_py.environment import ENGINE_THREADS, LOCAL_WORLD_SIZE
+from poprun_py.environment import ENGINE_SLICE_BYTES, ENGINE_THREADS, LOCAL_WORLD_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,13 @@ def slice_threads(requested: int | None) -> int:
     if requested is not None:
         return validate.count("threads", requested)
     return settings.integer(ENGINE_THREADS, 0, minimum=1) or max(1, cores_per_instance())
+
+
+def slice_bytes() -> int:
+    """The least bytes a slice of local work is given (:class:`.slices.Slicer`):
+    ``$POPDIST_ENGINE_SLICE_BYTES`` on a host where cutting pays sooner or later, else
+    :data:`.slices.MIN_SLICE_BYTES`."""
+    return settings.integer(ENGINE_SLICE_BYTES, MIN_SLICE_BYTES, minimum=1)
 
 
 def choose(requested: str | None, num_local_replicas: int) -> str:
