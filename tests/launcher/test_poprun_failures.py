@@ -480,6 +480,33 @@ def test_an_interrupted_job_is_not_restarted(tmp_path: Path) -> None:
         0, None, None, 130, "interrupted by SIGINT"), written
 
 
+def test_a_signal_after_an_instance_failed_leaves_that_failure_on_record(tmp_path: Path) -> None:
+    """Instance 1 fails; poprun is interrupted while instance 0 (which ignores SIGTERM) is being
+    stopped: poprun exits as interrupted, and --error-file still names the failure that came first."""
+    script = ("import os, signal, time\nif os.environ['RANK'] == '1':\n    raise SystemExit(3)\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n")
+    report = tmp_path / "error.json"
+    proc = subprocess.Popen([*POPRUN, "-v", "--error-file", str(report), "--num-instances", "2", PYTHON, "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, **OMP_SET, environment.KILL_GRACE: "2"})
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # poprun has the failure once it says so
+            if re.search(r"instance 1 on \S+: exit status 3$", line):
+                break
+        else:
+            pytest.fail(f"poprun never said that instance 1 failed: {proc.communicate(timeout=30)}")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    (written,) = json.loads(report.read_text())
+    assert set(written) == RECORD_KEYS, written
+    assert (written["instance"], written["status"]) == (1, 3), written
+    assert str(written["reason"]).startswith("instance 1 on "), written
+
+
 def test_a_job_that_cannot_fit_the_open_file_limit_is_refused_before_it_starts() -> None:
     """mpiexec's proxy holds about 4 descriptors per instance it starts: 1000 instances on a host
     whose hard limit is 2048 would fail minutes in with 'Too many open files'."""

@@ -35,6 +35,7 @@ _LAUNCH = ("tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_pop
         "test_a_process_left_in_mpiexecs_session_is_killed_and_named",
         "test_instances_failing_together_each_report_their_own_status",
         "test_an_interrupted_job_is_not_restarted",
+        "test_a_signal_after_an_instance_failed_leaves_that_failure_on_record",
         "test_a_storm_of_signals_ends_the_job_once_with_its_summary_and_leaves_nothing",
         "test_a_reader_that_stops_reading_is_not_an_error",
         "test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on",
