@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
-from popdist_py.engine._collectives.rendezvous import SPIN_SECONDS, Rendezvous, ThreadWaits
+from popdist_py.engine._collectives import rendezvous as rendezvous_module
+from popdist_py.engine._collectives.rendezvous import POLL_BYTES, SPIN_SECONDS, Rendezvous, ThreadWaits
 from popdist_py.engine._execution.executor import cores_per_instance, polls
 from popdist_py.engine.errors import CollectiveTimeoutError, StepAborted
 from tests.helpers import task_state
@@ -40,7 +42,7 @@ class ScriptedWaits:
             while wake.acquire(blocking=False):
                 pass
 
-    def sleep(self, index: int, timeout: float) -> bool:
+    def sleep(self, index: int, timeout: float, brief: bool = True) -> bool:
         self.calls.append((index, timeout))
         if math.isinf(timeout):
             self.meanwhile(len(self.calls))
@@ -237,6 +239,42 @@ def test_a_thread_waits_polls_then_sleeps_and_always_answers_its_wake_up(poll: f
     assert not waits.sleep(1, 0.05)  # a deadline longer than the polling still holds
     assert 0.04 <= time.monotonic() - start < 10
 
+
+
+def test_a_thread_polls_only_for_a_brief_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """brief=False (a large collective): straight to sleep on the lock, no poll; the deadline holds."""
+    yields: list[int] = []
+    monkeypatch.setattr(rendezvous_module, "_yield", lambda: yields.append(1))
+    waits = ThreadWaits(1, poll=1.0)
+    assert not waits.sleep(0, 0.02, brief=False) and yields == []
+    assert not waits.sleep(0, 0.02) and yields != []  # brief: polls until the deadline
+    waits.wake(0)
+    assert waits.sleep(0, 30.0, brief=False)
+
+
+@pytest.mark.skipif(cores_per_instance() < 2, reason="replica threads poll only with a core each")
+def test_replica_threads_poll_for_small_collectives_and_not_for_large_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica that waits for another polls for an all-reduce of POLL_BYTES per replica, and
+    sleeps at once for a larger one, whose slice threads need the core it would take."""
+    from popdist_py.engine import Runtime, ops
+
+    def polls_for(nbytes: int, wait_up_to: float) -> bool:
+        polled = threading.Event()
+        monkeypatch.setattr(rendezvous_module, "_yield", polled.set)  # (the yield itself is beside the point)
+
+        def step(ctx: Any, x: np.ndarray) -> np.ndarray:
+            if ctx.local_index == 1:  # let replica 0 wait first: until it polls, or a while
+                polled.wait(wait_up_to)
+            return ops.replicated_all_reduce(x, op="add")
+
+        x = np.ones((2, nbytes // 4), np.float32)
+        with Runtime(2, executor="threads") as rt:
+            got = rt.run(step, x)
+        np.testing.assert_array_equal(got[0], np.full(nbytes // 4, 2, np.float32))
+        return polled.is_set()
+
+    assert polls_for(POLL_BYTES, wait_up_to=30)
+    assert not polls_for(POLL_BYTES + 4, wait_up_to=0.5)
 
 
 def test_replica_threads_poll_only_where_each_has_a_core() -> None:

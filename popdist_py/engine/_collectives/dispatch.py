@@ -30,7 +30,7 @@ from popdist_py.engine._collectives.exchange import (
 )
 from popdist_py.engine._collectives.grouping import Group, ReplicaGrouping, replica_grouping_of
 from popdist_py.engine._collectives.reduce import check_operands, reduction_op
-from popdist_py.engine._collectives.rendezvous import END, Rendezvous, Waits
+from popdist_py.engine._collectives.rendezvous import END, POLL_BYTES, Rendezvous, Waits
 from popdist_py.engine._collectives.segments import Segments
 from popdist_py.engine._collectives.transport import HDR_BYTES, HeaderChannel, Transport
 from popdist_py.engine._execution.context import StepContext
@@ -179,7 +179,8 @@ class Dispatcher:
         if entry.square:
             arr = np.square(arr)
         n = ctx.ncoll = ctx.ncoll + 1
-        result: np.ndarray = self.rendezvous.arrive(ctx.local_index, (entry, arr, n), self.timeout)
+        result: np.ndarray = self.rendezvous.arrive(ctx.local_index, (entry, arr, n), self.timeout,
+                                                    brief=arr.nbytes <= POLL_BYTES)
         return result
 
     def _entry(

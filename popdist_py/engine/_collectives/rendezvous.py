@@ -39,9 +39,9 @@ class Waits(Protocol):
     def reset(self) -> None:
         """Forget wake-ups left over from an abandoned run."""
 
-    def sleep(self, index: int, timeout: float) -> bool:
+    def sleep(self, index: int, timeout: float, brief: bool = True) -> bool:
         """Block replica ``index`` until :meth:`wake` (True) or ``timeout`` seconds pass (False;
-        ``inf``: no deadline)."""
+        ``inf``: no deadline). ``brief``: the wait should be short (a small collective)."""
 
     def wake(self, index: int) -> None:
         """Make replica ``index`` (asleep or about to sleep) return from :meth:`sleep`."""
@@ -55,6 +55,12 @@ class Waits(Protocol):
 #: beyond the cores take them (and the GIL) from the replica that works (1 KiB all-reduce, 1 x 4
 #: on 2 cores: 42 us without polling, 62 us with).
 SPIN_SECONDS = 50e-6
+
+#: The largest collective (bytes per replica) a waiting replica thread polls for. A larger one's
+#: local work outlasts the poll, and a poller then holds the core that the combining replica's
+#: slice threads need: the kernel puts a woken slice thread beside its waker while the other core
+#: is busy, and leaves it there (64 MiB all-reduce, 1 x 2 on 2 cores: 2-8% slower with the poll).
+POLL_BYTES = 1 << 20
 
 
 _clock = time.perf_counter
@@ -76,9 +82,9 @@ class ThreadWaits:
         for lock in self._locks:
             lock.acquire(blocking=False)
 
-    def sleep(self, index: int, timeout: float) -> bool:
+    def sleep(self, index: int, timeout: float, brief: bool = True) -> bool:
         lock = self._locks[index]
-        poll = min(self._poll, timeout)
+        poll = min(self._poll, timeout) if brief else 0.0
         if poll > 0:
             end = _clock() + poll
             while not lock.acquire(False):
@@ -165,10 +171,11 @@ class Rendezvous:
         """The local replica that raised :attr:`failure` (None while the run has not failed)."""
         return self._failed_by
 
-    def arrive(self, index: int, deposit: Any, timeout: float, wait: bool = True) -> Any:
+    def arrive(self, index: int, deposit: Any, timeout: float, wait: bool = True, brief: bool = True) -> Any:
         """Deposit and, when last, run ``combine(deposits)``; return this replica's result.
 
-        ``wait=False`` (a replica ending its step) returns at once unless it is the last to arrive.
+        ``wait=False`` (a replica ending its step) returns at once unless it is the last to arrive;
+        ``brief=False``: the combination takes long (a large collective), not worth polling for.
         """
         if self.size == 1:  # nobody to meet: no lock, no wake-ups
             if self._failure is not None:
@@ -198,7 +205,7 @@ class Rendezvous:
                 self._gen += 1
                 gen = -1
         if gen >= 0:
-            if not self._sleep(index, timeout):
+            if not self._sleep(index, timeout, brief):
                 return self._wait(index, gen, timeout, deposit)
             slots = self._results
             result = slots[index]

@@ -53,7 +53,7 @@ class CooperativePool:
     def reset(self) -> None:
         self._ready.clear()
 
-    def sleep(self, index: int, timeout: float) -> bool:
+    def sleep(self, index: int, timeout: float, brief: bool = True) -> bool:
         """Let the other replicas run until one wakes this one (no deadline: see :meth:`run`)."""
         ready = self._ready
         if ready:  # straight to the next runnable replica: one switch instead of two
