@@ -34,6 +34,7 @@ class ScriptedWaits:
 
     def __init__(self, size: int, meanwhile: Callable[[int], None] = lambda call: None) -> None:
         self.calls: list[tuple[int, float]] = []
+        self.briefs: list[bool] = []  # each sleep's ``brief``
         self.meanwhile = meanwhile
         self.wakes = [threading.Semaphore(0) for _ in range(size)]
 
@@ -44,6 +45,7 @@ class ScriptedWaits:
 
     def sleep(self, index: int, timeout: float, brief: bool = True) -> bool:
         self.calls.append((index, timeout))
+        self.briefs.append(brief)
         if math.isinf(timeout):
             self.meanwhile(len(self.calls))
             assert self.wakes[index].acquire(timeout=30), "never woken"
@@ -242,14 +244,27 @@ def test_a_thread_waits_polls_then_sleeps_and_always_answers_its_wake_up(poll: f
 
 
 def test_a_thread_polls_only_for_a_brief_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """brief=False (a large collective): straight to sleep on the lock, no poll; the deadline holds."""
+    """brief=False (a large collective): straight to sleep on the lock, no poll; either way the
+    deadline is the deadline, the polling included."""
     yields: list[int] = []
     monkeypatch.setattr(rendezvous_module, "_yield", lambda: yields.append(1))
     waits = ThreadWaits(1, poll=1.0)
     assert not waits.sleep(0, 0.02, brief=False) and yields == []
-    assert not waits.sleep(0, 0.02) and yields != []  # brief: polls until the deadline
+    start = time.monotonic()
+    assert not waits.sleep(0, 1.5) and yields != []  # brief: polls for 1 s, then sleeps the rest
+    assert 1.4 <= time.monotonic() - start < 2.3  # not the poll's second again on top
     waits.wake(0)
     assert waits.sleep(0, 30.0, brief=False)
+
+
+def test_an_arrival_waits_briefly_unless_it_says_the_collective_is_large() -> None:
+    def first_sleep(**brief: bool) -> bool:
+        waits = ScriptedWaits(2, meanwhile=lambda call: None if call > 1 else r.arrive(1, "b", timeout=5))
+        r = rendezvous(waits)
+        assert r.arrive(0, "a", timeout=math.inf, **brief) == "a for 0"
+        return waits.briefs[0]
+
+    assert first_sleep() and not first_sleep(brief=False)
 
 
 @pytest.mark.skipif(cores_per_instance() < 2, reason="replica threads poll only with a core each")
