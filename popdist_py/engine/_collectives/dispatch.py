@@ -84,13 +84,15 @@ class Entry:
     identity at the rendezvous (equal signatures from different entries still match).
     """
 
-    __slots__ = ("hash", "plan", "sig", "square")
+    __slots__ = ("brief", "hash", "plan", "sig", "square")
 
     def __init__(self, sig: Signature) -> None:
         self.sig = sig
         self.plan: CollectivePlan | None = None
         #: square_add: each replica squares its input before depositing it (then the plan adds)
         self.square = sig.op == SQUARE_ADD
+        #: small enough (per replica) for a waiting replica thread to poll for (see rendezvous)
+        self.brief = math.prod(sig.shape) * np.dtype(sig.dtype).itemsize <= POLL_BYTES
         self.hash = int.from_bytes(hashlib.blake2b(repr(sig).encode(), digest_size=8).digest(), "little", signed=True)
 
 
@@ -180,7 +182,7 @@ class Dispatcher:
             arr = np.square(arr)
         n = ctx.ncoll = ctx.ncoll + 1
         result: np.ndarray = self.rendezvous.arrive(ctx.local_index, (entry, arr, n), self.timeout,
-                                                    brief=arr.nbytes <= POLL_BYTES)
+                                                    brief=entry.brief)
         return result
 
     def _entry(
