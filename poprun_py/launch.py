@@ -225,16 +225,12 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
                                     output=OutputOptions(options["log_dir"], options["tee"],
                                                          options["prefix_timestamp"], append=restart > 0))
             status = supervisor.run()
-            report = None
-            if status:
-                from poprun_py.report import own_failure
-
-                report = supervisor.failure_report() or own_failure(f"exit status {status}", status)
+            report = supervisor.failure_report() if status else None
             lost = supervisor.lost_hosts() if status else {}
             if status or records:
                 records.append({"restart": restart, "hosts": list(start.plan.host_names),
                                 "instances": start.plan.num_instances,
-                                **(report or {"status": 0, "reason": None}), "lost_hosts": lost})
+                                **(report or {"status": status, "reason": None}), "lost_hosts": lost})
                 if options["error_file"]:
                     from poprun_py import error_file
 
@@ -246,7 +242,7 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
 
                 policy = Restarts.for_plan(start.plan, options["min_hosts"], options["host_cooldown"],
                                            options["host_discovery_script"])
-            assert report is not None  # the start failed
+            assert report is not None  # every way a start fails has its report (Supervisor._finish)
             moved = _restart(options, start, restart + 1, str(report["reason"]), lost, policy)
             if moved is None:
                 return status

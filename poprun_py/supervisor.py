@@ -503,7 +503,7 @@ class Supervisor:
     def failure_report(self) -> dict[str, object] | None:
         """The first failure, for --error-file and the restart message (see ``report``); poprun's
         own reason when no instance failed (a host that could not start, mpiexec's failure, a signal
-        to poprun before any instance failed)."""
+        to poprun before any instance failed). None only when the run succeeded."""
         from poprun_py.report import own_failure
 
         if self.ended_because is not None:  # said instead of an instance's failure (see _finish)

@@ -10,6 +10,7 @@ unless a wake-up is already there, and the test decides what happens meanwhile.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -246,12 +247,17 @@ def test_a_thread_waits_polls_then_sleeps_and_always_answers_its_wake_up(poll: f
 def test_a_thread_polls_only_for_a_brief_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """brief=False (a large collective): straight to sleep on the lock, no poll; either way the
     deadline is the deadline, the polling included."""
-    yields: list[int] = []
-    monkeypatch.setattr(rendezvous_module, "_yield", lambda: yields.append(1))
+    polled = threading.Event()
+
+    def yield_() -> None:  # the real yield, seen
+        polled.set()
+        os.sched_yield()
+
+    monkeypatch.setattr(rendezvous_module, "_yield", yield_)
     waits = ThreadWaits(1, poll=1.0)
-    assert not waits.sleep(0, 0.02, brief=False) and yields == []
+    assert not waits.sleep(0, 0.02, brief=False) and not polled.is_set()
     start = time.monotonic()
-    assert not waits.sleep(0, 1.5) and yields != []  # brief: polls for 1 s, then sleeps the rest
+    assert not waits.sleep(0, 1.5) and polled.is_set()  # brief: polls for 1 s, then sleeps the rest
     assert 1.4 <= time.monotonic() - start < 2.3  # not the poll's second again on top
     waits.wake(0)
     assert waits.sleep(0, 30.0, brief=False)
