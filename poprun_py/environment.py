@@ -141,6 +141,9 @@ OMPI_MCA_BTL = _define("OMPI_MCA_btl", "poprun (one host: ^tcp), unless set", "O
                        "its byte transfer layers: on one host none over TCP, which listens on every interface")
 LD_PRELOAD = _define("LD_PRELOAD", "poprun (one host, Open MPI: its _loopback library first), the shim (removes it)",
                      "the dynamic loader", "Open MPI's launcher binds loopback where it would bind every interface")
+PMI_FD = _define("PMI_FD", "MPICH's mpiexec", "MPICH, the shim",
+                 "the descriptor of the process's line to its launcher; under gforker the shim's last act "
+                 "keeps it open until gforker has reaped the shim (see shim.leave)")
 # ----------------------------------------- MPI launchers -> a program started without poprun
 # Under a bare `mpiexec -n N` (or `srun`) popdist_py answers as N instances of one replica each,
 # from the launcher's own variables; their presence also tells "started by mpiexec" from

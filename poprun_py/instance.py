@@ -8,8 +8,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from poprun_py.shim import main
+from poprun_py.shim import leave, main
 
-# os._exit: the shim writes through raw descriptors only, so the interpreter's teardown
-# (~2 ms) has nothing to flush.
-os._exit(main())
+# os._exit (in leave): the shim writes through raw descriptors only, so the interpreter's
+# teardown (~2 ms) has nothing to flush.
+leave(main())

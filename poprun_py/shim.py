@@ -21,12 +21,13 @@ import errno
 import os
 import sys
 
-from poprun_py import environment
+from poprun_py import environment, sweep
 from poprun_py.paths import which
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
 if TYPE_CHECKING:
     import _socket
+    from typing import NoReturn
 
     from poprun_py.seal import Seal
 
@@ -185,6 +186,64 @@ def _read_nonce(control: _socket.socket, timeout: float) -> bytes:
         nonce += chunk
     control.settimeout(None)
     return nonce
+
+
+#: The most a holder (:func:`hold_until_reaped`) waits for the shim to be reaped.
+HOLD_LIMIT = 1.0
+#: How often a holder looks.
+HOLD_POLL = 0.0005
+
+
+def leave(status: int) -> NoReturn:
+    """End the shim with ``status``; under MPICH's gforker, behind a holder (:func:`hold_until_reaped`).
+
+    gforker reads its children's stdout, stderr and PMI descriptors until all are closed, then
+    waits for the children it has not reaped yet; that wait counts them once and, if any was
+    left, spins a core until its 2 s limit runs out. A process's descriptors close before its
+    parent learns that it exited, so a shim's own exit left gforker one unreaped child in about
+    one one-host job in five (measured on 2026-11-27: 4 of 20 jobs ended 1.5-2 s late). With the
+    holder, the last descriptor closes once gforker has reaped the shim."""
+    if _parent_is_gforker():
+        hold_until_reaped()
+    os._exit(status)
+
+
+def _parent_is_gforker() -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{os.getppid()}/exe")) == "mpiexec.gforker"
+    except OSError:
+        return False
+
+
+def hold_until_reaped() -> None:
+    """Fork a holder that keeps this process's stdin, stdout, stderr and MPICH's ``PMI_FD`` open
+    until this process has exited and been reaped (or :data:`HOLD_LIMIT` has passed), and closes
+    every other descriptor at once; the caller goes on (to exit)."""
+    me = os.getpid()
+    born = sweep.start_time(me)
+    try:
+        if os.fork():
+            return
+    except OSError:  # no holder: gforker may wait its 2 s, nothing worse
+        return
+    try:
+        keep = {0, 1, 2}
+        pmi = os.environ.get(environment.PMI_FD, "")
+        if pmi.isdigit():
+            keep.add(int(pmi))
+        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:  # the listing's own descriptor, closed by now
+                    pass
+        import time
+
+        deadline = time.monotonic() + HOLD_LIMIT
+        while sweep.start_time(me) == born and time.monotonic() < deadline:
+            time.sleep(HOLD_POLL)
+    finally:
+        os._exit(0)
 
 
 def main() -> int:

@@ -34,9 +34,9 @@ def pids() -> list[int]:
         return []
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of /proc/PID/stat after the command's name (state ppid pgrp session ...); None
-    once the process is gone or a zombie."""
+def _read_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command's name (state ppid pgrp session ...), zombie
+    or not; None once the process is gone (reaped)."""
     try:  # os.open/os.read: a buffered file object per process would cost 3x as much
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         try:
@@ -46,9 +46,24 @@ def _stat_fields(pid: int) -> list[bytes] | None:
     except OSError:
         return None
     fields = stat.rsplit(b")", 1)[-1].split()
-    if len(fields) < 4 or fields[0] == b"Z":
-        return None
-    return fields
+    return fields if len(fields) > _START_TIME else None
+
+
+#: Index of the start time (clock ticks after boot) among :func:`_read_stat`'s fields (stat's 22nd).
+_START_TIME = 19
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """:func:`_read_stat`'s fields; None once the process is gone or a zombie."""
+    fields = _read_stat(pid)
+    return None if fields is None or fields[0] == b"Z" else fields
+
+
+def start_time(pid: int) -> bytes | None:
+    """When ``pid`` started, as /proc gives it, zombie or not; None once it has been reaped. While
+    the value stays the same, ``pid`` is still the same process (PIDs are reused)."""
+    fields = _read_stat(pid)
+    return None if fields is None else fields[_START_TIME]
 
 
 def _stat(pid: int) -> tuple[int, int] | None:

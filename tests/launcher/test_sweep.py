@@ -114,3 +114,17 @@ def test_a_stopped_process_is_told_from_a_running_one_and_a_zombie(processes: li
     os.kill(sleeper.pid, signal.SIGKILL)
     os.waitid(os.P_PID, sleeper.pid, os.WEXITED | os.WNOWAIT)
     assert not sweep.is_stopped(sleeper.pid)  # a zombie
+
+
+def test_a_start_time_lasts_while_the_process_is_a_zombie_and_ends_when_it_is_reaped(
+        processes: list[subprocess.Popen[bytes]]) -> None:
+    first = _sleeper()
+    processes.append(first)
+    born = sweep.start_time(first.pid)
+    assert born is not None and born.isdigit()
+    assert sweep.start_time(os.getpid()) != born  # this process started before it
+    os.kill(first.pid, signal.SIGKILL)
+    os.waitid(os.P_PID, first.pid, os.WEXITED | os.WNOWAIT)  # a zombie: still there
+    assert sweep.start_time(first.pid) == born
+    assert _killed(first)  # reaped: gone
+    assert sweep.start_time(first.pid) is None

@@ -1,0 +1,163 @@
+"""How the shim ends (``shim.leave``): under MPICH's gforker, behind a holder that keeps the
+descriptors gforker reads open until gforker has reaped the shim, so that gforker never starts
+its final wait with a child it has not reaped (that wait then spins for up to 2 s).
+
+Real processes throughout: a child Python plays the shim, the test plays its parent (or a real
+gforker is its parent); each step waits for what the processes do (a pidfd, EOF on a pipe, a
+process's state in /proc), never for a sleep."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from poprun_py import environment, sweep
+from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, task_state
+
+GFORKER = BIN / "mpiexec.gforker"
+
+
+def _script(code: str) -> list[str]:
+    """A Python command, as mpiexec starts the shim (``python -S``), that imports the shim and runs ``code``."""
+    prelude = f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom poprun_py import shim\n"
+    return [PYTHON, "-S", "-c", prelude + code]
+
+
+def _child(code: str, pass_fds: tuple[int, ...] = (), env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """:func:`_script` as a child of this process, its stdout on a pipe."""
+    return subprocess.Popen(_script(code), stdout=subprocess.PIPE, cwd=ROOT, pass_fds=pass_fds, env=env)
+
+
+def _exited(pid: int) -> None:
+    """Wait until ``pid`` (a child of this process) has exited, without reaping it."""
+    fd = os.pidfd_open(pid)
+    try:
+        assert select.select([fd], [], [], SUBPROCESS_TIMEOUT)[0], f"process {pid} did not exit"
+    finally:
+        os.close(fd)
+
+
+def _at_eof(fd: int, wait: float = 0.0) -> bool:
+    """Whether the pipe ``fd`` reads at its end within ``wait`` seconds (nothing is ever written to it)."""
+    if not select.select([fd], [], [], wait)[0]:
+        return False
+    assert os.read(fd, 1) == b""
+    return True
+
+
+@pytest.fixture
+def children() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for child in started:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=SUBPROCESS_TIMEOUT)
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def test_the_holder_keeps_stdout_open_until_the_shim_is_reaped(children: list[subprocess.Popen[bytes]]) -> None:
+    child = _child("shim.HOLD_LIMIT = 600\nshim.hold_until_reaped()\nos._exit(7)")
+    children.append(child)
+    assert child.stdout is not None
+    out = child.stdout.fileno()
+    _exited(child.pid)
+    assert not _at_eof(out), "stdout closed while the shim was not yet reaped"
+    assert child.wait(timeout=SUBPROCESS_TIMEOUT) == 7  # reaped: now the holder lets go
+    assert _at_eof(out, SUBPROCESS_TIMEOUT)
+
+
+def test_without_a_holder_stdout_closes_before_the_parent_can_reap(children: list[subprocess.Popen[bytes]]) -> None:
+    """What gforker meets without the holder, and what leave does under any other parent."""
+    child = _child("shim.leave(5)")
+    children.append(child)
+    assert child.stdout is not None
+    _exited(child.pid)
+    assert _at_eof(child.stdout.fileno())  # a process's descriptors close before it is a zombie
+    assert child.wait(timeout=SUBPROCESS_TIMEOUT) == 5
+
+
+def test_a_holder_whose_shim_is_never_reaped_gives_up(children: list[subprocess.Popen[bytes]]) -> None:
+    child = _child("shim.HOLD_LIMIT = 0.01\nshim.hold_until_reaped()\nos._exit(7)")
+    children.append(child)
+    assert child.stdout is not None
+    _exited(child.pid)
+    assert _at_eof(child.stdout.fileno(), SUBPROCESS_TIMEOUT), "the holder waited for ever"
+    assert sweep.start_time(child.pid) is not None  # still a zombie, not reaped: the holder gave up
+    assert child.wait(timeout=SUBPROCESS_TIMEOUT) == 7
+
+
+def test_the_holder_keeps_pmi_fd_and_closes_every_other_descriptor(children: list[subprocess.Popen[bytes]]) -> None:
+    pmi_r, pmi_w = os.pipe()
+    other_r, other_w = os.pipe()
+    try:
+        child = _child("shim.HOLD_LIMIT = 600\nshim.hold_until_reaped()\nos._exit(0)", pass_fds=(pmi_w, other_w),
+                       env={**os.environ, environment.PMI_FD: str(pmi_w)})
+        children.append(child)
+        os.close(pmi_w)
+        os.close(other_w)
+        _exited(child.pid)
+        assert _at_eof(other_r, SUBPROCESS_TIMEOUT), "the holder kept a descriptor gforker does not read"
+        assert not _at_eof(pmi_r), "the holder let PMI_FD go before the shim was reaped"
+        assert child.wait(timeout=SUBPROCESS_TIMEOUT) == 0
+        assert _at_eof(pmi_r, SUBPROCESS_TIMEOUT)
+    finally:
+        os.close(pmi_r)
+        os.close(other_r)
+
+
+def _marked(mark: bytes, but: int) -> list[int]:
+    return [pid for pid in sweep.pids() if pid != but and sweep.holds_marks(pid, (mark,))]
+
+
+@pytest.mark.skipif(not GFORKER.exists(), reason="needs MPICH's mpiexec.gforker (the mpich wheel)")
+def test_under_gforker_the_shim_leaves_a_holder_until_gforker_reaps_it(tmp_path: Path) -> None:
+    """gforker, stopped, cannot reap the shim: the holder waits; gforker, continued, reaps the shim,
+    the holder goes, and gforker exits with the shim's status."""
+    mark = f"POPRUN_TEST_HOLDER={uuid.uuid4().hex}"
+    go = tmp_path / "go"
+    code = (f"print(os.getpid(), flush=True)\nimport time\nwhile not os.path.exists({str(go)!r}):\n"
+            "    time.sleep(0.005)\nshim.HOLD_LIMIT = 600\nshim.leave(3)")
+    name, value = mark.split("=")
+    gforker = subprocess.Popen([str(GFORKER), "-n", "1", *_script(code)], stdout=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, env={**os.environ, name: value})
+    try:
+        assert gforker.stdout is not None
+        shim_pid = int(gforker.stdout.readline())
+        os.kill(gforker.pid, signal.SIGSTOP)
+        _wait(lambda: sweep.is_stopped(gforker.pid), "gforker did not stop")
+        go.touch()
+        _wait(lambda: _zombie(shim_pid), "the shim did not exit")
+        holders = _marked(mark.encode(), but=gforker.pid)
+        assert len(holders) == 1, f"expected the shim's holder alone, found {holders}"
+        os.kill(gforker.pid, signal.SIGCONT)
+        assert gforker.wait(timeout=SUBPROCESS_TIMEOUT) == 3
+        _wait(lambda: not _marked(mark.encode(), but=gforker.pid), "the holder outlived gforker's wait")
+    finally:
+        if gforker.poll() is None:
+            os.kill(gforker.pid, signal.SIGCONT)
+            gforker.kill()
+            gforker.wait(timeout=SUBPROCESS_TIMEOUT)
+        if gforker.stdout is not None:
+            gforker.stdout.close()
+
+
+def _zombie(pid: int) -> bool:
+    return task_state(f"/proc/{pid}") == "Z"
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` (a state of other processes) until it holds, within the subprocess bound."""
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.002)
