@@ -14,7 +14,9 @@ R is the host's cores, at most 16: one replica per core.
 - ``splits``: all-reduce of 16 MiB per replica over R replicas: mpi4py on R ranks, and the engine at
   every split I x L of R, under poprun; jobs alternate round by round.
 - ``training``: the peers' MLP (``bench.peers_training_worker``: the engine's Trainer) as R processes
-  and as 1 process x R local replicas, and torch DDP (gloo) as R processes; jobs alternate.
+  and as 1 process x R local replicas, and torch DDP (gloo) as R processes, each with one BLAS
+  thread per process; and 1 x R again with the BLAS threads poprun gives the instance (its cores),
+  which its replica threads share; jobs alternate.
 
 Targets (the target table records each one's host cores): on any host, the in-process reduction
 of 2 and 4 replicas on all cores at least 1.2x its rate on one thread, and 1 x R training at least
@@ -120,6 +122,11 @@ def splits(R: int, rounds: int, nbytes: int) -> dict[str, Any]:
             "worst_over_best_split": max(engine.values()) / min(engine.values())}
 
 
+#: The training job whose BLAS library keeps the threads poprun gives it (OMP_NUM_THREADS: the
+#: instance's cores), which its replica threads share (engine/_execution/blas.py).
+POPRUN_BLAS = "_poprun_blas_threads"
+
+
 def training(R: int, rounds: int, steps: int, global_batch: int) -> dict[str, Any]:
     python, poprun = sys.executable, str(BIN / "poprun")
 
@@ -129,14 +136,15 @@ def training(R: int, rounds: int, steps: int, global_batch: int) -> dict[str, An
                 "bench.peers_training_worker", framework, str(global_batch), str(steps)]
 
     jobs = {f"engine_{R}_processes": job("engine", R), f"engine_1x{R}": job("engine", 1),
-            f"torch_ddp_{R}_processes": job("ddp", R)}
+            f"torch_ddp_{R}_processes": job("ddp", R), f"engine_1x{R}_poprun_blas_threads": job("engine", 1)}
     samples: dict[str, list[float]] = {name: [] for name in jobs}
     for _ in range(rounds):
         for name, command in jobs.items():
-            samples[name].append(throughput(command))
+            samples[name].append(throughput(command, one_blas_thread=not name.endswith(POPRUN_BLAS)))
     median = {name: statistics.median(values) for name, values in samples.items()}
     return {"model": (f"MLP 1024-1024-1024-16 without biases, float32, SGD, global batch {global_batch}, "
-                      "one BLAS thread per process"), "samples_per_s": median,
+                      f"one BLAS thread per process (*{POPRUN_BLAS}: as many as poprun gives the instance, "
+                      "its cores)"), "samples_per_s": median,
             "one_process_over_processes": median[f"engine_1x{R}"] / median[f"engine_{R}_processes"],
             "processes_over_ddp": median[f"engine_{R}_processes"] / median[f"torch_ddp_{R}_processes"]}
 

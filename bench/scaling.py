@@ -24,9 +24,11 @@ GLOBAL_BATCH = 2048
 SMALL_BATCH = 1024
 
 
-def throughput(command: list[str]) -> float:
-    """The samples/s a training worker run by ``command`` prints, one BLAS thread per process."""
-    env = {**os.environ, **ONE_THREAD}
+def throughput(command: list[str], one_blas_thread: bool = True) -> float:
+    """The samples/s a training worker run by ``command`` prints, one BLAS thread per process
+    (else as many as poprun gives each instance: its cores)."""
+    env = {**os.environ, **ONE_THREAD} if one_blas_thread else {
+        name: value for name, value in os.environ.items() if name not in ONE_THREAD}
     out = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{out.stderr[-3000:]}")

@@ -152,8 +152,8 @@ def test_the_cores_section_measures_threads_splits_and_training_and_renders() ->
     assert all(set(t) == {str(L) for L in {1, 2, 4, R}} and min(t.values()) > 0 for t in steps.values())
     splits = section["splits"]["seconds"]
     assert set(splits) == {f"mpi4py_{R}_ranks"} | {f"{i}x{R // i}" for i in range(1, R + 1) if R % i == 0}
-    assert set(section["training"]["samples_per_s"]) == {f"engine_{R}_processes", f"engine_1x{R}",
-                                                         f"torch_ddp_{R}_processes"}
+    assert set(section["training"]["samples_per_s"]) == {
+        f"engine_{R}_processes", f"engine_1x{R}", f"torch_ddp_{R}_processes", f"engine_1x{R}_poprun_blas_threads"}
     whats = [t["what"] for t in section["targets"]]
     threads = f"one thread / {section['cores']} threads (at least)"
     assert whats[:3] == [f"in-process all-reduce 4 MiB, 2 replicas: {threads}",

@@ -2,7 +2,8 @@
 
 Local replica 0 runs on the thread that called ``Runtime.run`` and replicas 1..L-1 on L-1
 long-lived worker threads, so a run costs one wake-up per worker and no thread creation; with
-L == 1 a step runs directly on the caller's thread. Workers reference only the pool (never the
+L == 1 a step runs directly on the caller's thread. While a step runs, the replicas share the
+BLAS library's threads (:mod:`.blas`). Workers reference only the pool (never the
 runtime), so a runtime that is dropped without ``close()`` can still be collected, which shuts
 the pool down.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from popdist_py.engine._execution.blas import BlasShare
 from popdist_py.engine._execution.executor import MAX_THREADS, Stall, Task
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ class ReplicaPool:
         self._pending = 0
         self._task: object = None
         self._closed = False
+        #: while a step runs, the replicas share the BLAS library's threads
+        self.blas = BlasShare(size)
         if size > MAX_THREADS:
             raise ValueError(
                 f"the threads executor runs at most {MAX_THREADS} local replicas (one thread each), not {size}: "
@@ -84,15 +88,16 @@ class ReplicaPool:
         if self.size == 1:
             task(0)
             return
-        self._task = task
-        self._pending = self.size - 1
-        for i in range(1, self.size):
-            self._go[i].release()
-        try:
-            task(0)
-        finally:
-            self._done.acquire()
-            self._task = None
+        with self.blas.shared():
+            self._task = task
+            self._pending = self.size - 1
+            for i in range(1, self.size):
+                self._go[i].release()
+            try:
+                task(0)
+            finally:
+                self._done.acquire()
+                self._task = None
 
     def shutdown(self, timeout: float = 5.0) -> None:
         if self._closed:
