@@ -6,9 +6,9 @@ executor, L replicas call it at once, each call asking for the whole pool: L tim
 the cores can run, contending with each other and with the replicas' own numpy work. While a
 :class:`.pool.ReplicaPool` runs a step, :class:`BlasShare` gives each BLAS library its threads
 divided by L (at least one), and sets them back after; the cooperative executor, which runs one
-replica at a time, leaves them whole. Measured on 2026-11-27 (``make bench``'s cores section:
-1 x 2 replicas on 2 cores, BLAS sized by poprun's default) the bench's training ran about 20%
-slower without the share.
+replica at a time, leaves them whole. Measured by hand on 2026-11-27 with the bench's training
+worker (1 x 2 replicas on 2 cores, BLAS on poprun's 2 threads): 17k samples/s without the share,
+21k with it, as much as with one BLAS thread.
 
 The libraries are those loaded when the pool runs its first step (``threadpoolctl`` finds them).
 """
