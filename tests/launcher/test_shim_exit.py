@@ -16,24 +16,39 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 from poprun_py import environment, sweep
-from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, task_state
+from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state
 
 GFORKER = BIN / "mpiexec.gforker"
 
 
 def _script(code: str) -> list[str]:
-    """A Python command, as mpiexec starts the shim (``python -S``), that imports the shim and runs ``code``."""
+    """A Python command, as mpiexec starts the shim (``python -S``), that imports the shim and runs
+    ``code``; under ``make mutants`` it records what it reaches, as the shim's own script does
+    (tests/conftest.py)."""
     prelude = f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom poprun_py import shim\n"
+    if UNDER_MUTANTS:
+        prelude = "import sitecustomize\n" + prelude
     return [PYTHON, "-S", "-c", prelude + code]
 
 
 def _child(code: str, pass_fds: tuple[int, ...] = (), env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """:func:`_script` as a child of this process, its stdout on a pipe."""
-    return subprocess.Popen(_script(code), stdout=subprocess.PIPE, cwd=ROOT, pass_fds=pass_fds, env=env)
+    """:func:`_script` as a child of this process, its stdin, stdout and stderr on pipes."""
+    return subprocess.Popen(_script(code), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT, pass_fds=pass_fds, env=env)
+
+
+def _read_by_anyone(pipe: IO[bytes]) -> bool:
+    """Whether a process still holds the read end of the pipe ``pipe`` writes to (else EPIPE)."""
+    try:
+        os.write(pipe.fileno(), b"x")
+    except BrokenPipeError:
+        return False
+    return True
 
 
 def _exited(pid: int) -> None:
@@ -61,19 +76,32 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
         if child.poll() is None:
             child.kill()
         child.wait(timeout=SUBPROCESS_TIMEOUT)
-        if child.stdout is not None:
-            child.stdout.close()
+        for pipe in (child.stdin, child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
-def test_the_holder_keeps_stdout_open_until_the_shim_is_reaped(children: list[subprocess.Popen[bytes]]) -> None:
-    child = _child("shim.HOLD_LIMIT = 600\nshim.hold_until_reaped()\nos._exit(7)")
+def test_the_holder_keeps_stdio_open_until_the_shim_is_reaped(children: list[subprocess.Popen[bytes]]) -> None:
+    other_r, other_w = os.pipe()  # closed by the holder as it starts: then it has closed all it will
+    try:
+        child = _child("shim.HOLD_LIMIT = 600\nshim.hold_until_reaped()\nos._exit(7)", pass_fds=(other_w,))
+        os.close(other_w)
+        assert _at_eof(other_r, SUBPROCESS_TIMEOUT)
+    finally:
+        os.close(other_r)
     children.append(child)
-    assert child.stdout is not None
-    out = child.stdout.fileno()
+    stdin, stdout, stderr = child.stdin, child.stdout, child.stderr
+    assert stdin is not None and stdout is not None and stderr is not None
+    out, err = stdout.fileno(), stderr.fileno()
     _exited(child.pid)
     assert not _at_eof(out), "stdout closed while the shim was not yet reaped"
+    assert not _at_eof(err), "stderr closed while the shim was not yet reaped"
+    assert _read_by_anyone(stdin), "stdin closed while the shim was not yet reaped"
     assert child.wait(timeout=SUBPROCESS_TIMEOUT) == 7  # reaped: now the holder lets go
-    assert _at_eof(out, SUBPROCESS_TIMEOUT)
+    assert _at_eof(out, SUBPROCESS_TIMEOUT) and _at_eof(err, SUBPROCESS_TIMEOUT)
+    # the holder is gone: stdin's last reader goes with it (the kernel releases a dying process's
+    # files in no set order, so stdin may be the last)
+    _wait(lambda: not _read_by_anyone(stdin), "the holder kept stdin open")
 
 
 def test_without_a_holder_stdout_closes_before_the_parent_can_reap(children: list[subprocess.Popen[bytes]]) -> None:
