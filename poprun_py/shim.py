@@ -78,17 +78,6 @@ def keep_launchers_library_from_the_program() -> None:
         del os.environ[environment.LD_PRELOAD]
 
 
-def adopt_orphans() -> None:
-    """Become the subreaper of the program's descendants (see ``_subreaper``): an orphaned daemon
-    is then adopted by the shim, not by init, and ended with the job (``shim_pump.end_escaped``)."""
-    from poprun_py import _subreaper
-
-    try:
-        _subreaper.become()
-    except OSError:
-        pass  # not allowed here: the search by environment still finds marked daemons
-
-
 def pin_network(subnet: str) -> None:
     """``--host-subnet``: keep the program's MPI traffic on this host's interface in ``subnet``.
 
@@ -259,7 +248,7 @@ def main() -> int:
         pin_network(os.environ[environment.HOST_SUBNET])
     divide_cores()
     error_file = prepare_error_file()
-    adopt_orphans()
+    sweep.adopt_orphans()
     # First: the program starts while we import and connect. mpiexec passes its stdin to instance
     # 0 only; Hydra gives the others a pipe that never ends, where a read would wait for ever.
     spawned = spawn(argv, no_stdin=index > 0)

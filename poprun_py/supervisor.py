@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from poprun_py import control, log, protocol
+from poprun_py import control, log, protocol, sweep
 from poprun_py.output import InstanceOutput, OutputOptions, sinks_for
 from poprun_py.plan import LOCAL_HOST
 from poprun_py.process import Process
@@ -109,6 +109,9 @@ class Supervisor:
                          previous_wakeup: int, started: float) -> None:
         """Start mpiexec and run the loop until the job is over; then clean up after it."""
         try:
+            # What the job orphans on this host (the shims' holders under gforker, daemons the
+            # shims adopted and ended) comes to poprun, whose teardown collects their ends.
+            sweep.adopt_orphans()
             command = self.build_command(address)
             log.info("running command: %s", " ".join(command))
             # A terminal stays with poprun: instances reading stdin would fight over it.
@@ -128,6 +131,7 @@ class Supervisor:
             # Even a job that ended by itself: instances that left through os._exit never unlinked
             # their segments (when none is left, this costs two directory listings).
             remove_files_left(started, self.mpiexec.pid if self.mpiexec is not None else None)
+            sweep.reap_adopted(keep=self.mpiexec.pid if self.mpiexec is not None else None)
             if self.mpiexec is not None:
                 self.mpiexec.close()
             for conn in self.pending:

@@ -113,6 +113,35 @@ def descends_from(pid: int, root: int) -> bool:
     return False
 
 
+def adopt_orphans() -> None:
+    """Become the subreaper of this process's descendants (``_subreaper``): an orphan among them is
+    then adopted by this process, not by init. The shim ends the program's daemons it adopts
+    (``shim_pump.end_escaped``); poprun collects the ends of what the job orphans on its host
+    (:func:`reap_adopted`). Where the system does not allow it, nothing changes."""
+    from poprun_py import _subreaper
+
+    try:
+        _subreaper.become()
+    except OSError:
+        pass  # the shim's search by environment still finds marked daemons
+
+
+def reap_adopted(keep: int | None = None) -> int:
+    """Collect the end of every child of this process that is a zombie, but ``keep`` (a child
+    whose status is read elsewhere); how many. An adopted orphan would otherwise stay a zombie
+    for as long as this process lives, and go on to init, which in a container may reap nothing."""
+    me, count = os.getpid(), 0
+    for pid in pids():
+        fields = _read_stat(pid)
+        if pid != keep and fields is not None and fields[0] == b"Z" and int(fields[1]) == me:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # collected meanwhile (a wait elsewhere in this process)
+                continue
+            count += 1
+    return count
+
+
 def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
     """Whether ``pid`` is alive, not a zombie, not this process, and its environment holds every
     one of ``marks`` (each a whole ``NAME=value`` entry); never true for no marks."""

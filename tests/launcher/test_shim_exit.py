@@ -189,3 +189,28 @@ def _wait(condition: Callable[[], bool], what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, what
         time.sleep(0.002)
+
+
+#: A parent of poprun that adopts orphans and, once poprun has exited, prints how many processes
+#: it has as children, the ended (zombies) among them: what poprun left for it to collect.
+_ADOPTER = """
+import os, subprocess, sys
+from poprun_py import sweep
+sweep.adopt_orphans()
+status = subprocess.call(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+me = os.getpid()
+left = [pid for pid in sweep.pids() if (fields := sweep._read_stat(pid)) is not None and int(fields[1]) == me]
+print(status, len(left))
+"""
+
+
+@pytest.mark.skipif(not GFORKER.exists(), reason="needs MPICH's mpiexec.gforker (the mpich wheel)")
+def test_poprun_collects_the_holders_its_job_orphans() -> None:
+    """Each shim's holder outlives its shim: poprun, the nearest subreaper above it, collects its
+    end, so nothing reaches the next one up (here a subreaper of the test's, else init)."""
+    from tests.helpers import POPRUN, run
+
+    result = run([PYTHON, "-c", _ADOPTER, *POPRUN, "--num-instances", "2", PYTHON, "-c", "pass"],
+                 env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "0"], result.stdout
