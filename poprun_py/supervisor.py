@@ -131,7 +131,7 @@ class Supervisor:
             # Even a job that ended by itself: instances that left through os._exit never unlinked
             # their segments (when none is left, this costs two directory listings).
             remove_files_left(started, self.mpiexec.pid if self.mpiexec is not None else None)
-            sweep.reap_adopted(keep=self.mpiexec.pid if self.mpiexec is not None else None)
+            sweep.reap_adopted()  # mpiexec is collected by now (its loop, or kill_leftovers)
             if self.mpiexec is not None:
                 self.mpiexec.close()
             for conn in self.pending:

@@ -126,14 +126,15 @@ def adopt_orphans() -> None:
         pass  # the shim's search by environment still finds marked daemons
 
 
-def reap_adopted(keep: int | None = None) -> int:
-    """Collect the end of every child of this process that is a zombie, but ``keep`` (a child
-    whose status is read elsewhere); how many. An adopted orphan would otherwise stay a zombie
-    for as long as this process lives, and go on to init, which in a container may reap nothing."""
+def reap_adopted() -> int:
+    """Collect the end of every child of this process that is a zombie (call it once the children
+    whose status it reads itself are collected); how many. An adopted orphan would otherwise stay
+    a zombie for as long as this process lives, and go on to init, which in a container may reap
+    nothing."""
     me, count = os.getpid(), 0
     for pid in pids():
         fields = _read_stat(pid)
-        if pid != keep and fields is not None and fields[0] == b"Z" and int(fields[1]) == me:
+        if fields is not None and fields[0] == b"Z" and int(fields[1]) == me:
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:  # collected meanwhile (a wait elsewhere in this process)
