@@ -38,6 +38,9 @@ EXTRA_BACKLOG = 8
 TICK_SECONDS = 0.1
 #: After mpiexec exits, how long what its processes still send is read before poprun stops.
 AFTER_MPIEXEC_SECONDS = 2.0
+#: On one host, how long mpiexec may outlive the end of every instance and of every shim before
+#: poprun stops it (see _stop_lingering_mpiexec).
+LINGER_SECONDS = 0.5
 #: How often silence is checked (see _check_silence).
 SILENCE_CHECK_SECONDS = 1.0
 #: Connections that have not yet said who they are, at most: beyond it the oldest is dropped, so
@@ -75,6 +78,10 @@ class Supervisor:
         self.start_timeout = start_timeout
         self.mpiexec_started = 0.0
         self.called_in = 0  # instances whose HELLO has arrived
+        #: one host: when every instance and shim was first seen ended while mpiexec ran on
+        self.all_ended_at: float | None = None
+        #: poprun stopped an mpiexec that had nothing left to do (its status is not the job's)
+        self.mpiexec_stopped = False
         self.mpiexec: Process | None = None
         self.mpiexec_output: list[bytes] = []
         #: mpiexec's output until every instance has called in, held back: if a host cannot be
@@ -157,11 +164,13 @@ class Supervisor:
             self.teardown.escalate()
             self._check_silence()
             self._check_start()
+            self._stop_lingering_mpiexec()
             for sink in self.sinks.values():
                 sink.tick()  # a line that another instance has waited on too long is ended
             if mpiexec_done_at is None and self.mpiexec.poll() is not None:
                 mpiexec_done_at = time.monotonic()
                 log.info("mpiexec exited with status %s", self.mpiexec.returncode)
+
             if mpiexec_done_at is not None:
                 connected = any(i.connection is not None for i in self.instances)
                 # mpiexec is gone: read what is still in flight, then stop.
@@ -193,6 +202,25 @@ class Supervisor:
                 elif kind == "exited":
                     self.watch.remove(fd)
                     self.mpiexec.reap()
+
+    def _stop_lingering_mpiexec(self) -> None:
+        """One host: once every instance has reported its end and every shim has ended, mpiexec
+        has nothing left to do; one still running LINGER_SECONDS later is stopped. MPICH's gforker
+        misses a child's end that comes while it handles another's failure, and then waits out its
+        2 s limit with a core spinning (4 of 4 failed one-host jobs tried on 2026-11-27)."""
+        assert self.mpiexec is not None
+        if self.remote_hosts or self.mpiexec_stopped or self.mpiexec.returncode is not None:
+            return
+        if not all(s.status is not None and s.connection is None and s.pid is not None and sweep.has_ended(s.pid)
+                   for s in self.instances):
+            return  # (once all have ended, all stay so)
+        now = time.monotonic()
+        if self.all_ended_at is None:
+            self.all_ended_at = now
+        elif now - self.all_ended_at >= LINGER_SECONDS:
+            log.info("mpiexec outlived the end of every instance by %g s: stopping it", LINGER_SECONDS)
+            self.mpiexec_stopped = True
+            self.teardown.stop_mpiexec()
 
     def _show_held(self) -> None:
         """Pass on what mpiexec said before every instance had called in (no host failed to start)."""
@@ -449,7 +477,8 @@ class Supervisor:
     # ---------------------------------------------------------------- result
     def _finish(self) -> int:
         assert self.mpiexec is not None
-        rc = self.mpiexec.returncode
+        # an mpiexec poprun stopped had ended every instance: their statuses are the job's
+        rc = 0 if self.mpiexec_stopped else self.mpiexec.returncode
         status = rc if rc is not None and rc > 0 else 1
         if self.interrupted is not None:
             self._show_held()

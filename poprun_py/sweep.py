@@ -59,6 +59,11 @@ def _stat_fields(pid: int) -> list[bytes] | None:
     return None if fields is None or fields[0] == b"Z" else fields
 
 
+def has_ended(pid: int) -> bool:
+    """Whether ``pid`` has exited: it is a zombie, or gone."""
+    return _stat_fields(pid) is None
+
+
 def start_time(pid: int) -> bytes | None:
     """When ``pid`` started, as /proc gives it, zombie or not; None once it has been reaped. While
     the value stays the same, ``pid`` is still the same process (PIDs are reused)."""

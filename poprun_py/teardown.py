@@ -73,6 +73,10 @@ class Teardown:
             self.signalled = sig
             self._signal_mpiexec(sig)
 
+    def stop_mpiexec(self) -> None:
+        """SIGKILL mpiexec's process group: what is left of it has nothing to do (every instance ended)."""
+        self._signal_mpiexec(_signal.SIGKILL)
+
     def _signal_mpiexec(self, sig: int) -> None:
         assert self.mpiexec is not None
         log.debug("sending %s to mpiexec's process group", signal_name(sig))

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,15 @@ def processes_matching(marker: str) -> list[str]:
         if cmdline is not None and marker in cmdline:
             found.append(f"{pid}: {cmdline}")
     return found
+
+
+def wait_until(condition: Callable[[], bool], what: str, within: float = SUBPROCESS_TIMEOUT) -> None:
+    """Poll ``condition`` (a state of other processes: files, /proc) until it holds; fail naming
+    ``what`` after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.002)
 
 
 def wait_no_processes(marker: str, within: float = 5.0) -> list[str]:

@@ -12,16 +12,15 @@ import os
 import select
 import signal
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import pytest
 
 from poprun_py import environment, sweep
-from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state
+from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state, wait_until
 
 GFORKER = BIN / "mpiexec.gforker"
 
@@ -101,7 +100,7 @@ def test_the_holder_keeps_stdio_open_until_the_shim_is_reaped(children: list[sub
     assert _at_eof(out, SUBPROCESS_TIMEOUT) and _at_eof(err, SUBPROCESS_TIMEOUT)
     # the holder is gone: stdin's last reader goes with it (the kernel releases a dying process's
     # files in no set order, so stdin may be the last)
-    _wait(lambda: not _read_by_anyone(stdin), "the holder kept stdin open")
+    wait_until(lambda: not _read_by_anyone(stdin), "the holder kept stdin open")
 
 
 def test_without_a_holder_stdout_closes_before_the_parent_can_reap(children: list[subprocess.Popen[bytes]]) -> None:
@@ -162,14 +161,14 @@ def test_under_gforker_the_shim_leaves_a_holder_until_gforker_reaps_it(tmp_path:
         assert gforker.stdout is not None
         shim_pid = int(gforker.stdout.readline())
         os.kill(gforker.pid, signal.SIGSTOP)
-        _wait(lambda: sweep.is_stopped(gforker.pid), "gforker did not stop")
+        wait_until(lambda: sweep.is_stopped(gforker.pid), "gforker did not stop")
         go.touch()
-        _wait(lambda: _zombie(shim_pid), "the shim did not exit")
+        wait_until(lambda: _zombie(shim_pid), "the shim did not exit")
         holders = _marked(mark.encode(), but=gforker.pid)
         assert len(holders) == 1, f"expected the shim's holder alone, found {holders}"
         os.kill(gforker.pid, signal.SIGCONT)
         assert gforker.wait(timeout=SUBPROCESS_TIMEOUT) == 3
-        _wait(lambda: not _marked(mark.encode(), but=gforker.pid), "the holder outlived gforker's wait")
+        wait_until(lambda: not _marked(mark.encode(), but=gforker.pid), "the holder outlived gforker's wait")
     finally:
         if gforker.poll() is None:
             os.kill(gforker.pid, signal.SIGCONT)
@@ -182,13 +181,6 @@ def test_under_gforker_the_shim_leaves_a_holder_until_gforker_reaps_it(tmp_path:
 def _zombie(pid: int) -> bool:
     return task_state(f"/proc/{pid}") == "Z"
 
-
-def _wait(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` (a state of other processes) until it holds, within the subprocess bound."""
-    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.002)
 
 
 #: A parent of poprun that adopts orphans and, once poprun has exited, prints how many processes

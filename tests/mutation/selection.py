@@ -65,6 +65,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "poprun_py.supervisor": (*_LAUNCH, "tests/launcher/test_supervisor_checks.py", "tests/launcher/test_root_cause.py",
                              "tests/launcher/test_poprun_output.py::test_log_dir_keeps_each_instances_raw_output",
                              "tests/launcher/test_shim_exit.py::test_poprun_collects_the_holders_its_job_orphans",
+                             "tests/launcher/test_lingering_mpiexec.py",
                              ("tests/launcher/test_error_file.py::"
                              "test_a_launch_that_fails_is_recorded_with_the_host_that_could_not_start")),
     "poprun_py.teardown": (*_LAUNCH, "tests/launcher/test_leftovers.py"),
