@@ -48,6 +48,7 @@ def test_a_launcher_that_cannot_end_after_a_job_that_succeeded_is_stopped_and_th
     poprun = subprocess.Popen([*POPRUN, "-v", "--num-instances", "2", PYTHON, "-c", program, str(tmp_path)],
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, **OMP_SET})
+    gforker = 0
     try:
         wait_until(lambda: all((tmp_path / f"started{i}").exists() for i in range(2)), "the instances did not start")
         (gforker,) = [pid for pid in sweep.descendants(poprun.pid) if _name(pid) == "mpiexec.gforker"]
@@ -59,6 +60,8 @@ def test_a_launcher_that_cannot_end_after_a_job_that_succeeded_is_stopped_and_th
         if poprun.poll() is None:
             poprun.kill()
             poprun.communicate(timeout=SUBPROCESS_TIMEOUT)
+        if gforker and _name(gforker) == "mpiexec.gforker":  # left stopped by a poprun that failed
+            os.kill(gforker, signal.SIGKILL)
     assert poprun.returncode == 0, err
     assert _said_stopped(err), err
     assert not [line for line in err.splitlines() if line.startswith("poprun: ") and "OMP_NUM_THREADS" not in line]
