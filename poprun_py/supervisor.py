@@ -170,7 +170,6 @@ class Supervisor:
             if mpiexec_done_at is None and self.mpiexec.poll() is not None:
                 mpiexec_done_at = time.monotonic()
                 log.info("mpiexec exited with status %s", self.mpiexec.returncode)
-
             if mpiexec_done_at is not None:
                 connected = any(i.connection is not None for i in self.instances)
                 # mpiexec is gone: read what is still in flight, then stop.

@@ -20,7 +20,7 @@ from typing import IO
 import pytest
 
 from poprun_py import environment, sweep
-from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state, wait_until
+from tests.helpers import BIN, OMP_SET, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state, wait_until
 
 GFORKER = BIN / "mpiexec.gforker"
 
@@ -203,6 +203,6 @@ def test_poprun_collects_the_holders_its_job_orphans() -> None:
     from tests.helpers import POPRUN, run
 
     result = run([PYTHON, "-c", _ADOPTER, *POPRUN, "--num-instances", "2", PYTHON, "-c", "pass"],
-                 env={"OMP_NUM_THREADS": "1"})
+                 env=OMP_SET)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "0"], result.stdout
