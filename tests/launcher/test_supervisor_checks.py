@@ -465,3 +465,19 @@ def test_a_shim_in_mid_handshake_is_not_pushed_out_by_strays_that_come_after_it(
         shims += [_stray(s, server) for _ in range(MAX_PENDING)]
     assert s.instances[0].connection is conn and conn not in s.pending
     assert len(s.pending) == MAX_PENDING
+
+
+def test_a_connection_dropped_earlier_in_the_same_round_is_not_read_again(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """A round of the loop handles what poll found ready at its start: a connection dropped since
+    to make room for a new one (or that became an instance's) may still be in it, and is passed
+    over (it once ended poprun with a KeyError)."""
+    s, server, shims = job
+    shims += [_stray(s, server) for _ in range(MAX_PENDING)]
+    oldest = min(s.pending, key=lambda conn: s.pending[conn][0])
+    [label] = [data for kind, data in s.watch.labels() if kind == "pending" and data[0] is oldest]
+    with poprun_log():
+        shims.append(_stray(s, server))  # the oldest is dropped to make room
+    assert oldest not in s.pending
+    s._read_hello(*label)  # as the rest of the round would
+    assert len(s.pending) == MAX_PENDING
