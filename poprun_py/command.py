@@ -6,6 +6,7 @@ command line that launches nothing (help, version, a usage error).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, cast
 
 import click
@@ -163,7 +164,7 @@ class PoprunCommand(click.Command):
                 formatter.write_dl([record for name in names if (record := records[name])])
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        args = _bare_yes_no(self, args)
+        args = _bare_yes_no(self, ctx, args)
         given = list(args)  # click's parser consumes the list it is given
         try:
             return super().parse_args(ctx, args)
@@ -177,9 +178,12 @@ class PoprunCommand(click.Command):
                                      ctx=exc.ctx) from None
 
 
-def _bare_yes_no(command: click.Command, args: list[str]) -> list[str]:
+def _bare_yes_no(command: click.Command, ctx: click.Context, args: list[str]) -> list[str]:
     """``args`` with ``yes`` after each yes/no option given alone (``--print-topology hostname``,
-    ``--tee`` last): the option's next word is its value only when it is a yes/no word."""
+    ``--tee`` last): the option's next word is its value only when it is a yes/no word. A word
+    after it that is neither yes/no nor an option is the program, which must then be one found
+    here (on PATH, or a path): ``--print-topology maybe prog`` is refused, naming both readings,
+    rather than running ``maybe``."""
     options = {opt: p for p in command.params if isinstance(p, click.Option) for opt in (*p.opts, *p.secondary_opts)}
     out: list[str] = []
     i = 0
@@ -193,11 +197,26 @@ def _bare_yes_no(command: click.Command, args: list[str]) -> list[str]:
         if option is None or option.is_flag or option.count:
             continue
         if isinstance(option.type, YesNo) and (i == len(args) or option.type.str_to_bool(args[i]) is None):
+            if i < len(args) and not args[i].startswith("-"):
+                _check_program_after(option, ctx, word, args[i])
             out.append("yes")
         elif i < len(args):  # the option's value, whatever it looks like
             out.append(args[i])
             i += 1
     return out
+
+
+def _check_program_after(option: click.Option, ctx: click.Context, flag: str, word: str) -> None:
+    """``word`` follows the yes/no option ``flag`` given alone: it is the program, which must be
+    found here; else neither reading works, and the line says so."""
+    from poprun_py.paths import which
+
+    if which(word) is not None:
+        return
+    shown = word if len(word) <= 60 else word[:60] + "..."
+    program = "an executable file" if os.sep in word else "a program on PATH"
+    raise click.BadParameter(f"{shown!r} is not yes or no, nor {program}; give '{flag} yes' or '{flag} no' "
+                             "before the program", ctx=ctx, param=option)
 
 
 def _typed(option: str, args: list[str]) -> str:

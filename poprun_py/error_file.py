@@ -1,54 +1,106 @@
 """``--error-file``: what went wrong in each start of the job, as JSON, written so that no reader
-sees half of it and nothing but the named file is touched. Imported only when a start fails."""
+sees half of it and nothing but the named file is touched.
+
+The place is checked before anything starts (``ErrorFile``): a record that could not be written
+would be found out only after the job had failed, when it is needed."""
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from poprun_py import interrupts, log
+from poprun_py.errors import PlanError
 
 
-def write(path: str, records: list[dict[str, object]]) -> None:
-    """--error-file: every start of the job so far, as one JSON list.
+class ErrorFile:
+    """--error-file ``path``, found able to take the record, or PlanError (one line) saying why not.
 
-    A regular file (or none yet) is replaced whole: the JSON goes to a new temporary file beside it,
-    which is renamed over it, so no reader sees half of it; a symbolic link is followed, not
-    replaced. Whatever else the path names (a terminal, ``/dev/stderr``, a FIFO that someone
-    reads) is written to, never replaced. What cannot be written is a warning, and leaves nothing."""
-    import json
-    import stat
+    A regular file (or none yet) will be replaced whole: its folder must exist and take a new file
+    (one is made and removed, as ``write`` will). Whatever else the path names (a terminal,
+    ``/dev/stderr``, a FIFO) is opened now and held until the end, so that a FIFO's reader is not
+    sent an end of file before the record comes: one that no one reads, or a device that refuses
+    writes (``/dev/full``), is refused."""
 
-    text = (json.dumps(records, indent=2) + "\n").encode()
-    target = os.path.realpath(path)
-    try:
-        mode = os.stat(target).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        log.warning("cannot write the error file %s: %s", path, exc.strerror or exc)
-        return
-    try:
-        if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-            _write_in_place(target, text)
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: int | None = None
+        try:
+            mode: int | None = os.stat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as exc:
+            raise self._refused(f"cannot be reached: {exc.strerror or exc}") from None
+        if mode is not None and stat.S_ISDIR(mode):
+            raise self._refused("is a directory: give a file name")
+        if mode is None or stat.S_ISREG(mode):
+            self._check_folder()
         else:
-            with interrupts.Held():  # else its temporary file could stay
-                _replace_file(target, text, None if mode is None else stat.S_IMODE(mode))
-    except OSError as exc:
-        why = "no one reads that FIFO" if exc.errno == errno.ENXIO else exc.strerror or exc
-        log.warning("cannot write the error file %s: %s", path, why)
+            self.fd = self._open_in_place()
 
+    def _refused(self, why: str) -> PlanError:
+        return PlanError(f"--error-file {self.path!r} {why}")
 
-def _write_in_place(target: str, text: bytes) -> None:
-    """Write ``text`` into a file that is not a regular one; a FIFO that no one reads fails (ENXIO)
-    instead of waiting for a reader."""
-    from poprun_py.output import write_all
+    def _check_folder(self) -> None:
+        import tempfile
 
-    fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    try:
-        write_all(fd, text)
-    finally:
+        target = os.path.realpath(self.path)
+        folder = os.path.dirname(target)
+        if not os.path.isdir(folder):
+            raise self._refused(f"is in a folder that does not exist ({folder})")
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", dir=folder)
+        except OSError as exc:
+            raise self._refused(f"cannot be written: no file can be made in {folder}: {exc.strerror or exc}") from None
         os.close(fd)
+        os.unlink(probe)
+
+    def _open_in_place(self) -> int:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError as exc:
+            why = ("is a FIFO that no one reads (start its reader first)" if exc.errno == errno.ENXIO
+                   else f"cannot be opened for writing: {exc.strerror or exc}")
+            raise self._refused(why) from None
+        try:
+            os.write(fd, b"")  # a device that refuses every write says so now (/dev/full: ENOSPC)
+            os.set_blocking(fd, True)  # a reader that is slower than poprun still gets it all
+        except OSError as exc:
+            os.close(fd)
+            raise self._refused(f"cannot be written: {exc.strerror or exc}") from None
+        return fd
+
+    def write(self, records: list[dict[str, object]]) -> None:
+        """Every start of the job so far, as one JSON list.
+
+        A regular file (or none yet) is replaced whole: the JSON goes to a new temporary file beside
+        it, which is renamed over it, so no reader sees half of it; a symbolic link is followed, not
+        replaced. Anything else is written to (each list after the last), never replaced. What
+        cannot be written now (a disk that filled during the job) is a warning, and leaves nothing."""
+        import json
+
+        text = (json.dumps(records, indent=2) + "\n").encode()
+        try:
+            if self.fd is not None:
+                from poprun_py.output import write_all
+
+                write_all(self.fd, text)
+                return
+            target = os.path.realpath(self.path)
+            try:
+                mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+            except FileNotFoundError:
+                mode = None
+            with interrupts.Held():  # else its temporary file could stay
+                _replace_file(target, text, mode)
+        except OSError as exc:
+            log.warning("cannot write the error file %s: %s", self.path, exc.strerror or exc)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _replace_file(target: str, text: bytes, mode: int | None) -> None:

@@ -17,6 +17,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the l
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from poprun_py.error_file import ErrorFile
     from poprun_py.launch_options import LaunchOptions
     from poprun_py.mpi import Command, CommandSpec, MpiLauncher
     from poprun_py.plan import JobPlan
@@ -62,6 +63,7 @@ def launch(options: LaunchOptions) -> int:
 
         launcher = one_host_launcher(launcher)  # opens no port beyond loopback
     log.info("using %s (%s %s)", launcher.path, launcher.flavour, launcher.version)
+    errors = _error_file(options["error_file"])
 
     if options["print_topology"] or options["dry_run"]:
         from poprun_py.plan_table import render_plan_table
@@ -70,12 +72,24 @@ def launch(options: LaunchOptions) -> int:
     if options["dry_run"]:
         from poprun_py.mpi import build_command
 
+        if errors is not None:
+            errors.close()
         shown = _with_control(start.spec, "<poprun-address>:<port>")
         _print_dry_run(plan, launcher, build_command(launcher, plan, shown))
         return 0
     _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
     _say_threads_per_instance(plan, remote)
-    return _run(options, start, launcher, grace)
+    return _run(options, start, launcher, grace, errors)
+
+
+def _error_file(path: str | None) -> ErrorFile | None:
+    """--error-file, checked before anything starts (PlanError when it could not take the record);
+    held open until poprun exits where it is not a regular file (a FIFO's reader waits for it)."""
+    if path is None:
+        return None
+    from poprun_py.error_file import ErrorFile
+
+    return ErrorFile(path)
 
 
 def _poprun_picks_the_mpi(options: LaunchOptions) -> bool:
@@ -181,10 +195,11 @@ class Start:
         return Start(options, plan, remote, callback, _torchrun_contract(plan, options, remote, callback))
 
 
-def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float) -> int:
+def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float,
+         errors: ErrorFile | None) -> int:
     """Start the job, and start it again after a failure while --max-restarts allows, without the
     hosts it lost; the last status. ``grace``: the instances' kill grace, which poprun's own
-    escalation waits for too."""
+    escalation waits for too; ``errors``: --error-file, checked."""
     from poprun_py.mpi import build_command
     from poprun_py.output import OutputOptions
     from poprun_py.seal import new_secret
@@ -231,10 +246,8 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
                 records.append({"restart": restart, "hosts": list(start.plan.host_names),
                                 "instances": start.plan.num_instances,
                                 **(report or {"status": status, "reason": None}), "lost_hosts": lost})
-                if options["error_file"]:
-                    from poprun_py import error_file
-
-                    error_file.write(options["error_file"], records)
+                if errors is not None:
+                    errors.write(records)
             if status == 0 or supervisor.interrupted is not None or restart == restarts:
                 return status
             if policy is None:
@@ -252,6 +265,8 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
         with interrupts.Held():
             for path in written:
                 os.unlink(path)
+            if errors is not None:
+                errors.close()
             if first.error_dir is not None:
                 _remove_tree(first.error_dir)
 

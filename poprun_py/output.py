@@ -69,6 +69,9 @@ class OutputOptions:
         self.tee = tee
         self.timestamps = timestamps
         self.append = append
+        #: A log that could not be written has been said (once for all the instances: a full disk
+        #: fails them all); later ones are said with -v.
+        self.log_failure_said = False
 
 
 class Stream:
@@ -337,6 +340,8 @@ class InstanceOutput:
                  options: OutputOptions | None = None) -> None:
         options = options or OutputOptions()
         self.index = index
+        self.options = options
+        self.selected = show  # not left out by --only-output-from-instance
         self.show = show and options.tee
         self.sinks = sinks
         tag = f"[{index}] ".encode()
@@ -398,13 +403,20 @@ class InstanceOutput:
             self._log_failed(exc)
 
     def _log_failed(self, exc: OSError) -> None:
+        """The logs are closed; with --tee no, the output is shown from now on (the data whose
+        write failed too), so that nothing is lost. Said once for the job (see OutputOptions)."""
         from poprun_py import log
 
-        log.warning("instance %d's output is no longer written to %s: %s", self.index, self.log_directory,
-                    exc.strerror or exc)
         for fd in self.logs.values():
             os.close(fd)
         self.logs.clear()
+        hidden = not self.options.tee
+        self.show = self.selected
+        said = f"instance {self.index}'s output is no longer written to {self.log_directory}: {exc.strerror or exc}"
+        if hidden:
+            said += "; it is shown here instead (--tee no)"
+        (log.info if self.options.log_failure_said else log.warning)("%s", said)
+        self.options.log_failure_said = True
 
 
 def _first_break(data: bytes) -> int:
@@ -425,8 +437,10 @@ def _as_shown(line: bytes) -> bytes:
 
 def check_log_options(log_dir: str | None, tee: bool, create: bool) -> None:
     """``--log-dir``/``--tee``, before anything starts: one line (PlanError) when they cannot work.
-    DIR is created when its parent exists (unless ``create`` is false: a dry run). The open files
-    the logs need are checked with the others (``launch._check_open_files``)."""
+    DIR is created when its parent exists (unless ``create`` is false: a dry run), and must take
+    the instances' folders: one is made and removed (a read-only file system, /proc, a folder of
+    another user's fail here rather than during the job). The open files the logs need are
+    checked with the others (``launch._check_open_files``)."""
     from poprun_py.errors import PlanError
 
     if log_dir is None:
@@ -444,11 +458,26 @@ def check_log_options(log_dir: str | None, tee: bool, create: bool) -> None:
         if not os.path.isdir(parent):
             raise PlanError(f"--log-dir {log_dir!r}: its parent directory {parent!r} does not exist "
                             "(poprun creates only the last directory of the path)")
-        if create:
-            try:
-                os.mkdir(path)
-            except OSError as exc:
-                raise PlanError(f"--log-dir {log_dir!r} cannot be created: {exc.strerror or exc}") from None
+        if not create:  # a dry run makes nothing: the parent must take DIR
+            _check_folders(parent, f"--log-dir {log_dir!r} cannot be created")
+            return
+        try:
+            os.mkdir(path)
+        except OSError as exc:
+            raise PlanError(f"--log-dir {log_dir!r} cannot be created: {exc.strerror or exc}") from None
+    _check_folders(path, f"--log-dir {log_dir!r} cannot take the instances' folders")
+
+
+def _check_folders(path: str, refusal: str) -> None:
+    """A folder can be made in ``path`` (one is, and removed again), or PlanError: ``refusal``, why."""
+    import tempfile
+
+    from poprun_py.errors import PlanError
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".poprun-", dir=path))
+    except OSError as exc:
+        raise PlanError(f"{refusal}: {exc.strerror or exc}") from None
 
 
 def write_all(fd: int, data: bytes) -> None:

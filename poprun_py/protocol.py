@@ -40,6 +40,8 @@ ROOT_CAUSE = 5  # before EXIT, from a failed program: its TORCHELASTIC_ERROR_FIL
 LAUNCHER_LOST = 6
 
 HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
+#: No HELLO is longer: its fields and a host name (at most 255 bytes in DNS, 64 in a Linux uname).
+MAX_HELLO = HELLO_FIELDS.size + 255
 EXIT_FIELDS = struct.Struct("!iIB")  # exit status, signal number (0: not killed by a signal), EXIT_* flags
 #: EXIT flag: the shim itself was signalled (by its MPI launcher, or by hand), not told by poprun,
 #: and stopped its program.
@@ -108,6 +110,21 @@ def read_exit(payload: bytes) -> tuple[int, int | None, str | None, int]:
     return status, signum or None, error or None, flags
 
 
+#: What an instance's connection may carry after its HELLO, and the shortest payload of each.
+_AFTER_HELLO = {OUTPUT: 0, EXIT: EXIT_FIELDS.size, HEARTBEAT: 0, ROOT_CAUSE: 0, LAUNCHER_LOST: 0}
+
+
+def unreadable(kind: int, stream: int, payload: bytes) -> str | None:
+    """Why a frame that came after an instance's HELLO cannot be read; None when it can."""
+    if kind not in _AFTER_HELLO:
+        return f"a frame of kind {kind}, which does not come after a HELLO"
+    if kind == OUTPUT and stream not in (1, 2):
+        return f"output on stream {stream}, not 1 (stdout) or 2 (stderr)"
+    if len(payload) < _AFTER_HELLO[kind]:
+        return f"EXIT payload of {len(payload)} bytes is shorter than its {EXIT_FIELDS.size}-byte header"
+    return None
+
+
 def _unpack(fields: struct.Struct, payload: bytes, kind: str) -> tuple[int, ...]:
     if len(payload) < fields.size:
         raise ProtocolError(f"{kind} payload of {len(payload)} bytes is shorter than its {fields.size}-byte header")
@@ -117,17 +134,25 @@ def _unpack(fields: struct.Struct, payload: bytes, kind: str) -> tuple[int, ...]
 class FrameReader:
     """Incremental decoder of a shim's frames: feed bytes, get back complete ``(kind, stream,
     payload)`` frames, each checked against its tag (``seal``). A frame too long or whose check
-    fails raises ProtocolError: nothing more from that connection can be believed."""
+    fails raises ProtocolError: nothing more from that connection can be believed. With
+    ``hello_first`` (poprun's side) the first frame must be a HELLO of at most MAX_HELLO bytes,
+    which its header shows before its tag has come: a stranger's bytes are refused at once rather
+    than waited on."""
 
-    def __init__(self, seal: Seal) -> None:
+    def __init__(self, seal: Seal, hello_first: bool = False) -> None:
         self.seal = seal
         self._buffer = bytearray()
+        self._first = hello_first
 
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
         self._buffer += data
         frames = []
         while len(self._buffer) >= HEADER.size:
             kind, stream, length = HEADER.unpack_from(self._buffer)
+            if self._first and kind != HELLO:
+                raise ProtocolError(f"its first frame is of kind {kind}, not HELLO ({HELLO})")
+            if self._first and length > MAX_HELLO:
+                raise ProtocolError(f"a HELLO of {length} bytes is longer than the {MAX_HELLO} a HELLO may have")
             if length > MAX_PAYLOAD:
                 raise ProtocolError(f"a frame of {length} bytes is longer than the {MAX_PAYLOAD} a frame may have")
             end = HEADER.size + length
@@ -138,6 +163,7 @@ class FrameReader:
                 raise ProtocolError("a frame failed its authentication check")
             frames.append((kind, stream, body[HEADER.size:]))
             del self._buffer[:end + TAG_SIZE]
+            self._first = False
         return frames
 
 

@@ -19,6 +19,7 @@ from poprun_py.output import InstanceOutput, OutputOptions, sinks_for
 from poprun_py.plan import LOCAL_HOST
 from poprun_py.process import Process
 from poprun_py.states import Failure, InstanceState, describe_status, signal_name
+from poprun_py.strays import Strays
 from poprun_py.teardown import AT_ONCE, Teardown, remove_files_left
 from poprun_py.watch import Watch
 
@@ -44,7 +45,8 @@ LINGER_SECONDS = 0.5
 #: How often silence is checked (see _check_silence).
 SILENCE_CHECK_SECONDS = 1.0
 #: Connections that have not yet said who they are, at most: beyond it the oldest is dropped, so
-#: that strays cannot use up poprun's descriptors (each also gets SILENCE_LIMIT seconds).
+#: that strays cannot use up poprun's descriptors (each also gets SILENCE_LIMIT seconds); a shim
+#: whose HELLO has come is taken first (see _make_room).
 MAX_PENDING = 64
 
 
@@ -74,6 +76,8 @@ class Supervisor:
         self.next_silence_check = 0.0
         #: Connections accepted that have not yet said HELLO: when each was accepted, and from where.
         self.pending: dict[_socket.socket, tuple[float, str]] = {}
+        #: Connections refused on the control port, said in a bounded number of lines.
+        self.strays = Strays()
         #: --start-timeout: how long after mpiexec's start every instance must have called in.
         self.start_timeout = start_timeout
         self.mpiexec_started = 0.0
@@ -133,6 +137,7 @@ class Supervisor:
                 self.watch.add(self.mpiexec.exit_fd, ("exited", None))
             self._loop()
         finally:
+            self.strays.finish()
             _signal.set_wakeup_fd(previous_wakeup)  # before its pipe is closed
             self.teardown.kill_leftovers()
             # Even a job that ended by itself: instances that left through os._exit never unlinked
@@ -294,20 +299,34 @@ class Supervisor:
             conn.close()
             return
         if len(self.pending) >= MAX_PENDING:
+            self._make_room()
+        self.pending[conn] = (time.monotonic(), peer)
+        reader = protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM), hello_first=True)
+        self.watch.add(conn, ("pending", (conn, reader)))
+
+    def _make_room(self) -> None:
+        """Room for one more connection that has not said who it is. First every waiting one is
+        read (a shim whose HELLO has come becomes its instance's, a stranger that sent bytes is
+        refused), so that strays coming after a shim in mid-handshake do not push it out; then
+        the oldest left is dropped."""
+        for kind, data in self.watch.labels():
+            if kind == "pending":
+                self._read_hello(*data)
+        if len(self.pending) >= MAX_PENDING:
             oldest = min(self.pending, key=lambda pending: self.pending[pending][0])
             self._drop_pending(oldest, f"more than {MAX_PENDING} connections had not said who they were")
-        self.pending[conn] = (time.monotonic(), peer)
-        self.watch.add(conn, ("pending", (conn, protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM)))))
 
     def _drop_pending(self, conn: _socket.socket, why: str | None) -> None:
         """Close a connection that has not become an instance's, saying why (None: it closed)."""
         _, peer = self.pending.pop(conn)
         if why is not None:
-            log.error("unexpected connection on the control port from %s: %s", peer, why)
+            self.strays.refused(peer, why)
         self.watch.remove(conn)
         conn.close()
 
     def _read_hello(self, conn: _socket.socket, reader: protocol.FrameReader) -> None:
+        if conn not in self.pending:  # dropped, or taken as an instance's, earlier in this round
+            return
         data = self._recv(conn)
         if data is None:
             return
@@ -316,16 +335,20 @@ class Supervisor:
             return
         try:
             frames = reader.feed(data)
-            if not frames:
-                return
-            kind, _, payload = frames[0]
-            if kind != protocol.HELLO:
-                raise protocol.ProtocolError(f"first frame is of kind {kind}, not HELLO")
-            index, pid, host = protocol.read_hello(payload)
+        except protocol.ProtocolError as exc:  # not sealed with this run's secret: a stranger
+            self._drop_pending(conn, str(exc))
+            return
+        if not frames:
+            return
+        try:  # sealed with this run's secret: a HELLO that cannot be believed ends the job
+            index, pid, host = protocol.read_hello(frames[0][2])
             if not 0 <= index < len(self.instances) or self.instances[index].connection:
                 raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
         except protocol.ProtocolError as exc:
-            self._drop_pending(conn, str(exc))
+            peer = self.pending[conn][1]
+            self._drop_pending(conn, None)
+            self._cannot_read(None, f"a connection from {peer} sealed with this run's secret sent a HELLO "
+                                    f"poprun cannot read: {exc}")
             return
         del self.pending[conn]
         state = self.instances[index]
@@ -374,7 +397,10 @@ class Supervisor:
 
     def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]]) -> None:
         for kind, stream, payload in frames:
-            if kind == protocol.OUTPUT:
+            problem = protocol.unreadable(kind, stream, payload)
+            if problem is not None:  # sealed, so from its shim: a shim poprun cannot work with
+                self._cannot_read(state.index, f"its shim sent a frame poprun cannot read: {problem}")
+            elif kind == protocol.OUTPUT:
                 state.output.feed(stream, payload)
             elif kind == protocol.ROOT_CAUSE:
                 state.root_cause = payload
@@ -400,6 +426,15 @@ class Supervisor:
                     self.teardown.begin()
                 self._release_when_all_done()
 
+    def _cannot_read(self, index: int | None, why: str) -> None:
+        """A frame sealed with this run's secret that cannot be read (a shim of another version, a
+        bug): the job cannot be supervised as it should, and ends, saying so in one line."""
+        if self.failure is None and self.teardown.started is None:
+            self.failure = Failure(index, 1, why)
+            self.teardown.begin()
+        else:  # the job is ending already: one more line would only repeat it
+            log.info("%s%s", "" if index is None else f"instance {index}: ", why)
+
     def _release_when_all_done(self) -> None:
         """Once every instance is done, let all the shims exit together (see protocol.RELEASE)."""
         if not all(state.done for state in self.instances):
@@ -416,6 +451,7 @@ class Supervisor:
         if now < self.next_silence_check:
             return
         self.next_silence_check = now + SILENCE_CHECK_SECONDS
+        self.strays.tick()
         for conn, (accepted, _) in list(self.pending.items()):
             if now - accepted > protocol.SILENCE_LIMIT:
                 self._drop_pending(conn, f"it said nothing for {protocol.SILENCE_LIMIT:g} s")

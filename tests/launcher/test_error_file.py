@@ -1,6 +1,7 @@
 """--error-file writes the failure where it is told and nothing else: a regular file is replaced
-whole, a link is followed, anything else is written to and never replaced, and what cannot be
-written is one warning that leaves no file behind."""
+whole, a link is followed, anything else is written to and never replaced. A place that could not
+take the record is refused before anything starts, in one line; what fails only when the record is
+written (a disk that filled meanwhile) is one warning that leaves no file behind."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 import resource
 import stat
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -58,36 +58,70 @@ def test_a_link_is_followed_not_replaced(tmp_path: Path) -> None:
 def test_a_fifo_with_a_reader_gets_the_report_and_stays_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    got: list[bytes] = []
-
-    def read() -> None:
-        with open(fifo, "rb") as handle:  # opening waits for poprun, the writer
-            got.append(handle.read())
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    _failed_job(fifo)
-    reader.join(timeout=SUBPROCESS_TIMEOUT)
-    assert json.loads(got[0])[-1]["status"] == 3
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the reader is there before poprun starts
+    try:
+        _failed_job(fifo)
+        got = os.read(reader, 1 << 20)  # poprun has exited: all it wrote is in the pipe
+    finally:
+        os.close(reader)
+    assert json.loads(got)[-1]["status"] == 3
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
-def test_a_fifo_no_one_reads_is_a_warning_not_a_wait(tmp_path: Path) -> None:
+def test_stderr_that_is_a_pipe_gets_the_report_in_place() -> None:
+    # /dev/stderr names a pipe here (the captured stderr): written to, as a terminal would be.
+    result = subprocess.run([*POPRUN, "--error-file", "/dev/stderr", *FAIL], capture_output=True, text=True,
+                            timeout=SUBPROCESS_TIMEOUT, cwd=ROOT)
+    assert result.returncode == 3 and " POPRUN [W] " not in result.stderr, result.stderr
+    report = json.JSONDecoder().raw_decode(result.stderr[result.stderr.index("[\n"):])[0]
+    assert (report[-1]["status"], report[-1]["stderr_tail"]) == (3, ["the real cause"])
+
+
+def _refused(error_file: str | Path, tmp_path: Path) -> str:
+    """poprun's one line for an --error-file it refuses: exit 2, and the program never ran."""
+    ran = tmp_path / "ran"
+    result = poprun("--error-file", str(error_file), "/bin/sh", "-c", f"touch {ran}; exit 3")
+    assert result.returncode == 2 and result.stdout == "", result
+    assert not ran.exists()
+    [line] = result.stderr.splitlines()
+    return line
+
+
+def test_a_fifo_no_one_reads_is_refused_before_anything_starts(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    result = _failed_job(fifo)
-    assert _warning(result) == [f"cannot write the error file {fifo}: no one reads that FIFO"]
+    assert _refused(fifo, tmp_path) == (f"poprun: error: --error-file '{fifo}' is a FIFO that no one reads "
+                                        "(start its reader first)")
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_dev_full_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    assert _refused("/dev/full", tmp_path) == ("poprun: error: --error-file '/dev/full' cannot be written: "
+                                               "No space left on device")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
-def test_a_device_is_written_to_never_replaced(tmp_path: Path) -> None:
+def test_a_device_that_refuses_writes_is_refused_and_never_replaced(tmp_path: Path) -> None:
     # A private node with /dev/full's numbers (1, 7): every write fails with ENOSPC.
     full = tmp_path / "full"
     os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
-    result = _failed_job(full)
-    assert _warning(result) == [f"cannot write the error file {full}: No space left on device"]
+    said = _refused(full, tmp_path)
+    assert said == f"poprun: error: --error-file '{full}' cannot be written: No space left on device"
     assert stat.S_ISCHR(full.lstat().st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["full"]
+
+
+@pytest.mark.parametrize("name, why", [
+    ("{tmp}/missing/error.json", "is in a folder that does not exist ({tmp}/missing)"),
+    # /proc takes no new file, whoever asks (root too).
+    ("/proc/error.json", "cannot be written: no file can be made in /proc: No such file or directory"),
+    ("{tmp}/a-file/error.json", "cannot be reached: Not a directory"),
+])
+def test_a_place_that_cannot_take_the_record_is_refused_before_anything_starts(
+        tmp_path: Path, name: str, why: str) -> None:
+    (tmp_path / "a-file").write_text("")
+    name, why = name.format(tmp=tmp_path), why.format(tmp=tmp_path)
+    assert _refused(name, tmp_path) == f"poprun: error: --error-file '{name}' {why}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the check left nothing
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path) -> None:

@@ -315,6 +315,29 @@ def test_a_yes_no_option_alone_means_yes(argv: list[str], given: dict[str, objec
     assert {k: fields[k.replace("-", "_")] for k in given} == given
 
 
+@pytest.mark.parametrize("flag", ["--print-topology", "--tee", "--prefix-timestamp", "--numa-aware", "--offline-mode"])
+@pytest.mark.parametrize("word, program", [("maybe", "a program on PATH"), ("./maybe", "an executable file")])
+def test_a_yes_no_option_alone_then_a_word_that_is_no_program_is_refused(flag: str, word: str, program: str,
+                                                                          tmp_path: Path) -> None:
+    # Neither reading works: 'maybe' is no yes/no word, and no program 'maybe' can be run here.
+    # The program after it is never started.
+    ran = tmp_path / "ran"
+    result = poprun(flag, word, "/bin/sh", "-c", f"touch {ran}", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"poprun: error: Invalid value for '{flag}': '{word}' is not yes or no, nor {program}; "
+                             f"give '{flag} yes' or '{flag} no' before the program\n")
+    assert not ran.exists()
+
+
+def test_a_yes_no_option_alone_then_a_program_by_its_path_runs_it(tmp_path: Path) -> None:
+    script = tmp_path / "maybe"
+    script.write_text("#!/bin/sh\necho ran \"$@\"\n")
+    script.chmod(0o755)
+    result = poprun("--print-topology", "./maybe", "x", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "poprun topology" in result.stdout and result.stdout.endswith("[0] ran x\n")
+
+
 def test_verbose_logs_the_command() -> None:
     result = poprun("-vv", "--num-instances", "2", "/bin/true")
     assert result.returncode == 0

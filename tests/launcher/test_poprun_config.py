@@ -96,6 +96,8 @@ def test_vipu_options_from_a_file_are_warned_about(tmp_path: Path) -> None:
      "config file '{path}': 'num-instances': 1000000000 is more than poprun can start (at most 65536)"),
     ('{"num-instances": 0}', "config file '{path}': 'num-instances': 0 is not in the range 1<=x<=65536"),
     ('{"print-topology": 3}', "config file '{path}': 'print-topology': 3 is not yes or no"),
+    # A file's value is always the option's own (never the program): any other word is refused.
+    ('{"tee": "maybe"}', "config file '{path}': 'tee': 'maybe' is not yes or no"),
     ('{"instance-mpi-local-args": "1:-x A"}',
      "'{path}': 'instance-mpi-local-args' must be a list of single values (the option is repeatable), got \"1:-x A\""),
     ('{"host": ["a", "b"]}', "'{path}': 'host' must be a single value, not a list or object, got [\"a\", \"b\"]"),

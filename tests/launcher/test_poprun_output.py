@@ -167,6 +167,33 @@ def test_log_dir_keeps_each_instances_raw_output(tmp_path: Path) -> None:
     assert (logs / "instance-1" / "stderr.log").read_text() == ""
 
 
+def test_with_tee_no_output_whose_log_cannot_be_written_is_shown_instead_said_once(tmp_path: Path) -> None:
+    # Instance 0's stdout.log is /dev/full, as a full disk is: its first write fails during the
+    # job. Its output is then shown here, said in one line; instance 1's logs still work (and its
+    # output stays in them).
+    logs = tmp_path / "logs"
+    (logs / "instance-0").mkdir(parents=True)
+    os.symlink("/dev/full", logs / "instance-0" / "stdout.log")
+    result = poprun("--num-instances", "2", "--log-dir", str(logs), "--tee", "no", "/bin/sh", "-c",
+                    "echo one from $RANK; echo two from $RANK", env=OMP_SET)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[0] one from 0\n[0] two from 0\n"
+    [said] = result.stderr.splitlines()
+    assert said.endswith(f" POPRUN [W] instance 0's output is no longer written to {logs}/instance-0: "
+                         "No space left on device; it is shown here instead (--tee no)"), said
+    assert (logs / "instance-1" / "stdout.log").read_text() == "one from 1\ntwo from 1\n"
+
+
+def test_a_log_dir_that_cannot_take_the_instances_folders_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    # /proc passes a permission check but takes no new folder, whoever asks (root too).
+    ran = tmp_path / "ran"
+    result = poprun("--log-dir", "/proc", "/bin/sh", "-c", f"touch {ran}")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == ("poprun: error: --log-dir '/proc' cannot take the instances' folders: "
+                             "No such file or directory\n")
+    assert not ran.exists()
+
+
 def test_log_files_are_complete_after_a_failure_and_after_sigint(tmp_path: Path) -> None:
     # Each instance fails only once both have written (a file each says so), so neither is
     # stopped before its output exists.

@@ -14,9 +14,9 @@ import pytest
 
 from poprun_py import protocol
 from poprun_py.process import Process
-from poprun_py.seal import Seal
+from poprun_py.seal import TO_POPRUN, Seal
 from poprun_py.supervisor import MAX_PENDING, Supervisor
-from tests.helpers import PYTHON
+from tests.helpers import PYTHON, wait_until
 from tests.launcher.supervising import call_in, call_in_sealed, poprun_log, supervisor
 
 
@@ -337,3 +337,147 @@ def test_an_instance_still_connected_without_a_report_once_mpiexec_is_gone_is_lo
     summary = s._report().summary(None)
     assert ("poprun: host b was lost: instance(s) 1 there ended without an exit report "
             "(its processes or the connection to it died)\n") in summary, summary
+
+
+# ------------------------------------------------------------------ strangers and unreadable frames
+@pytest.mark.parametrize("frame, problem", [
+    (protocol.frame(protocol.EXIT, b"\0\0"), "EXIT payload of 2 bytes is shorter than its 9-byte header"),
+    (protocol.frame(99, b"?"), "a frame of kind 99, which does not come after a HELLO"),
+    (protocol.hello(1, 1001, "node"), "a frame of kind 1, which does not come after a HELLO"),
+    (protocol.frame(protocol.OUTPUT, b"text\n", 3), "output on stream 3, not 1 (stdout) or 2 (stderr)"),
+], ids=["short EXIT", "unknown kind", "second HELLO", "bad stream"])
+def test_a_sealed_frame_that_cannot_be_read_ends_the_job_in_one_line_naming_the_instance(
+        frame: bytes, problem: str, job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """Sealed with this run's secret, so from the instance's own shim (another version, a bug):
+    the job cannot be supervised as it should, and ends; no traceback. The frames after it are
+    still read."""
+    s, server, shims = job
+    ends = [call_in_sealed(s, server, index) for index in range(3)]
+    shims += [shim for shim, _ in ends]
+    shim, seal = ends[1]
+    shim.sendall(seal.seal(frame) + seal.seal(protocol.exit_report(0, None, None)))
+    with poprun_log() as said:
+        _read_until(s, 1, _reported(s, 1))
+    assert said.getvalue() == ""
+    assert s.failure is not None and (s.failure.index, s.failure.status) == (1, 1)
+    assert s.failure.description == f"its shim sent a frame poprun cannot read: {problem}"
+    assert s.teardown.started is not None and s.instances[0].stopped_by_poprun
+    assert s._report().summary(None).startswith(f"poprun: instance 1 on b failed: its shim sent a frame poprun "
+                                                f"cannot read: {problem}\n")
+
+
+@pytest.mark.parametrize("hello, problem", [
+    (protocol.hello(7, 1007, "node"), "instance 7 is not expected or already connected"),
+    (protocol.frame(protocol.HELLO, b"\0\0\0"), "HELLO payload of 3 bytes is shorter than its 12-byte header"),
+], ids=["unknown instance", "short HELLO"])
+def test_a_sealed_hello_that_cannot_be_read_ends_the_job_in_one_line(
+        hello: bytes, problem: str, job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    s, server, shims = job
+    shim = socket.create_connection(server.getsockname(), timeout=10)
+    shims.append(shim)
+    s._accept(server)
+    seal = Seal(s.secret, shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL), TO_POPRUN)
+    shim.sendall(seal.seal(hello))
+    [(conn, reader)] = [data for kind, data in s.watch.labels() if kind == "pending"]
+    deadline = time.monotonic() + 10  # until the bytes are through loopback
+    with poprun_log() as said:
+        while conn in s.pending and time.monotonic() < deadline:
+            s._read_hello(conn, reader)
+    assert said.getvalue() == "" and shim.recv(1) == b""  # closed, and said only once, below
+    peer = "{}:{}".format(*shim.getsockname())
+    assert s.failure is not None and (s.failure.index, s.failure.status) == (None, 1)
+    assert s.failure.description == (f"a connection from {peer} sealed with this run's secret sent a HELLO poprun "
+                                     f"cannot read: {problem}")
+    assert s.teardown.started is not None
+    assert s._report().summary(None) == f"poprun: {s.failure.description}\n"
+
+
+def _bad_bytes(s: Supervisor, server: socket.socket, data: bytes) -> socket.socket:
+    """A stranger: it takes poprun's nonce and sends ``data``; the connection is read until poprun
+    drops it."""
+    stray = _stray(s, server)
+    stray.sendall(data)
+    [(conn, reader)] = [data for kind, data in s.watch.labels() if kind == "pending" and data[0] in s.pending
+                        and s.pending[data[0]][1] == "{}:{}".format(*stray.getsockname())]
+    deadline = time.monotonic() + 10  # until the bytes are through loopback
+    while conn in s.pending and time.monotonic() < deadline:
+        s._read_hello(conn, reader)
+    assert conn not in s.pending
+    return stray
+
+
+def test_a_first_frame_that_is_no_hello_is_refused_from_its_header_without_waiting_for_the_rest(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    # The header claims 1000 bytes of output: refused from its 6 bytes, not waited on for 20 s.
+    s, server, shims = job
+    with poprun_log() as said:
+        shims.append(_bad_bytes(s, server, protocol.HEADER.pack(protocol.OUTPUT, 1, 1000)))
+        shims.append(_bad_bytes(s, server, protocol.HEADER.pack(protocol.HELLO, 0, 100000)))
+        s.strays.finish()
+    lines = said.getvalue().splitlines()
+    assert lines[0].endswith(": its first frame is of kind 2, not HELLO (1)"), lines
+    assert lines[1].endswith(f": a HELLO of 100000 bytes is longer than the {protocol.MAX_HELLO} a HELLO may have)")
+    assert shims[0].recv(1) == b"" and shims[1].recv(1) == b""
+
+
+def test_refused_connections_are_said_once_then_counted_in_one_line_every_few_seconds(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    from poprun_py.strays import REPORT_SECONDS
+
+    s, server, shims = job
+    garbage = bytes(range(64))  # 64 bytes no shim sends: kind 0
+    with poprun_log() as said:
+        shims += [_bad_bytes(s, server, garbage) for _ in range(30)]
+        s.next_silence_check = 0.0
+        s._check_silence()  # within REPORT_SECONDS of the first line: nothing more said
+        assert len(said.getvalue().splitlines()) == 1
+        assert s.strays.said_at is not None
+        s.strays.said_at -= REPORT_SECONDS  # the seconds have passed
+        s.next_silence_check = 0.0
+        s._check_silence()
+        shims += [_bad_bytes(s, server, garbage) for _ in range(5)]
+        s.strays.finish()  # the job's end says what is left
+    lines = [line.split(" POPRUN ", 1)[1] for line in said.getvalue().splitlines()]
+    first = shims[0].getsockname()[1]
+    last = shims[29].getsockname()[1]
+    assert lines[0] == (f"[E] unexpected connection on the control port from 127.0.0.1:{first}: its first frame is "
+                        "of kind 0, not HELLO (1)")
+    assert lines[1] == ("[E] refused 29 more connection(s) on the control port in the last 5 s (the last from "
+                        f"127.0.0.1:{last}: its first frame is of kind 0, not HELLO (1))")
+    assert lines[2].startswith("[E] refused 5 more connection(s) on the control port in the last "), lines
+    assert len(lines) == 3
+
+
+def test_a_shim_in_mid_handshake_is_not_pushed_out_by_strays_that_come_after_it(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """Its HELLO has come but is not read yet when MAX_PENDING silent strays come after it: room is
+    made by reading the waiting connections first, so the shim becomes its instance's and a
+    stray is dropped instead."""
+    s, server, shims = job
+    shim = socket.create_connection(server.getsockname(), timeout=10)
+    shims.append(shim)
+    s._accept(server)
+    seal = Seal(s.secret, shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL), TO_POPRUN)
+    shim.sendall(seal.seal(protocol.hello(0, 1000, "node")))
+    [(conn, _)] = [data for kind, data in s.watch.labels() if kind == "pending"]
+    wait_until(lambda: conn.recv(1, socket.MSG_PEEK) != b"", "the HELLO to reach poprun", within=10)
+    with poprun_log():
+        shims += [_stray(s, server) for _ in range(MAX_PENDING)]
+    assert s.instances[0].connection is conn and conn not in s.pending
+    assert len(s.pending) == MAX_PENDING
+
+
+def test_a_connection_dropped_earlier_in_the_same_round_is_not_read_again(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """A round of the loop handles what poll found ready at its start: a connection dropped since
+    to make room for a new one (or that became an instance's) may still be in it, and is passed
+    over (it once ended poprun with a KeyError)."""
+    s, server, shims = job
+    shims += [_stray(s, server) for _ in range(MAX_PENDING)]
+    oldest = min(s.pending, key=lambda conn: s.pending[conn][0])
+    [label] = [data for kind, data in s.watch.labels() if kind == "pending" and data[0] is oldest]
+    with poprun_log():
+        shims.append(_stray(s, server))  # the oldest is dropped to make room
+    assert oldest not in s.pending
+    s._read_hello(*label)  # as the rest of the round would
+    assert len(s.pending) == MAX_PENDING
