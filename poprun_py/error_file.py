@@ -13,6 +13,9 @@ import stat
 from poprun_py import interrupts, log
 from poprun_py.errors import PlanError
 
+#: How long poprun waits at most for the reader of an --error-file that is not a regular file.
+IN_PLACE_LIMIT = 10.0
+
 
 class ErrorFile:
     """--error-file ``path``, found able to take the record, or PlanError (one line) saying why not.
@@ -65,7 +68,6 @@ class ErrorFile:
             raise self._refused(why) from None
         try:
             os.write(fd, b"")  # a device that refuses every write says so now (/dev/full: ENOSPC)
-            os.set_blocking(fd, True)  # a reader that is slower than poprun still gets it all
         except OSError as exc:
             os.close(fd)
             raise self._refused(f"cannot be written: {exc.strerror or exc}") from None
@@ -83,9 +85,7 @@ class ErrorFile:
         text = (json.dumps(records, indent=2) + "\n").encode()
         try:
             if self.fd is not None:
-                from poprun_py.output import write_all
-
-                write_all(self.fd, text)
+                _write_within(self.fd, text, IN_PLACE_LIMIT)
                 return
             target = os.path.realpath(self.path)
             try:
@@ -101,6 +101,28 @@ class ErrorFile:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _write_within(fd: int, text: bytes, limit: float) -> None:
+    """All of ``text`` to the non-blocking ``fd``, waiting for a slow reader at most ``limit``
+    seconds in all: a reader that holds a FIFO open but never reads cannot keep poprun from ending
+    (TimeoutError, which the caller's warning names)."""
+    import select
+    import time
+
+    deadline = time.monotonic() + limit
+    view = memoryview(text)
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+            continue
+        except BlockingIOError:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            raise TimeoutError(errno.ETIMEDOUT, f"its reader took none of it for {limit:g} s")
 
 
 def _replace_file(target: str, text: bytes, mode: int | None) -> None:
