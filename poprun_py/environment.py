@@ -120,6 +120,10 @@ HOST_SUBNET = _define("POPRUN_HOST_SUBNET", "poprun", "the shim",
                       "--host-subnet: each host's shim keeps MPI on its interface in it")
 PROGRAM = _define("POPRUN_PROGRAM", "poprun", "the shim",
                   "large jobs: the program and its arguments, hex-encoded (see protocol.encode_argv)")
+ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the shim",
+                     "1 when poprun's stdout and stderr are one file or terminal (a terminal, `2>&1`) and the "
+                     "output is shown there: the program's stdout and stderr are one pipe, as `2>&1` makes them, so "
+                     "its lines keep the order it wrote them in; the shim removes it before it starts the program")
 RESTART_COUNT = _define("POPDIST_RESTART_COUNT", "poprun", "the program",
                         "how often the job was restarted (--max-restarts): resume from a checkpoint when > 0")
 TORCHELASTIC_RESTART_COUNT = _define("TORCHELASTIC_RESTART_COUNT", "poprun", "the program",

@@ -127,7 +127,9 @@ class Pump:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def run(self, pid: int, stdout_fd: int, stderr_fd: int) -> int:
+    def run(self, pid: int, stdout_fd: int, stderr_fd: int | None) -> int:
+        """Pump the program's output (``stderr_fd`` None: both its streams are one pipe, on
+        ``stdout_fd``) until it has exited; report its status; wait for RELEASE; its status."""
         self.pid = pid
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, self._on_signal)
@@ -181,7 +183,7 @@ class Pump:
         except OSError:
             return
 
-    def _pump(self, stdout_fd: int, stderr_fd: int) -> tuple[int, int | None]:
+    def _pump(self, stdout_fd: int, stderr_fd: int | None) -> tuple[int, int | None]:
         """Pass the program's output on and poprun's TERMINATE in until the program has exited and
         its pipes are drained; then end what it left. Its status, and the signal that killed it."""
         assert self.pid is not None
@@ -210,12 +212,15 @@ class Pump:
             return 128 - self.returncode, -self.returncode
         return self.returncode, None
 
-    def _watch(self, stdout_fd: int, stderr_fd: int) -> Watch:
+    def _watch(self, stdout_fd: int, stderr_fd: int | None) -> Watch:
         """The program's pipes, poprun's connection, the program's exit and its launcher's death."""
         assert self.pid is not None
         watch = Watch()
         watch.add(stdout_fd, STDOUT)
-        watch.add(stderr_fd, STDERR)
+        if stderr_fd is None:
+            self.open_streams = 1
+        else:
+            watch.add(stderr_fd, STDERR)
         if self.control is not None:
             watch.add(self.control, CONTROL)
         try:  # wake the moment the program exits instead of polling (Linux >= 5.3)
