@@ -1,4 +1,5 @@
-"""The shim's loop once the program runs: frames out, TERMINATE in, exit status last.
+"""The shim's loop once the program runs: frames out, TERMINATE in, adopted orphans' ends
+collected as they come, exit status last.
 
 Built on the interpreter's own C modules (``_socket``, ``select``, ``_signal``, ``time``): see
 ``instance.py`` for why.
