@@ -120,16 +120,16 @@ HOST_SUBNET = _define("POPRUN_HOST_SUBNET", "poprun", "the shim",
                       "--host-subnet: each host's shim keeps MPI on its interface in it")
 PROGRAM = _define("POPRUN_PROGRAM", "poprun", "the shim",
                   "large jobs: the program and its arguments, hex-encoded (see protocol.encode_argv)")
-ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the shim",
-                     "1 when poprun's stdout and stderr are one file or terminal (a terminal, `2>&1`) and the "
-                     "output is shown there: the program's stdout and stderr are one pipe, as `2>&1` makes them, so "
-                     "its lines keep the order it wrote them in; the shim removes it before it starts the program")
 RESTART_COUNT = _define("POPDIST_RESTART_COUNT", "poprun", "the program",
                         "how often the job was restarted (--max-restarts): resume from a checkpoint when > 0")
 TORCHELASTIC_RESTART_COUNT = _define("TORCHELASTIC_RESTART_COUNT", "poprun", "the program",
                                      "the same, under torchrun's name")
 UNBUFFERED = _define("PYTHONUNBUFFERED", "poprun, unless set", "Python",
                      "1: a Python program's output reaches poprun line by line")
+ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the shim",
+                     "1 when poprun's stdout and stderr are one file or terminal (a terminal, `2>&1`) and the "
+                     "output is shown there: the program's stdout and stderr are one pipe, as `2>&1` makes them, so "
+                     "its lines keep the order it wrote them in; the shim removes it before it starts the program")
 
 # ------------------------------------------------------------------- the MPI and ssh layer
 SLURM_NODELIST = _define("SLURM_JOB_NODELIST", "Slurm", "poprun", "the hosts, when no -H/--host is given")

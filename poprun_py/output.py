@@ -74,18 +74,10 @@ class OutputOptions:
     def __init__(self, log_dir: str | None = None, tee: bool = True, timestamps: bool = False,
                  append: bool = False, one_stream: bool = False) -> None:
         self.log_dir = log_dir
+        self.one_stream = one_stream
         self.tee = tee
         self.timestamps = timestamps
         self.append = append
-        self.one_stream = one_stream
-
-
-def one_stream(tee: bool, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> bool:
-    """Whether each instance's stdout and stderr are to be one stream, in the order its program
-    wrote them: when poprun's own (by default ``sys``'s) are one file or terminal and the output is
-    shown there (``tee``). The log files then follow what is shown: one ``output.log``, as the
-    user's ``2>&1`` asked; with ``--tee no`` nothing is shown and they stay apart."""
-    return tee and same_file(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
 
 
 class Stream:
@@ -344,6 +336,14 @@ def same_file(first: BinaryIO, second: BinaryIO) -> bool:
                 and (stat_a.st_rdev == stat_b.st_rdev or os.ttyname(a) == os.ttyname(b)))
     except (AttributeError, OSError, ValueError):  # no file behind it (io.BytesIO), or closed
         return False
+
+
+def one_stream(tee: bool, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> bool:
+    """Whether each instance's stdout and stderr are to be one stream, in the order its program
+    wrote them: when poprun's own (by default ``sys``'s) are one file or terminal and the output is
+    shown there (``tee``). The log files then follow what is shown: one ``output.log``, as the
+    user's ``2>&1`` asked; with ``--tee no`` nothing is shown and they stay apart."""
+    return tee and same_file(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
 
 
 class InstanceOutput:
