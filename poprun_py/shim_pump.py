@@ -211,7 +211,7 @@ class Pump:
                 os.close(watched)
         self._stop_waking_on_children()
         self._end_descendants()
-        self._collect(now)
+        self._collect(now)  # what it just killed: on a remote host no poprun above would collect them
         assert self.returncode is not None
         if self.returncode < 0:
             return 128 - self.returncode, -self.returncode
