@@ -269,3 +269,15 @@ def test_the_failure_summary_shows_the_last_lines_of_the_one_stream(tmp_path: Pa
     status, shown = run_shared(["--num-instances", "1", PYTHON, "-c", program], "file", tmp_path)
     assert status == 3, shown
     assert b"poprun: last lines of instance 0's output:\n    on stdout\n    on stderr\n" in shown, shown
+
+
+def test_with_tee_no_the_logs_keep_the_two_streams_apart(tmp_path: Path) -> None:
+    # Nothing is shown on the one file, so nothing asks for one stream: the logs are as ever.
+    alone_out, alone_err = without_poprun(tmp_path, ROUNDS, one_file=False)
+    logs = tmp_path / "logs"
+    status, shown = run_shared(["--num-instances", "1", "--log-dir", str(logs), "--tee", "no", PYTHON, TWO_STREAMS,
+                                str(ROUNDS)], "file", tmp_path)
+    assert (status, shown) == (0, b"")
+    assert (logs / "instance-0" / "stdout.log").read_bytes() == alone_out
+    assert (logs / "instance-0" / "stderr.log").read_bytes() == alone_err
+    assert not (logs / "instance-0" / "output.log").exists()
