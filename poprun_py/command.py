@@ -280,7 +280,9 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               metavar="I",
               help="Show only instance I's output (failures of others are still summarised).")
 @click.option("--log-dir", type=FileName(file_okay=False), metavar="DIR",
-              help="Also write each instance's raw output to DIR/instance-<i>/stdout.log and stderr.log "
+              help="Also write each instance's raw output to DIR/instance-<i>/stdout.log and stderr.log, "
+                   "or to output.log when poprun's stdout and stderr are one file or terminal (there an "
+                   "instance's streams are one, in the order it wrote them) "
                    "(DIR is created if its parent exists; a restarted job appends).")
 @click.option("--tee", type=YesNo(), default="yes", show_default=True,
               help="With --log-dir, still show the output here; no: only in the files.")

@@ -126,6 +126,10 @@ TORCHELASTIC_RESTART_COUNT = _define("TORCHELASTIC_RESTART_COUNT", "poprun", "th
                                      "the same, under torchrun's name")
 UNBUFFERED = _define("PYTHONUNBUFFERED", "poprun, unless set", "Python",
                      "1: a Python program's output reaches poprun line by line")
+ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the shim",
+                     "1 when poprun's stdout and stderr are one file or terminal (a terminal, `2>&1`) and the "
+                     "output is shown there: the program's stdout and stderr are one pipe, as `2>&1` makes them, so "
+                     "its lines keep the order it wrote them in; the shim removes it before it starts the program")
 
 # ------------------------------------------------------------------- the MPI and ssh layer
 SLURM_NODELIST = _define("SLURM_JOB_NODELIST", "Slurm", "poprun", "the hosts, when no -H/--host is given")

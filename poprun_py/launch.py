@@ -112,12 +112,15 @@ def _kill_grace() -> float:
 def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -> CommandSpec:
     """What the mpiexec command is built from: the environments, the program and the user's MPI arguments."""
     from poprun_py.mpi import CommandSpec, parse_instance_local_args, split_args
+    from poprun_py.output import one_stream
 
     job_env = {**plan.job_env(), environment.UNBUFFERED: os.environ.get(environment.UNBUFFERED, "1"),
                environment.TORCH_NCCL_ASYNC_ERROR_HANDLING:
                    os.environ.get(environment.TORCH_NCCL_ASYNC_ERROR_HANDLING, "1")}
     if environment.OMP_NUM_THREADS in os.environ:  # the user's, to every host (Open MPI forwards nothing)
         job_env[environment.OMP_NUM_THREADS] = os.environ[environment.OMP_NUM_THREADS]
+    if one_stream(options["tee"]):  # each program's stdout and stderr are one pipe, in the order written
+        job_env[environment.ONE_STREAM] = "1"
     if options["host_subnet"] and plan.hosts:
         job_env[environment.HOST_SUBNET] = options["host_subnet"]
     if callback is None:  # nothing crosses hosts: MPI's own sockets (UCX, libfabric) stay on loopback
@@ -238,7 +241,8 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
                                     listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
                                     grace=grace, start_timeout=options["start_timeout"],
                                     output=OutputOptions(options["log_dir"], options["tee"],
-                                                         options["prefix_timestamp"], append=restart > 0))
+                                                         options["prefix_timestamp"], append=restart > 0,
+                                                         one_stream=environment.ONE_STREAM in job_env))
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
             lost = supervisor.lost_hosts() if status else {}

@@ -25,14 +25,21 @@ before the next printable byte (``\\r[i] 50%``), so a redrawn bar keeps its tag.
 would not move the cursor (at the start of a line, or after another ``\\r``) is dropped, and
 one followed by a newline adds no tag, so binary output full of ``\\r`` costs no extra tags.
 
+**One stream.** Only the kernel knows the order of writes to two pipes, so an instance whose
+stdout and stderr were read from two pipes could show them out of the order it wrote them. When
+poprun's stdout and stderr are one file or terminal and instances' output is shown there
+(``one_stream``), each shim gives its program one pipe for both (``POPRUN_ONE_STREAM``), as ``2>&1``
+would without poprun, and the instance's output is one stream, shown on poprun's stdout.
+
 ``--log-dir DIR`` writes each instance's streams, raw (no tags), unbuffered, to
-``DIR/instance-<i>/stdout.log`` and ``stderr.log`` (a restarted job appends); ``--tee no``
-keeps them off the terminal.
+``DIR/instance-<i>/stdout.log`` and ``stderr.log``, or, as one stream, to ``output.log`` (a
+restarted job appends); ``--tee no`` keeps them off the terminal.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
@@ -43,7 +50,7 @@ if TYPE_CHECKING:
     Parts = list[tuple[BinaryIO, bytearray]]
 
 TAIL_LINES = 20
-#: The stderr tail keeps at most this much of one line (its end).
+#: The tail (of stderr, or of the one stream) keeps at most this much of one line (its end).
 TAIL_LINE_BYTES = 1 << 16
 #: How long the owner of an unfinished line may write nothing while others wait, before poprun
 #: ends its line.
@@ -61,11 +68,13 @@ REDRAW = 2  # a carriage return written: the tag is due again before the next pr
 
 class OutputOptions:
     """How instances' output is shown and kept: ``--log-dir``, ``--tee``, ``--prefix-timestamp``;
-    ``append``: log files are added to (a restarted job) rather than started afresh."""
+    ``append``: log files are added to (a restarted job) rather than started afresh; ``one_stream``:
+    each instance's stdout and stderr come as one stream (see :func:`one_stream`)."""
 
     def __init__(self, log_dir: str | None = None, tee: bool = True, timestamps: bool = False,
-                 append: bool = False) -> None:
+                 append: bool = False, one_stream: bool = False) -> None:
         self.log_dir = log_dir
+        self.one_stream = one_stream
         self.tee = tee
         self.timestamps = timestamps
         self.append = append
@@ -332,9 +341,17 @@ def same_file(first: BinaryIO, second: BinaryIO) -> bool:
         return False
 
 
+def one_stream(tee: bool, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> bool:
+    """Whether each instance's stdout and stderr are to be one stream, in the order its program
+    wrote them: when poprun's own (by default ``sys``'s) are one file or terminal and the output is
+    shown there (``tee``). The log files then follow what is shown: one ``output.log``, as the
+    user's ``2>&1`` asked; with ``--tee no`` nothing is shown and they stay apart."""
+    return tee and same_file(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
+
+
 class InstanceOutput:
-    """One instance's two streams: to the sinks (tagged), to its log files (raw), and the tail of
-    its stderr for the failure summary."""
+    """One instance's two streams (or one, ``OutputOptions.one_stream``): to the sinks (tagged), to its
+    log files (raw), and the tail of its stderr (of its one stream) for the failure summary."""
 
     def __init__(self, index: int, show: bool, sinks: dict[int, Sink],
                  options: OutputOptions | None = None) -> None:
@@ -347,7 +364,8 @@ class InstanceOutput:
         tag = f"[{index}] ".encode()
         self.streams = {number: Stream(tag, options.timestamps, sink.file) for number, sink in sinks.items()}
         self.timestamps = options.timestamps
-        self.stderr_tail: list[bytes] = []  # the last TAIL_LINES lines
+        self.one_stream = options.one_stream
+        self.stderr_tail: list[bytes] = []  # the last TAIL_LINES lines (of the one stream)
         self._tail_line = bytearray()
         self.logs: dict[int, int] = {}  # stream -> file descriptor
         self.log_directory = ""
@@ -356,9 +374,11 @@ class InstanceOutput:
             self._open_logs(options.append)
 
     def feed(self, stream: int, data: bytes) -> None:
+        if self.one_stream:
+            stream = 1  # both of the program's descriptors are one pipe, forwarded as stdout
         if stream in self.logs:
             self._log(stream, data)
-        if stream == 2:
+        if stream == 2 or self.one_stream:
             self._tail(data)
         if self.show:
             self.sinks[stream].line.offer(self.streams[stream], time.time() if self.timestamps else 0.0, data)
@@ -391,7 +411,7 @@ class InstanceOutput:
         flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
         try:
             os.makedirs(directory, exist_ok=True)
-            for number, name in ((1, "stdout.log"), (2, "stderr.log")):
+            for number, name in ((1, "output.log"),) if self.one_stream else ((1, "stdout.log"), (2, "stderr.log")):
                 self.logs[number] = os.open(os.path.join(directory, name), flags, 0o666)
         except OSError as exc:
             self._log_failed(exc)

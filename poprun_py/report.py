@@ -42,7 +42,8 @@ class Report:
 
     def summary(self, reason: str | None) -> str:
         """The lines on stderr: the root cause, what its program recorded, the last lines of its
-        stderr, the others that failed by themselves, why poprun stopped, and whom it stopped."""
+        stderr (of its output, when its two streams are one), the others that failed by themselves,
+        why poprun stopped, and whom it stopped."""
         lines = []
         also: list[InstanceState] = []
         if self.failure is not None and self.failure.index is not None:
@@ -54,7 +55,8 @@ class Report:
 
                 lines += summary_lines(state.index, cause)
             if state.output.stderr_tail:
-                lines.append(f"poprun: last lines of instance {state.index}'s stderr:")
+                stream = "output" if state.output.one_stream else "stderr"
+                lines.append(f"poprun: last lines of instance {state.index}'s {stream}:")
                 lines += [f"    {line.decode(errors='replace')}" for line in state.output.stderr_tail]
             # Instances that failed by themselves too (when all fail at once), each with its own status.
             also = [s for s in self.instances if s is not state and s.failed_by_itself]
@@ -72,7 +74,8 @@ class Report:
 
     def failure_report(self) -> dict[str, object] | None:
         """The first failure, for --error-file and the restart message: which instance, where, its
-        status or signal, when, one line saying why, and the last lines of its stderr."""
+        status or signal, when, one line saying why, and the last lines of its stderr (``stderr_tail``:
+        of its output, when its two streams are one)."""
         if self.failure is None:
             return None
         if self.failure.index is None:

@@ -32,12 +32,14 @@ if TYPE_CHECKING:
     from poprun_py.seal import Seal
 
 
-def spawn(argv: list[str], *, no_stdin: bool) -> tuple[int, int, int] | OSError:
-    """Start ``argv`` in its own process group with stdout/stderr on pipes, and stdin from
-    /dev/null when ``no_stdin``.
+def spawn(argv: list[str], *, no_stdin: bool, one_stream: bool = False) -> tuple[int, int, int | None] | OSError:
+    """Start ``argv`` in its own process group with stdout/stderr on pipes (with ``one_stream``, one
+    pipe for both, as ``2>&1`` makes them: only then does the order of its writes survive), and
+    stdin from /dev/null when ``no_stdin``.
 
-    Returns ``(pid, stdout_fd, stderr_fd)``, or the OSError saying why it cannot start. What
-    mpiexec gave us (e.g. MPICH's PMI_FD) stays inherited; our own descriptors are close-on-exec.
+    Returns ``(pid, stdout_fd, stderr_fd)`` (``stderr_fd`` None for one stream), or the OSError
+    saying why it cannot start. What mpiexec gave us (e.g. MPICH's PMI_FD) stays inherited; our own
+    descriptors are close-on-exec.
     """
     if which(argv[0]) is None:
         missing = os.sep not in argv[0] or not os.path.exists(argv[0])
@@ -46,7 +48,7 @@ def spawn(argv: list[str], *, no_stdin: bool) -> tuple[int, int, int] | OSError:
     setpriv = which("setpriv")
     command = [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv
     out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    err_r, err_w = (None, out_w) if one_stream else os.pipe()
     try:
         actions: list[tuple[int | str, ...]] = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
         if no_stdin:
@@ -56,11 +58,13 @@ def spawn(argv: list[str], *, no_stdin: bool) -> tuple[int, int, int] | OSError:
                               setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
     except OSError as exc:
         os.close(out_r)
-        os.close(err_r)
+        if err_r is not None:
+            os.close(err_r)
         return exc
     finally:
         os.close(out_w)
-        os.close(err_w)
+        if err_w != out_w:
+            os.close(err_w)
     return pid, out_r, err_r
 
 
@@ -238,6 +242,7 @@ def hold_until_reaped() -> None:
 def main() -> int:
     index, argv = int(sys.argv[1]), sys.argv[2:]
     secret = os.environ.pop(environment.SECRET, None)  # the program does not get it
+    one_stream = os.environ.pop(environment.ONE_STREAM, None) == "1"
     keep_launchers_library_from_the_program()
     if not argv:  # a large job: the program came in the environment (see mpi.build_command)
         from poprun_py.protocol import decode_argv
@@ -251,7 +256,7 @@ def main() -> int:
     sweep.adopt_orphans()
     # First: the program starts while we import and connect. mpiexec passes its stdin to instance
     # 0 only; Hydra gives the others a pipe that never ends, where a read would wait for ever.
-    spawned = spawn(argv, no_stdin=index > 0)
+    spawned = spawn(argv, no_stdin=index > 0, one_stream=one_stream)
 
     from poprun_py.shim_pump import Pump
 

@@ -1,4 +1,5 @@
-"""The shim's loop once the program runs: frames out, TERMINATE in, exit status last.
+"""The shim's loop once the program runs: frames out, TERMINATE in, adopted orphans' ends
+collected as they come, exit status last.
 
 Built on the interpreter's own C modules (``_socket``, ``select``, ``_signal``, ``time``): see
 ``instance.py`` for why.
@@ -27,7 +28,7 @@ DRAIN_SECONDS = 1.0
 #: reach poprun can never be counted as done, and must not hold the others for ever.
 RELEASE_WAIT_SECONDS = 10.0
 #: Keys of the descriptors the loop (and the wait for RELEASE) watches.
-CONTROL, STDOUT, STDERR, EXITED, LAUNCHER, SIGNALLED = 0, 1, 2, 3, 4, 5
+CONTROL, STDOUT, STDERR, EXITED, LAUNCHER, SIGNALLED, CHILDREN = 0, 1, 2, 3, 4, 5, 6
 #: How long the shim keeps ending descendants that escaped the program's process group, and how
 #: long it lets each round of deaths settle before it looks again.
 ESCAPED_SECONDS = 2.0
@@ -76,6 +77,8 @@ class Pump:
         self.returncode: int | None = None
         self.drain_until: float | None = None
         self.exit_fd: int | None = None
+        #: The wake-up descriptor's ends while the loop runs (a SIGCHLD wakes it: ``_wake_on_children``).
+        self.children: tuple[int, int] | None = None
         self.launcher = 0
         self.launcher_fd: int | None = None
 
@@ -127,7 +130,9 @@ class Pump:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def run(self, pid: int, stdout_fd: int, stderr_fd: int) -> int:
+    def run(self, pid: int, stdout_fd: int, stderr_fd: int | None) -> int:
+        """Pump the program's output (``stderr_fd`` None: both its streams are one pipe, on
+        ``stdout_fd``) until it has exited; report its status; wait for RELEASE; its status."""
         self.pid = pid
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, self._on_signal)
@@ -181,7 +186,7 @@ class Pump:
         except OSError:
             return
 
-    def _pump(self, stdout_fd: int, stderr_fd: int) -> tuple[int, int | None]:
+    def _pump(self, stdout_fd: int, stderr_fd: int | None) -> tuple[int, int | None]:
         """Pass the program's output on and poprun's TERMINATE in until the program has exited and
         its pipes are drained; then end what it left. Its status, and the signal that killed it."""
         assert self.pid is not None
@@ -204,18 +209,26 @@ class Pump:
         for watched in (self.exit_fd, self.launcher_fd):
             if watched is not None:
                 os.close(watched)
+        self._stop_waking_on_children()
         self._end_descendants()
+        self._collect(now)  # what it just killed: on a remote host no poprun above would collect them
         assert self.returncode is not None
         if self.returncode < 0:
             return 128 - self.returncode, -self.returncode
         return self.returncode, None
 
-    def _watch(self, stdout_fd: int, stderr_fd: int) -> Watch:
-        """The program's pipes, poprun's connection, the program's exit and its launcher's death."""
+    def _watch(self, stdout_fd: int, stderr_fd: int | None) -> Watch:
+        """The program's pipes, poprun's connection, the program's exit, its launcher's death, and
+        the ends of the shim's children (the program, adopted orphans)."""
         assert self.pid is not None
         watch = Watch()
         watch.add(stdout_fd, STDOUT)
-        watch.add(stderr_fd, STDERR)
+        if stderr_fd is None:
+            self.open_streams = 1
+        else:
+            watch.add(stderr_fd, STDERR)
+        self.children = self._wake_on_children()
+        watch.add(self.children[0], CHILDREN)
         if self.control is not None:
             watch.add(self.control, CONTROL)
         try:  # wake the moment the program exits instead of polling (Linux >= 5.3)
@@ -236,6 +249,42 @@ class Pump:
             watch.add(self.launcher_fd, LAUNCHER)
         return watch
 
+    def _wake_on_children(self) -> tuple[int, int]:
+        """Have each SIGCHLD wake the loop, through the wake-up descriptor (returned: its ends), to
+        collect the ends of the orphans the shim adopts as their subreaper (``shim.main``): a long
+        job that starts helpers (data loaders, shells, ``subprocess`` in a loop) would otherwise
+        leave a zombie per orphan until it ends, creeping towards ``pids.max``. Its other signals'
+        handlers act as they did; they only wake the loop as well."""
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        _signal.set_wakeup_fd(wake_write)
+        _signal.signal(_signal.SIGCHLD, _ignore)
+        return wake_read, wake_write
+
+    def _stop_waking_on_children(self) -> None:
+        """Undo ``_wake_on_children``: SIGCHLD back to its default, no wake-up descriptor."""
+        if self.children is None:
+            return
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        _signal.set_wakeup_fd(-1)
+        for fd in self.children:
+            os.close(fd)
+        self.children = None
+
+    def _collect(self, now: float) -> None:
+        """Collect the end of every child of the shim that has ended: the program's status is kept
+        (exactly as a wait for it alone would have read it), an adopted orphan's is dropped."""
+        while True:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:  # no child left
+                return
+            if pid == 0:
+                return
+            if pid == self.pid and self.returncode is None:
+                self._exited(wait_status, now)
+
     def _exited(self, wait_status: int, now: float) -> None:
         """The program has exited: its status; its pipes may stay open DRAIN_SECONDS longer."""
         self.returncode = os.waitstatus_to_exitcode(wait_status)
@@ -253,7 +302,15 @@ class Pump:
     def _ready(self, watch: Watch, fd: int, key: int) -> None:
         """One descriptor that woke the loop."""
         assert self.pid is not None
-        if key == EXITED:
+        if key == CHILDREN:
+            while True:  # empty the wake-up pipe: one byte per signal
+                try:
+                    if len(os.read(fd, READ_SIZE)) < READ_SIZE:
+                        break
+                except BlockingIOError:
+                    break
+            self._collect(time.monotonic())
+        elif key == EXITED:
             watch.remove(fd)
             if self.returncode is None:  # exited: a blocking wait returns at once
                 self._exited(os.waitpid(self.pid, 0)[1], time.monotonic())

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -23,8 +24,10 @@ from tests.cluster import NETWORK_ENV, Cluster
 from tests.helpers import (
     BIN,
     OMP_SET,
+    POPRUN,
     PYTHON,
     ROOT,
+    SUBPROCESS_TIMEOUT,
     poprun,
     run,
     tagged_json,
@@ -38,6 +41,7 @@ from tests.integration.conftest import (
     start_poprun,
     wait_started,
 )
+from tests.launcher.rendering import TWO_STREAMS, flat, instances_text, without_poprun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
 
@@ -183,6 +187,24 @@ def test_a_recorded_failure_on_a_remote_host_reaches_the_summary(cluster: Cluste
 
 
 # ------------------------------------------------------------------ collectives across hosts
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_each_instance_keeps_the_order_of_its_two_streams_across_hosts(cluster: Cluster, mpi: str,
+                                                                      tmp_path: Path) -> None:
+    """Issue 40: poprun's stdout and stderr one file (``2>&1``), two instances on each of two hosts;
+    each shows its stdout and stderr in the order it wrote them, as ``2>&1`` without poprun."""
+    rounds = 100
+    alone, _ = without_poprun(tmp_path, rounds)
+    path = tmp_path / "out.txt"
+    with open(path, "wb") as both:
+        result = subprocess.run([*POPRUN, *mpi_args(mpi), "--num-instances", "4", "-H", ",".join(cluster.names[:2]),
+                                 PYTHON, TWO_STREAMS, str(rounds)], stdin=subprocess.DEVNULL, stdout=both,
+                                stderr=both, env={**os.environ, **job_env(mpi, **OMP_SET)}, cwd=ROOT,
+                                timeout=SUBPROCESS_TIMEOUT)
+    shown = path.read_bytes()
+    assert result.returncode == 0, shown
+    assert instances_text(shown) == {i: flat(alone) for i in range(4)}
+
+
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_host_collectives_cross_the_network(cluster: Cluster, mpi: str) -> None:
     before = tx_bytes(cluster)

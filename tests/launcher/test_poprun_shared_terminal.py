@@ -2,6 +2,9 @@
 both, so an instance's unfinished line on one stream is not cut by another instance's output on
 the other (issue 27: ``[1] partial-from-1[0] whole-line-from-0``); on two files, as before.
 
+Issue 40: there, an instance's stdout and stderr are one pipe, so its lines come out in the order
+its program wrote them, exactly as ``2>&1`` gives them without poprun.
+
 Concurrent events are ordered by files: the test creates the file an instance waits for only
 once it has seen what must come first (poprun's output, or its raw ``--log-dir`` copy of a line
 it holds back).
@@ -23,6 +26,7 @@ from typing import IO
 import pytest
 
 from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, stop_poprun
+from tests.launcher.rendering import TWO_STREAMS, flat, instances_text, rendered, without_poprun
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
 
@@ -112,7 +116,7 @@ def interleave(tmp_path: Path, proc_stdout: int | IO[bytes], proc_stderr: int | 
     instance 1's line goes; ``reached``: whether instance 0's line has reached poprun (by default:
     its raw ``--log-dir`` copy has it, which poprun writes as it takes the line in, held or not)."""
     logs = tmp_path / "logs"
-    log0 = logs / "instance-0" / "stderr.log"
+    log0 = logs / "instance-0" / "output.log"  # one stream, as poprun's are
     proc = start(["--num-instances", "2", "--log-dir", str(logs), PYTHON, "-c", INTERLEAVE, str(tmp_path)],
                  proc_stdout, proc_stderr)
     try:
@@ -168,10 +172,9 @@ def test_two_files_are_framed_apart_as_before(tmp_path: Path) -> None:
     assert re.fullmatch(rb"\[1\] partial-from-1\.* end-of-1\n", out_path.read_bytes()), out_path.read_bytes()
 
 
-@pytest.mark.parametrize("where", ["file", "terminal"])
-def test_bars_partial_lines_and_both_streams_from_three_instances(tmp_path: Path, where: str) -> None:
-    count = 100
-    args = ["--num-instances", "3", PYTHON, "-c", MIXED, str(count)]
+def run_shared(args: list[str], where: str, tmp_path: Path) -> tuple[int, bytes]:
+    """Run poprun to its end with its stdout and stderr on one ``file`` or ``terminal``: its status
+    and what it wrote there."""
     if where == "file":
         path = tmp_path / "out.txt"
         with open(path, "wb") as both:
@@ -180,21 +183,26 @@ def test_bars_partial_lines_and_both_streams_from_three_instances(tmp_path: Path
                 proc.wait(timeout=SUBPROCESS_TIMEOUT)
             finally:
                 stop_poprun(proc)
-        shown = path.read_bytes()
-    else:
-        terminal = Terminal()
-        try:
-            proc = start(args, terminal.slave, terminal.slave)
-            os.close(terminal.slave)
-            deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-            while terminal.read(timeout=max(0.0, deadline - time.monotonic())) and time.monotonic() < deadline:
-                pass
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        finally:
-            stop_poprun(proc)
-            terminal.close()
-        shown = bytes(terminal.seen)
-    assert proc.returncode == 0, shown
+        return proc.returncode, path.read_bytes()
+    terminal = Terminal()
+    try:
+        proc = start(args, terminal.slave, terminal.slave)
+        os.close(terminal.slave)
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+        while terminal.read(timeout=max(0.0, deadline - time.monotonic())) and time.monotonic() < deadline:
+            pass
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        stop_poprun(proc)
+        terminal.close()
+    return proc.returncode, bytes(terminal.seen)
+
+
+@pytest.mark.parametrize("where", ["file", "terminal"])
+def test_bars_partial_lines_and_both_streams_from_three_instances(tmp_path: Path, where: str) -> None:
+    count = 100
+    status, shown = run_shared(["--num-instances", "3", PYTHON, "-c", MIXED, str(count)], where, tmp_path)
+    assert status == 0, shown
     bars: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
     errors: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
     assert shown.endswith(b"\n")
@@ -212,3 +220,64 @@ def test_bars_partial_lines_and_both_streams_from_three_instances(tmp_path: Path
     for index, letter in enumerate("abc"):
         assert bars[index] == [text.encode() for n in range(count) for text in (letter * (n % 7 + 1), letter * 3)]
         assert errors[index] == [letter.upper().encode() * 2] * count  # whole, in order, nothing lost
+
+
+# ------------------------------------------------- issue 40: an instance's streams keep their order
+ROUNDS = 150
+
+
+@pytest.mark.parametrize("where", ["file", "terminal"])
+def test_an_instances_two_streams_keep_the_order_it_wrote_them_in(tmp_path: Path, where: str) -> None:
+    alone, _ = without_poprun(tmp_path, ROUNDS)
+    status, shown = run_shared(["--num-instances", "1", PYTHON, TWO_STREAMS, str(ROUNDS)], where, tmp_path)
+    assert status == 0, shown
+    assert shown == rendered(alone)  # what `2>&1` gives without poprun, tagged, nothing moved
+
+
+def test_several_instances_each_keep_their_order_and_log_it_as_one_stream(tmp_path: Path) -> None:
+    alone, _ = without_poprun(tmp_path, ROUNDS)
+    logs = tmp_path / "logs"
+    status, shown = run_shared(["--num-instances", "3", "--log-dir", str(logs), PYTHON, TWO_STREAMS, str(ROUNDS)],
+                               "file", tmp_path)
+    assert status == 0, shown
+    # Never two instances on one line; each instance's text in the order it wrote it.
+    assert instances_text(shown) == {i: flat(alone) for i in range(3)}
+    for i in range(3):  # --log-dir follows what is shown: one stream, raw, as `2>&1` writes it
+        assert sorted(path.name for path in (logs / f"instance-{i}").iterdir()) == ["output.log"]
+        assert (logs / f"instance-{i}" / "output.log").read_bytes() == alone
+
+
+def test_two_files_get_each_its_own_stream(tmp_path: Path) -> None:
+    alone_out, alone_err = without_poprun(tmp_path, ROUNDS, one_file=False)
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    logs = tmp_path / "logs"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = start(["--num-instances", "1", "--log-dir", str(logs), PYTHON, TWO_STREAMS, str(ROUNDS)], out, err)
+        try:
+            proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        finally:
+            stop_poprun(proc)
+    assert proc.returncode == 0, err_path.read_bytes()
+    assert out_path.read_bytes() == rendered(alone_out)
+    assert err_path.read_bytes() == rendered(alone_err)
+    assert (logs / "instance-0" / "stdout.log").read_bytes() == alone_out
+    assert (logs / "instance-0" / "stderr.log").read_bytes() == alone_err
+
+
+def test_the_failure_summary_shows_the_last_lines_of_the_one_stream(tmp_path: Path) -> None:
+    program = "import sys; print('on stdout', flush=True); sys.stderr.write('on stderr\\n'); sys.exit(3)"
+    status, shown = run_shared(["--num-instances", "1", PYTHON, "-c", program], "file", tmp_path)
+    assert status == 3, shown
+    assert b"poprun: last lines of instance 0's output:\n    on stdout\n    on stderr\n" in shown, shown
+
+
+def test_with_tee_no_the_logs_keep_the_two_streams_apart(tmp_path: Path) -> None:
+    # Nothing is shown on the one file, so nothing asks for one stream: the logs are as ever.
+    alone_out, alone_err = without_poprun(tmp_path, ROUNDS, one_file=False)
+    logs = tmp_path / "logs"
+    status, shown = run_shared(["--num-instances", "1", "--log-dir", str(logs), "--tee", "no", PYTHON, TWO_STREAMS,
+                                str(ROUNDS)], "file", tmp_path)
+    assert (status, shown) == (0, b"")
+    assert (logs / "instance-0" / "stdout.log").read_bytes() == alone_out
+    assert (logs / "instance-0" / "stderr.log").read_bytes() == alone_err
+    assert not (logs / "instance-0" / "output.log").exists()

@@ -1,6 +1,7 @@
 """How the shim ends (``shim.leave``): under MPICH's gforker, behind a holder that keeps the
 descriptors gforker reads open until gforker has reaped the shim, so that gforker never starts
-its final wait with a child it has not reaped (that wait then spins for up to 2 s).
+its final wait with a child it has not reaped (that wait then spins for up to 2 s). And what it
+collects on the way: the ends of the orphans it adopts while the job runs (issue 40).
 
 Real processes throughout: a child Python plays the shim, the test plays its parent (or a real
 gforker is its parent); each step waits for what the processes do (a pidfd, EOF on a pipe, a
@@ -206,3 +207,80 @@ def test_poprun_collects_the_holders_its_job_orphans() -> None:
                  env=OMP_SET)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "0"], result.stdout
+
+
+#: The program: BATCHES times, SIZE orphans (a child forks a grandchild and exits; the shim, the
+#: subreaper, adopts the grandchild), checked to be the shim's, then released to end together; it
+#: waits (at most 10 s) until the shim has collected every one of them, and says so in REPORT
+#: (with the most zombies it saw under the shim), then exits 3.
+_ORPHANS = """
+import os, sys, time
+report = open(sys.argv[1], 'w', buffering=1)
+batches, size = int(sys.argv[2]), int(sys.argv[3])
+shim = os.getppid()
+
+def parent(pid):
+    try:
+        with open(f'/proc/{pid}/stat', 'rb') as stat:
+            fields = stat.read().rsplit(b')', 1)[1].split()
+    except OSError:
+        return None, None  # collected
+    return int(fields[1]), fields[0]
+
+def zombies():
+    return sum(parent(int(name)) == (shim, b'Z') for name in os.listdir('/proc') if name.isdigit())
+
+most = 0
+for batch in range(batches):
+    release_r, release_w = os.pipe()
+    born_r, born_w = os.pipe()
+    for _ in range(size):
+        child = os.fork()
+        if child == 0:
+            grandchild = os.fork()
+            if grandchild == 0:
+                os.close(release_w)
+                os.close(born_w)
+                os.read(release_r, 1)  # until the batch is released
+                os._exit(0)
+            os.write(born_w, b'%d\\n' % grandchild)
+            os._exit(0)
+        os.waitpid(child, 0)  # its child is an orphan now
+    os.close(born_w)
+    born = b''
+    while born.count(b'\\n') < size:
+        born += os.read(born_r, 4096)
+    os.close(born_r)
+    orphans = [int(pid) for pid in born.split()]
+    if any(parent(pid)[0] != shim for pid in orphans):
+        report.write('not adopted by the shim\\n')
+        sys.exit(4)
+    os.close(release_r)
+    os.close(release_w)  # every orphan of the batch ends now
+    deadline = time.monotonic() + 10
+    while (left := sum(parent(pid)[0] == shim for pid in orphans)):
+        most = max(most, zombies())
+        if time.monotonic() > deadline:
+            report.write(f'batch {batch}: {left} of {size} orphans not collected\\n')
+            sys.exit(1)
+        time.sleep(0.001)
+    report.write(f'batch {batch} collected\\n')
+report.write(f'most zombies {most}\\n')
+sys.exit(3)
+"""
+
+
+def test_the_shim_collects_orphans_as_they_end(tmp_path: Path) -> None:
+    """300 orphans, in batches of 25, end while the job runs: the shim collects each batch before
+    the next is made (the zombies under it never pile up), the program's status is still exactly
+    its own, and nothing is left for the process above poprun to collect."""
+    from tests.helpers import POPRUN, run
+
+    report = tmp_path / "report"
+    batches, size = 12, 25
+    result = run([PYTHON, "-c", _ADOPTER, *POPRUN, "--num-instances", "1", PYTHON, "-c", _ORPHANS, str(report),
+                  str(batches), str(size)], env=OMP_SET)
+    lines = report.read_text().splitlines()
+    assert lines[:-1] == [f"batch {batch} collected" for batch in range(batches)], (lines, result.stderr)
+    assert 0 <= int(lines[-1].removeprefix("most zombies ")) <= size
+    assert result.stdout.split() == ["3", "0"], (result.stdout, result.stderr)

@@ -71,9 +71,14 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "poprun_py.teardown": (*_LAUNCH, "tests/launcher/test_leftovers.py"),
     "poprun_py.shim": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py",
                        "tests/launcher/test_shim_exit.py",
+                       ("tests/launcher/test_poprun_shared_terminal.py::"
+                        "test_an_instances_two_streams_keep_the_order_it_wrote_them_in"),
                        "tests/launcher/test_network_exposure.py::test_the_launchers_library_stays_out_of_the_programs_environment"),
     "poprun_py.shim_pump": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
-                            "tests/launcher/test_shim_settings.py"),
+                            "tests/launcher/test_shim_settings.py",
+                            "tests/launcher/test_shim_exit.py::test_the_shim_collects_orphans_as_they_end",
+                            ("tests/launcher/test_poprun_shared_terminal.py::"
+                             "test_an_instances_two_streams_keep_the_order_it_wrote_them_in")),
     "poprun_py.protocol": (
         "tests/launcher/test_protocol.py", "tests/launcher/test_shim_settings.py",
         "tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_network_and_host_errors.py"),
