@@ -1,10 +1,11 @@
 /* Binds to the wildcard address turned into binds to loopback, in a process that preloads this
  * library (LD_PRELOAD).
  *
- * Open MPI's launcher, prterun, listens for its daemons on every interface: it binds the wildcard
- * address (IPv4 and IPv6) whatever its settings say, and confined to the loopback interface it
- * finds none and refuses to start. A one-host job starts no daemon, so poprun preloads this into
- * the launcher of such a job and nothing it opens is reachable from another machine. Binds to any
+ * Hydra's mpiexec and Open MPI's launcher, prterun, listen for their proxies and daemons on every
+ * interface: they bind the wildcard address (prterun IPv4 and IPv6) whatever their settings say,
+ * and prterun confined to the loopback interface finds none and refuses to start. A one-host job
+ * starts no remote proxy or daemon, so poprun preloads this into the launcher of such a job and
+ * nothing it opens is reachable from another machine. Binds to any
  * other address, and every other call, are passed on unchanged (poprun_py/loopback.py).
  */
 #define _GNU_SOURCE

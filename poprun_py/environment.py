@@ -143,8 +143,9 @@ FI_TCP_IFACE = _define("FI_TCP_IFACE", "poprun (one host: lo) or the shim (--hos
                        "MPICH (libfabric)", "the same, for libfabric's TCP provider")
 OMPI_MCA_BTL = _define("OMPI_MCA_btl", "poprun (one host: ^tcp), unless set", "Open MPI",
                        "its byte transfer layers: on one host none over TCP, which listens on every interface")
-LD_PRELOAD = _define("LD_PRELOAD", "poprun (one host, Open MPI: its _loopback library first), the shim (removes it)",
-                     "the dynamic loader", "Open MPI's launcher binds loopback where it would bind every interface")
+LD_PRELOAD = _define("LD_PRELOAD", "poprun (one host, Hydra or Open MPI: its _loopback library first), the shim "
+                     "(removes it)", "the dynamic loader",
+                     "Hydra's and Open MPI's launchers bind loopback where they would bind every interface")
 PMI_FD = _define("PMI_FD", "MPICH's mpiexec", "MPICH, the shim",
                  "the descriptor of the process's line to its launcher; under gforker the shim's last act "
                  "keeps it open until gforker has reaped the shim (see shim.leave)")

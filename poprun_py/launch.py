@@ -63,6 +63,10 @@ def launch(options: LaunchOptions) -> int:
 
         launcher = one_host_launcher(launcher)  # opens no port beyond loopback
     log.info("using %s (%s %s)", launcher.path, launcher.flavour, launcher.version)
+    if callback is None:  # one host: a launcher that needs poprun's loopback library is refused without it
+        from poprun_py.mpi import loopback_library
+
+        loopback_library(launcher)
     errors = _error_file(options["error_file"])
 
     if options["print_topology"] or options["dry_run"]:

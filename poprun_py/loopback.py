@@ -1,11 +1,12 @@
-"""Open MPI's launcher kept on loopback in a one-host job.
+"""Hydra's and Open MPI's launchers kept on loopback in a one-host job.
 
-``prterun`` listens for its daemons on every interface (it binds the wildcard address whatever
-its settings say), though a one-host job starts no daemon. ``_loopback.c``, a small library built
-with the package, turns such a bind into one to loopback in a process that preloads it. poprun
-preloads it into the launcher of a one-host Open MPI job (``LD_PRELOAD``, ahead of the user's
-own), and the shim takes it out again before the program starts: what the program itself listens
-on is its own business.
+Hydra's ``mpiexec`` and Open MPI's ``prterun`` listen for their proxies and daemons on every
+interface (they bind the wildcard address whatever their settings say), though a one-host job
+starts no remote one. ``_loopback.c``, a small library built with the package, turns such a bind
+into one to loopback in a process that preloads it. poprun preloads it into the launcher of a
+one-host Hydra or Open MPI job (``LD_PRELOAD``, ahead of the user's own; ``mpi.loopback_library``),
+and the shim takes it out again before the program starts: what the program itself listens on is
+its own business.
 
 Built-in modules only: the shim uses it.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 from importlib.machinery import EXTENSION_SUFFIXES
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))
 #: The library's name in the package: built like an extension module, but preloaded into another
 #: program, never imported (it has no Python module in it).
 NAME = "_loopback"
@@ -25,7 +26,7 @@ def library() -> str | None:
     """The built library's path; None where it was not built (the build needs a C compiler,
     and a platform with ``LD_PRELOAD``)."""
     for suffix in EXTENSION_SUFFIXES:
-        path = os.path.join(_HERE, NAME + suffix)
+        path = os.path.join(HERE, NAME + suffix)
         if os.path.exists(path):
             return path
     return None
@@ -49,4 +50,4 @@ def _entries(value: str | None) -> list[str]:
 
 def _ours(entry: str) -> bool:
     directory, name = os.path.split(entry)
-    return directory == _HERE and name.startswith(NAME + ".")
+    return directory == HERE and name.startswith(NAME + ".")

@@ -66,13 +66,44 @@ def one_host_launcher(launcher: MpiLauncher) -> MpiLauncher:
     """What starts a job on this host alone when poprun chose the MPI itself: MPICH's gforker when
     it sits beside Hydra's mpiexec (the mpich wheel has both), else ``launcher``.
 
-    Hydra's mpiexec listens for its proxies on every interface (it binds the wildcard address,
-    whatever -iface or -localhost say), so a job on one host would open a port to the network.
-    gforker starts the instances itself and reaches them over socket pairs: nothing listens."""
-    gforker = os.path.join(os.path.dirname(launcher.path), "mpiexec.gforker")
+    gforker starts the instances itself and reaches them over socket pairs: nothing listens, and
+    no library is preloaded into it (Hydra's mpiexec needs one: :func:`loopback_library`)."""
+    gforker = os.path.join(os.path.dirname(launcher.path), GFORKER)
     if launcher.flavour != "mpich" or not os.access(gforker, os.X_OK):
         return launcher
     return MpiLauncher(gforker, "mpich", launcher.version)
+
+
+#: MPICH's launcher for one host, which opens no socket to listen on.
+GFORKER = "mpiexec.gforker"
+#: Where the proxies of a one-host job's Hydra call its mpiexec back.
+LOOPBACK_ADDRESS = "127.0.0.1"
+
+
+def loopback_library(launcher: MpiLauncher) -> str | None:
+    """The library preloaded into ``launcher`` in a one-host job to keep it on loopback
+    (:mod:`poprun_py.loopback`); None for gforker, which listens on nothing.
+
+    Hydra's mpiexec and Open MPI's prterun listen on every interface whatever their options say
+    (both bind the wildcard address); without the library they would open a port to the network,
+    so its absence is refused, before anything starts."""
+    if launcher.flavour == "mpich" and os.path.basename(os.path.realpath(launcher.path)) == GFORKER:
+        return None
+    library = loopback.library()
+    if library is None:
+        raise PlanError(
+            f"{launcher.path} would listen on every interface: poprun's library that keeps it on loopback in a "
+            f"one-host job ({loopback.NAME}, built with the package) is missing from {loopback.HERE}; "
+            "reinstall poprun-py")
+    return library
+
+
+def _loopback_env(launcher: MpiLauncher, spec: CommandSpec) -> dict[str, str]:
+    """One host: the launcher's ``LD_PRELOAD``, with the library first (the shim takes it out
+    again before the program starts: what the program listens on is its own business)."""
+    if spec.callback_address or not (library := loopback_library(launcher)):
+        return {}
+    return {environment.LD_PRELOAD: loopback.preloaded(os.environ.get(environment.LD_PRELOAD), library)}
 
 
 #: Files that sit beside each flavour's mpiexec: telling them apart costs a stat, not a process.
@@ -240,11 +271,15 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_
         k = plan.instances_per_host
         hosts = HostList(["-hosts", ",".join(f"{h}:{k}" for h in plan.host_names)], "-f",
                          "".join(f"{h}:{k}\n" for h in plan.host_names))
-    tail, env = [], {}
+    tail, env = [], _loopback_env(launcher, spec)
     if spec.callback_address:
         tail += ["-localhost", spec.callback_address]  # where the remote proxies call back
         if environment.HYDRA_SSH_ARGS not in os.environ:
             env[environment.HYDRA_SSH_ARGS] = SSH_ARGS
+    elif environment.LD_PRELOAD in env and "-localhost" not in spec.global_args:
+        # Hydra on one host: its mpiexec listens on loopback, so that is where a proxy that calls
+        # back over TCP must go, whatever this host's name resolves to (Hydra takes one -localhost).
+        tail += ["-localhost", LOOPBACK_ADDRESS]
     if spec.numa_aware:
         tail += ["-bind-to", "numa"]
     for name, value in job_env.items():
@@ -293,13 +328,9 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, jo
                  spec.host_subnet]
     if spec.callback_address:
         tail += [arg for name, value in DAEMON_KEEPALIVE for arg in ("--prtemca", name, value)]
-    env = {}
+    env = _loopback_env(launcher, spec)
     if spec.callback_address and environment.PRTE_SSH_ARGS not in os.environ:
         env[environment.PRTE_SSH_ARGS] = SSH_ARGS
-    if not spec.callback_address and (library := loopback.library()):
-        # One host: the launcher, which would listen on every interface, binds loopback (the
-        # shim takes the library out again before the program starts).
-        env[environment.LD_PRELOAD] = loopback.preloaded(os.environ.get(environment.LD_PRELOAD), library)
     # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
     for name, value in job_env.items():
         tail += ["-x", f"{name}={value}"]
