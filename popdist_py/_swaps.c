@@ -8,18 +8,52 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "_kernel_args.h"
+
+/* Argument `name` as a 1-d C-contiguous buffer of aligned 8-byte integers (`signedness`: "int64"
+ * or "uint64", the struct codes `codes`), writable when `writable`; -1 naming it otherwise. */
+static int get_integers(PyObject *obj, Py_buffer *buf, const char *name, const char *signedness, const char *codes,
+                        int writable)
+{
+    if (ka_get(obj, buf, "swap_pass", name) < 0)
+        return -1;
+    char code = ka_code(buf, 8);
+    if (!code || !strchr(codes, code))
+        PyErr_Format(PyExc_TypeError, "swap_pass: %s must be %s, got buffer format '%s' of %zd bytes", name, signedness,
+                     ka_format(buf), buf->itemsize);
+    else if (buf->ndim != 1)
+        PyErr_Format(PyExc_ValueError, "swap_pass: %s must be 1-d, got %d-d", name, buf->ndim);
+    else if (!PyBuffer_IsContiguous(buf, 'C'))
+        PyErr_Format(PyExc_ValueError, "swap_pass: %s must be contiguous", name);
+    else if (!ka_aligned(buf))
+        PyErr_Format(PyExc_ValueError, "swap_pass: %s's items are not aligned to their 8 bytes", name);
+    else if (writable && buf->readonly)
+        PyErr_Format(PyExc_ValueError, "swap_pass: %s is read-only", name);
+    else
+        return 0;
+    PyBuffer_Release(buf);
+    return -1;
+}
 
 static PyObject *swap_pass(PyObject *self, PyObject *args)
 {
     (void)self;
+    PyObject *order_obj, *draws_obj;
     Py_buffer order, draws;
-    if (!PyArg_ParseTuple(args, "w*y*", &order, &draws))
+    if (!PyArg_ParseTuple(args, "OO", &order_obj, &draws_obj))
         return NULL;
+    if (get_integers(order_obj, &order, "order", "int64", "lq", 1) < 0)
+        return NULL;
+    if (get_integers(draws_obj, &draws, "draws", "uint64", "LQ", 0) < 0) {
+        PyBuffer_Release(&order);
+        return NULL;
+    }
     PyObject *result = NULL;
-    Py_ssize_t n = order.len / (Py_ssize_t)sizeof(int64_t);
-    Py_ssize_t m = draws.len / (Py_ssize_t)sizeof(uint64_t);
-    if (order.len % (Py_ssize_t)sizeof(int64_t) || draws.len % (Py_ssize_t)sizeof(uint64_t) || m > n) {
-        PyErr_SetString(PyExc_ValueError, "swap_pass: order must be n int64 values and draws at most n uint64");
+    Py_ssize_t n = order.shape[0], m = draws.shape[0];
+    if (m > n) {
+        PyErr_Format(PyExc_ValueError, "swap_pass: draws has %zd values, more than order's %zd", m, n);
         goto done;
     }
     int64_t *r = (int64_t *)order.buf;
@@ -43,7 +77,7 @@ done:
 static PyMethodDef methods[] = {
     {"swap_pass", swap_pass, METH_VARARGS,
      "swap_pass(order, draws): for each i in turn, swap order[i] with order[i + draws[i] % (n - i)] "
-     "(int64 order of n values, at most n uint64 draws)."},
+     "(a 1-d int64 order of n values, at most n 1-d uint64 draws; each refused, named, otherwise)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../_kernel_args.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define BI_X86 1
@@ -298,15 +300,31 @@ DEFINE_OUTER_TILE(double, outer_tile_scalar_double, , 16)
 typedef void (*outer_f32)(const float *, const float *, Py_ssize_t, float *, float *);
 typedef void (*outer_f64)(const double *, const double *, Py_ssize_t, double *, double *);
 
+/* The bytes of outer_sum's packed copies of x [rows, kk] (xt, kk padded to TK) and of a panel
+ * of y (yp), rounded up to 64: 0, or -1 when either exceeds the address space. A broadcast x
+ * (stride 0) can have more rows than memory holds, so these are computed with checked products
+ * before anything is allocated. */
+static int outer_sizes(Py_ssize_t rows, Py_ssize_t kk, Py_ssize_t itemsize, Py_ssize_t *xbytes,
+                       Py_ssize_t *ybytes) {
+    Py_ssize_t kpad = kk / TK * TK + (kk % TK ? TK : 0); /* kk + TK - 1 could overflow */
+    Py_ssize_t xb = ka_mul(ka_mul(kpad, rows), itemsize), yb = ka_mul(ka_mul(rows, TN), itemsize);
+    if (kpad < kk || xb < 0 || yb < 0 || xb > PY_SSIZE_T_MAX - 63 || yb > PY_SSIZE_T_MAX - 63) return -1;
+    *xbytes = (xb + 63) / 64 * 64;
+    *ybytes = (yb + 63) / 64 * 64;
+    return 0;
+}
+
 /* Packs x's columns as rows (TK at a time) and y's columns in panels of TN (zero-padded), then
- * runs the tiles panel by panel, so each panel stays in cache while every k tile passes over it. */
+ * runs the tiles panel by panel, so each panel stays in cache while every k tile passes over it.
+ * xbytes and ybytes: the packed copies' sizes from outer_sizes. */
 #define DEFINE_OUTER(T, TILE_T)                                                                   \
-    static int outer_##T(const view *x, const T *y, Py_ssize_t n, T *c, TILE_T tile) {           \
+    static int outer_##T(const view *x, const T *y, Py_ssize_t n, T *c, TILE_T tile, Py_ssize_t xbytes, \
+                         Py_ssize_t ybytes) {                                                    \
         Py_ssize_t rows = x->rows, kk = x->cols;                                                 \
         Py_ssize_t kpad = (kk + TK - 1) / TK * TK;                                               \
         T *stack = aligned_alloc(64, sizeof(T) * MAX_LEVELS * TK * TN);                          \
-        T *xt = aligned_alloc(64, ((size_t)kpad * rows * sizeof(T) + 63) / 64 * 64);             \
-        T *yp = aligned_alloc(64, ((size_t)rows * TN * sizeof(T) + 63) / 64 * 64);               \
+        T *xt = aligned_alloc(64, (size_t)xbytes);                                               \
+        T *yp = aligned_alloc(64, (size_t)ybytes);                                               \
         T res[TK * TN] __attribute__((aligned(64)));                                             \
         if (!stack || !xt || !yp) {                                                              \
             free(stack);                                                                         \
@@ -355,47 +373,82 @@ static int find_best_isa(void) {
 
 static int best_isa(void) { return best_isa_found; }
 
-/* A 2-d float32/float64 buffer as a view; `writable_contiguous` for outputs. */
-static int get_view(PyObject *obj, Py_buffer *buf, view *v, int writable_contiguous) {
-    int flags = writable_contiguous ? (PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)
-                                    : (PyBUF_STRIDES | PyBUF_FORMAT);
-    if (PyObject_GetBuffer(obj, buf, flags) < 0) return -1;
-    if (buf->ndim != 2) {
-        PyErr_SetString(PyExc_ValueError, "expected a 2-d array");
-        PyBuffer_Release(buf);
+/* 4: float32, 8: float64, 0: another dtype (or byte order). */
+static int kind_of(const Py_buffer *buf) {
+    return ka_code(buf, 4) == 'f' ? 4 : ka_code(buf, 8) == 'd' ? 8 : 0;
+}
+
+/* Operand `name` of `func` as a 2-d view of float32 or float64 items, each aligned to its size;
+ * an output (`output`) must also be writable and C-contiguous. Every refusal names the operand:
+ * TypeError for what is no float array, ValueError for its shape or layout. */
+static int get_view(PyObject *obj, Py_buffer *buf, view *v, int output, const char *func, const char *name) {
+    if (ka_get(obj, buf, func, name) < 0) return -1;
+    if (!kind_of(buf))
+        PyErr_Format(PyExc_TypeError, "%s: %s must be float32 or float64, got buffer format '%s'", func, name,
+                     ka_format(buf));
+    else if (buf->ndim != 2)
+        PyErr_Format(PyExc_ValueError, "%s: %s must be 2-d, got %d-d", func, name, buf->ndim);
+    else if (!ka_aligned(buf))
+        PyErr_Format(PyExc_ValueError, "%s: %s's items are not aligned to their %zd bytes", func, name,
+                     buf->itemsize);
+    else if (output && buf->readonly)
+        PyErr_Format(PyExc_ValueError, "%s: %s is read-only", func, name);
+    else if (output && !PyBuffer_IsContiguous(buf, 'C'))
+        PyErr_Format(PyExc_ValueError, "%s: %s must be C-contiguous", func, name);
+    else {
+        v->base = buf->buf;
+        v->rows = buf->shape[0];
+        v->cols = buf->shape[1];
+        v->rs = buf->strides[0];
+        v->cs = buf->strides[1];
+        return 0;
+    }
+    PyBuffer_Release(buf);
+    return -1;
+}
+
+/* The three operands of func as views (a, b, out), or -1 with every buffer released. */
+static int get_operands(PyObject *const objs[3], Py_buffer bufs[3], view views[3], const char *func,
+                        const char *const names[3]) {
+    for (int i = 0; i < 3; i++) {
+        if (get_view(objs[i], &bufs[i], &views[i], i == 2, func, names[i]) < 0) {
+            while (i--) PyBuffer_Release(&bufs[i]);
+            return -1;
+        }
+    }
+    if (kind_of(&bufs[1]) != kind_of(&bufs[0]) || kind_of(&bufs[2]) != kind_of(&bufs[0])) {
+        PyErr_Format(PyExc_TypeError, "%s: %s, %s and %s must share one dtype, got formats '%s', '%s' and '%s'",
+                     func, names[0], names[1], names[2], ka_format(&bufs[0]), ka_format(&bufs[1]),
+                     ka_format(&bufs[2]));
+        for (int i = 0; i < 3; i++) PyBuffer_Release(&bufs[i]);
         return -1;
     }
-    v->base = buf->buf;
-    v->rows = buf->shape[0];
-    v->cols = buf->shape[1];
-    v->rs = buf->strides ? buf->strides[0] : buf->shape[1] * buf->itemsize;
-    v->cs = buf->strides ? buf->strides[1] : buf->itemsize;
     return 0;
 }
 
-static int kind_of(const Py_buffer *buf) { /* 4: float32, 8: float64, 0: other */
-    const char *f = buf->format ? buf->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (f[0] == 'f' && f[1] == 0) return 4;
-    if (f[0] == 'd' && f[1] == 0) return 8;
-    return 0;
+static int check_isa(const char *func, int isa) {
+    if (isa >= ISA_SCALAR && isa <= best_isa()) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: isa %d is not one this CPU runs (0 to %d)", func, isa, best_isa());
+    return -1;
 }
 
 static PyObject *py_matmul(PyObject *self, PyObject *args) {
-    PyObject *ao, *bo, *co;
+    PyObject *objs[3];
     int isa;
-    if (!PyArg_ParseTuple(args, "OOOi", &ao, &bo, &co, &isa)) return NULL;
-    Py_buffer ab, bb, cb;
-    view a, b, c;
-    if (get_view(ao, &ab, &a, 0) < 0) return NULL;
-    if (get_view(bo, &bb, &b, 0) < 0) { PyBuffer_Release(&ab); return NULL; }
-    if (get_view(co, &cb, &c, 1) < 0) { PyBuffer_Release(&ab); PyBuffer_Release(&bb); return NULL; }
-    int kind = kind_of(&ab), rc = 0;
-    if (kind == 0 || kind_of(&bb) != kind || kind_of(&cb) != kind || a.cols != b.rows || c.rows != a.rows ||
-        c.cols != b.cols || isa < ISA_SCALAR || isa > best_isa()) {
-        PyErr_SetString(PyExc_ValueError, "matmul: mismatched shapes, dtypes or an ISA this CPU lacks");
-        rc = -2;
-    } else {
+    if (!PyArg_ParseTuple(args, "OOOi", &objs[0], &objs[1], &objs[2], &isa)) return NULL;
+    static const char *const names[3] = {"a", "b", "out"};
+    Py_buffer bufs[3];
+    view v[3];
+    if (get_operands(objs, bufs, v, "matmul", names) < 0) return NULL;
+    const view *a = &v[0], *b = &v[1], *c = &v[2];
+    int kind = kind_of(&bufs[0]), rc = -2;
+    if (a->cols != b->rows)
+        PyErr_Format(PyExc_ValueError, "matmul: a is [%zd, %zd] and b [%zd, %zd]: a's columns must be b's rows",
+                     a->rows, a->cols, b->rows, b->cols);
+    else if (c->rows != a->rows || c->cols != b->cols)
+        PyErr_Format(PyExc_ValueError, "matmul: out must be [%zd, %zd], got [%zd, %zd]", a->rows, b->cols, c->rows,
+                     c->cols);
+    else if (check_isa("matmul", isa) == 0) {
         Py_BEGIN_ALLOW_THREADS
         if (kind == 4) {
             ukr_f32 u = ukr_scalar_float;
@@ -404,7 +457,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
             if (isa == ISA_AVX512) { u = ukr_avx512_float; mr = 8; nr = 32; }
             else if (isa == ISA_AVX2) { u = ukr_avx2_float; mr = 6; nr = 16; }
 #endif
-            rc = matmul_float(&a, &b, (float *)c.base, u, mr, nr);
+            rc = matmul_float(a, b, (float *)c->base, u, mr, nr);
         } else {
             ukr_f64 u = ukr_scalar_double;
             int mr = SCALAR_MR, nr = SCALAR_NR;
@@ -412,34 +465,44 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
             if (isa == ISA_AVX512) { u = ukr_avx512_double; mr = 8; nr = 16; }
             else if (isa == ISA_AVX2) { u = ukr_avx2_double; mr = 6; nr = 8; }
 #endif
-            rc = matmul_double(&a, &b, (double *)c.base, u, mr, nr);
+            rc = matmul_double(a, b, (double *)c->base, u, mr, nr);
         }
         Py_END_ALLOW_THREADS
         if (rc == -1) PyErr_NoMemory();
     }
-    PyBuffer_Release(&ab);
-    PyBuffer_Release(&bb);
-    PyBuffer_Release(&cb);
+    for (int i = 0; i < 3; i++) PyBuffer_Release(&bufs[i]);
     if (rc) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *py_outer_sum(PyObject *self, PyObject *args) {
-    PyObject *xo, *yo, *co;
+    PyObject *objs[3];
     int isa;
-    if (!PyArg_ParseTuple(args, "OOOi", &xo, &yo, &co, &isa)) return NULL;
-    Py_buffer xb, yb, cb;
-    view x, c;
-    if (get_view(xo, &xb, &x, 0) < 0) return NULL;
-    if (PyObject_GetBuffer(yo, &yb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) { PyBuffer_Release(&xb); return NULL; }
-    if (get_view(co, &cb, &c, 1) < 0) { PyBuffer_Release(&xb); PyBuffer_Release(&yb); return NULL; }
-    int kind = kind_of(&xb), rc = 0;
-    if (kind == 0 || kind_of(&yb) != kind || kind_of(&cb) != kind || yb.ndim != 2 || yb.shape[0] != x.rows ||
-        x.rows < 1 || c.rows != x.cols || c.cols != yb.shape[1] || isa < ISA_SCALAR || isa > best_isa()) {
-        PyErr_SetString(PyExc_ValueError, "outer_sum: mismatched shapes, dtypes or an ISA this CPU lacks");
-        rc = -2;
-    } else {
-        Py_ssize_t n = yb.shape[1];
+    if (!PyArg_ParseTuple(args, "OOOi", &objs[0], &objs[1], &objs[2], &isa)) return NULL;
+    static const char *const names[3] = {"x", "y", "out"};
+    Py_buffer bufs[3];
+    view v[3];
+    if (get_operands(objs, bufs, v, "outer_sum", names) < 0) return NULL;
+    const view *x = &v[0], *y = &v[1], *c = &v[2];
+    int kind = kind_of(&bufs[0]), rc = -2;
+    Py_ssize_t xbytes = 0, ybytes = 0;
+    if (x->rows < 1 || y->rows != x->rows)
+        PyErr_Format(PyExc_ValueError, "outer_sum: x and y must have the same rows, at least one; got %zd and %zd",
+                     x->rows, y->rows);
+    else if (!PyBuffer_IsContiguous(&bufs[1], 'C'))
+        PyErr_SetString(PyExc_ValueError, "outer_sum: y must be C-contiguous");
+    else if (c->rows != x->cols || c->cols != y->cols)
+        PyErr_Format(PyExc_ValueError, "outer_sum: out must be [%zd, %zd], got [%zd, %zd]", x->cols, y->cols,
+                     c->rows, c->cols);
+    else if (check_isa("outer_sum", isa) < 0)
+        ;
+    else if (outer_sizes(x->rows, x->cols, kind, &xbytes, &ybytes) < 0)
+        PyErr_Format(PyExc_MemoryError, "outer_sum: x has %zd rows of %zd: its packed copy would not fit in the "
+                     "address space", x->rows, x->cols);
+    else if (c->rows == 0 || c->cols == 0)
+        rc = 0; /* an empty out: nothing to compute, nothing to allocate */
+    else {
+        Py_ssize_t n = y->cols;
         Py_BEGIN_ALLOW_THREADS
         if (kind == 4) {
             outer_f32 t = outer_tile_scalar_float;
@@ -447,21 +510,21 @@ static PyObject *py_outer_sum(PyObject *self, PyObject *args) {
             if (isa == ISA_AVX512) t = outer_tile_avx512_float;
             else if (isa == ISA_AVX2) t = outer_tile_avx2_float;
 #endif
-            rc = outer_float(&x, (const float *)yb.buf, n, (float *)c.base, t);
+            rc = outer_float(x, (const float *)y->base, n, (float *)c->base, t, xbytes, ybytes);
         } else {
             outer_f64 t = outer_tile_scalar_double;
 #if BI_X86
             if (isa == ISA_AVX512) t = outer_tile_avx512_double;
             else if (isa == ISA_AVX2) t = outer_tile_avx2_double;
 #endif
-            rc = outer_double(&x, (const double *)yb.buf, n, (double *)c.base, t);
+            rc = outer_double(x, (const double *)y->base, n, (double *)c->base, t, xbytes, ybytes);
         }
         Py_END_ALLOW_THREADS
-        if (rc == -1) PyErr_NoMemory();
+        if (rc == -1)
+            PyErr_Format(PyExc_MemoryError, "outer_sum: no memory for the packed copies of x and y (%zd bytes)",
+                         xbytes + ybytes);
     }
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&yb);
-    PyBuffer_Release(&cb);
+    for (int i = 0; i < 3; i++) PyBuffer_Release(&bufs[i]);
     if (rc) return NULL;
     Py_RETURN_NONE;
 }

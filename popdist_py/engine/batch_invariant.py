@@ -50,6 +50,8 @@ def matmul(x: np.ndarray, w: np.ndarray, *, isa: int | None = None) -> np.ndarra
         out = np.empty((rows.shape[0], w.shape[1]), x.dtype)
         _kernels.matmul(rows, w, out, _BEST if isa is None else _isa(isa))
     except (ValueError, TypeError, IndexError) as exc:  # checked in the kernel; explained here
+        if _misaligned(x, w):
+            return matmul(x.copy(), w.copy(), isa=isa)
         _explain("matmul", x, w, exc)
     return out if x.ndim == 2 else out.reshape((*x.shape[:-1], w.shape[1]))
 
@@ -65,8 +67,17 @@ def outer_sum(x: np.ndarray, y: np.ndarray, *, isa: int | None = None) -> np.nda
         out = np.empty((x.shape[1], y.shape[1]), x.dtype)
         _kernels.outer_sum(x, np.ascontiguousarray(y), out, _BEST if isa is None else _isa(isa))
     except (ValueError, TypeError, IndexError) as exc:
+        if _misaligned(x, y):
+            return outer_sum(x.copy(), y.copy(), isa=isa)
         _explain("outer_sum", x, y, exc)
     return out
+
+
+def _misaligned(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether an operand's items are not aligned to their size (a view at an odd byte offset of a
+    buffer), which the kernels refuse: such operands are copied (aligned) and the call made again,
+    on the refusal's path only, so aligned calls pay nothing for it."""
+    return not (a.flags.aligned and b.flags.aligned)
 
 
 def _explain(name: str, a: np.ndarray, b: np.ndarray, exc: Exception) -> NoReturn:

@@ -123,13 +123,13 @@ def test_the_kernel_refuses_a_program_or_lengths_that_do_not_fit() -> None:
     x = [np.ones(8, np.float32) for _ in range(2)]
     out = np.zeros(8, np.float32)
     bad: list[tuple[list[Any], Any, int, int, str]] = [
-        (x, ((0, 2, -1),), 0, -1, "op 0 names slot 2"),  # no temporaries to read
-        (x, ((0, 1, 0),), 0, -1, "op 0 names slot 0"),  # an input is never written
-        (x, ((0, 1, 3),), 1, -1, "op 0 names slot 3"),
+        (x, ((0, 2, -1),), 0, -1, r"ops\[0\] names slot 2"),  # no temporaries to read
+        (x, ((0, 1, 0),), 0, -1, r"ops\[0\] names slot 0"),  # an input is never written
+        (x, ((0, 1, 3),), 1, -1, r"ops\[0\] names slot 3"),
         (x, (), 0, 2, "result slot"),
         ([], (), 0, 0, "no inputs"),
-        ([x[0], np.ones(9, np.float32)], ((0, 1, -1),), 0, -1, "input 1 has 9 elements, the output 8"),
-        ([[x[0][:3]], x[1]], ((0, 1, -1),), 0, -1, "the pieces hold 3 elements, the output 8"),
+        ([x[0], np.ones(9, np.float32)], ((0, 1, -1),), 0, -1, r"inputs\[1\] has 9 elements, out 8"),
+        ([[x[0][:3]], x[1]], ((0, 1, -1),), 0, -1, r"the pieces of inputs\[0\] hold 3 elements, out 8"),
     ]
     for inputs, ops, ntemp, result, message in bad:
         with pytest.raises(ValueError, match=message):

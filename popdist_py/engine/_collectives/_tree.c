@@ -11,8 +11,11 @@
 #pragma GCC optimize("fp-contract=off")
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../../_kernel_args.h"
 
 /* Elements per chunk: the tree's intermediates for a chunk stay in L1. */
 #define CHUNK 2048
@@ -33,12 +36,28 @@ static void release(input *inputs, Py_ssize_t n)
     free(inputs);
 }
 
-/* A C-contiguous buffer of ``format``: 1; 0 (released, no exception) when it is another; -1 on error. */
-static int get_view(PyObject *obj, Py_buffer *view, const char *format)
+/* Whether the kernel runs on a buffer: one of ``format`` (a native float: the output's), contiguous,
+ * each item aligned to its size. The others are declined, and numpy runs the program. */
+static int runs_on(const Py_buffer *view, char format, Py_ssize_t itemsize)
 {
-    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0)
+    return ka_code(view, itemsize) == format && PyBuffer_IsContiguous(view, 'C') && ka_aligned(view);
+}
+
+/* inputs[i] (piece k of it when it is a list: k >= 0) as a buffer the kernel runs on: 1; 0
+ * (released, no exception) when it is another; -1, naming it, when it is no array at all. */
+static int get_view(PyObject *obj, Py_buffer *view, char format, Py_ssize_t itemsize, Py_ssize_t i, Py_ssize_t k)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        if (k < 0)
+            PyErr_Format(PyExc_TypeError, "add_tree: inputs[%zd] must be an array or a list of arrays, not %.100s",
+                         i, Py_TYPE(obj)->tp_name);
+        else
+            PyErr_Format(PyExc_TypeError, "add_tree: inputs[%zd][%zd] must be an array, not %.100s", i, k,
+                         Py_TYPE(obj)->tp_name);
         return -1;
-    if (view->format == NULL || strcmp(view->format, format) != 0 || !PyBuffer_IsContiguous(view, 'C')) {
+    }
+    if (!runs_on(view, format, itemsize)) {
         PyBuffer_Release(view);
         return 0;
     }
@@ -88,7 +107,41 @@ static int get_view(PyObject *obj, Py_buffer *view, const char *format)
 DEFINE_RUN(float)
 DEFINE_RUN(double)
 
-/* add_tree(inputs, ops, ntemp, result, out, divisor) -> bool; see the method table. */
+/* ops[o], an (a, b, dst) triple of slots, into dst[0..2]: 0, or -1 naming it (TypeError when it
+ * is no triple of ints, ValueError when a slot is outside the program's: inputs and temporaries
+ * are read, temporaries and the output (-1) written). */
+static int parse_op(PyObject *item, Py_ssize_t o, Py_ssize_t ninputs, Py_ssize_t ntemp, int *dst)
+{
+    PyObject *triple = PyTuple_Check(item) || PyList_Check(item) ? PySequence_Fast(item, "") : NULL;
+    long long v[3] = {0, 0, 0};
+    int ok = triple && PySequence_Fast_GET_SIZE(triple) == 3;
+    for (int s = 0; ok && s < 3; s++) {
+        PyObject *slot = PySequence_Fast_GET_ITEM(triple, s);
+        int overflow = 0;
+        v[s] = PyLong_Check(slot) ? PyLong_AsLongLongAndOverflow(slot, &overflow) : 0;
+        ok = PyLong_Check(slot) && !(v[s] == -1 && PyErr_Occurred());
+        if (overflow)
+            v[s] = overflow > 0 ? LLONG_MAX : LLONG_MIN; /* outside every program: refused below */
+    }
+    Py_XDECREF(triple);
+    if (!ok) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "add_tree: ops[%zd] must be an (a, b, dst) triple of ints", o);
+        return -1;
+    }
+    for (int s = 0; s < 3; s++) {
+        if (!(v[s] == -1 || (v[s] >= (s < 2 ? 0 : ninputs) && v[s] < ninputs + ntemp))) {
+            PyErr_Format(PyExc_ValueError, "add_tree: ops[%zd] names slot %lld, outside the program's (-1 to %zd)",
+                         o, v[s], ninputs + ntemp - 1);
+            return -1;
+        }
+        dst[s] = (int)v[s];
+    }
+    return 0;
+}
+
+/* add_tree(inputs, ops, ntemp, result, out, divisor) -> bool; see the method table. Everything is
+ * checked, and every size computed with checked arithmetic, before anything is allocated. */
 static PyObject *add_tree(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -98,10 +151,11 @@ static PyObject *add_tree(PyObject *self, PyObject *args)
     double divisor;
     if (!PyArg_ParseTuple(args, "OOnnOd", &seq, &ops_obj, &ntemp, &result, &out_obj, &divisor))
         return NULL;
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_RECORDS_RO) < 0)
+    if (ka_get(out_obj, &out, "add_tree", "out") < 0)
         return NULL;
-    if (out.readonly || !PyBuffer_IsContiguous(&out, 'C')) { /* not a case for this kernel */
-        PyBuffer_Release(&out);
+    char format = ka_code(&out, sizeof(float)) == 'f' ? 'f' : ka_code(&out, sizeof(double)) == 'd' ? 'd' : 0;
+    if (!format || out.readonly || !runs_on(&out, format, out.itemsize)) {
+        PyBuffer_Release(&out); /* not a case for this kernel: the caller runs the program in numpy */
         Py_RETURN_FALSE;
     }
     PyObject *ret = NULL, *fast = NULL, *ops_fast = NULL;
@@ -110,42 +164,45 @@ static PyObject *add_tree(PyObject *self, PyObject *args)
     int *ops = NULL;
     void *temps = NULL;
     const void **slots = NULL;
-    const char *format = out.format ? out.format : "B";
-    int is_float = strcmp(format, "f") == 0, is_double = strcmp(format, "d") == 0;
-    Py_ssize_t itemsize = is_float ? (Py_ssize_t)sizeof(float) : (Py_ssize_t)sizeof(double);
-    if (!(is_float || is_double)) {
-        ret = Py_False; /* not a case for this kernel: the caller runs the program in numpy */
-        goto done;
-    }
-    Py_ssize_t m = out.len / itemsize;
+    int is_float = format == 'f';
+    Py_ssize_t itemsize = out.itemsize, m = out.len / itemsize, temp_bytes;
     if (!(fast = PySequence_Fast(seq, "add_tree: inputs must be a sequence")) ||
         !(ops_fast = PySequence_Fast(ops_obj, "add_tree: ops must be a sequence")))
         goto done;
     ninputs = PySequence_Fast_GET_SIZE(fast);
     nops = PySequence_Fast_GET_SIZE(ops_fast);
-    if (ninputs < 1 || ntemp < 0 || (nops == 0 && (result < 0 || result >= ninputs))) {
-        PyErr_SetString(PyExc_ValueError, "add_tree: no inputs, a negative ntemp, or a result slot that is no input");
+    if (ninputs < 1) {
+        PyErr_SetString(PyExc_ValueError, "add_tree: no inputs: a program reads at least one");
         goto done;
     }
-    ops = (int *)calloc((size_t)(3 * nops + 1), sizeof(int));
+    if (ntemp < 0 || ntemp > nops) { /* each temporary is some op's dst */
+        PyErr_Format(PyExc_ValueError, "add_tree: ntemp is %zd; a program of %zd ops writes 0 to %zd temporaries",
+                     ntemp, nops, nops);
+        goto done;
+    }
+    if (ninputs > INT_MAX - ntemp) { /* slots are ints */
+        PyErr_Format(PyExc_ValueError, "add_tree: %zd inputs and %zd temporaries: more slots than a program has",
+                     ninputs, ntemp);
+        goto done;
+    }
+    if (nops == 0 && (result < 0 || result >= ninputs)) {
+        PyErr_Format(PyExc_ValueError, "add_tree: result slot %zd is no input (0 to %zd)", result, ninputs - 1);
+        goto done;
+    }
+    temp_bytes = ka_mul(ka_mul(itemsize, CHUNK), ntemp ? ntemp : 1);
+    if (temp_bytes < 0) {
+        PyErr_Format(PyExc_MemoryError, "add_tree: ntemp %zd temporaries would not fit in the address space", ntemp);
+        goto done;
+    }
+    ops = (int *)calloc((size_t)nops * 3 + 1, sizeof(int));
     inputs = (input *)calloc((size_t)ninputs, sizeof(input));
     if (!ops || !inputs) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t o = 0; o < nops; o++) {
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ops_fast, o), "iii", &ops[3 * o], &ops[3 * o + 1],
-                              &ops[3 * o + 2]))
+    for (Py_ssize_t o = 0; o < nops; o++)
+        if (parse_op(PySequence_Fast_GET_ITEM(ops_fast, o), o, ninputs, ntemp, &ops[3 * o]) < 0)
             goto done;
-        for (int s = 0; s < 3; s++) {
-            int v = ops[3 * o + s];
-            int ok = v == -1 || (v >= (s < 2 ? 0 : ninputs) && v < ninputs + ntemp);
-            if (!ok) {
-                PyErr_Format(PyExc_ValueError, "add_tree: op %zd names slot %d, outside the program's", o, v);
-                goto done;
-            }
-        }
-    }
     for (Py_ssize_t i = 0; i < ninputs; i++) { /* every input's views */
         PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
         int is_list = PyList_Check(item);
@@ -157,7 +214,8 @@ static PyObject *add_tree(PyObject *self, PyObject *args)
             goto done;
         }
         for (Py_ssize_t k = 0; k < count; k++) {
-            int got = get_view(is_list ? PyList_GET_ITEM(item, k) : item, &inputs[i].views[k], format);
+            int got = get_view(is_list ? PyList_GET_ITEM(item, k) : item, &inputs[i].views[k], format, itemsize, i,
+                               is_list ? k : -1);
             if (got <= 0) {
                 ret = got < 0 ? NULL : Py_False;
                 goto done;
@@ -176,17 +234,24 @@ static PyObject *add_tree(PyObject *self, PyObject *args)
     }
     if (cuts_from < 0)
         ends[0] = m;
-    for (Py_ssize_t k = 0, at = 0; cuts_from >= 0 && k < npieces; k++)
-        ends[k] = at += inputs[cuts_from].views[k].len / itemsize;
+    for (Py_ssize_t k = 0, at = 0; cuts_from >= 0 && k < npieces; k++) {
+        Py_ssize_t len = inputs[cuts_from].views[k].len / itemsize;
+        if (len > m - at) { /* more than out holds (and no sum that could overflow) */
+            PyErr_Format(PyExc_ValueError, "add_tree: the pieces of inputs[%zd] hold more elements than out's %zd",
+                         cuts_from, m);
+            goto done;
+        }
+        ends[k] = at += len;
+    }
     if ((npieces ? ends[npieces - 1] : 0) != m) {
-        PyErr_Format(PyExc_ValueError, "add_tree: the pieces hold %zd elements, the output %zd",
+        PyErr_Format(PyExc_ValueError, "add_tree: the pieces of inputs[%zd] hold %zd elements, out %zd", cuts_from,
                      npieces ? ends[npieces - 1] : 0, m);
         goto done;
     }
     for (Py_ssize_t i = 0; i < ninputs; i++) {
         if (!inputs[i].pieces) {
             if (inputs[i].views[0].len != out.len) {
-                PyErr_Format(PyExc_ValueError, "add_tree: input %zd has %zd elements, the output %zd", i,
+                PyErr_Format(PyExc_ValueError, "add_tree: inputs[%zd] has %zd elements, out %zd", i,
                              inputs[i].views[0].len / itemsize, m);
                 goto done;
             }
@@ -202,10 +267,10 @@ static PyObject *add_tree(PyObject *self, PyObject *args)
                 goto done;
             }
     }
-    temps = malloc((size_t)(itemsize * CHUNK * (ntemp ? ntemp : 1)));
+    temps = malloc((size_t)temp_bytes);
     slots = (const void **)malloc(sizeof(void *) * (size_t)ninputs);
     if (!temps || !slots) {
-        PyErr_NoMemory();
+        PyErr_Format(PyExc_MemoryError, "add_tree: no memory for ntemp %zd temporaries (%zd bytes)", ntemp, temp_bytes);
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -236,7 +301,8 @@ static PyMethodDef methods[] = {
      "cut at the same places; ops: (a, b, dst) slot triples (slots 0.. the inputs, then ntemp "
      "temporaries, dst -1 the output); with no ops, out is a copy of input result. divisor: 0, or "
      "out is divided by it. False, with nothing written, when a buffer is of another dtype, not "
-     "contiguous, or the lists are cut differently."},
+     "contiguous or misaligned, out is read-only, or the lists are cut differently. A malformed "
+     "argument (no array, a slot outside the program, ntemp past the ops) raises, naming it."},
     {NULL, NULL, 0, NULL},
 };
 
