@@ -107,3 +107,18 @@ def test_arguments_with_white_space_arrive_whole_from_a_job_in_mpiexecs_config_f
     padding = "x" * (MAX_COMMAND_BYTES // 5 + 2000)
     received = received_under_poprun("hydra", args, "--mpi-local-args", f"-env PADDING {padding}", instances=5)
     assert received == {f"[{i}]": expected for i in range(5)}
+
+
+@pytest.mark.parametrize("mpi", ["gforker", "openmpi"])
+def test_a_program_and_script_whose_paths_are_not_utf8_are_run(tmp_path: Path, mpi: str) -> None:
+    """The program's own path goes the same way: poprun checks it, the shim starts it, by its bytes."""
+    folder = os.fsencode(tmp_path)
+    program, script = folder + b"/py\xe9thon", folder + b"/sh\xf6w \xff.py"
+    os.symlink(os.fsencode(PYTHON), program)
+    os.symlink(os.fsencode(SHOW_ARGV), script)
+    direct = run_bytes([program, script, b"caf\xe9"])
+    assert direct.returncode == 0, direct.stderr
+    result = run_bytes([*POPRUN, *MPIS[mpi], "--num-instances", "2", program, script, b"caf\xe9"], env=MPI_ENV.get(mpi))
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    expected = direct.stdout.decode().strip()
+    assert sorted(result.stdout.decode().splitlines()) == [f"[0] {expected}", f"[1] {expected}"]
