@@ -14,10 +14,10 @@ import pytest
 
 from poprun_py import protocol
 from poprun_py.process import Process
-from poprun_py.seal import Seal
+from poprun_py.seal import TO_POPRUN, Seal, new_secret
 from poprun_py.supervisor import MAX_PENDING, Supervisor
 from tests.helpers import PYTHON
-from tests.launcher.supervising import call_in, call_in_sealed, poprun_log, supervisor
+from tests.launcher.supervising import START_TIMEOUT, call_in, call_in_sealed, poprun_log, supervisor
 
 
 @pytest.fixture
@@ -337,3 +337,28 @@ def test_an_instance_still_connected_without_a_report_once_mpiexec_is_gone_is_lo
     summary = s._report().summary(None)
     assert ("poprun: host b was lost: instance(s) 1 there ended without an exit report "
             "(its processes or the connection to it died)\n") in summary, summary
+
+
+def test_a_shim_that_takes_none_of_its_program_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """poprun waits at most the silence limit for a shim to take the program it answers a HELLO
+    with (more than a socket's buffers hold); a shim that reads none of it is lost, and ends the job."""
+    monkeypatch.setattr(protocol, "SILENCE_LIMIT", 0.3)
+    s = Supervisor(1, ["a"], lambda address: [], new_secret(), [b"x" * (32 << 20)], listen_address="127.0.0.1",
+                   start_timeout=START_TIMEOUT, stdout=io.BytesIO(), stderr=io.BytesIO())
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as shim:
+        server.setblocking(False)
+        shim.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        shim.settimeout(10)
+        shim.connect(server.getsockname())
+        s._accept(server)
+        seal = Seal(s.secret, shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL), TO_POPRUN)
+        shim.sendall(seal.seal(protocol.hello(0, 1000, "a")))
+        [(conn, reader)] = [data for kind, data in s.watch.labels() if kind == "pending"]
+        state = s.instances[0]
+        with poprun_log(1) as said:
+            deadline = time.monotonic() + 10
+            while not state.lost and time.monotonic() < deadline:  # until its HELLO is through loopback
+                s._read_hello(conn, reader)
+    assert state.lost and state.connection is None
+    assert "[E] instance 0 on a: could not send it the program" in said.getvalue()
+    assert s.failure is not None and s.failure.index == 0 and s.failure.description.startswith("lost: ")
