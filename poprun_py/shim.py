@@ -195,13 +195,17 @@ def receive_program(index: int, control: _socket.socket, seal: Seal) -> list[byt
     return None
 
 
-def _read_exactly(control: _socket.socket, size: int) -> bytes:
-    """``size`` bytes from ``control`` (OSError if the connection ends first)."""
+#: The most one read of poprun's messages takes.
+READ_SIZE = 1 << 20
+
+
+def _read_exactly(control: _socket.socket, size: int, closed: str = "poprun closed the connection") -> bytes:
+    """``size`` bytes from ``control``, never more; OSError(``closed``) if the connection ends first."""
     chunks, left = [], size
     while left:
-        chunk = control.recv(min(left, 1 << 20))
+        chunk = control.recv(min(left, READ_SIZE))
         if not chunk:
-            raise OSError("poprun closed the connection")
+            raise OSError(closed)
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
@@ -212,12 +216,7 @@ def _read_nonce(control: _socket.socket, timeout: float) -> bytes:
     from poprun_py.protocol import NONCE_SIZE
 
     control.settimeout(timeout)
-    nonce = b""
-    while len(nonce) < NONCE_SIZE:
-        chunk = control.recv(NONCE_SIZE - len(nonce))
-        if not chunk:
-            raise OSError("it closed the connection before it said anything")
-        nonce += chunk
+    nonce = _read_exactly(control, NONCE_SIZE, "it closed the connection before it said anything")
     control.settimeout(None)
     return nonce
 
