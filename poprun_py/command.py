@@ -334,7 +334,8 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.option("--master-port", type=Port(), metavar="PORT",
               help="MASTER_PORT, where instance 0 serves torch.distributed's store (env://). Default: a port "
                    "free on MASTER_ADDR when instance 0 runs on this machine, else 29500 (torchrun's).")
-@click.option("--dry-run", is_flag=True, help="Print the plan and the exact mpiexec command; start nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan, the exact mpiexec command and the program the instances "
+              "are given; start nothing.")
 @click.option("-v", "--verbose", count=True, help="-v: progress; -vv: debug.")
 @vipu_options
 @click.version_option(__version__, "--version", prog_name="poprun", message="%(prog)s %(version)s")

@@ -118,8 +118,6 @@ KILL_GRACE = _define("POPRUN_KILL_GRACE", "the user", "the shim, poprun",
                      "own escalation waits for it too")
 HOST_SUBNET = _define("POPRUN_HOST_SUBNET", "poprun", "the shim",
                       "--host-subnet: each host's shim keeps MPI on its interface in it")
-PROGRAM = _define("POPRUN_PROGRAM", "poprun", "the shim",
-                  "large jobs: the program and its arguments, hex-encoded (see protocol.encode_argv)")
 RESTART_COUNT = _define("POPDIST_RESTART_COUNT", "poprun", "the program",
                         "how often the job was restarted (--max-restarts): resume from a checkpoint when > 0")
 TORCHELASTIC_RESTART_COUNT = _define("TORCHELASTIC_RESTART_COUNT", "poprun", "the program",

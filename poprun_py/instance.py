@@ -1,4 +1,5 @@
-"""The script ``mpiexec`` starts for each instance: ``python -S instance.py INDEX PROGRAM [ARGS...]``.
+"""The script ``mpiexec`` starts for each instance: ``python -S instance.py INDEX``
+(the program comes from poprun: see ``shim``).
 
 Kept to these lines because a script is compiled on every run, while the shim's modules are
 imported from their cached bytecode.

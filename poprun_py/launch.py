@@ -79,7 +79,7 @@ def launch(options: LaunchOptions) -> int:
         if errors is not None:
             errors.close()
         shown = _with_control(start.spec, "<poprun-address>:<port>")
-        _print_dry_run(plan, launcher, build_command(launcher, plan, shown))
+        _print_dry_run(plan, launcher, build_command(launcher, plan, shown), program_argv(options))
         return 0
     _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
     _say_threads_per_instance(plan, remote)
@@ -94,6 +94,12 @@ def _error_file(path: str | None) -> ErrorFile | None:
     from poprun_py.error_file import ErrorFile
 
     return ErrorFile(path)
+
+
+def program_argv(options: LaunchOptions) -> list[bytes]:
+    """The program and its arguments exactly as poprun was given them: the bytes of its own command
+    line (Python read them as text, any bytes that are not UTF-8 as surrogate escapes)."""
+    return [os.fsencode(word) for word in (options["program"] or "", *options["args"])]
 
 
 def _poprun_picks_the_mpi(options: LaunchOptions) -> bool:
@@ -114,7 +120,7 @@ def _kill_grace() -> float:
 
 
 def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -> CommandSpec:
-    """What the mpiexec command is built from: the environments, the program and the user's MPI arguments."""
+    """What the mpiexec command is built from: the environments, the shim and the user's MPI arguments."""
     from poprun_py.mpi import CommandSpec, parse_instance_local_args, split_args
     from poprun_py.output import one_stream
 
@@ -137,7 +143,6 @@ def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -
         job_env=job_env,
         instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],
         shim=[sys.executable, "-S", os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")],
-        program=[options["program"] or "", *options["args"]],
         global_args=split_args(options["mpi_global_args"], "--mpi-global-args"),
         local_args=split_args(options["mpi_local_args"], "--mpi-local-args"),
         instance_local_args=parse_instance_local_args(options["instance_mpi_local_args"], plan.num_instances),
@@ -241,7 +246,7 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
             # name, as it does every POPRUN_ variable), so it is on no command line.
             secret = os.environ[environment.SECRET] = new_secret()
             supervisor = Supervisor(start.plan.num_instances, [i.host for i in start.plan.instances], command,
-                                    secret, show_instance=options["only_output_from_instance"],
+                                    secret, program_argv(options), show_instance=options["only_output_from_instance"],
                                     listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
                                     grace=grace, start_timeout=options["start_timeout"],
                                     output=OutputOptions(options["log_dir"], options["tee"],
@@ -440,8 +445,9 @@ def _write_file(text: str) -> str:
     return path
 
 
-def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command) -> None:
-    """The plan and what would run; files are shown by their first and last lines."""
+def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: list[bytes]) -> None:
+    """The plan and what would run; files are shown by their first and last lines. The program is
+    shown as a shell would be given it, its bytes as they are."""
     import shlex
 
     print(plan.describe())
@@ -449,6 +455,10 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command) -> None
     for name, value in built.env.items():
         print(f"environment: {name}={shlex.quote(value)}")
     print("command: " + shlex.join(built.argv()))
+    sys.stdout.flush()
+    sys.stdout.buffer.write(b"program: " + shlex.join(map(os.fsdecode, argv)).encode(errors="surrogateescape")
+                            + b"\n  (each instance's shim receives it from poprun over the control connection, "
+                              b"byte for byte; mpiexec never reads it)\n")
     for placeholder, text in built.files().items():
         lines = text.splitlines()
         print(f"{placeholder}: {len(lines)} lines (the command line would be too long)")

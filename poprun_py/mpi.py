@@ -4,6 +4,8 @@ Every instance is its own MPMD app context (``A : B : ...``) because each gets d
 ``POPDIST_*`` values, as PopRun does with Open MPI's ``mpirun``. Hosts are one list for the
 whole job (``-hosts h0:k,h1:k`` / ``--host h0:k,...``), filled in order; past
 ``MAX_COMMAND_BYTES`` the host list and the app contexts go to files instead of the command line.
+Each app context runs the shim with the instance's index alone: the user's program and its
+arguments are never mpiexec's to read (the shim gets them from poprun, see ``shim``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from poprun_py.paths import which
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Literal
 
     from poprun_py.plan import JobPlan
@@ -153,15 +154,14 @@ class CommandSpec:
     """
 
     def __init__(self, job_env: dict[str, str], instance_envs: list[dict[str, str]],
-                 shim: list[str], program: list[str], global_args: list[str] | None = None,
+                 shim: list[str], global_args: list[str] | None = None,
                  local_args: list[str] | None = None, instance_local_args: dict[int, list[str]] | None = None,
                  numa_aware: bool = False, explicit_hosts: bool = False, callback_address: str | None = None,
                  host_subnet: str | None = None) -> None:
         self.job_env = job_env
         self.instance_envs = instance_envs
-        #: Each instance runs ``shim + [index] + program``.
+        #: Each instance runs ``shim + [index]``.
         self.shim = shim
-        self.program = program
         self.global_args = global_args or []
         self.local_args = local_args or []
         self.instance_local_args = instance_local_args or {}
@@ -176,8 +176,6 @@ class CommandSpec:
 #: argument over 128 KiB and a whole command line near 2 MiB, and a dry run of such a line is
 #: unreadable.
 MAX_COMMAND_BYTES = 64 * 1024
-#: Linux's limit on one argument (MAX_ARG_STRLEN), less room for the variable's name.
-MAX_ARGUMENT_BYTES = 128 * 1024 - 64
 #: ssh options for reaching hosts: fail within a bound instead of hanging on a dead host or a
 #: password prompt. Users' own HYDRA_LAUNCHER_EXTRA_ARGS / plm_ssh_args win.
 SSH_CONNECT_TIMEOUT = 10
@@ -238,21 +236,11 @@ class HostList:
 
 def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
     """The command for ``plan``; a job too large for one command line gets config files, whose
-    lines mpiexec splits at white space with no quoting: there the program and its arguments
-    travel hex-encoded in one variable (``environment.PROGRAM``) that the shim decodes."""
+    lines mpiexec splits at white space with no quoting."""
     build = _mpich_command if launcher.flavour == "mpich" else _openmpi_command
-    command = build(launcher, plan, spec, spec.job_env, lambda i: [*spec.shim, str(i), *spec.program])
+    command = build(launcher, plan, spec)
     if not command.uses_files:
         return command
-    from poprun_py.protocol import encode_argv
-
-    encoded = encode_argv(spec.program)
-    if len(encoded) > MAX_ARGUMENT_BYTES:
-        raise PlanError(f"the program and its arguments ({len(encoded) // 2} bytes) are too long to hand to "
-                        f"{plan.num_instances} instances; at most {MAX_ARGUMENT_BYTES // 2} bytes fit")
-    job_env = {**spec.job_env, environment.PROGRAM: encoded}
-    command = build(launcher, plan, spec, job_env, lambda i: [*spec.shim, str(i)])
-    command.uses_files = True
     for block in command.blocks:
         for token in block:
             if not token or any(c.isspace() or c in "'\"\\" for c in token):
@@ -262,8 +250,7 @@ def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Co
     return command
 
 
-def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_env: dict[str, str],
-                   argv: Callable[[int], list[str]]) -> Command:
+def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
     # One host list for the job: Hydra fills each host's slots in order, so instance i lands on
     # host i // k exactly as the plan says; the app contexts carry only what differs.
     hosts = None
@@ -282,7 +269,7 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_
         tail += ["-localhost", LOOPBACK_ADDRESS]
     if spec.numa_aware:
         tail += ["-bind-to", "numa"]
-    for name, value in job_env.items():
+    for name, value in spec.job_env.items():
         tail += ["-genv", name, value]
     blocks = []
     for inst in plan.instances:
@@ -290,7 +277,7 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_
         for name, value in spec.instance_envs[inst.index].items():
             block += ["-env", name, value]
         blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
-                       *argv(inst.index)])
+                       *spec.shim, str(inst.index)])
     return Command([launcher.path, *spec.global_args], hosts, tail, blocks, "-configfile", env)
 
 
@@ -304,8 +291,7 @@ DAEMON_KEEPALIVE = (("oob_tcp_keepalive_time", "2"), ("oob_tcp_keepalive_intvl",
                     ("oob_tcp_keepalive_probes", "3"))
 
 
-def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, job_env: dict[str, str],
-                     argv: Callable[[int], list[str]]) -> Command:
+def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
     head = [launcher.path, *spec.global_args]
     head += ["--bind-to", "numa", "--map-by", "numa"] if spec.numa_aware else ["--bind-to", "none"]
     hosts, tail = None, []
@@ -332,9 +318,9 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, jo
     if spec.callback_address and environment.PRTE_SSH_ARGS not in os.environ:
         env[environment.PRTE_SSH_ARGS] = SSH_ARGS
     # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
-    for name, value in job_env.items():
+    for name, value in spec.job_env.items():
         tail += ["-x", f"{name}={value}"]
-    for name in forwarded_names(job_env):
+    for name in forwarded_names(spec.job_env):
         tail += ["-x", name]
     blocks = []
     for inst in plan.instances:
@@ -342,7 +328,7 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec, jo
         for name, value in spec.instance_envs[inst.index].items():
             block += ["-x", f"{name}={value}"]
         blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
-                       *argv(inst.index)])
+                       *spec.shim, str(inst.index)])
     return Command(head, hosts, tail, blocks, "--app", env)
 
 

@@ -71,14 +71,26 @@ DEFAULT_GRACE = 3.0
 _INFINITY = float("inf")
 
 
-def encode_argv(argv: list[str]) -> str:
-    """``argv`` as one token with no white space or quotes: hex of the NUL-joined UTF-8 arguments
-    (arguments cannot contain NUL). mpiexec's config files split lines at white space."""
-    return "\0".join(argv).encode("utf-8", "surrogateescape").hex()
+#: poprun -> shim, once, in answer to HELLO and before any command: the program and its arguments,
+#: which never pass through mpiexec (whose own syntax, ``:``, ``--``, ``-n`` ..., a word among them
+#: could be read as). ``PROGRAM`` and the payload's length (``PROGRAM_LENGTH``), the payload
+#: (:func:`encode_program`), then the tag over all of it.
+PROGRAM = b"P"
+PROGRAM_LENGTH = struct.Struct("!I")
 
 
-def decode_argv(text: str) -> list[str]:
-    return bytes.fromhex(text).decode("utf-8", "surrogateescape").split("\0")
+def encode_program(argv: list[bytes]) -> bytes:
+    """The PROGRAM message (without its tag): each argument's bytes, exactly as given, ended by NUL
+    (an argument cannot hold one): empty arguments, newlines, any bytes."""
+    payload = b"".join(arg + b"\0" for arg in argv)
+    return PROGRAM + PROGRAM_LENGTH.pack(len(payload)) + payload
+
+
+def decode_program(payload: bytes) -> list[bytes]:
+    """The arguments of a PROGRAM payload; ProtocolError when it is not NUL-ended arguments."""
+    if not payload.endswith(b"\0"):
+        raise ProtocolError("the program's arguments do not end with NUL")
+    return payload[:-1].split(b"\0")
 
 
 class ProtocolError(ValueError):

@@ -6,17 +6,21 @@ program's whole process group when ``poprun`` says so or when it is signalled it
 program dies with the shim (PR_SET_PDEATHSIG, set by util-linux's ``setpriv``), so a SIGKILLed
 shim leaves nothing behind.
 
-Run as ``python -S instance.py INDEX PROGRAM [ARGS...]`` (or ``INDEX`` alone, the program in
-``POPRUN_PROGRAM``). The shim shares the cores with the
-program it starts, so it is kept cheap: the program is started first, with ``posix_spawn``
-(a vfork: forking the interpreter costs ~4 ms of copy-on-write faults, and setting the death
-signal from Python needs ctypes, ~3 ms more), and the shim then uses only modules built into the
-interpreter (``_socket``, ``select``, ``_signal``), not their pure-Python wrappers.
+Run as ``python -S instance.py INDEX``: the program and its arguments are not on mpiexec's
+command line, where mpiexec would read words of its own syntax among them (``:``, ``--``,
+``-n``, ...). The shim connects to poprun, says HELLO and receives them, byte for byte, in a
+sealed PROGRAM message (``protocol``); a shim that cannot reach poprun starts nothing. The shim
+shares the cores with the program it starts, so it is kept cheap: the program is started with
+``posix_spawn`` (a vfork: forking the interpreter costs ~4 ms of copy-on-write faults, and
+setting the death signal from Python needs ctypes, ~3 ms more) as soon as it has arrived, and
+the shim uses only modules built into the interpreter (``_socket``, ``select``, ``_signal``),
+not their pure-Python wrappers.
 """
 
 from __future__ import annotations
 
 import _signal
+import _socket
 import errno
 import os
 import sys
@@ -26,13 +30,12 @@ from poprun_py.paths import which
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
 if TYPE_CHECKING:
-    import _socket
     from typing import NoReturn
 
     from poprun_py.seal import Seal
 
 
-def spawn(argv: list[str], *, no_stdin: bool, one_stream: bool = False) -> tuple[int, int, int | None] | OSError:
+def spawn(argv: list[bytes], *, no_stdin: bool, one_stream: bool = False) -> tuple[int, int, int | None] | OSError:
     """Start ``argv`` in its own process group with stdout/stderr on pipes (with ``one_stream``, one
     pipe for both, as ``2>&1`` makes them: only then does the order of its writes survive), and
     stdin from /dev/null when ``no_stdin``.
@@ -41,12 +44,13 @@ def spawn(argv: list[str], *, no_stdin: bool, one_stream: bool = False) -> tuple
     saying why it cannot start. What mpiexec gave us (e.g. MPICH's PMI_FD) stays inherited; our own
     descriptors are close-on-exec.
     """
-    if which(argv[0]) is None:
-        missing = os.sep not in argv[0] or not os.path.exists(argv[0])
+    program = os.fsdecode(argv[0])
+    if which(program) is None:
+        missing = os.sep not in program or not os.path.exists(program)
         code = errno.ENOENT if missing else errno.EACCES
         return OSError(code, os.strerror(code))
     setpriv = which("setpriv")
-    command = [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv
+    command: list[str | bytes] = [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else [*argv]
     out_r, out_w = os.pipe()
     err_r, err_w = (None, out_w) if one_stream else os.pipe()
     try:
@@ -158,12 +162,57 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
             return control, Seal(secret, nonce, TO_POPRUN)
         except OSError as exc:
             problem = str(exc)
-    # Cannot report to poprun: pass the output through untagged, so nothing is lost; poprun still
-    # sees the exit status through mpiexec.
+    # Only poprun has the program: nothing is started. mpiexec passes this line and the status on.
     where = f" at {address}" if address else ""
     os.write(2, f"poprun instance {index}: cannot reach poprun{where} ({problem}); "
-                "output will not be tagged\n".encode())
+                "the program was not started\n".encode())
     return None
+
+
+#: The shim's status when it starts no program: it could not reach poprun, or get the program from it.
+NOT_STARTED = 1
+
+
+def receive_program(index: int, control: _socket.socket, seal: Seal) -> list[bytes] | None:
+    """Say HELLO, then read poprun's answer: the program and its arguments (``protocol.PROGRAM``),
+    no longer than this host could pass to a program. None, said on stderr, when it does not come
+    whole within SILENCE_LIMIT seconds or fails its check."""
+    from poprun_py import protocol
+
+    try:
+        control.sendall(seal.seal(protocol.hello(index, os.getpid(), _socket.gethostname())))
+        control.settimeout(protocol.SILENCE_LIMIT)
+        head = _read_exactly(control, len(protocol.PROGRAM) + protocol.PROGRAM_LENGTH.size)
+        (length,) = protocol.PROGRAM_LENGTH.unpack_from(head, len(protocol.PROGRAM))
+        limit = os.sysconf("SC_ARG_MAX")
+        if not head.startswith(protocol.PROGRAM) or length > limit:
+            raise protocol.ProtocolError(f"its first message is not a program of at most {limit} bytes")
+        body = _read_exactly(control, length + protocol.TAG_SIZE)
+        if not seal.check(head + body[:length], body[length:]):
+            raise protocol.ProtocolError("the program failed its authentication check")
+        control.settimeout(None)
+        return protocol.decode_program(body[:length])
+    except (OSError, protocol.ProtocolError) as exc:
+        why = str(exc) if not isinstance(exc, TimeoutError) else f"nothing came for {protocol.SILENCE_LIMIT:g} s"
+    os.write(2, f"poprun instance {index}: did not receive the program from poprun ({why}); "
+                "the program was not started\n".encode())
+    return None
+
+
+#: The most one read of poprun's messages takes.
+READ_SIZE = 1 << 20
+
+
+def _read_exactly(control: _socket.socket, size: int, closed: str = "poprun closed the connection") -> bytes:
+    """``size`` bytes from ``control``, never more; OSError(``closed``) if the connection ends first."""
+    chunks, left = [], size
+    while left:
+        chunk = control.recv(min(left, READ_SIZE))
+        if not chunk:
+            raise OSError(closed)
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _read_nonce(control: _socket.socket, timeout: float) -> bytes:
@@ -171,12 +220,7 @@ def _read_nonce(control: _socket.socket, timeout: float) -> bytes:
     from poprun_py.protocol import NONCE_SIZE
 
     control.settimeout(timeout)
-    nonce = b""
-    while len(nonce) < NONCE_SIZE:
-        chunk = control.recv(NONCE_SIZE - len(nonce))
-        if not chunk:
-            raise OSError("it closed the connection before it said anything")
-        nonce += chunk
+    nonce = _read_exactly(control, NONCE_SIZE, "it closed the connection before it said anything")
     control.settimeout(None)
     return nonce
 
@@ -240,32 +284,38 @@ def hold_until_reaped() -> None:
 
 
 def main() -> int:
-    index, argv = int(sys.argv[1]), sys.argv[2:]
+    index = int(sys.argv[1])
     secret = os.environ.pop(environment.SECRET, None)  # the program does not get it
     one_stream = os.environ.pop(environment.ONE_STREAM, None) == "1"
     keep_launchers_library_from_the_program()
-    if not argv:  # a large job: the program came in the environment (see mpi.build_command)
-        from poprun_py.protocol import decode_argv
-
-        argv = decode_argv(os.environ.pop(environment.PROGRAM))
-
     if environment.HOST_SUBNET in os.environ:
         pin_network(os.environ[environment.HOST_SUBNET])
     divide_cores()
     error_file = prepare_error_file()
     sweep.adopt_orphans()
-    # First: the program starts while we import and connect. mpiexec passes its stdin to instance
-    # 0 only; Hydra gives the others a pipe that never ends, where a read would wait for ever.
+    connection = connect_to_poprun(index, secret)
+    argv = receive_program(index, *connection) if connection is not None else None
+    if connection is None or argv is None:
+        if connection is not None:
+            connection[0].close()
+        _remove_error_file(error_file)
+        return NOT_STARTED
+    # The program starts first; the loop is imported while it does. mpiexec passes its stdin to
+    # instance 0 only; Hydra gives the others a pipe that never ends, where a read would wait for ever.
     spawned = spawn(argv, no_stdin=index > 0, one_stream=one_stream)
 
     from poprun_py.shim_pump import Pump
 
-    pump = Pump(index, connect_to_poprun(index, secret), error_file)
-    pump.hello()
+    pump = Pump(index, connection, error_file)
     if isinstance(spawned, OSError):
-        if error_file:
-            from poprun_py.root_cause import remove
-
-            remove(error_file)
-        return pump.spawn_failed(argv[0], spawned)
+        _remove_error_file(error_file)
+        return pump.spawn_failed(os.fsdecode(argv[0]), spawned)
     return pump.run(*spawned)
+
+
+def _remove_error_file(error_file: str | None) -> None:
+    """The error file prepared for a program that was not started."""
+    if error_file:
+        from poprun_py.root_cause import remove
+
+        remove(error_file)

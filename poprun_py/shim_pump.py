@@ -97,9 +97,6 @@ class Pump:
         else:
             self.send(protocol.frame(protocol.OUTPUT, data, stream))
 
-    def hello(self) -> None:
-        self.send(protocol.hello(self.index, os.getpid(), _socket.gethostname()))
-
     def spawn_failed(self, program: str, error: OSError) -> int:
         status = 127 if error.errno == 2 else 126
         reason = "not found" if status == 127 else f"cannot be executed ({error.strerror})"

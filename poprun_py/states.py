@@ -37,14 +37,20 @@ class InstanceState:
         self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss
         self.root_cause: bytes | None = None  # what its program wrote to TORCHELASTIC_ERROR_FILE, if it failed
 
-    def send(self, command: bytes) -> None:
-        """One of poprun's commands to the shim (protocol.TERMINATE, RELEASE), sealed."""
+    def send(self, message: bytes, within: float = 0.0) -> bool:
+        """One of poprun's messages to the shim (protocol.PROGRAM, TERMINATE, RELEASE), sealed;
+        whether it went. ``within``: seconds a message larger than the socket's buffer (the
+        program) may take to go, the shim reading it; a command always fits at once."""
         if self.connection is None or self.reader is None:
-            return
+            return False
         try:
-            self.connection.sendall(self.reader.seal.seal(command))
+            self.connection.settimeout(within)
+            self.connection.sendall(self.reader.seal.seal(message))
         except OSError:
-            pass  # that shim is gone already
+            return False  # that shim is gone already, or took no more of it for ``within`` seconds
+        finally:
+            self.connection.setblocking(False)
+        return True
 
     @property
     def finished(self) -> bool:

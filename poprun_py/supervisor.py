@@ -51,10 +51,12 @@ MAX_PENDING = 64
 
 
 class Supervisor:
-    """``secret``: this run's (``seal``), which the shims get in their environment from mpiexec."""
+    """``secret``: this run's (``seal``), which the shims get in their environment from mpiexec.
+    ``program``: the program and its arguments, which each shim gets in answer to its HELLO."""
 
     def __init__(self, num_instances: int, hosts: list[str], build_command: Callable[[str], list[str]],
-                 secret: str, *, listen_address: str, start_timeout: float, show_instance: int | None = None,
+                 secret: str, program: list[bytes], *, listen_address: str, start_timeout: float,
+                 show_instance: int | None = None,
                  remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
                  output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE) -> None:
@@ -67,6 +69,7 @@ class Supervisor:
         ]
         self.build_command = build_command
         self.secret = secret
+        self.program = protocol.encode_program(program)
         self.listen_address = listen_address
         self.remote_hosts = remote_hosts
         self.watch = Watch()
@@ -361,6 +364,10 @@ class Supervisor:
             state.host = host  # no host list: name the machine; otherwise keep the user's name for it
         self.watch.relabel(conn, ("instance", index))
         log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
+        if not state.send(self.program, within=protocol.SILENCE_LIMIT):
+            log.error("instance %d on %s: could not send it the program", index, state.host)
+            self._disconnect(state)
+            return
         if self.teardown.started is not None:
             self.teardown.terminate(state)
         self._handle_frames(state, frames[1:])

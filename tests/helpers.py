@@ -96,6 +96,21 @@ def processes_matching(marker: str) -> list[str]:
     return found
 
 
+def shim_of(marker: str, index: int) -> int:
+    """The pid of the shim of instance ``index`` of the job whose programs carry ``marker`` on their
+    command lines: the parent of that instance's program (the shim's own command line names only
+    the instance, ``python -S instance.py INDEX``)."""
+    for line in processes_matching(marker):
+        pid = int(line.split(":")[0])
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"POPDIST_INSTANCE_INDEX={index}".encode() in environ and b"POPRUN_CONTROL=" in b"\0".join(environ):
+            return int(stat_fields(f"/proc/{pid}")[1])
+    raise AssertionError(f"no program of instance {index} carries {marker}: {processes_matching(marker)}")
+
+
 def wait_until(condition: Callable[[], bool], what: str, within: float = SUBPROCESS_TIMEOUT) -> None:
     """Poll ``condition`` (a state of other processes: files, /proc) until it holds; fail naming
     ``what`` after ``within`` seconds."""

@@ -42,6 +42,7 @@ from tests.integration.conftest import (
     wait_started,
 )
 from tests.launcher.rendering import TWO_STREAMS, flat, instances_text, without_poprun
+from tests.launcher.test_program_arguments import AWKWARD_WORDS, MEGABYTE, MPIEXEC_WORDS, SHOW_ARGV, received_directly
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
 
@@ -86,6 +87,20 @@ def test_instances_land_where_the_plan_says_with_their_environment(cluster: Clus
         for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV"):
             assert report["forwarded"][name] == extra[name], name
         assert report["forwarded"]["PATH"] == os.environ["PATH"]
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_a_remote_program_receives_its_arguments_byte_for_byte(cluster: Cluster, mpi: str) -> None:
+    """Words of mpiexec's syntax, empty strings, newlines, quotes, bytes that are not UTF-8 and a
+    megabyte of them reach the program on each remote host as they reach it run directly: they
+    travel in the shim's sealed connection to poprun, not through mpiexec and ssh."""
+    args = [*MPIEXEC_WORDS, *AWKWARD_WORDS, *MEGABYTE]
+    expected = received_directly(args)
+    result = subprocess.run([*POPRUN, *mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, SHOW_ARGV,
+                             *args], capture_output=True, timeout=FAILURE_BOUND + 30, cwd=ROOT,
+                            env={**os.environ, **job_env(mpi)})
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    assert sorted(result.stdout.decode().splitlines()) == [f"[0] {expected}", f"[1] {expected}"]
 
 
 def test_slurm_allocation_gives_the_hosts(cluster: Cluster) -> None:

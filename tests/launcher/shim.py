@@ -17,10 +17,16 @@ from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, run
 SECRET = new_secret()
 
 
-def run_shim(*argv: str, python_flags: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str],
-                                                                     list[tuple[int, int, bytes]]]:
-    """Run the shim as mpiexec would, against a real listener standing in for poprun; return the
-    shim's result and every frame it sent (RELEASE goes back once its EXIT arrives)."""
+def program_message(seal: Seal, argv: tuple[str, ...]) -> bytes:
+    """What poprun answers a HELLO with: the program, sealed."""
+    return seal.seal(protocol.encode_program([os.fsencode(arg) for arg in argv]))
+
+
+def run_shim(*argv: str, python_flags: tuple[str, ...] = (), env: dict[str, str] | None = None,
+             ) -> tuple[subprocess.CompletedProcess[str], list[tuple[int, int, bytes]]]:
+    """Run the shim as mpiexec would, against a real listener standing in for poprun that sends it
+    ``argv`` in answer to its HELLO; return the shim's result and every frame it sent (RELEASE goes
+    back once its EXIT arrives)."""
     frames: list[tuple[int, int, bytes]] = []
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
@@ -34,6 +40,8 @@ def run_shim(*argv: str, python_flags: tuple[str, ...] = ()) -> tuple[subprocess
                 reader = protocol.FrameReader(seal)
                 while data := connection.recv(65536):
                     received = reader.feed(data)
+                    if received and not frames and received[0][0] == protocol.HELLO:
+                        connection.sendall(program_message(seal, argv))
                     frames.extend(received)
                     if any(kind == protocol.EXIT for kind, _, _ in received):
                         connection.sendall(seal.seal(protocol.RELEASE))
@@ -41,22 +49,26 @@ def run_shim(*argv: str, python_flags: tuple[str, ...] = ()) -> tuple[subprocess
 
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
-        result = run([PYTHON, *python_flags, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", *argv],
-                     env={environment.CONTROL: f"127.0.0.1:{port}", environment.SECRET: SECRET})
+        result = run([PYTHON, *python_flags, "-S", str(ROOT / "poprun_py" / "instance.py"), "0"],
+                     env={environment.CONTROL: f"127.0.0.1:{port}", environment.SECRET: SECRET, **(env or {})})
         thread.join(timeout=SUBPROCESS_TIMEOUT)
     return result, frames
 
 
 class Poprun:
-    """poprun's end of one shim's control connection, driven step by step by a test."""
+    """poprun's end of one shim's control connection, driven step by step by a test: it sends
+    ``argv`` in answer to the shim's HELLO, as poprun does (None: the test answers itself)."""
 
-    def __init__(self, connection: socket.socket) -> None:
+    def __init__(self, connection: socket.socket, argv: tuple[str, ...] | None) -> None:
         self.connection = connection
         nonce = new_nonce()
         connection.sendall(nonce)
         self.seal = Seal(SECRET, nonce, TO_SHIM)
         self.reader = protocol.FrameReader(self.seal)
         self.frames: list[tuple[int, int, bytes]] = []
+        if argv is not None:
+            self.until(lambda frame: frame[0] == protocol.HELLO)
+            connection.sendall(program_message(self.seal, argv))
 
     def until(self, wanted: Callable[[tuple[int, int, bytes]], bool],
               within: float = SUBPROCESS_TIMEOUT) -> tuple[int, int, bytes]:
@@ -96,7 +108,7 @@ def shim_session(*argv: str, env: dict[str, str] | None = None) -> Iterator[tupl
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(SUBPROCESS_TIMEOUT)
         port = server.getsockname()[1]
-        shim = subprocess.Popen([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0", *argv],
+        shim = subprocess.Popen([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0"],
                                 env={**os.environ, environment.CONTROL: f"127.0.0.1:{port}",
                                      environment.SECRET: SECRET, **(env or {})},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -104,7 +116,7 @@ def shim_session(*argv: str, env: dict[str, str] | None = None) -> Iterator[tupl
             connection, _ = server.accept()
             with connection:
                 connection.settimeout(SUBPROCESS_TIMEOUT)
-                yield shim, Poprun(connection)
+                yield shim, Poprun(connection, argv)
         finally:
             if shim.poll() is None:
                 shim.kill()

@@ -16,11 +16,13 @@ from poprun_py.supervisor import Supervisor
 
 #: poprun's --start-timeout when not given (the supervisor itself has no default).
 START_TIMEOUT = 120.0
+#: The program these supervisors hand the shims that call in.
+PROGRAM = [b"prog", b"--flag", b""]
 
 
 def supervisor(stdout: io.BytesIO, stderr: io.BytesIO, hosts: tuple[str, ...] = ("localhost",)) -> Supervisor:
     """A supervisor of one instance per host in ``hosts`` that writes to these buffers."""
-    return Supervisor(len(hosts), list(hosts), lambda address: [], new_secret(), listen_address="127.0.0.1",
+    return Supervisor(len(hosts), list(hosts), lambda address: [], new_secret(), PROGRAM, listen_address="127.0.0.1",
                       start_timeout=START_TIMEOUT, stdout=stdout, stderr=stderr)
 
 
@@ -33,7 +35,7 @@ def call_in(s: Supervisor, server: socket.socket, index: int, then: tuple[bytes,
 def call_in_sealed(s: Supervisor, server: socket.socket, index: int,
                    then: tuple[bytes, ...] = ()) -> tuple[socket.socket, Seal]:
     """As ``call_in``, with the shim's seal of the connection (for its further frames, and to
-    check poprun's commands)."""
+    check poprun's commands), once poprun's answer to the HELLO, the program, has been read."""
     shim = socket.create_connection(server.getsockname(), timeout=10)
     s._accept(server)
     nonce = shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)
@@ -46,7 +48,19 @@ def call_in_sealed(s: Supervisor, server: socket.socket, index: int,
     while s.instances[index].connection is None and time.monotonic() < deadline:
         s._read_hello(conn, reader)
     assert conn not in s.pending
+    if s.instances[index].connection is conn:
+        assert read_program(shim, seal) == PROGRAM
     return shim, seal
+
+
+def read_program(shim: socket.socket, seal: Seal) -> list[bytes]:
+    """The PROGRAM message poprun sent to ``shim``, checked with its seal."""
+    head = shim.recv(len(protocol.PROGRAM) + protocol.PROGRAM_LENGTH.size, socket.MSG_WAITALL)
+    assert head[:1] == protocol.PROGRAM, head
+    (length,) = protocol.PROGRAM_LENGTH.unpack_from(head, 1)
+    body = shim.recv(length + protocol.TAG_SIZE, socket.MSG_WAITALL)
+    assert seal.check(head + body[:length], body[length:])
+    return protocol.decode_program(body[:length])
 
 
 @contextmanager

@@ -123,13 +123,12 @@ def test_empty_host_file(tmp_path: Path) -> None:
 
 def _read(tmp_path: Path, *argv: str) -> tuple[dict[str, Any], list[str]]:
     """What poprun made of ``argv``: its options (as --export-config writes them) and the program
-    line each instance runs (from the --dry-run command). ``tmp_path`` comes first on PATH."""
+    each instance runs (from the --dry-run). ``tmp_path`` comes first on PATH."""
     config = tmp_path / "effective.json"
-    _, command = _dry_run("--export-config", str(config), *argv, cwd=tmp_path,
-                          env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
-    last = _contexts(command)[-1]  # ... shim INDEX PROGRAM ARGS
-    shim = last.index(str(ROOT / "poprun_py" / "instance.py"))
-    return json.loads(config.read_text()), last[shim + 2:]
+    stdout, _ = _dry_run("--export-config", str(config), *argv, cwd=tmp_path,
+                         env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    program = next(line for line in stdout.splitlines() if line.startswith("program: "))
+    return json.loads(config.read_text()), shlex.split(program[len("program: "):])
 
 
 READINGS = [
@@ -202,8 +201,9 @@ def test_dry_run_mpich_command(tmp_path: Path) -> None:
         assert f"-n 1 -env POPDIST_INSTANCE_INDEX {i} " in joined
         assert f"-env POPDIST_REPLICA_INDEX_OFFSET {2 * i} " in joined
         assert f"-env POPDIST_LOCAL_INSTANCE_INDEX {i % 2} " in joined
-        assert ctx[-4:] == ["python", "train.py", "--lr", "0.1"]
-        assert ctx[-7:-4] == ["-S", str(ROOT / "poprun_py" / "instance.py"), str(i)]
+        # Each runs the shim, which gets the program from poprun: mpiexec never reads the program.
+        assert ctx[-3:] == ["-S", str(ROOT / "poprun_py" / "instance.py"), str(i)]
+    assert "train.py" not in command and "program: python train.py --lr 0.1" in stdout.splitlines()
 
 
 def test_dry_run_openmpi_command(openmpi: str) -> None:
@@ -224,8 +224,9 @@ def test_dry_run_openmpi_command(openmpi: str) -> None:
         assert f"-np 1 -x POPDIST_INSTANCE_INDEX={i} " in joined
         assert f"-x POPDIST_REPLICA_INDEX_OFFSET={2 * i} " in joined
         assert "--host" not in ctx[ctx.index("-np"):]
-        # Local args come right before the instance's program (the shim, then the user's program).
-        assert joined.endswith(f"-x NCCL_DEBUG {PYTHON} -S {ROOT / 'poprun_py' / 'instance.py'} {i} python train.py")
+        # Local args come right before the instance's shim.
+        assert joined.endswith(f"-x NCCL_DEBUG {PYTHON} -S {ROOT / 'poprun_py' / 'instance.py'} {i}")
+    assert "program: python train.py" in stdout.splitlines()
 
 
 def test_dry_run_starts_nothing() -> None:

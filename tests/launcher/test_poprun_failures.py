@@ -25,10 +25,13 @@ from tests.helpers import (
     POPRUN,
     PYTHON,
     ROOT,
+    live_command_line,
     poprun,
     processes_matching,
     run,
+    shim_of,
     wait_no_processes,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -91,9 +94,7 @@ def test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once(mpi: str) -> N
             line = proc.stdout.readline()
             assert line, proc.communicate(timeout=30)
             started += "started" in line
-        # Instance 0's shim: a Python running instance.py (mpiexec's own command line names it too).
-        shim = next(int(p.split(":")[0]) for p in processes_matching(marker)
-                    if p.split(": ", 1)[1].startswith(f"{PYTHON} -S ") and "instance.py 0 " in p)
+        shim = shim_of(marker, 0)
         launcher = int(Path(f"/proc/{shim}/stat").read_text().rsplit(")", 1)[1].split()[1])
         start = time.monotonic()
         os.kill(launcher, signal.SIGKILL)
@@ -137,14 +138,12 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
     proc = subprocess.Popen([*POPRUN, "-vv", "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker,
                              f"1:waitfile={go},exit=3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT)
+    frozen = None
     try:
         assert proc.stdout is not None
         seen = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
         assert seen == {"[0] instance 0 started", "[1] instance 1 started"}, proc.communicate(timeout=30)
-        shims = [line for line in processes_matching(marker)  # "PID: python -S .../instance.py 0 ..."
-                 if line.split()[2:3] == ["-S"] and "instance.py 0 " in line]
-        assert len(shims) == 1, processes_matching(marker)
-        frozen = int(shims[0].split(":")[0])
+        frozen = shim_of(marker, 0)
         os.kill(frozen, signal.SIGSTOP)
         go.touch()
         start = time.monotonic()
@@ -154,6 +153,8 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
         proc.kill()
         for pid in [int(line.split(":")[0]) for line in processes_matching(marker)]:
             os.kill(pid, signal.SIGKILL)  # when the escalation failed: nothing stays behind, frozen or not
+        if frozen is not None and "instance.py" in (live_command_line(frozen) or ""):
+            os.kill(frozen, signal.SIGKILL)
     assert proc.returncode == 3, stderr
     assert "poprun: instance 1 on" in stderr and "failed: exit status 3" in stderr, stderr
     # The default grace and KILL_MPIEXEC_MARGIN (4.5 s) plus 10 s of slack for a loaded 2-core host, against 120 s.
@@ -162,6 +163,7 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
     escalation = re.findall(r" POPRUN \[D\] sending (\w+) to mpiexec's process group$", stderr, re.M)
     assert escalation in (["SIGTERM"], ["SIGTERM", "SIGKILL"]), stderr
     assert wait_no_processes(marker) == []
+    wait_until(lambda: live_command_line(frozen) is None, "the frozen shim outlived the job", within=5)
 
 
 def test_a_process_left_behind_is_named_by_the_first_200_bytes_of_its_command_line() -> None:

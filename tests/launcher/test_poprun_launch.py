@@ -20,7 +20,7 @@ from poprun_py import protocol
 from poprun_py.seal import new_secret
 from poprun_py.supervisor import Supervisor
 from tests.helpers import BIN, OMP_SET, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
-from tests.launcher.supervising import START_TIMEOUT, call_in, supervisor
+from tests.launcher.supervising import PROGRAM, START_TIMEOUT, call_in, supervisor
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
 
@@ -442,7 +442,7 @@ def test_what_mpiexec_says_is_held_until_every_instance_has_called_in_then_passe
     # If a host cannot be reached, what mpiexec said is launcher noise around the one line poprun
     # gives instead; once every instance has called in, it is shown, and from then on as it comes.
     out, err = io.BytesIO(), io.BytesIO()
-    s = Supervisor(3, ["node"] * 3, lambda address: [], new_secret(), listen_address="127.0.0.1",
+    s = Supervisor(3, ["node"] * 3, lambda address: [], new_secret(), PROGRAM, listen_address="127.0.0.1",
                    start_timeout=START_TIMEOUT, stdout=out, stderr=err)
     read, write = os.pipe()
     shims = []

@@ -4,6 +4,8 @@ reads back, and what it refuses to believe."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from poprun_py import protocol
 from poprun_py.seal import TO_POPRUN, TO_SHIM, Seal, new_nonce, new_secret
@@ -133,3 +135,21 @@ def test_commands_are_read_in_order_and_one_not_sealed_by_poprun_is_refused() ->
                                                                                 [protocol.RELEASE]]
     with pytest.raises(protocol.ProtocolError, match=r"^a command failed its authentication check$"):
         commands.feed(shim.seal(protocol.TERMINATE))  # the shim's own sealing: the wrong direction
+
+
+_ARGUMENT = st.binary().filter(lambda raw: b"\0" not in raw)  # any bytes an argument can hold
+
+
+@given(st.lists(_ARGUMENT, min_size=1, max_size=8))
+@example([b"python", b"caf\xe9.py", b"", b"a\nb", b":", b"--", b"'\"\\ $x"])
+def test_the_program_message_carries_any_arguments_byte_for_byte(argv: list[bytes]) -> None:
+    message = protocol.encode_program(argv)
+    assert message[:1] == protocol.PROGRAM
+    (length,) = protocol.PROGRAM_LENGTH.unpack_from(message, 1)
+    assert length == len(message) - 1 - protocol.PROGRAM_LENGTH.size
+    assert protocol.decode_program(message[1 + protocol.PROGRAM_LENGTH.size:]) == argv
+
+
+def test_a_program_payload_not_ended_by_nul_is_refused() -> None:
+    with pytest.raises(protocol.ProtocolError, match="do not end with NUL"):
+        protocol.decode_program(b"python")

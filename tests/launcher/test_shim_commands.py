@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from poprun_py import environment, protocol, sweep
-from poprun_py.shim import _read_nonce, divide_cores, spawn, threads_per_instance
+from poprun_py.seal import TO_SHIM, Seal, new_nonce, new_secret
+from poprun_py.shim import NOT_STARTED, _read_nonce, divide_cores, spawn, threads_per_instance
 from poprun_py.shim_pump import RELEASE_WAIT_SECONDS
 from tests.helpers import PYTHON, ROOT, run
-from tests.launcher.shim import SECRET, shim_session
+from tests.launcher.shim import SECRET, Poprun, run_shim, shim_session
 
 SHIM_ENTRY = ROOT / "poprun_py" / "instance.py"
 
@@ -152,23 +153,23 @@ def test_poprun_gone_stops_the_program() -> None:
 
 
 def _shim_without_poprun(env: dict[str, str]) -> tuple[int, str, str]:
-    result = run([PYTHON, "-S", str(SHIM_ENTRY), "0", PYTHON, "-c", "print('hi'); raise SystemExit(5)"], env=env)
+    result = run([PYTHON, "-S", str(SHIM_ENTRY), "0"], env=env)
     return result.returncode, result.stdout, result.stderr
 
 
-def test_a_shim_without_the_secret_does_not_connect_and_passes_output_through_untagged() -> None:
+def test_a_shim_without_the_secret_does_not_connect_and_starts_nothing() -> None:
     # Nothing listens at port 1: a shim that tried to connect would name the refusal instead.
     status, out, err = _shim_without_poprun({environment.CONTROL: "127.0.0.1:1"})
-    assert (status, out) == (5, "hi\n")
+    assert (status, out) == (NOT_STARTED, "")
     assert err == (f"poprun instance 0: cannot reach poprun at 127.0.0.1:1 (no {environment.SECRET} in its "
-                   "environment (was it dropped by mpiexec's options?)); output will not be tagged\n")
+                   "environment (was it dropped by mpiexec's options?)); the program was not started\n")
 
 
-def test_a_shim_started_without_poprun_s_address_or_secret_says_so_and_runs_the_program() -> None:
+def test_a_shim_started_without_poprun_s_address_or_secret_says_so_and_starts_nothing() -> None:
     status, out, err = _shim_without_poprun({})  # as if mpiexec's options dropped them
-    assert (status, out) == (5, "hi\n")
+    assert (status, out) == (NOT_STARTED, "")
     assert err == (f"poprun instance 0: cannot reach poprun (no {environment.CONTROL} or {environment.SECRET} in "
-                   "its environment (was it dropped by mpiexec's options?)); output will not be tagged\n")
+                   "its environment (was it dropped by mpiexec's options?)); the program was not started\n")
 
 
 def test_a_shim_without_a_job_address_ends_no_process_by_its_marks() -> None:
@@ -181,7 +182,7 @@ def test_a_shim_without_a_job_address_ends_no_process_by_its_marks() -> None:
             assert time.monotonic() < deadline
             time.sleep(0.001)
         status, out, _ = _shim_without_poprun({})
-        assert (status, out) == (5, "hi\n")
+        assert (status, out) == (NOT_STARTED, "")
         assert outsider.poll() is None
     finally:
         outsider.kill()
@@ -192,9 +193,66 @@ def test_the_program_starts_with_sigpipe_and_sigxfsz_at_their_defaults() -> None
     """The shim's interpreter ignores SIGPIPE (and SIGXFSZ); the program must not inherit that: a
     shell pipeline's writer would then carry on after its reader left. Read from the program's own
     /proc status (a Python program would set SIGPIPE aside itself)."""
-    result = run([PYTHON, "-S", str(SHIM_ENTRY), "0", "grep", "^SigIgn:", "/proc/self/status"], env={})
-    ignored = int(result.stdout.split()[1], 16)
-    assert ignored & (1 << (signal.SIGPIPE - 1)) == 0 and ignored & (1 << (signal.SIGXFSZ - 1)) == 0, result.stdout
+    result, frames = run_shim("grep", "^SigIgn:", "/proc/self/status")
+    assert result.returncode == 0, result.stderr
+    said = b"".join(payload for kind, _, payload in frames if kind == protocol.OUTPUT)
+    ignored = int(said.split()[1], 16)
+    assert ignored & (1 << (signal.SIGPIPE - 1)) == 0 and ignored & (1 << (signal.SIGXFSZ - 1)) == 0, said
+
+
+def _answer_hello_with(answer: Callable[[socket.socket, Seal], None]) -> tuple[int, str, str]:
+    """A shim against a listener that reads its HELLO and then does ``answer`` (with the seal of
+    poprun's end) instead of sending the program."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+
+        def serve() -> None:
+            connection, _ = server.accept()
+            with connection:
+                connection.settimeout(30)
+                poprun = Poprun(connection, None)
+                poprun.until(lambda frame: frame[0] == protocol.HELLO)
+                answer(connection, poprun.seal)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        result = _shim_without_poprun({environment.CONTROL: address, environment.SECRET: SECRET})
+        thread.join(timeout=30)
+    return result
+
+
+def test_a_poprun_that_closes_after_hello_starts_nothing() -> None:
+    status, out, err = _answer_hello_with(lambda connection, _: connection.shutdown(socket.SHUT_WR))
+    assert (status, out) == (NOT_STARTED, "")
+    assert err == ("poprun instance 0: did not receive the program from poprun (poprun closed the connection); "
+                   "the program was not started\n")
+
+
+def test_a_program_that_fails_its_check_is_not_started(tmp_path: Path) -> None:
+    made = tmp_path / "made"
+    forged = Seal(new_secret(), new_nonce(), TO_SHIM)  # sealed by someone without this run's secret
+
+    def forge(connection: socket.socket, _: Seal) -> None:
+        connection.sendall(forged.seal(protocol.encode_program([b"touch", bytes(made)])))
+        connection.recv(1)  # until the shim has read it and closed
+
+    status, out, err = _answer_hello_with(forge)
+    assert (status, out) == (NOT_STARTED, "") and not made.exists()
+    assert err == ("poprun instance 0: did not receive the program from poprun (the program failed its "
+                   "authentication check); the program was not started\n")
+
+
+def test_a_program_longer_than_the_host_takes_is_refused_before_it_is_read() -> None:
+    limit = os.sysconf("SC_ARG_MAX")
+
+    def claim(connection: socket.socket, _: Seal) -> None:
+        connection.sendall(protocol.PROGRAM + protocol.PROGRAM_LENGTH.pack(limit + 1))
+        connection.recv(1)
+
+    status, out, err = _answer_hello_with(claim)
+    assert (status, out) == (NOT_STARTED, "")
+    assert err == ("poprun instance 0: did not receive the program from poprun (its first message is not a "
+                   f"program of at most {limit} bytes); the program was not started\n")
 
 
 def test_a_poprun_that_closes_before_its_nonce_is_not_reached() -> None:
@@ -209,9 +267,9 @@ def test_a_poprun_that_closes_before_its_nonce_is_not_reached() -> None:
         thread.start()
         status, out, err = _shim_without_poprun({environment.CONTROL: address, environment.SECRET: SECRET})
         thread.join(timeout=30)
-    assert (status, out) == (5, "hi\n")
+    assert (status, out) == (NOT_STARTED, "")
     assert err == (f"poprun instance 0: cannot reach poprun at {address} (it closed the connection before it "
-                   "said anything); output will not be tagged\n")
+                   "said anything); the program was not started\n")
 
 
 class _Pieces:
@@ -253,8 +311,8 @@ def test_a_program_that_cannot_start_is_named_not_found_or_not_executable(tmp_pa
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "here").write_text("#!/bin/sh\n")  # in the working directory, not on PATH; not executable
     monkeypatch.chdir(tmp_path)
-    for argv, code in [(["here"], errno.ENOENT), ([str(tmp_path / "here")], errno.EACCES),
-                       ([str(tmp_path / "absent")], errno.ENOENT), (["no-such-program-xyz"], errno.ENOENT)]:
+    for argv, code in [([b"here"], errno.ENOENT), ([bytes(tmp_path / "here")], errno.EACCES),
+                       ([bytes(tmp_path / "absent")], errno.ENOENT), ([b"no-such-program-xyz"], errno.ENOENT)]:
         failed = spawn(argv, no_stdin=True)
         assert isinstance(failed, OSError) and failed.errno == code, (argv, failed)
 
@@ -293,7 +351,9 @@ def test_a_reset_connection_to_poprun_stops_the_program() -> None:
 def test_an_error_file_that_cannot_be_made_is_dropped_with_a_warning(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")  # a file where the error file's directory would have to be
-    status, out, err = _shim_without_poprun({environment.TORCHELASTIC_ERROR_FILE: str(blocker / "dir" / "error.json")})
-    assert (status, out) == (5, "hi\n")
+    result, frames = run_shim(PYTHON, "-c", "print('hi'); raise SystemExit(5)",
+                              env={environment.TORCHELASTIC_ERROR_FILE: str(blocker / "dir" / "error.json")})
+    err = result.stderr
+    assert result.returncode == 5 and b"".join(p for kind, _, p in frames if kind == protocol.OUTPUT) == b"hi\n"
     assert re.fullmatch(rf"poprun: warning: on host {re.escape(os.uname().nodename)}: no "
                         rf"{environment.TORCHELASTIC_ERROR_FILE} for the program: .+\n", err.splitlines(True)[0]), err

@@ -14,10 +14,10 @@ import pytest
 
 from poprun_py import protocol
 from poprun_py.process import Process
-from poprun_py.seal import TO_POPRUN, Seal
+from poprun_py.seal import TO_POPRUN, Seal, new_secret
 from poprun_py.supervisor import MAX_PENDING, Supervisor
 from tests.helpers import PYTHON, wait_until
-from tests.launcher.supervising import call_in, call_in_sealed, poprun_log, supervisor
+from tests.launcher.supervising import START_TIMEOUT, call_in, call_in_sealed, poprun_log, supervisor
 
 
 @pytest.fixture
@@ -481,3 +481,28 @@ def test_a_connection_dropped_earlier_in_the_same_round_is_not_read_again(
     assert oldest not in s.pending
     s._read_hello(*label)  # as the rest of the round would
     assert len(s.pending) == MAX_PENDING
+
+
+def test_a_shim_that_takes_none_of_its_program_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """poprun waits at most the silence limit for a shim to take the program it answers a HELLO
+    with (more than a socket's buffers hold); a shim that reads none of it is lost, and ends the job."""
+    monkeypatch.setattr(protocol, "SILENCE_LIMIT", 0.3)
+    s = Supervisor(1, ["a"], lambda address: [], new_secret(), [b"x" * (32 << 20)], listen_address="127.0.0.1",
+                   start_timeout=START_TIMEOUT, stdout=io.BytesIO(), stderr=io.BytesIO())
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as shim:
+        server.setblocking(False)
+        shim.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        shim.settimeout(10)
+        shim.connect(server.getsockname())
+        s._accept(server)
+        seal = Seal(s.secret, shim.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL), TO_POPRUN)
+        shim.sendall(seal.seal(protocol.hello(0, 1000, "a")))
+        [(conn, reader)] = [data for kind, data in s.watch.labels() if kind == "pending"]
+        state = s.instances[0]
+        with poprun_log(1) as said:
+            deadline = time.monotonic() + 10
+            while not state.lost and time.monotonic() < deadline:  # until its HELLO is through loopback
+                s._read_hello(conn, reader)
+    assert state.lost and state.connection is None
+    assert "[E] instance 0 on a: could not send it the program" in said.getvalue()
+    assert s.failure is not None and s.failure.index == 0 and s.failure.description.startswith("lost: ")

@@ -49,7 +49,7 @@ def instance_environments(flavour: str, plan: JobPlan) -> list[dict[str, str]]:
     """The variables the mpiexec command poprun builds gives each instance: the job-wide ones
     (``-genv`` / ``-x`` before the app contexts) overlaid with the instance's own block."""
     spec = CommandSpec(job_env=plan.job_env(), instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],
-                       shim=["shim"], program=["prog"], explicit_hosts=bool(plan.hosts))
+                       shim=["shim"], explicit_hosts=bool(plan.hosts))
     command = build_command(MpiLauncher("mpiexec", flavour, "test"), plan, spec)  # type: ignore[arg-type]
 
     def variables(tokens: list[str]) -> dict[str, str]:

@@ -70,7 +70,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
                              "test_a_launch_that_fails_is_recorded_with_the_host_that_could_not_start")),
     "poprun_py.teardown": (*_LAUNCH, "tests/launcher/test_leftovers.py"),
     "poprun_py.shim": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py",
-                       "tests/launcher/test_shim_exit.py",
+                       "tests/launcher/test_shim_exit.py", "tests/launcher/test_program_arguments.py",
                        ("tests/launcher/test_poprun_shared_terminal.py::"
                         "test_an_instances_two_streams_keep_the_order_it_wrote_them_in"),
                        "tests/launcher/test_network_exposure.py::test_the_launchers_library_stays_out_of_the_programs_environment"),
@@ -81,7 +81,8 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
                              "test_an_instances_two_streams_keep_the_order_it_wrote_them_in")),
     "poprun_py.protocol": (
         "tests/launcher/test_protocol.py", "tests/launcher/test_shim_settings.py",
-        "tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_network_and_host_errors.py"),
+        "tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_network_and_host_errors.py",
+        "tests/launcher/test_program_arguments.py", _SHIM),
     # output framing
     "poprun_py.output": (
         "tests/launcher/test_output_tagging.py", "tests/launcher/test_poprun_output.py",
