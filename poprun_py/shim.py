@@ -20,6 +20,7 @@ import _signal
 import errno
 import os
 import sys
+import time
 
 from poprun_py import environment, sweep
 from poprun_py.paths import which
@@ -131,8 +132,9 @@ def prepare_error_file() -> str | None:
     return None
 
 
-def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, Seal] | None:
-    """The control connection and its seal, once poprun's nonce has arrived; None, said on stderr,
+def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, Seal, int] | None:
+    """The control connection, its seal, and when poprun's nonce arrived (this host's wall clock,
+    ns: half of the measure of the clocks' offset, see ``protocol.CLOCK``); None, said on stderr,
     when poprun cannot be reached, or its address or the secret is missing."""
     from poprun_py.control import connect
     from poprun_py.protocol import SILENCE_LIMIT
@@ -146,12 +148,13 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
             control = connect(address, give_up_after=SILENCE_LIMIT)
             try:
                 nonce = _read_nonce(control, SILENCE_LIMIT)
+                arrived = time.time_ns()
             except OSError:
                 control.close()
                 raise
             from poprun_py.seal import TO_POPRUN, Seal
 
-            return control, Seal(secret, nonce, TO_POPRUN)
+            return control, Seal(secret, nonce, TO_POPRUN), arrived
         except OSError as exc:
             problem = str(exc)
     # Cannot report to poprun: pass the output through untagged, so nothing is lost; poprun still
@@ -226,8 +229,6 @@ def hold_until_reaped() -> None:
                     os.close(fd)
                 except OSError:  # the listing's own descriptor, closed by now
                     pass
-        import time
-
         deadline = time.monotonic() + HOLD_LIMIT
         while sweep.start_time(me) == born and time.monotonic() < deadline:
             time.sleep(HOLD_POLL)

@@ -45,12 +45,14 @@ def _ignore(*_: object) -> None:
 
 
 class Pump:
-    def __init__(self, index: int, connection: tuple[_socket.socket, Seal] | None,
+    def __init__(self, index: int, connection: tuple[_socket.socket, Seal, int] | None,
                  error_file: str | None = None) -> None:
         self.index = index
-        #: poprun's connection (None: it cannot be reached), what seals its frames and checks its commands.
+        #: poprun's connection (None: it cannot be reached), what seals its frames and checks its
+        #: commands, and when poprun's nonce arrived (wall clock, ns; see protocol.CLOCK).
         self.control: _socket.socket | None = connection[0] if connection is not None else None
         seal = self.seal = connection[1] if connection is not None else None
+        self.nonce_arrived = connection[2] if connection is not None else 0
         self.commands = protocol.CommandReader(seal) if seal is not None else None
         #: The program's TORCHELASTIC_ERROR_FILE: sent to poprun when it fails (see root_cause.py).
         self.error_file = error_file
@@ -62,6 +64,10 @@ class Pump:
         self.grace = grace
         self.pid: int | None = None
         self.kill_at: float | None = None
+        #: On this host's wall clock (ns; 0: not yet), for poprun's choice of the first failure
+        #: (protocol.TIMES): when the program ended, and when the shim began to stop it.
+        self.ended_ns = 0
+        self.stopped_ns = 0
         self.last_sent = time.monotonic()
         self.started = time.time()
         #: Why the shim stopped its program by itself (its launcher died), for the exit report.
@@ -96,6 +102,7 @@ class Pump:
 
     def hello(self) -> None:
         self.send(protocol.hello(self.index, os.getpid(), _socket.gethostname()))
+        self.send(protocol.clock(self.nonce_arrived, time.time_ns()))
 
     def spawn_failed(self, program: str, error: OSError) -> int:
         status = 127 if error.errno == 2 else 126
@@ -110,6 +117,7 @@ class Pump:
         if self.pid is None or self.kill_at is not None:
             return
         self.kill_at = time.monotonic() + self.grace
+        self.stopped_ns = time.time_ns()
         self.was_stopped = self.returncode is None and sweep.is_stopped(self.pid)
         self._signal_group(_signal.SIGTERM)
         self._signal_group(_signal.SIGCONT)
@@ -132,12 +140,15 @@ class Pump:
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, self._on_signal)
         status, signum = self._pump(stdout_fd, stderr_fd)
+        recorded = 0
         if self.error_file:
             if status and self.control is not None:
                 cause = root_cause.collect(self.error_file)
                 if cause is not None:
+                    recorded = root_cause.written_at(self.error_file)
                     self.send(protocol.frame(protocol.ROOT_CAUSE, cause))
             root_cause.remove(self.error_file)
+        self.send(protocol.times(self.ended_ns, self.stopped_ns, recorded))
         flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
             (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0)
         wake = self._signals_end_the_wait()  # before the report: poprun may stop the job on it
@@ -239,6 +250,7 @@ class Pump:
     def _exited(self, wait_status: int, now: float) -> None:
         """The program has exited: its status; its pipes may stay open DRAIN_SECONDS longer."""
         self.returncode = os.waitstatus_to_exitcode(wait_status)
+        self.ended_ns = time.time_ns()
         self.drain_until = now + DRAIN_SECONDS
 
     def _timeout(self, now: float) -> float:

@@ -72,8 +72,9 @@ class Supervisor:
         self.interrupted: int | None = None
         self.teardown = Teardown(self.instances, grace)
         self.next_silence_check = 0.0
-        #: Connections accepted that have not yet said HELLO: when each was accepted, and from where.
-        self.pending: dict[_socket.socket, tuple[float, str]] = {}
+        #: Connections accepted that have not yet said HELLO: when each was accepted (monotonic), from
+        #: where, and when its nonce was sent (wall clock, ns: see ``clocks``).
+        self.pending: dict[_socket.socket, tuple[float, str, int]] = {}
         #: --start-timeout: how long after mpiexec's start every instance must have called in.
         self.start_timeout = start_timeout
         self.mpiexec_started = 0.0
@@ -293,15 +294,16 @@ class Supervisor:
         except OSError:
             conn.close()
             return
+        sent = time.time_ns()
         if len(self.pending) >= MAX_PENDING:
             oldest = min(self.pending, key=lambda pending: self.pending[pending][0])
             self._drop_pending(oldest, f"more than {MAX_PENDING} connections had not said who they were")
-        self.pending[conn] = (time.monotonic(), peer)
+        self.pending[conn] = (time.monotonic(), peer, sent)
         self.watch.add(conn, ("pending", (conn, protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM)))))
 
     def _drop_pending(self, conn: _socket.socket, why: str | None) -> None:
         """Close a connection that has not become an instance's, saying why (None: it closed)."""
-        _, peer = self.pending.pop(conn)
+        _, peer, _ = self.pending.pop(conn)
         if why is not None:
             log.error("unexpected connection on the control port from %s: %s", peer, why)
         self.watch.remove(conn)
@@ -309,6 +311,7 @@ class Supervisor:
 
     def _read_hello(self, conn: _socket.socket, reader: protocol.FrameReader) -> None:
         data = self._recv(conn)
+        received = time.time_ns()
         if data is None:
             return
         if not data:
@@ -327,8 +330,8 @@ class Supervisor:
         except protocol.ProtocolError as exc:
             self._drop_pending(conn, str(exc))
             return
-        del self.pending[conn]
         state = self.instances[index]
+        state.nonce_sent = self.pending.pop(conn)[2]
         state.connection, state.reader, state.pid = conn, reader, pid
         state.last_heard = time.monotonic()
         self.called_in += 1
@@ -340,7 +343,7 @@ class Supervisor:
         log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
         if self.teardown.started is not None:
             self.teardown.terminate(state)
-        self._handle_frames(state, frames[1:])
+        self._handle_frames(state, frames[1:], received)
 
     @staticmethod
     def _recv(conn: _socket.socket) -> bytes | None:
@@ -356,6 +359,7 @@ class Supervisor:
         state = self.instances[index]
         assert state.connection is not None
         data = self._recv(state.connection)
+        received = time.time_ns()
         if data is None:
             return
         if not data:
@@ -370,14 +374,22 @@ class Supervisor:
             log.error("instance %d on %s: dropped its connection: %s", state.index, state.host, exc)
             self._disconnect(state)
             return
-        self._handle_frames(state, frames)
+        self._handle_frames(state, frames, received)
 
-    def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]]) -> None:
+    def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]], received: int) -> None:
+        """``received``: when their bytes came in (wall clock, ns), for the CLOCK frame's measure."""
         for kind, stream, payload in frames:
             if kind == protocol.OUTPUT:
                 state.output.feed(stream, payload)
             elif kind == protocol.ROOT_CAUSE:
                 state.root_cause = payload
+            elif kind == protocol.CLOCK:
+                from poprun_py.clocks import offset_ns
+
+                arrived, replied = protocol.read_clock(payload)
+                state.clock_offset = offset_ns(state.nonce_sent, arrived, replied, received)
+            elif kind == protocol.TIMES:
+                state.ended_ns, state.stopped_ns, state.recorded_ns = protocol.read_times(payload)
             elif kind == protocol.LAUNCHER_LOST:
                 state.launcher_lost = payload.decode(errors="replace")
                 log.info("instance %d on %s: %s", state.index, state.host, state.launcher_lost)
@@ -389,6 +401,7 @@ class Supervisor:
                 state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
                 state.was_stopped = bool(flags & protocol.EXIT_WAS_STOPPED)
                 state.ended_at = time.monotonic()
+                state.seen_at = time.time()
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())
                 log.info("instance %d on %s: %s", state.index, state.host, describe_status(state.status, state.signal))
@@ -416,7 +429,7 @@ class Supervisor:
         if now < self.next_silence_check:
             return
         self.next_silence_check = now + SILENCE_CHECK_SECONDS
-        for conn, (accepted, _) in list(self.pending.items()):
+        for conn, (accepted, _, _) in list(self.pending.items()):
             if now - accepted > protocol.SILENCE_LIMIT:
                 self._drop_pending(conn, f"it said nothing for {protocol.SILENCE_LIMIT:g} s")
         for state in self.instances:
@@ -452,6 +465,7 @@ class Supervisor:
             # The shim died without reporting (killed by mpiexec or a signal).
             state.lost = True
             state.ended_at = time.monotonic()
+            state.seen_at = time.time()
             log.info("instance %d on %s was lost without an exit report", state.index, state.host)
             if self.failure is None and self.teardown.started is None:
                 from poprun_py.report import loss
@@ -498,8 +512,9 @@ class Supervisor:
             return status
         if self.failure is not None:
             self._show_held()
-            self._summary(None)
-            return self.failure.status
+            report = self._report()
+            self._say(report.summary(None))
+            return report.status
         self._show_held()
         # Nothing failed and nothing stopped the job: whatever mpiexec said has been passed on.
         unreported = [s.index for s in self.instances if s.status is None]
