@@ -38,19 +38,34 @@ SHOWN_ERROR_CHARS = 200
 
 
 class Failed:
-    """One instance's failure: when (poprun's clock, seconds), and what it recorded, if anything."""
+    """One instance's failure: when (poprun's clock, seconds), what it recorded, if anything, and
+    whether it came before anything stopped it (only such a failure can be the root cause)."""
 
     def __init__(self, state: InstanceState) -> None:
         self.state = state
 
+    def _before_stop(self, ns: int) -> bool:
+        """Whether ``ns`` (its shim's clock) came before its shim began to stop it; without its
+        shim's times (an older report), whether it failed by itself."""
+        if not self.state.ended_ns:
+            return self.state.failed_by_itself
+        return bool(ns) and (not self.state.stopped_ns or ns < self.state.stopped_ns)
+
     @cached_property
     def recorded(self) -> dict[str, str | None] | None:
-        """What its error file says, when it wrote one before it was stopped (``root_cause.describe``)."""
+        """What its error file says (``root_cause.describe``), when it failed by itself or wrote
+        the file before it was stopped."""
         state = self.state
-        if state.root_cause is None:
+        if state.root_cause is None or not (state.failed_by_itself or self._before_stop(state.recorded_ns)):
             return None
-        before_stop = bool(state.recorded_ns) and state.stopped_ns > 0 and state.recorded_ns < state.stopped_ns
-        return describe(state.root_cause) if state.failed_by_itself or before_stop else None
+        return describe(state.root_cause)
+
+    @cached_property
+    def first_hand(self) -> bool:
+        """It failed before anything stopped it: by its error file's time, or its program's end."""
+        state = self.state
+        return (self.recorded is not None and self._before_stop(state.recorded_ns)) or \
+            (state.failed_by_itself and self._before_stop(state.ended_ns))
 
     @property
     def at(self) -> float:
@@ -96,13 +111,13 @@ class Failed:
         return first if len(first) <= SHOWN_ERROR_CHARS else first[:SHOWN_ERROR_CHARS] + "..."
 
     def how(self) -> str:
-        """How it failed: its status, or that it recorded its error and was then stopped."""
+        """How it failed: its status, or that it recorded its error and then ended as it was stopped."""
         state = self.state
         status = describe_status(state.status or 0, state.signal)
-        if state.failed_by_itself:
+        if state.failed_by_itself or not self.first_hand:
             return status
         by = "poprun" if state.stopped_by_poprun else "its shim"
-        return f"recorded its error at {clock(self.at)}, then {by} stopped it ({status})"
+        return f"recorded its error at {clock(self.at)}, then ended as {by} stopped it: {status}"
 
     def report(self) -> dict[str, object]:
         """Its entry in --error-file's ``failures``."""
@@ -116,10 +131,11 @@ class Failed:
 
 def failures(instances: list[InstanceState]) -> list[Failed]:
     """Every instance that failed, the first first (see the module's docstring); on a tie, the
-    lower index."""
+    lower index. Those that failed only after they were told to stop (a program that ignores
+    SIGTERM and then exits with a status of its own) come last: they are never the root cause."""
     found = [Failed(state) for state in instances if state.status]
     found = [failed for failed in found if failed.state.failed_by_itself or failed.recorded is not None]
-    return sorted(found, key=lambda failed: (failed.rank, failed.state.index))
+    return sorted(found, key=lambda failed: (not failed.first_hand, failed.rank, failed.state.index))
 
 
 def _whole(text: str | None) -> int | None:

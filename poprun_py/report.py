@@ -57,7 +57,7 @@ class Report:
         if self.failure is None or self.failure.index is None:
             return None
         first = self.instances[self.failure.index]
-        if first.lost or first.launcher_lost or not self.failures:
+        if first.lost or first.launcher_lost or not self.failures or not self.failures[0].first_hand:
             return first
         return self.failures[0].state
 

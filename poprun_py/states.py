@@ -65,13 +65,14 @@ class InstanceState:
 
     @property
     def failed_by_itself(self) -> bool:
-        """It reported a failure of its own: a non-zero status, its program ended before its shim
-        began to stop it (the shim's times say so); without those times, a status that is not what
-        stopping it gives (SIGTERM, then SIGKILL, or the shell's 128+N for them)."""
+        """It reported a failure of its own: a non-zero status that is not what stopping it gives
+        (SIGTERM, then SIGKILL, or the shell's 128+N for them), or any, when its shim's times say
+        that its program ended before anything began to stop it (a SIGKILL from the kernel's
+        out-of-memory killer)."""
         if not self.status:
             return False
-        if self.ended_ns:
-            return not self.stopped_ns or self.ended_ns < self.stopped_ns
+        if self.ended_ns and (not self.stopped_ns or self.ended_ns < self.stopped_ns):
+            return True
         stopped = {_signal.SIGTERM, _signal.SIGKILL}
         return self.signal not in stopped and self.status not in {128 + s for s in stopped}
 

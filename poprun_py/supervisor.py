@@ -557,7 +557,8 @@ class Supervisor:
             return own_failure(self.ended_because, self.status or 1)
         report = self._report().failure_report()
         if report is None and self.interrupted is not None:
-            return own_failure(f"interrupted by {signal_name(self.interrupted)}", 128 + self.interrupted)
+            return own_failure(f"interrupted by {signal_name(self.interrupted)}", 128 + self.interrupted,
+                               stopped=self._report().stopped())
         return report
 
     def lost_hosts(self) -> dict[str, str]:

@@ -192,7 +192,8 @@ def test_the_rank_that_raised_on_either_host_is_the_root_cause(cluster: Cluster,
     ``linger`` seconds; its shim's times, made poprun's with its clock's offset, name it."""
     error_file = tmp_path / "failure.json"
     result = poprun("--error-file", str(error_file), "--num-instances", "4", "-H", "node0,node1", PYTHON, CASCADE,
-                    "--fail-rank", str(failed), "--linger", str(linger), env=job_env("mpich"), timeout=TORCH_TIMEOUT)
+                    "--fail-rank", str(failed), "--linger", str(linger), env=job_env("mpich", **OMP_SET),
+                    timeout=TORCH_TIMEOUT)
     check_cascade(result, error_file, 4, failed, ["node0", "node0", "node1", "node1"])
 
 

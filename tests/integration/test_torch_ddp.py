@@ -137,7 +137,7 @@ def test_a_recorded_failure_shows_its_root_cause(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(TORCH_TIMEOUT + 30)
-@pytest.mark.parametrize("instances,linger", [(3, 0.5), (4, 1.5), (3, 3.0)])
+@pytest.mark.parametrize("instances,linger", [(3, 0.5), (4, 3.0)])
 def test_the_rank_that_raised_is_the_root_cause_not_the_first_to_exit(tmp_path: Path, instances: int,
                                                                        linger: float) -> None:
     """tests/scripts/cascade.py: rank 1 raises and destroys its process group; the others fail on

@@ -479,6 +479,7 @@ def test_an_interrupted_job_is_not_restarted(tmp_path: Path) -> None:
     assert set(written) == RECORD_KEYS, written
     assert (written["restart"], written["instance"], written["host"], written["status"], written["reason"]) == (
         0, None, None, 130, "interrupted by SIGINT"), written
+    assert (written["failures"], written["stopped"]) == ([], [0, 1]), written  # the summary's "stopped" line
 
 
 def test_a_signal_after_an_instance_failed_leaves_that_failure_on_record(tmp_path: Path) -> None:

@@ -172,39 +172,54 @@ def _recorded(message: str, second: int) -> bytes:
                                                                       "timestamp": str(second)}}}).encode()
 
 
-def test_times_from_hosts_with_other_clocks_are_made_poprun_s_before_they_are_compared() -> None:
-    """Instance 1 reports first; instance 0's host is an hour ahead, and its error file, written
-    0.5 s before instance 1's, says an hour later. Its clock's offset, measured over its connection,
-    puts it first."""
+SECOND = 10**9
+HOUR = 3600 * SECOND
+
+
+@pytest.mark.parametrize("reports,first", [
+    # Instance 0's host is an hour ahead: its error file, written 0.5 s before instance 1's, says
+    # an hour later; its clock's offset, measured over its connection, puts it first.
+    ([(1, 0, 0, 500_000_000), (0, HOUR, 0, 0)], 0),
+    # Both recorded in the same second: when each file was written tells which came first.
+    ([(0, 0, 0, 700_000_000), (1, 0, 0, 200_000_000)], 1),
+    # Instance 1's file was written again 10 s after the second it records: that second counts.
+    ([(0, 0, 0, 200_000_000), (1, 0, -SECOND, 10 * SECOND)], 1),
+], ids=["an-hour-ahead", "one-second", "rewritten"])
+def test_the_first_record_in_poprun_s_time_is_the_root_cause(reports: list[tuple[int, int, int, int]],
+                                                              first: int) -> None:
+    """Two instances on hosts ``a`` and ``b`` report errors they recorded (``reports``: instance,
+    its clock's skew, the second torch recorded and when the file was written, both from a whole
+    second on poprun's clock 10 s ago, in ns), the first reported first; the root cause is
+    ``first``, whatever order they came in."""
     import io
 
     from tests.launcher.supervising import call_in_sealed, supervisor
 
-    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("ahead", "behind"))
-    hour = 3600 * 10**9
-    first = time.time_ns() - 2 * 10**9  # on poprun's clock
+    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b"))
+    base = (time.time_ns() // SECOND - 10) * SECOND
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.setblocking(False)
         shims = []
         try:
-            for index, skew, at, message in ((1, 0, first + 500_000_000, "KeyError: second"),
-                                             (0, hour, first, "ValueError: first")):
+            for index, skew, second, written in reports:
                 shim, seal = call_in_sealed(s, server, index)  # its nonce has arrived
                 shims.append(shim)
                 shim.sendall(b"".join(seal.seal(frame) for frame in (
                     protocol.clock(time.time_ns() + skew, time.time_ns() + skew),
-                    protocol.frame(protocol.ROOT_CAUSE, _recorded(message, (at + skew) // 10**9)),
-                    protocol.times(at + skew + 10**6, 0, at + skew), protocol.exit_report(1, None, None))))
+                    protocol.frame(protocol.ROOT_CAUSE, _recorded(f"ValueError: {index}",
+                                                                  (base + skew + second) // SECOND)),
+                    protocol.times(base + skew + written + SECOND, 0, base + skew + written),
+                    protocol.exit_report(1, None, None))))
                 wait_until(lambda i=index: _read(s, i), "its exit report")  # type: ignore[misc]
-            assert s.instances[0].clock_offset != 0 and s.instances[1].clock_offset == 0
-            assert s.failure is not None and s.failure.index == 1  # the first report
+            assert [state.clock_offset != 0 for state in s.instances] == [reports[-1][1] != 0, False]
+            assert s.failure is not None and s.failure.index == reports[0][0]  # the first report
             report = s._report()
             assert report.summary(None).splitlines()[:2] == [
-                "poprun: instance 0 on ahead failed: exit status 1",
-                "poprun: root cause (instance 0's error file): ValueError: first"]
-            written = report.failure_report()
-            assert written is not None and written["instance"] == 0
-            assert [f["instance"] for f in written["failures"]] == [0, 1]  # type: ignore[attr-defined]
+                f"poprun: instance {first} on {'ab'[first]} failed: exit status 1",
+                f"poprun: root cause (instance {first}'s error file): ValueError: {first}"]
+            record = report.failure_report()
+            assert record is not None and record["instance"] == first
+            assert [f["instance"] for f in record["failures"]] == [first, 1 - first]  # type: ignore[attr-defined]
         finally:
             for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
                 sock.close()
@@ -240,8 +255,8 @@ def test_of_two_real_failures_a_second_apart_the_earlier_is_the_root_cause(tmp_p
     result, lines, written = _fail_apart(tmp_path, first, second, 1.0, "record")
     assert result.returncode == 3, result.stderr  # the root cause was stopped: the first failure seen gives it
     host = socket.gethostname()
-    assert re.fullmatch(rf"poprun: instance {first} on {host} failed: recorded its error at [0-9:.]+, then poprun "
-                        r"stopped it \(killed by SIGTERM \(status 143\)\)", lines[0]), result.stderr
+    assert re.fullmatch(rf"poprun: instance {first} on {host} failed: recorded its error at [0-9:.]+, then ended as "
+                        r"poprun stopped it: killed by SIGTERM \(status 143\)", lines[0]), result.stderr
     assert lines[1] == f"poprun: root cause (instance {first}'s error file): ValueError: first failure"
     also = f"poprun: instance {second} on {host} also failed: exit status 3; its error: RuntimeError: second failure"
     assert lines[-2:] == [also, "poprun: stopped instance(s) 0 (1 of 3)"], result.stderr
