@@ -6,7 +6,9 @@ error file (torch's ``@record``) before it was stopped. Its failure's time is th
 torch records it in whole seconds, and when the file was last written (read by the shim on its own
 host) refines it within that second; else the time its program ended. Its shim's clock offset
 (``clocks``) makes either a time on poprun's clock. An instance's end that poprun (or its shim)
-caused by stopping it is never a failure.
+caused by stopping it is never a failure; only a failure that came before anything began to stop
+the instance (its record, or its end) can be the root cause: a program that ignores SIGTERM and
+then exits with a status of its own failed too, but only after poprun's stop.
 
 One refinement makes the usual torch failure come out right. The program that fails destroys its
 process group in a ``finally``, which closes its connections, and records its error only after
