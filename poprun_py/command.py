@@ -325,8 +325,9 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
                    "slots bounds the instances a restart puts there.")
 @click.option("--error-file", type=FileName(dir_okay=False), metavar="FILE",
               help="When a start of the job fails, write every start so far to FILE as a JSON list, the last "
-                   "one last: restart, hosts, instances, and the failure's instance, host, status, signal, "
-                   "time, reason, lost hosts and the last lines of its stderr.")
+                   "one last: restart, hosts, instances, lost hosts; the root cause (the instance that failed "
+                   "first): its instance, host, status, signal, time, reason, the last lines of its stderr and "
+                   "what it recorded; every instance that failed, the first first; and those poprun stopped.")
 @click.option("--start-timeout", type=Count(1, 86400, "is more than a day"), default=120, show_default=True,
               metavar="SECONDS",
               help="Stop the job when an instance has not started this long after mpiexec did (a host that "

@@ -38,10 +38,19 @@ ROOT_CAUSE = 5  # before EXIT, from a failed program: its TORCHELASTIC_ERROR_FIL
 #: Sent the moment the shim sees it, before it stops its program: the launcher then ends the job's
 #: other hosts, and what poprun hears first names the host that failed.
 LAUNCHER_LOST = 6
+#: Right after HELLO: CLOCK_FIELDS, the shim's wall clock (ns) when poprun's nonce arrived and when
+#: this frame was sent. With when poprun sent the nonce and received this, they measure how far the
+#: shim's clock is from poprun's (``clocks``), so that times from every host can be compared.
+CLOCK = 7
+#: Just before EXIT: TIMES_FIELDS, on the shim's wall clock (ns; 0: never): when the program ended,
+#: when the shim began to stop it, and when its error file was last written (sent with ROOT_CAUSE).
+TIMES = 8
 
 HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
 #: No HELLO is longer: its fields and a host name (at most 255 bytes in DNS, 64 in a Linux uname).
 MAX_HELLO = HELLO_FIELDS.size + 255
+CLOCK_FIELDS = struct.Struct("!QQ")  # nonce arrived, CLOCK sent
+TIMES_FIELDS = struct.Struct("!QQQ")  # program ended, stop begun, error file written
 EXIT_FIELDS = struct.Struct("!iIB")  # exit status, signal number (0: not killed by a signal), EXIT_* flags
 #: EXIT flag: the shim itself was signalled (by its MPI launcher, or by hand), not told by poprun,
 #: and stopped its program.
@@ -105,6 +114,14 @@ def hello(index: int, pid: int, host: str) -> bytes:
     return frame(HELLO, HELLO_FIELDS.pack(index, pid) + host.encode())
 
 
+def clock(nonce_arrived_ns: int, sent_ns: int) -> bytes:
+    return frame(CLOCK, CLOCK_FIELDS.pack(nonce_arrived_ns, sent_ns))
+
+
+def times(ended_ns: int, stopped_ns: int, recorded_ns: int) -> bytes:
+    return frame(TIMES, TIMES_FIELDS.pack(ended_ns, stopped_ns, recorded_ns))
+
+
 def exit_report(status: int, signum: int | None, error: str | None, flags: int = 0) -> bytes:
     return frame(EXIT, EXIT_FIELDS.pack(status, signum or 0, flags) + (error or "").encode())
 
@@ -115,6 +132,18 @@ def read_hello(payload: bytes) -> tuple[int, int, str]:
     return index, pid, payload[HELLO_FIELDS.size:].decode(errors="replace")
 
 
+def read_clock(payload: bytes) -> tuple[int, int]:
+    """``(nonce arrived, sent)`` on the shim's clock (ns) from a CLOCK payload."""
+    arrived, sent = _unpack(CLOCK_FIELDS, payload, "CLOCK")
+    return arrived, sent
+
+
+def read_times(payload: bytes) -> tuple[int, int, int]:
+    """``(ended, stopped, recorded)`` on the shim's clock (ns; 0: never) from a TIMES payload."""
+    ended, stopped, recorded = _unpack(TIMES_FIELDS, payload, "TIMES")
+    return ended, stopped, recorded
+
+
 def read_exit(payload: bytes) -> tuple[int, int | None, str | None, int]:
     """``(status, signal or None, error or None, EXIT_* flags)`` from an EXIT payload."""
     status, signum, flags = _unpack(EXIT_FIELDS, payload, "EXIT")
@@ -123,7 +152,8 @@ def read_exit(payload: bytes) -> tuple[int, int | None, str | None, int]:
 
 
 #: What an instance's connection may carry after its HELLO, and the shortest payload of each.
-_AFTER_HELLO = {OUTPUT: 0, EXIT: EXIT_FIELDS.size, HEARTBEAT: 0, ROOT_CAUSE: 0, LAUNCHER_LOST: 0}
+_AFTER_HELLO = {OUTPUT: 0, EXIT: EXIT_FIELDS.size, HEARTBEAT: 0, ROOT_CAUSE: 0, LAUNCHER_LOST: 0,
+                CLOCK: CLOCK_FIELDS.size, TIMES: TIMES_FIELDS.size}
 
 
 def unreadable(kind: int, stream: int, payload: bytes) -> str | None:

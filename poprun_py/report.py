@@ -8,11 +8,13 @@ import time
 from functools import cached_property
 
 from poprun_py import protocol
-from poprun_py.states import Failure, InstanceState, describe_status, signal_name
+from poprun_py.states import Failure, InstanceState, signal_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from poprun_py.first_failure import Failed
 
 
 class Report:
@@ -40,14 +42,44 @@ class Report:
         """What the launcher's output says went wrong on which host, read once."""
         return self.host_failures()
 
+    @cached_property
+    def failures(self) -> list[Failed]:
+        """Every instance that failed, the first first (see ``first_failure``)."""
+        from poprun_py.first_failure import failures
+
+        return failures(self.instances)
+
+    @cached_property
+    def cause(self) -> InstanceState | None:
+        """The root cause: the instance that failed first. A host lost (its instances ended without a
+        report, or its MPI daemon died) stays the cause when poprun saw it first: when it went is
+        not known, only when poprun noticed. None when the job failed for poprun's own reason."""
+        if self.failure is None or self.failure.index is None:
+            return None
+        first = self.instances[self.failure.index]
+        if first.lost or first.launcher_lost or not self.failures or not self.failures[0].first_hand:
+            return first
+        return self.failures[0].state
+
+    @property
+    def status(self) -> int:
+        """poprun's exit status: the root cause's own when it failed by itself, else that of the
+        failure that made poprun stop the job."""
+        assert self.failure is not None
+        cause = self.cause
+        if cause is not None and cause.index != self.failure.index and cause.failed_by_itself:
+            assert cause.status is not None
+            return cause.status
+        return self.failure.status
+
     def summary(self, reason: str | None) -> str:
         """The lines on stderr: the root cause, what its program recorded, the last lines of its
-        stderr (of its output, when its two streams are one), the others that failed by themselves,
-        why poprun stopped, and whom it stopped."""
+        stderr (of its output, when its two streams are one), every other instance that failed (one
+        line each), why poprun stopped, and whom it stopped."""
         lines = []
-        also: list[InstanceState] = []
-        if self.failure is not None and self.failure.index is not None:
-            state = self.instances[self.failure.index]
+        others: list[Failed] = []
+        state = self.cause
+        if state is not None:
             lines.append(f"poprun: {self._reason(state)}")
             cause = root_cause(state)
             if cause is not None:
@@ -58,50 +90,73 @@ class Report:
                 stream = "output" if state.output.one_stream else "stderr"
                 lines.append(f"poprun: last lines of instance {state.index}'s {stream}:")
                 lines += [f"    {line.decode(errors='replace')}" for line in state.output.stderr_tail]
-            # Instances that failed by themselves too (when all fail at once), each with its own status.
-            also = [s for s in self.instances if s is not state and s.failed_by_itself]
-            for other in also:
-                lines.append(f"poprun: instance {other.index} on {other.host} also failed: "
-                             f"{describe_status(other.status or 0, other.signal)}")
+            others = [failed for failed in self.failures if failed.state is not state]
+            for other in others:
+                error = f"; its error: {other.error}" if other.error is not None else ""
+                lines.append(f"poprun: instance {other.state.index} on {other.state.host} also failed: "
+                             f"{other.how()}{error}")
         if self.failure is not None and self.failure.index is None:  # poprun's own reason
             lines.append(f"poprun: {self.failure.description}")
         if reason:
             lines.append(f"poprun: {reason}")
-        stopped = [s.index for s in self.instances if s.stopped_by_poprun and not s.lost and s not in also]
+        stopped = self.stopped()
         if stopped:
-            lines.append(f"poprun: stopped instance(s) {ranges(stopped)}")
+            lines.append(f"poprun: stopped instance(s) {ranges(stopped)} ({len(stopped)} of {len(self.instances)})")
         return "\n".join(lines) + "\n"
 
+    def stopped(self) -> list[int]:
+        """The instances poprun stopped that did not fail by themselves, nor are the root cause."""
+        failed = {failed.state.index for failed in self.failures}
+        if self.cause is not None:
+            failed.add(self.cause.index)
+        return [s.index for s in self.instances if s.stopped_by_poprun and not s.lost and s.index not in failed]
+
     def failure_report(self) -> dict[str, object] | None:
-        """The first failure, for --error-file and the restart message: which instance, where, its
-        status or signal, when, one line saying why, and the last lines of its stderr (``stderr_tail``:
-        of its output, when its two streams are one)."""
+        """The root cause, for --error-file and the restart message: which instance, where, the
+        job's status, its signal, when it failed, one line saying why, the last lines of its stderr
+        (``stderr_tail``: of its output, when its two streams are one) and what it recorded; then
+        every instance that failed (``failures``, the first first) and those poprun stopped
+        (``stopped``)."""
         if self.failure is None:
             return None
         if self.failure.index is None:
             return own_failure(self.failure.description, self.failure.status, self.failure.at)
-        state = self.instances[self.failure.index]
+        state = self.cause
+        assert state is not None
         # One that left early or was stopped is the cause, as the summary says, not the instance
         # it took down.
         cause = next(iter(self._left_before(state) or self._stopped_besides(state)), state)
+        first = next((failed for failed in self.failures if failed.state is state), None)
+        from poprun_py.first_failure import iso
+
         return {
             "instance": cause.index,
             "host": cause.host,
-            "status": self.failure.status,
+            "status": self.status,
             "signal": signal_name(cause.signal) if cause.signal else None,
-            "time": datetime.datetime.fromtimestamp(self.failure.at, datetime.UTC).isoformat(),
+            "time": iso(first.at if first is not None else self.failure.at),
             "reason": self._reason(state),
             "stderr_tail": [line.decode(errors="replace") for line in cause.output.stderr_tail],
             "root_cause": root_cause(cause),
+            "failures": [failed.report() for failed in self.failures],
+            "stopped": self.stopped(),
         }
 
     def _reason(self, state: InstanceState) -> str:
-        """One line on why the job failed, given its first failed instance."""
+        """One line on why the job failed, given its root cause."""
         assert self.failure is not None
-        failed = f"instance {state.index} on {state.host} failed: {self.failure.description}"
+        failed = f"instance {state.index} on {state.host} failed: {self._how(state)}"
         lost = self._failed_hosts(state)
         return ((self._host_line(lost[0]) if lost else None) or self._left_early(state)
                 or self._stopped(state, failed) or failed)
+
+    def _how(self, state: InstanceState) -> str:
+        """How the root cause failed: as poprun saw it when that made it stop the job; else as
+        ``first_failure`` tells."""
+        assert self.failure is not None
+        if state.index == self.failure.index:
+            return self.failure.description
+        return next(failed.how() for failed in self.failures if failed.state is state)
 
     def _failed_hosts(self, state: InstanceState) -> list[str]:
         """The remote hosts whose loss the failure of ``state`` comes from, each with every instance
@@ -146,8 +201,8 @@ class Report:
         ``_failed_hosts``); the failure's host when its MPI daemon died; or those where no instance
         had started by --start-timeout when instances elsewhere had."""
         lost: dict[str, str] = {}
-        if self.failure is not None and self.failure.index is not None:
-            cause = self.instances[self.failure.index]
+        cause = self.cause
+        if cause is not None:
             if cause.launcher_lost and cause.host in self.remote_hosts:
                 lost[cause.host] = cause.launcher_lost
             for host in self._failed_hosts(cause):
@@ -197,12 +252,13 @@ class Report:
         return [s for s in self.instances if s.status == 0 and s.ended_at is not None and s.ended_at < state.ended_at]
 
 
-def own_failure(reason: str, status: int, at: float | None = None) -> dict[str, object]:
+def own_failure(reason: str, status: int, at: float | None = None,
+                stopped: list[int] | None = None) -> dict[str, object]:
     """The failure report of a run that ended for poprun's own reason, no instance's (a host that
-    could not start, --start-timeout, mpiexec's failure): the same keys, no instance."""
+    could not start, --start-timeout, mpiexec's failure, a signal): the same keys, no instance."""
     when = datetime.datetime.fromtimestamp(time.time() if at is None else at, datetime.UTC)
     return {"instance": None, "host": None, "status": status, "signal": None, "time": when.isoformat(),
-            "reason": reason, "stderr_tail": [], "root_cause": None}
+            "reason": reason, "stderr_tail": [], "root_cause": None, "failures": [], "stopped": stopped or []}
 
 
 def _ended_by_launcher(state: InstanceState) -> bool:

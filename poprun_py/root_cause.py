@@ -90,6 +90,15 @@ def collect(path: str) -> bytes | None:
     return data[:SEND_LIMIT]
 
 
+def written_at(path: str) -> int:
+    """When the error file was last written, on this host's clock (ns; 0 when it cannot be told):
+    torch records the time of the failure in whole seconds; this refines it."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
 def remove(path: str) -> None:
     """Remove the error file, its instance's directory and, when no other instance's is left in
     it, the job's directory on this host."""

@@ -24,6 +24,7 @@ import _socket
 import errno
 import os
 import sys
+import time
 
 from poprun_py import environment, sweep
 from poprun_py.paths import which
@@ -139,8 +140,9 @@ def prepare_error_file() -> str | None:
     return None
 
 
-def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, Seal] | None:
-    """The control connection and its seal, once poprun's nonce has arrived; None, said on stderr,
+def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, Seal, int] | None:
+    """The control connection, its seal, and when poprun's nonce arrived (this host's wall clock,
+    ns: half of the measure of the clocks' offset, see ``protocol.CLOCK``); None, said on stderr,
     when poprun cannot be reached, or its address or the secret is missing."""
     from poprun_py.control import connect
     from poprun_py.protocol import SILENCE_LIMIT
@@ -154,12 +156,13 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
             control = connect(address, give_up_after=SILENCE_LIMIT)
             try:
                 nonce = _read_nonce(control, SILENCE_LIMIT)
+                arrived = time.time_ns()
             except OSError:
                 control.close()
                 raise
             from poprun_py.seal import TO_POPRUN, Seal
 
-            return control, Seal(secret, nonce, TO_POPRUN)
+            return control, Seal(secret, nonce, TO_POPRUN), arrived
         except OSError as exc:
             problem = str(exc)
     # Only poprun has the program: nothing is started. mpiexec passes this line and the status on.
@@ -173,14 +176,16 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
 NOT_STARTED = 1
 
 
-def receive_program(index: int, control: _socket.socket, seal: Seal) -> list[bytes] | None:
-    """Say HELLO, then read poprun's answer: the program and its arguments (``protocol.PROGRAM``),
+def receive_program(index: int, control: _socket.socket, seal: Seal, nonce_arrived: int) -> list[bytes] | None:
+    """Say HELLO and this host's clock (``protocol.CLOCK``: when poprun's nonce arrived, and now),
+    then read poprun's answer: the program and its arguments (``protocol.PROGRAM``),
     no longer than this host could pass to a program. None, said on stderr, when it does not come
     whole within SILENCE_LIMIT seconds or fails its check."""
     from poprun_py import protocol
 
     try:
-        control.sendall(seal.seal(protocol.hello(index, os.getpid(), _socket.gethostname())))
+        control.sendall(seal.seal(protocol.hello(index, os.getpid(), _socket.gethostname()))
+                        + seal.seal(protocol.clock(nonce_arrived, time.time_ns())))
         control.settimeout(protocol.SILENCE_LIMIT)
         head = _read_exactly(control, len(protocol.PROGRAM) + protocol.PROGRAM_LENGTH.size)
         (length,) = protocol.PROGRAM_LENGTH.unpack_from(head, len(protocol.PROGRAM))
@@ -274,8 +279,6 @@ def hold_until_reaped() -> None:
                     os.close(fd)
                 except OSError:  # the listing's own descriptor, closed by now
                     pass
-        import time
-
         deadline = time.monotonic() + HOLD_LIMIT
         while sweep.start_time(me) == born and time.monotonic() < deadline:
             time.sleep(HOLD_POLL)

@@ -46,7 +46,7 @@ def _ignore(*_: object) -> None:
 
 
 class Pump:
-    def __init__(self, index: int, connection: tuple[_socket.socket, Seal] | None,
+    def __init__(self, index: int, connection: tuple[_socket.socket, Seal, int] | None,
                  error_file: str | None = None) -> None:
         self.index = index
         #: poprun's connection (None: it cannot be reached), what seals its frames and checks its commands.
@@ -63,6 +63,10 @@ class Pump:
         self.grace = grace
         self.pid: int | None = None
         self.kill_at: float | None = None
+        #: On this host's wall clock (ns; 0: not yet), for poprun's choice of the first failure
+        #: (protocol.TIMES): when the program ended, and when the shim began to stop it.
+        self.ended_ns = 0
+        self.stopped_ns = 0
         self.last_sent = time.monotonic()
         self.started = time.time()
         #: Why the shim stopped its program by itself (its launcher died), for the exit report.
@@ -110,6 +114,7 @@ class Pump:
         if self.pid is None or self.kill_at is not None:
             return
         self.kill_at = time.monotonic() + self.grace
+        self.stopped_ns = time.time_ns()
         self.was_stopped = self.returncode is None and sweep.is_stopped(self.pid)
         self._signal_group(_signal.SIGTERM)
         self._signal_group(_signal.SIGCONT)
@@ -134,12 +139,15 @@ class Pump:
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, self._on_signal)
         status, signum = self._pump(stdout_fd, stderr_fd)
+        recorded = 0
         if self.error_file:
             if status and self.control is not None:
                 cause = root_cause.collect(self.error_file)
                 if cause is not None:
+                    recorded = root_cause.written_at(self.error_file)
                     self.send(protocol.frame(protocol.ROOT_CAUSE, cause))
             root_cause.remove(self.error_file)
+        self.send(protocol.times(self.ended_ns, self.stopped_ns, recorded))
         flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
             (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0)
         wake = self._signals_end_the_wait()  # before the report: poprun may stop the job on it
@@ -285,6 +293,7 @@ class Pump:
     def _exited(self, wait_status: int, now: float) -> None:
         """The program has exited: its status; its pipes may stay open DRAIN_SECONDS longer."""
         self.returncode = os.waitstatus_to_exitcode(wait_status)
+        self.ended_ns = time.time_ns()
         self.drain_until = now + DRAIN_SECONDS
 
     def _timeout(self, now: float) -> float:

@@ -36,6 +36,15 @@ class InstanceState:
         self.silent = False  # lost because nothing came from it for protocol.SILENCE_LIMIT seconds
         self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss
         self.root_cause: bytes | None = None  # what its program wrote to TORCHELASTIC_ERROR_FILE, if it failed
+        #: Its shim's clock minus poprun's (ns, see ``clocks``), and when poprun sent the nonce (ns).
+        self.clock_offset = 0
+        self.nonce_sent = 0
+        #: On its shim's clock (ns; 0: never or not told, see protocol.TIMES): when its program
+        #: ended, when its shim began to stop it, when its error file was last written.
+        self.ended_ns = 0
+        self.stopped_ns = 0
+        self.recorded_ns = 0
+        self.seen_at: float | None = None  # time.time() when poprun saw its end (exit report or loss)
 
     def send(self, message: bytes, within: float = 0.0) -> bool:
         """One of poprun's messages to the shim (protocol.PROGRAM, TERMINATE, RELEASE), sealed;
@@ -63,15 +72,20 @@ class InstanceState:
     @property
     def failed_by_itself(self) -> bool:
         """It reported a failure of its own: a non-zero status that is not what stopping it gives
-        (SIGTERM, then SIGKILL, or the shell's 128+N for them)."""
+        (SIGTERM, then SIGKILL, or the shell's 128+N for them), or any, when its shim's times say
+        that its program ended before anything began to stop it (a SIGKILL from the kernel's
+        out-of-memory killer)."""
         if not self.status:
             return False
+        if self.ended_ns and (not self.stopped_ns or self.ended_ns < self.stopped_ns):
+            return True
         stopped = {_signal.SIGTERM, _signal.SIGKILL}
         return self.signal not in stopped and self.status not in {128 + s for s in stopped}
 
 
 class Failure:
-    """The root cause of a failed job: the first instance to fail (None: poprun itself)."""
+    """What made poprun stop a failed job: the first instance it saw fail (None: poprun itself).
+    The root cause, the earliest failure, is chosen once every report is in (``first_failure``)."""
 
     def __init__(self, index: int | None, status: int, description: str) -> None:
         self.index = index

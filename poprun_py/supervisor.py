@@ -77,8 +77,9 @@ class Supervisor:
         self.interrupted: int | None = None
         self.teardown = Teardown(self.instances, grace)
         self.next_silence_check = 0.0
-        #: Connections accepted that have not yet said HELLO: when each was accepted, and from where.
-        self.pending: dict[_socket.socket, tuple[float, str]] = {}
+        #: Connections accepted that have not yet said HELLO: when each was accepted (monotonic), from
+        #: where, and when its nonce was sent (wall clock, ns: see ``clocks``).
+        self.pending: dict[_socket.socket, tuple[float, str, int]] = {}
         #: Connections refused on the control port, said in a bounded number of lines.
         self.strays = Strays()
         #: --start-timeout: how long after mpiexec's start every instance must have called in.
@@ -301,9 +302,10 @@ class Supervisor:
         except OSError:
             conn.close()
             return
+        sent = time.time_ns()
         if len(self.pending) >= MAX_PENDING:
             self._make_room()
-        self.pending[conn] = (time.monotonic(), peer)
+        self.pending[conn] = (time.monotonic(), peer, sent)
         reader = protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM), hello_first=True)
         self.watch.add(conn, ("pending", (conn, reader)))
 
@@ -321,7 +323,7 @@ class Supervisor:
 
     def _drop_pending(self, conn: _socket.socket, why: str | None) -> None:
         """Close a connection that has not become an instance's, saying why (None: it closed)."""
-        _, peer = self.pending.pop(conn)
+        _, peer, _ = self.pending.pop(conn)
         if why is not None:
             self.strays.refused(peer, why)
         self.watch.remove(conn)
@@ -331,6 +333,7 @@ class Supervisor:
         if conn not in self.pending:  # dropped, or taken as an instance's, earlier in this round
             return
         data = self._recv(conn)
+        received = time.time_ns()
         if data is None:
             return
         if not data:
@@ -353,8 +356,8 @@ class Supervisor:
             self._cannot_read(None, f"a connection from {peer} sealed with this run's secret sent a HELLO "
                                     f"poprun cannot read: {exc}")
             return
-        del self.pending[conn]
         state = self.instances[index]
+        state.nonce_sent = self.pending.pop(conn)[2]
         state.connection, state.reader, state.pid = conn, reader, pid
         state.last_heard = time.monotonic()
         self.called_in += 1
@@ -370,7 +373,7 @@ class Supervisor:
             return
         if self.teardown.started is not None:
             self.teardown.terminate(state)
-        self._handle_frames(state, frames[1:])
+        self._handle_frames(state, frames[1:], received)
 
     @staticmethod
     def _recv(conn: _socket.socket) -> bytes | None:
@@ -386,6 +389,7 @@ class Supervisor:
         state = self.instances[index]
         assert state.connection is not None
         data = self._recv(state.connection)
+        received = time.time_ns()
         if data is None:
             return
         if not data:
@@ -400,9 +404,10 @@ class Supervisor:
             log.error("instance %d on %s: dropped its connection: %s", state.index, state.host, exc)
             self._disconnect(state)
             return
-        self._handle_frames(state, frames)
+        self._handle_frames(state, frames, received)
 
-    def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]]) -> None:
+    def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]], received: int) -> None:
+        """``received``: when their bytes came in (wall clock, ns), for the CLOCK frame's measure."""
         for kind, stream, payload in frames:
             problem = protocol.unreadable(kind, stream, payload)
             if problem is not None:  # sealed, so from its shim: a shim poprun cannot work with
@@ -411,6 +416,13 @@ class Supervisor:
                 state.output.feed(stream, payload)
             elif kind == protocol.ROOT_CAUSE:
                 state.root_cause = payload
+            elif kind == protocol.CLOCK:
+                from poprun_py.clocks import offset_ns
+
+                arrived, replied = protocol.read_clock(payload)
+                state.clock_offset = offset_ns(state.nonce_sent, arrived, replied, received)
+            elif kind == protocol.TIMES:
+                state.ended_ns, state.stopped_ns, state.recorded_ns = protocol.read_times(payload)
             elif kind == protocol.LAUNCHER_LOST:
                 state.launcher_lost = payload.decode(errors="replace")
                 log.info("instance %d on %s: %s", state.index, state.host, state.launcher_lost)
@@ -422,6 +434,7 @@ class Supervisor:
                 state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
                 state.was_stopped = bool(flags & protocol.EXIT_WAS_STOPPED)
                 state.ended_at = time.monotonic()
+                state.seen_at = time.time()
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())
                 log.info("instance %d on %s: %s", state.index, state.host, describe_status(state.status, state.signal))
@@ -459,7 +472,7 @@ class Supervisor:
             return
         self.next_silence_check = now + SILENCE_CHECK_SECONDS
         self.strays.tick()
-        for conn, (accepted, _) in list(self.pending.items()):
+        for conn, (accepted, _, _) in list(self.pending.items()):
             if now - accepted > protocol.SILENCE_LIMIT:
                 self._drop_pending(conn, f"it said nothing for {protocol.SILENCE_LIMIT:g} s")
         for state in self.instances:
@@ -495,6 +508,7 @@ class Supervisor:
             # The shim died without reporting (killed by mpiexec or a signal).
             state.lost = True
             state.ended_at = time.monotonic()
+            state.seen_at = time.time()
             log.info("instance %d on %s was lost without an exit report", state.index, state.host)
             if self.failure is None and self.teardown.started is None:
                 from poprun_py.report import loss
@@ -541,8 +555,9 @@ class Supervisor:
             return status
         if self.failure is not None:
             self._show_held()
-            self._summary(None)
-            return self.failure.status
+            report = self._report()
+            self._say(report.summary(None))
+            return report.status
         self._show_held()
         # Nothing failed and nothing stopped the job: whatever mpiexec said has been passed on.
         unreported = [s.index for s in self.instances if s.status is None]
@@ -585,7 +600,8 @@ class Supervisor:
             return own_failure(self.ended_because, self.status or 1)
         report = self._report().failure_report()
         if report is None and self.interrupted is not None:
-            return own_failure(f"interrupted by {signal_name(self.interrupted)}", 128 + self.interrupted)
+            return own_failure(f"interrupted by {signal_name(self.interrupted)}", 128 + self.interrupted,
+                               stopped=self._report().stopped())
         return report
 
     def lost_hosts(self) -> dict[str, str]:

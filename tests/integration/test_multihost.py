@@ -33,6 +33,7 @@ from tests.helpers import (
     tagged_json,
     wait_no_processes,
 )
+from tests.integration.cascade import CASCADE, check_cascade
 from tests.integration.conftest import (
     FAILURE_BOUND,
     JOB_FILE_PREFIXES,
@@ -199,6 +200,20 @@ def test_a_recorded_failure_on_a_remote_host_reaches_the_summary(cluster: Cluste
     report = json.loads(error_file.read_text())[-1]
     assert (report["host"], report["root_cause"]["message"]) == ("node1", "RuntimeError: step 1 failed on purpose")
     assert ", in fail_on_purpose\n" in report["root_cause"]["traceback"]
+
+
+@pytest.mark.timeout(TORCH_TIMEOUT + 30)
+@pytest.mark.parametrize("failed,linger", [(1, 3.0), (2, 0.5)])
+def test_the_rank_that_raised_on_either_host_is_the_root_cause(cluster: Cluster, tmp_path: Path, failed: int,
+                                                               linger: float) -> None:
+    """tests/scripts/cascade.py on node0 and node1: the rank that raised destroys its process group,
+    the others on both hosts fail on the closed connections and exit first, while it lingers for
+    ``linger`` seconds; its shim's times, made poprun's with its clock's offset, name it."""
+    error_file = tmp_path / "failure.json"
+    result = poprun("--error-file", str(error_file), "--num-instances", "4", "-H", "node0,node1", PYTHON, CASCADE,
+                    "--fail-rank", str(failed), "--linger", str(linger), env=job_env("mpich", **OMP_SET),
+                    timeout=TORCH_TIMEOUT)
+    check_cascade(result, error_file, 4, failed, ["node0", "node0", "node1", "node1"])
 
 
 # ------------------------------------------------------------------ collectives across hosts

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from functools import cache
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
+from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
+from tests.integration.cascade import CASCADE, check_cascade
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +92,7 @@ def test_a_rank_killed_mid_run_ends_the_job_at_once(tmp_path: Path) -> None:
     lines = stderr.splitlines()
     assert any(line.startswith("poprun: instance 1 on ") and line.endswith(" failed: killed by SIGKILL (status 137)")
                for line in lines), stderr
-    assert "poprun: stopped instance(s) 0" in lines
+    assert "poprun: stopped instance(s) 0 (1 of 2)" in lines
     assert wait_no_processes(str(markers)) == []
 
 
@@ -132,3 +134,15 @@ def test_a_recorded_failure_shows_its_root_cause(tmp_path: Path) -> None:
     assert report["instance"] == 1 and report["status"] == 1
     assert report["root_cause"]["message"] == "RuntimeError: step 1 failed on purpose"
     assert ", in fail_on_purpose\n" in report["root_cause"]["traceback"]
+
+
+@pytest.mark.timeout(TORCH_TIMEOUT + 30)
+@pytest.mark.parametrize("instances,linger", [(3, 0.5), (4, 3.0)])
+def test_the_rank_that_raised_is_the_root_cause_not_the_first_to_exit(tmp_path: Path, instances: int,
+                                                                       linger: float) -> None:
+    """tests/scripts/cascade.py: rank 1 raises and destroys its process group; the others fail on
+    the closed connections and exit while rank 1 lingers on its way out for ``linger`` seconds."""
+    error_file = tmp_path / "failure.json"
+    result = poprun("--error-file", str(error_file), "--num-instances", str(instances), PYTHON, CASCADE,
+                    "--linger", str(linger), env=OMP_SET, timeout=TORCH_TIMEOUT)
+    check_cascade(result, error_file, instances, 1, [socket.gethostname()] * instances)

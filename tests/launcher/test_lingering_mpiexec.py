@@ -35,7 +35,7 @@ def test_after_a_failure_the_launcher_that_missed_a_shims_end_is_stopped() -> No
     assert _said_stopped(result.stderr), result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("poprun: ")]
     assert len(lines) == 2 and re.fullmatch(r"poprun: instance 1 on \S+ failed: exit status 5", lines[0]), lines
-    assert lines[1] == "poprun: stopped instance(s) 0"
+    assert lines[1] == "poprun: stopped instance(s) 0 (1 of 2)"
 
 
 def test_a_launcher_that_cannot_end_after_a_job_that_succeeded_is_stopped_and_the_job_succeeds(

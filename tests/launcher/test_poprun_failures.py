@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
 # One --error-file record of a start that ended badly, whatever ended it.
 RECORD_KEYS = {"restart", "hosts", "instances", "lost_hosts", "instance", "host", "status", "signal", "time",
-               "reason", "stderr_tail", "root_cause"}
+               "reason", "stderr_tail", "root_cause", "failures", "stopped"}
 
 
 def test_instances_failing_together_each_report_their_own_status(tmp_path: Path) -> None:
@@ -253,7 +253,8 @@ def test_an_instance_gets_the_whole_kill_grace_to_clean_up() -> None:
     assert "[0] instance 0 cleaned up\n" in out, (out, err)
     assert "SIGKILL" not in err and "lost" not in err, err
     assert proc.returncode == 130, err
-    assert err.endswith("poprun: interrupted by SIGINT\npoprun: stopped instance(s) 0-1\n"), err  # both, by poprun
+    # both, by poprun
+    assert err.endswith("poprun: interrupted by SIGINT\npoprun: stopped instance(s) 0-1 (2 of 2)\n"), err
     assert wait_no_processes(marker) == []
 
 
@@ -480,6 +481,7 @@ def test_an_interrupted_job_is_not_restarted(tmp_path: Path) -> None:
     assert set(written) == RECORD_KEYS, written
     assert (written["restart"], written["instance"], written["host"], written["status"], written["reason"]) == (
         0, None, None, 130, "interrupted by SIGINT"), written
+    assert (written["failures"], written["stopped"]) == ([], [0, 1]), written  # the summary's "stopped" line
 
 
 def test_a_signal_after_an_instance_failed_leaves_that_failure_on_record(tmp_path: Path) -> None:

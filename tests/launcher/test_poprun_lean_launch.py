@@ -49,7 +49,7 @@ def test_plain_launch_imports_nothing_heavy_besides_click() -> None:
 def test_shim_uses_only_builtin_modules() -> None:
     result, frames = run_shim("/bin/true", python_flags=("-X", "importtime"))
     assert result.returncode == 0, result.stderr
-    assert [kind for kind, _, _ in frames] == [protocol.HELLO, protocol.EXIT]
+    assert [kind for kind, _, _ in frames] == [protocol.HELLO, protocol.CLOCK, protocol.TIMES, protocol.EXIT]
     assert protocol.read_exit(frames[-1][2]) == (0, None, None, 0)
     modules = imported(result.stderr)
     assert "poprun_py.shim_pump" in modules

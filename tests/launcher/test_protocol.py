@@ -54,6 +54,20 @@ def test_a_hello_reads_back_and_bytes_that_are_not_utf8_are_replaced() -> None:
     assert protocol.read_exit(protocol.EXIT_FIELDS.pack(2, 0, 0) + b"bad \xfe") == (2, None, "bad \ufffd", 0)
 
 
+def test_the_shims_clock_and_times_read_back_to_the_nanosecond() -> None:
+    now = 1_795_852_183_611_421_337  # a wall clock in ns, past 2**60
+    wire, reader = shim_sends(protocol.clock(now, now + 5))
+    [(kind, _, payload)] = reader.feed(wire)
+    assert kind == protocol.CLOCK and protocol.read_clock(payload) == (now, now + 5)
+    wire, reader = shim_sends(protocol.times(now + 9, 0, now))
+    [(kind, _, payload)] = reader.feed(wire)
+    assert kind == protocol.TIMES and protocol.read_times(payload) == (now + 9, 0, now)  # 0: never
+    for read, name, size in ((protocol.read_clock, "CLOCK", 16), (protocol.read_times, "TIMES", 24)):
+        with pytest.raises(protocol.ProtocolError) as short:
+            read(b"\0" * 8)
+        assert str(short.value) == f"{name} payload of 8 bytes is shorter than its {size}-byte header"
+
+
 def test_a_payload_shorter_than_its_fields_is_named_exactly() -> None:
     with pytest.raises(protocol.ProtocolError) as hello:
         protocol.read_hello(b"\0" * 5)

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import subprocess
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from poprun_py import root_cause
-from tests.helpers import OMP_SET, PYTHON, poprun
+from poprun_py import protocol, root_cause
+from poprun_py.supervisor import Supervisor
+from tests.helpers import OMP_SET, PYTHON, poprun, wait_until
 
 #: What torch's ErrorHandler.record_exception writes (torch 2.13).
 RECORDED: dict[str, Any] = {"message": {"message": "ValueError: bad batch 7",
@@ -128,15 +134,163 @@ def test_a_shim_where_the_jobs_directory_does_not_exist_makes_it_and_sends_the_r
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a remote host: nothing of the job's directory exists there; the shim makes it, sends the
     failed program's record before its exit report, and removes it again."""
-    from poprun_py import protocol
     from tests.launcher.shim import run_shim
 
     job = tmp_path / "poprun-remote"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(job / "5" / "error.json"))
     monkeypatch.setenv("RANK", "1")
+    before = time.time_ns()
     result, frames = run_shim(PYTHON, "-c", RECORDS)
+    after = time.time_ns()
     assert result.returncode == 3, result.stderr
     assert [kind for kind, _, _ in frames if kind != protocol.OUTPUT] == \
-        [protocol.HELLO, protocol.ROOT_CAUSE, protocol.EXIT]
-    assert json.loads(frames[-2][2]) == RECORDED
+        [protocol.HELLO, protocol.CLOCK, protocol.ROOT_CAUSE, protocol.TIMES, protocol.EXIT]
+    assert json.loads(frames[-3][2]) == RECORDED
     assert not job.exists()
+    # On this host's clock: the nonce came, then CLOCK went; the file was written, then the program
+    # ended; nothing stopped it.
+    arrived, replied = protocol.read_clock(frames[1][2])
+    ended, stopped, recorded = protocol.read_times(frames[-2][2])
+    assert before < arrived <= replied < recorded <= ended < after and stopped == 0
+
+
+# ---------------------------------------------------------------- the first failure, not the first exit
+def test_a_shims_clock_is_measured_and_one_that_agrees_within_the_measure_is_taken_as_poprun_s() -> None:
+    from poprun_py.clocks import offset_ns
+
+    # One host: the same clock, 1 ms on the wire each way and 5 ms in the shim: no offset.
+    assert offset_ns(sent=1_000_000_000, arrived=1_001_000_000, replied=1_006_000_000, received=1_007_000_000) == 0
+    # Asymmetric delays on one clock (0.1 ms there, 9 ms back) still measure no offset.
+    assert offset_ns(sent=0, arrived=100_000, replied=200_000, received=9_200_000) == 0
+    # A host whose clock is 1 h ahead, 1 ms each way: its offset, to within the measure.
+    hour = 3600 * 10**9
+    assert offset_ns(sent=0, arrived=hour + 1_000_000, replied=hour + 2_000_000, received=3_000_000) == hour
+
+
+def _recorded(message: str, second: int) -> bytes:
+    return json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": f"{message}\n",
+                                                                      "timestamp": str(second)}}}).encode()
+
+
+SECOND = 10**9
+HOUR = 3600 * SECOND
+
+
+@pytest.mark.parametrize("reports,first", [
+    # Instance 0's host is an hour ahead: its error file, written 0.5 s before instance 1's, says
+    # an hour later; its clock's offset, measured over its connection, puts it first.
+    ([(1, 0, 0, 500_000_000), (0, HOUR, 0, 0)], 0),
+    # Both recorded in the same second: when each file was written tells which came first.
+    ([(0, 0, 0, 700_000_000), (1, 0, 0, 200_000_000)], 1),
+    # Instance 1's file was written again 10 s after the second it records: that second counts.
+    ([(0, 0, 0, 200_000_000), (1, 0, -SECOND, 10 * SECOND)], 1),
+], ids=["an-hour-ahead", "one-second", "rewritten"])
+def test_the_first_record_in_poprun_s_time_is_the_root_cause(reports: list[tuple[int, int, int, int]],
+                                                              first: int) -> None:
+    """Two instances on hosts ``a`` and ``b`` report errors they recorded (``reports``: instance,
+    its clock's skew, the second torch recorded and when the file was written, both from a whole
+    second on poprun's clock 10 s ago, in ns), the first reported first; the root cause is
+    ``first``, whatever order they came in."""
+    import io
+
+    from tests.launcher.supervising import call_in_sealed, supervisor
+
+    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b"))
+    base = (time.time_ns() // SECOND - 10) * SECOND
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.setblocking(False)
+        shims = []
+        try:
+            for index, skew, second, written in reports:
+                shim, seal = call_in_sealed(s, server, index)  # its nonce has arrived
+                shims.append(shim)
+                shim.sendall(b"".join(seal.seal(frame) for frame in (
+                    protocol.clock(time.time_ns() + skew, time.time_ns() + skew),
+                    protocol.frame(protocol.ROOT_CAUSE, _recorded(f"ValueError: {index}",
+                                                                  (base + skew + second) // SECOND)),
+                    protocol.times(base + skew + written + SECOND, 0, base + skew + written),
+                    protocol.exit_report(1, None, None))))
+                wait_until(lambda i=index: _read(s, i), "its exit report")  # type: ignore[misc]
+            assert [state.clock_offset != 0 for state in s.instances] == [reports[-1][1] != 0, False]
+            assert s.failure is not None and s.failure.index == reports[0][0]  # the first report
+            report = s._report()
+            assert report.summary(None).splitlines()[:2] == [
+                f"poprun: instance {first} on {'ab'[first]} failed: exit status 1",
+                f"poprun: root cause (instance {first}'s error file): ValueError: {first}"]
+            record = report.failure_report()
+            assert record is not None and record["instance"] == first
+            assert [f["instance"] for f in record["failures"]] == [first, 1 - first]  # type: ignore[attr-defined]
+        finally:
+            for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
+                sock.close()
+
+
+def _read(s: Supervisor, index: int) -> bool:
+    """Whether instance ``index``'s exit report is in, once what it sent so far has been read."""
+    s._read_instance(index)
+    return s.instances[index].finished
+
+
+#: Where the tests below mark what their instances did (tests/scripts/fail_apart.py).
+FAIL_APART = str(Path(__file__).resolve().parent.parent / "scripts" / "fail_apart.py")
+
+
+def _fail_apart(tmp_path: Path, first: int, second: int, gap: float, mode: str) -> tuple[
+        subprocess.CompletedProcess[str], list[str], dict[str, Any]]:
+    error_file = tmp_path / "failure.json"
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    result = poprun("--num-instances", "3", "--error-file", str(error_file), PYTHON, FAIL_APART, str(markers),
+                    str(first), str(second), str(gap), mode, env=OMP_SET)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("poprun: ")]
+    return result, lines, json.loads(error_file.read_text())[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first,second", [(1, 2), (2, 1)])
+def test_of_two_real_failures_a_second_apart_the_earlier_is_the_root_cause(tmp_path: Path, first: int,
+                                                                          second: int) -> None:
+    """``first`` records its error and lingers; a second later ``second`` records its own and exits
+    first. poprun then stops ``first``, whose record still came first: it is the root cause."""
+    result, lines, written = _fail_apart(tmp_path, first, second, 1.0, "record")
+    assert result.returncode == 3, result.stderr  # the root cause was stopped: the first failure seen gives it
+    host = socket.gethostname()
+    assert re.fullmatch(rf"poprun: instance {first} on {host} failed: recorded its error at [0-9:.]+, then ended as "
+                        r"poprun stopped it: killed by SIGTERM \(status 143\)", lines[0]), result.stderr
+    assert lines[1] == f"poprun: root cause (instance {first}'s error file): ValueError: first failure"
+    also = f"poprun: instance {second} on {host} also failed: exit status 3; its error: RuntimeError: second failure"
+    assert lines[-2:] == [also, "poprun: stopped instance(s) 0 (1 of 3)"], result.stderr
+    assert (written["instance"], written["status"], written["signal"]) == (first, 3, "SIGTERM")
+    assert written["root_cause"]["message"] == "ValueError: first failure"
+    failures = written["failures"]
+    assert [(f["instance"], f["status"], f["error"]) for f in failures] == [
+        (first, 143, "ValueError: first failure"), (second, 3, "RuntimeError: second failure")]
+    apart = (datetime.fromisoformat(failures[1]["time"]) - datetime.fromisoformat(failures[0]["time"])).total_seconds()
+    assert 1.0 <= apart < 5, failures
+    assert written["time"] == failures[0]["time"] and written["stopped"] == [0]
+
+
+@pytest.mark.slow
+def test_a_failure_recorded_first_comes_before_a_later_one_without_an_error_file(tmp_path: Path) -> None:
+    result, lines, written = _fail_apart(tmp_path, 1, 2, 1.0, "no-record")
+    assert result.returncode == 3, result.stderr
+    assert lines[1] == "poprun: root cause (instance 1's error file): ValueError: first failure", result.stderr
+    assert lines[-2:] == [f"poprun: instance 2 on {socket.gethostname()} also failed: exit status 3",
+                          "poprun: stopped instance(s) 0 (1 of 3)"], result.stderr
+    assert [(f["instance"], f["error"]) for f in written["failures"]] == [(1, "ValueError: first failure"), (2, None)]
+
+
+@pytest.mark.slow
+def test_a_failure_without_an_error_file_that_ended_first_comes_before_a_later_recorded_one(tmp_path: Path) -> None:
+    """Instance 1 exits 4 with no error file, and its exit report comes a second late (a child of
+    its holds its output open); instance 2 records its error after instance 1 has ended, and its
+    report comes first. Instance 1 ended first: it is the root cause, and poprun exits with its status."""
+    result, lines, written = _fail_apart(tmp_path, 1, 2, 0.3, "end")
+    assert result.returncode == 4, result.stderr
+    host = socket.gethostname()
+    assert lines[0] == f"poprun: instance 1 on {host} failed: exit status 4", result.stderr
+    assert f"poprun: instance 2 on {host} also failed: exit status 3; its error: RuntimeError: second failure" \
+        in lines, result.stderr
+    assert (written["instance"], written["status"], written["root_cause"]) == (1, 4, None)
+    assert [(f["instance"], f["error"]) for f in written["failures"]] == [(1, None),
+                                                                          (2, "RuntimeError: second failure")]

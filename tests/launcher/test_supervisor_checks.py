@@ -137,7 +137,7 @@ def test_a_connection_that_never_says_who_it_is_is_dropped_at_the_silence_limit(
     s, server, shims = job
     shims += [_stray(s, server), _stray(s, server)]
     old, new = s.pending  # in the order they came
-    s.pending[old] = (time.monotonic() - protocol.SILENCE_LIMIT - 1, s.pending[old][1])
+    s.pending[old] = (time.monotonic() - protocol.SILENCE_LIMIT - 1, *s.pending[old][1:])
     with poprun_log() as said:
         s._check_silence()
     assert list(s.pending) == [new] and shims[0].recv(1) == b""
@@ -152,7 +152,7 @@ def test_beyond_the_most_connections_waiting_to_say_who_they_are_the_oldest_is_d
     shims += [_stray(s, server) for _ in range(MAX_PENDING)]
     # The oldest is one in the middle (not the first to come, nor the lowest port).
     oldest = list(s.pending)[MAX_PENDING // 2]
-    s.pending[oldest] = (time.monotonic() - 10, s.pending[oldest][1])
+    s.pending[oldest] = (time.monotonic() - 10, *s.pending[oldest][1:])
     dropped = shims[MAX_PENDING // 2]
     with poprun_log() as said:
         shims.append(_stray(s, server))
