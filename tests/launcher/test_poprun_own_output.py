@@ -77,8 +77,7 @@ def test_a_reader_that_stops_reading_is_said_once_on_stderr_and_the_job_goes_on(
         assert proc.stdout.readline() == b"[0] waiting\n"
         proc.stdout.close()
         (tmp_path / "go").touch()
-        stderr = proc.stderr.read()
-        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        _, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
     finally:
         stop_poprun(proc)
     assert proc.returncode == 0, stderr
