@@ -103,7 +103,7 @@ def job_runs() -> None:
     global _job_runs
     _job_runs = True
     for raw, _ in _streams.values():
-        if raw.failure is not None:  # before the job (a dry run's way of failing): say it now
+        if raw.failure is not None:  # before, while the options were read: said now
             _say_dropped(raw, raw.failure)
 
 
@@ -122,13 +122,10 @@ def say(fd: int, line: str) -> None:
     raw, text = _streams[fd]
     if raw.failure is not None:  # (checked first: this stream's own write may be what is failing)
         return
-    try:
+    text.flush()  # what it holds first, so that ``ends_line`` is that of all that was written
+    if raw.failure is None:
+        text.write(("" if raw.ends_line else "\n") + line + "\n")
         text.flush()
-        if raw.failure is None:
-            text.write(("" if raw.ends_line else "\n") + line + "\n")
-            text.flush()
-    except ValueError:  # closed by an in-process caller: nowhere to say it
-        pass
 
 
 def _say_dropped(stream: OwnStream, exc: OSError) -> None:
