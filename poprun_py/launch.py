@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from poprun_py import environment, interrupts, log
+from poprun_py import environment, interrupts, log, own_output
 from poprun_py.errors import PlanError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
@@ -34,6 +34,8 @@ class ProgramError(Exception):
 
 def launch(options: LaunchOptions) -> int:
     """Run the job ``options`` describe (as click would parse them); its exit status."""
+    if not options["dry_run"]:  # the job is what poprun is for now, not its own output
+        own_output.job_runs()
     log.configure(options["verbose"])
     grace = _kill_grace()
     from poprun_py.mpi import detect_launcher, find_mpiexec

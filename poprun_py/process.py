@@ -11,9 +11,18 @@ import os
 import select
 
 
+class CannotStart(Exception):
+    """``posix_spawn`` itself failed (E2BIG, EACCES, ENOENT, ...): the command never ran. Its own
+    type, so that only this failure is reported as one of starting mpiexec."""
+
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(exc.strerror or str(exc))
+
+
 class Process:
     """``argv`` started with ``posix_spawn``: new session (so its whole tree can be found and
-    signalled), stdout/stderr on pipes, stdin from /dev/null when asked, ignored signals reset."""
+    signalled), stdout/stderr on pipes, stdin from /dev/null when asked, ignored signals reset;
+    CannotStart when it cannot be."""
 
     def __init__(self, argv: list[str], stdin_devnull: bool = False) -> None:
         out_read, out_write = os.pipe()  # both ends close-on-exec; dup2 makes 1 and 2 inheritable
@@ -26,10 +35,10 @@ class Process:
         try:
             self.pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=actions, setsid=True,
                                       setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
-        except OSError:
+        except OSError as exc:
             os.close(out_read)
             os.close(err_read)
-            raise
+            raise CannotStart(exc) from exc
         finally:
             os.close(out_write)
             os.close(err_write)
