@@ -2,6 +2,10 @@
 runs): the first ends poprun with 128 + its number, through the cleanup of whatever it is doing
 (as Ctrl-C's KeyboardInterrupt would); any later one is swallowed, so that it cannot cut that
 cleanup short. A cleanup that the first may not cut short either runs within ``Held``.
+
+One that poprun was started with ignored stays ignored, by poprun and by the job it starts:
+``nohup poprun ...`` outlives its terminal, and a shell's background job (``poprun ... &`` in a
+script) is not ended by Ctrl-C meant for the shell, as for any other program.
 """
 
 from __future__ import annotations
@@ -20,14 +24,26 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+#: Those of STOPPING that poprun acts on: not those it was started with ignored (see ``install``).
+_heeded: tuple[int, ...] = STOPPING
+
+
 def install() -> None:
-    """From now on the first of STOPPING raises Interrupted, and later ones do nothing."""
-    for sig in STOPPING:
+    """From now on the first of STOPPING raises Interrupted, and later ones do nothing; one that
+    was ignored when poprun started is left ignored."""
+    global _heeded
+    _heeded = tuple(sig for sig in STOPPING if _signal.getsignal(sig) != _signal.SIG_IGN)
+    for sig in _heeded:
         _signal.signal(sig, _raise_once)
 
 
+def heeded() -> tuple[int, ...]:
+    """The signals of STOPPING that stop poprun (and, while a job runs, the job)."""
+    return _heeded
+
+
 def _raise_once(signum: int, _frame: object) -> None:
-    for sig in STOPPING:  # not SIG_IGN: a process started later would inherit that
+    for sig in _heeded:  # not SIG_IGN: a process started later would inherit that
         _signal.signal(sig, _swallow)
     raise Interrupted(signum)
 
@@ -47,7 +63,7 @@ class Held:
     def __enter__(self) -> None:
         self.previous = _signal.pthread_sigmask(_signal.SIG_BLOCK, STOPPING)
         self.noted: int | None = None
-        self.handlers = {sig: _signal.signal(sig, self._note) for sig in STOPPING}
+        self.handlers = {sig: _signal.signal(sig, self._note) for sig in _heeded}
 
     def _note(self, signum: int, _frame: object) -> None:
         if self.noted is None:

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from poprun_py import control, log, protocol, sweep
+from poprun_py import control, interrupts, log, protocol, sweep
 from poprun_py.output import InstanceOutput, OutputOptions, sinks_for
 from poprun_py.plan import LOCAL_HOST
 from poprun_py.process import Process
@@ -110,7 +110,7 @@ class Supervisor:
         os.set_blocking(wake_read, False)
         previous_wakeup = _signal.set_wakeup_fd(wake_write)
         previous_handlers = {sig: _signal.signal(sig, self._on_signal)
-                             for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)}
+                             for sig in interrupts.heeded()}
         try:
             self._start_and_watch(server, address, wake_read, wake_write, previous_wakeup, started)
             # Signals are still only recorded: a storm of them cannot cut the summary short.

@@ -25,11 +25,13 @@ from tests.helpers import (
     POPRUN,
     PYTHON,
     ROOT,
+    SUBPROCESS_TIMEOUT,
     live_command_line,
     poprun,
     processes_matching,
     run,
     shim_of,
+    stop_poprun,
     wait_no_processes,
     wait_until,
 )
@@ -619,3 +621,34 @@ def _read(path: str) -> bytes:
             return handle.read()
     except OSError:
         return b""
+
+
+@pytest.mark.parametrize("ignored", [True, False], ids=["nohup", "heeded"])
+def test_a_hangup_poprun_was_started_ignoring_is_ignored_by_the_whole_job(ignored: bool, tmp_path: Path) -> None:
+    """``nohup poprun ...``: the terminal's hangup (SIGHUP to its process group) leaves the job
+    running to its end, as it would any program started so; heeded, it stops the job (129)."""
+    go = tmp_path / "go"
+    program = ("import os, time\nprint('up', flush=True)\n"
+               f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\nprint('done', flush=True)")
+
+    def start() -> None:
+        if ignored:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, "-c", program], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **OMP_SET},
+                            preexec_fn=start, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        assert sorted([proc.stdout.readline(), proc.stdout.readline()]) == ["[0] up\n", "[1] up\n"]
+        os.killpg(proc.pid, signal.SIGHUP)  # as a terminal that went away: its whole foreground group
+        if not ignored:
+            proc.wait(timeout=SUBPROCESS_TIMEOUT)  # ended by the hangup, before the programs may finish
+        go.touch()
+        out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        stop_poprun(proc)
+    if ignored:
+        assert (proc.returncode, sorted(out.splitlines()), err) == (0, ["[0] done", "[1] done"], ""), err
+    else:
+        assert proc.returncode == 128 + signal.SIGHUP and "poprun: interrupted by SIGHUP" in err.splitlines(), err
