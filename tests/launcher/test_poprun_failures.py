@@ -31,7 +31,6 @@ from tests.helpers import (
     processes_matching,
     run,
     shim_of,
-    stop_poprun,
     wait_no_processes,
     wait_until,
 )
@@ -647,7 +646,7 @@ def test_a_hangup_poprun_was_started_ignoring_is_ignored_by_the_whole_job(ignore
         go.touch()
         out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
     finally:
-        stop_poprun(proc)
+        proc.kill()
     if ignored:
         assert (proc.returncode, sorted(out.splitlines()), err) == (0, ["[0] done", "[1] done"], ""), err
     else:
