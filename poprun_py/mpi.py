@@ -246,20 +246,17 @@ def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Co
     """The command for ``plan``; a job too large for one command line gets config files, whose
     lines mpiexec splits at white space with no quoting.
 
-    gforker reads no config file: given ``-configfile`` it starts nothing and exits 0 (MPICH 5.0.2
-    turns each line into no arguments at all). A job too large for its command line (past
-    ``MAX_COMMAND_BYTES``: about 200 instances) goes to the launcher gforker stands in for when
-    poprun picked gforker (Hydra's mpiexec, kept on loopback), and is refused when the user did."""
+    A job too large for gforker (:func:`_too_large_for_gforker`) goes to the launcher gforker stands
+    in for when poprun picked gforker (Hydra's mpiexec, kept on loopback), and is refused when the
+    user did."""
     build = _mpich_command if launcher.flavour == "mpich" else _openmpi_command
     command = build(launcher, plan, spec)
-    if not command.uses_files:
-        return command
-    if is_gforker(launcher):
+    if is_gforker(launcher) and (too_large := _too_large_for_gforker(command)):
         if launcher.instead is not None:
             return build_command(launcher.instead, plan, spec)
-        raise PlanError(f"{launcher.path} cannot start {plan.num_instances} instances: their command would be longer "
-                        f"than {MAX_COMMAND_BYTES // 1024} KiB, and gforker ignores the config file that would take "
-                        "it; pass --mpi with Hydra's mpiexec instead")
+        raise PlanError(f"{launcher.path} cannot start this job: {too_large}; pass --mpi with Hydra's mpiexec instead")
+    if not command.uses_files:
+        return command
     for block in command.blocks:
         for token in block:
             if not token or any(c.isspace() or c in "'\"\\" for c in token):
@@ -267,6 +264,26 @@ def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Co
                                 "(its lines are split at white space, without quoting); use arguments "
                                 "without spaces or quotes in --mpi-local-args / --instance-mpi-local-args")
     return command
+
+
+#: The most variables gforker passes on from its own environment: MPICH 5.0.2's refuses 193 or more
+#: ("Environment is too large (max is 193)", from each instance); its -genv and -env do not count.
+GFORKER_MAX_VARIABLES = 192
+
+
+def _too_large_for_gforker(command: Command) -> str | None:
+    """Why gforker cannot start ``command``, or None. It reads no config file: given ``-configfile``
+    it starts nothing and exits 0 (MPICH 5.0.2 turns each line into no arguments at all); and it
+    refuses an environment of more than GFORKER_MAX_VARIABLES (mpiexec gets poprun's, with the
+    command's own variables and the job's secret)."""
+    if command.uses_files:
+        return (f"its command would be longer than {MAX_COMMAND_BYTES // 1024} KiB, and gforker ignores the "
+                "config file that would take it")
+    variables = len(os.environ.keys() | command.env.keys() | {environment.SECRET})
+    if variables > GFORKER_MAX_VARIABLES:
+        return (f"its environment would have {variables} variables, and gforker passes on "
+                f"{GFORKER_MAX_VARIABLES} at most")
+    return None
 
 
 def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:

@@ -137,9 +137,9 @@ def test_a_job_too_large_for_gforker_named_by_the_user_is_refused_in_one_line(tm
     result = _poprun("--mpi", str(BIN / "mpiexec.gforker"), "--num-instances", "256", "/bin/sh", "-c",
                      f"touch {shlex.quote(str(ran))}")
     assert (result.returncode, result.stdout) == (2, ""), result
-    assert result.stderr == (f"poprun: error: {BIN / 'mpiexec.gforker'} cannot start 256 instances: their command "
-                             "would be longer than 64 KiB, and gforker ignores the config file that would take it; "
-                             "pass --mpi with Hydra's mpiexec instead\n")
+    assert result.stderr == (f"poprun: error: {BIN / 'mpiexec.gforker'} cannot start this job: its command would be "
+                             "longer than 64 KiB, and gforker ignores the config file that would take it; pass --mpi "
+                             "with Hydra's mpiexec instead\n")
     assert not ran.exists()
 
 
@@ -165,4 +165,27 @@ def test_a_job_too_large_for_gforker_is_refused_in_one_line_where_hydras_library
                                          f"touch {shlex.quote(str(ran))}")
     assert (result.returncode, result.stdout) == (2, ""), result
     assert result.stderr.count("\n") == 1 and "would listen on every interface" in result.stderr, result.stderr
+    assert not ran.exists()
+
+
+def test_an_environment_too_large_for_gforker_goes_to_hydra_or_is_refused_when_gforker_is_named(tmp_path: Path) -> None:
+    """gforker passes on at most 192 variables of its environment ("Environment is too large (max
+    is 193)" from every instance, which then never started): with more, poprun's own pick is
+    Hydra's mpiexec, and a user who named gforker is told so before anything starts."""
+    extra = {f"POPRUN_TEST_EXTRA_{i}": str(i) for i in range(200)}
+    env = {**os.environ, **OMP_SET, **extra}
+    result = subprocess.run([*POPRUN, "--num-instances", "2", PRINTENV, "POPRUN_TEST_EXTRA_199",
+                             environment.INSTANCE_INDEX], capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=SUBPROCESS_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(result.stdout.splitlines()) == ["[0] 0", "[0] 199", "[1] 1", "[1] 199"], result.stdout
+    ran = tmp_path / "ran"
+    result = subprocess.run([*POPRUN, "--mpi", str(BIN / "mpiexec.gforker"), "--num-instances", "2", "/bin/sh", "-c",
+                             f"touch {shlex.quote(str(ran))}"], capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=SUBPROCESS_TIMEOUT)
+    assert (result.returncode, result.stdout) == (2, ""), result
+    variables = len(env.keys() | {environment.SECRET})
+    assert result.stderr == (f"poprun: error: {BIN / 'mpiexec.gforker'} cannot start this job: its environment would "
+                             f"have {variables} variables, and gforker passes on 192 at most; pass --mpi with Hydra's "
+                             "mpiexec instead\n")
     assert not ran.exists()
