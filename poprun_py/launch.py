@@ -64,11 +64,14 @@ def launch(options: LaunchOptions) -> int:
         from poprun_py.mpi import one_host_launcher
 
         launcher = one_host_launcher(launcher)  # opens no port beyond loopback
-    log.info("using %s (%s %s)", launcher.path, launcher.flavour, launcher.version)
-    if callback is None:  # one host: a launcher that needs poprun's loopback library is refused without it
-        from poprun_py.mpi import loopback_library
+    log.info("using %s (%s %s)%s", launcher.path, launcher.flavour, launcher.version,
+             f", or {launcher.instead.path} for a command too long for it" if launcher.instead else "")
+    if callback is None:
+        # One host, before anything starts: a launcher that needs poprun's loopback library is
+        # refused without it, and so is a command that gforker cannot take and Hydra may not.
+        from poprun_py.mpi import build_command
 
-        loopback_library(launcher)
+        build_command(launcher, plan, _with_control(start.spec, CONTROL_SHOWN))
     errors = _error_file(options["error_file"])
 
     if options["print_topology"] or options["dry_run"]:
@@ -80,7 +83,7 @@ def launch(options: LaunchOptions) -> int:
 
         if errors is not None:
             errors.close()
-        shown = _with_control(start.spec, "<poprun-address>:<port>")
+        shown = _with_control(start.spec, CONTROL_SHOWN)
         _print_dry_run(plan, launcher, build_command(launcher, plan, shown), program_argv(options))
         return 0
     _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
@@ -409,6 +412,10 @@ def _check_open_files(per_host: int, num_instances: int, log_files: bool) -> Non
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # mpiexec and its proxies inherit it
 
 
+#: poprun's control address where no real one is known yet (a dry run, the checks before the start).
+CONTROL_SHOWN = "<poprun-address>:<port>"
+
+
 def _with_control(spec: CommandSpec, control_address: str) -> CommandSpec:
     spec.job_env[environment.CONTROL] = control_address
     return spec
@@ -453,7 +460,7 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: l
     import shlex
 
     print(plan.describe())
-    print(f"mpi: {launcher.flavour} {launcher.version} ({launcher.path})")
+    print(f"mpi: {launcher.flavour} {launcher.version} ({built.head[0]})")  # gforker's stand-in for a large job
     for name, value in built.env.items():
         print(f"environment: {name}={shlex.quote(value)}")
     print("command: " + shlex.join(built.argv()))

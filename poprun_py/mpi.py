@@ -31,14 +31,16 @@ OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
 
 
 class MpiLauncher:
-    """An mpiexec and the MPI it belongs to."""
+    """An mpiexec and the MPI it belongs to. ``instead``: for gforker that poprun picked itself,
+    the launcher it stands in for, which starts a job too large for gforker (see :func:`build_command`)."""
 
-    __slots__ = ("flavour", "path", "version")
+    __slots__ = ("flavour", "instead", "path", "version")
 
-    def __init__(self, path: str, flavour: Flavour, version: str) -> None:
+    def __init__(self, path: str, flavour: Flavour, version: str, instead: MpiLauncher | None = None) -> None:
         self.path = path
         self.flavour = flavour
         self.version = version
+        self.instead = instead
 
     def __repr__(self) -> str:
         return f"MpiLauncher({self.path!r}, {self.flavour!r}, {self.version!r})"
@@ -68,11 +70,17 @@ def one_host_launcher(launcher: MpiLauncher) -> MpiLauncher:
     it sits beside Hydra's mpiexec (the mpich wheel has both), else ``launcher``.
 
     gforker starts the instances itself and reaches them over socket pairs: nothing listens, and
-    no library is preloaded into it (Hydra's mpiexec needs one: :func:`loopback_library`)."""
+    no library is preloaded into it (Hydra's mpiexec needs one: :func:`loopback_library`). A job
+    whose command would not fit on gforker's command line is started by ``launcher`` instead."""
     gforker = os.path.join(os.path.dirname(launcher.path), GFORKER)
     if launcher.flavour != "mpich" or not os.access(gforker, os.X_OK):
         return launcher
-    return MpiLauncher(gforker, "mpich", launcher.version)
+    return MpiLauncher(gforker, "mpich", launcher.version, instead=launcher)
+
+
+def is_gforker(launcher: MpiLauncher) -> bool:
+    """By the executable's own name: a link named ``mpiexec`` may lead to it."""
+    return launcher.flavour == "mpich" and os.path.basename(os.path.realpath(launcher.path)) == GFORKER
 
 
 #: MPICH's launcher for one host, which opens no socket to listen on.
@@ -88,7 +96,7 @@ def loopback_library(launcher: MpiLauncher) -> str | None:
     Hydra's mpiexec and Open MPI's prterun listen on every interface whatever their options say
     (both bind the wildcard address); without the library they would open a port to the network,
     so its absence is refused, before anything starts."""
-    if launcher.flavour == "mpich" and os.path.basename(os.path.realpath(launcher.path)) == GFORKER:
+    if is_gforker(launcher):
         return None
     library = loopback.library()
     if library is None:
@@ -236,9 +244,17 @@ class HostList:
 
 def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
     """The command for ``plan``; a job too large for one command line gets config files, whose
-    lines mpiexec splits at white space with no quoting."""
+    lines mpiexec splits at white space with no quoting.
+
+    A job too large for gforker (:func:`_too_large_for_gforker`) goes to the launcher gforker stands
+    in for when poprun picked gforker (Hydra's mpiexec, kept on loopback), and is refused when the
+    user did."""
     build = _mpich_command if launcher.flavour == "mpich" else _openmpi_command
     command = build(launcher, plan, spec)
+    if is_gforker(launcher) and (too_large := _too_large_for_gforker(command)):
+        if launcher.instead is not None:
+            return build_command(launcher.instead, plan, spec)
+        raise PlanError(f"{launcher.path} cannot start this job: {too_large}; pass --mpi with Hydra's mpiexec instead")
     if not command.uses_files:
         return command
     for block in command.blocks:
@@ -248,6 +264,26 @@ def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Co
                                 "(its lines are split at white space, without quoting); use arguments "
                                 "without spaces or quotes in --mpi-local-args / --instance-mpi-local-args")
     return command
+
+
+#: The most variables gforker passes on from its own environment: MPICH 5.0.2's refuses 193 or more
+#: ("Environment is too large (max is 193)", from each instance); its -genv and -env do not count.
+GFORKER_MAX_VARIABLES = 192
+
+
+def _too_large_for_gforker(command: Command) -> str | None:
+    """Why gforker cannot start ``command``, or None. It reads no config file: given ``-configfile``
+    it starts nothing and exits 0 (MPICH 5.0.2 turns each line into no arguments at all); and it
+    refuses an environment of more than GFORKER_MAX_VARIABLES (mpiexec gets poprun's, with the
+    command's own variables and the job's secret)."""
+    if command.uses_files:
+        return (f"its command would be longer than {MAX_COMMAND_BYTES // 1024} KiB, and gforker ignores the "
+                "config file that would take it")
+    variables = len(os.environ.keys() | command.env.keys() | {environment.SECRET})
+    if variables > GFORKER_MAX_VARIABLES:
+        return (f"its environment would have {variables} variables, and gforker passes on "
+                f"{GFORKER_MAX_VARIABLES} at most")
+    return None
 
 
 def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:

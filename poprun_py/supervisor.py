@@ -464,9 +464,11 @@ class Supervisor:
                 state.send(protocol.RELEASE)
 
     def _check_silence(self) -> None:
-        """An instance still running that has said nothing for SILENCE_LIMIT seconds is lost: its
-        host died or the network to it is cut (neither closes the connection). A connection that
-        has not said who it is by then is dropped. Checked once a second."""
+        """An instance on another host still running that has said nothing for SILENCE_LIMIT seconds
+        is lost: its host died or the network to it is cut (neither closes the connection). On this
+        host neither can happen, and a shim that ends closes its connection: one silent here is only
+        waiting for a core (a thousand instances on two cores wait that long to start), not lost. A
+        connection that has not said who it is by then is dropped. Checked once a second."""
         now = time.monotonic()
         if now < self.next_silence_check:
             return
@@ -476,7 +478,7 @@ class Supervisor:
             if now - accepted > protocol.SILENCE_LIMIT:
                 self._drop_pending(conn, f"it said nothing for {protocol.SILENCE_LIMIT:g} s")
         for state in self.instances:
-            if state.connection is not None and not state.finished \
+            if state.connection is not None and not state.finished and state.host in self.remote_hosts \
                     and now - state.last_heard > protocol.SILENCE_LIMIT:
                 log.warning("no word from instance %d on %s for %.0f s", state.index, state.host,
                             now - state.last_heard)

@@ -20,10 +20,12 @@ START_TIMEOUT = 120.0
 PROGRAM = [b"prog", b"--flag", b""]
 
 
-def supervisor(stdout: io.BytesIO, stderr: io.BytesIO, hosts: tuple[str, ...] = ("localhost",)) -> Supervisor:
-    """A supervisor of one instance per host in ``hosts`` that writes to these buffers."""
+def supervisor(stdout: io.BytesIO, stderr: io.BytesIO, hosts: tuple[str, ...] = ("localhost",),
+               remote: tuple[str, ...] = ()) -> Supervisor:
+    """A supervisor of one instance per host in ``hosts`` (those in ``remote`` are not this
+    machine) that writes to these buffers."""
     return Supervisor(len(hosts), list(hosts), lambda address: [], new_secret(), PROGRAM, listen_address="127.0.0.1",
-                      start_timeout=START_TIMEOUT, stdout=stdout, stderr=stderr)
+                      start_timeout=START_TIMEOUT, stdout=stdout, stderr=stderr, remote_hosts=frozenset(remote))
 
 
 def call_in(s: Supervisor, server: socket.socket, index: int, then: tuple[bytes, ...] = ()) -> socket.socket:

@@ -22,9 +22,9 @@ from tests.launcher.supervising import START_TIMEOUT, call_in, call_in_sealed, p
 
 @pytest.fixture
 def job() -> Iterator[tuple[Supervisor, socket.socket, list[socket.socket]]]:
-    """A supervisor of three instances on hosts a, b, c, its listener, and the shims' ends of
-    the connections that call in (closed at the end)."""
-    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b", "c"))
+    """A supervisor of three instances on hosts a, b, c (other machines than poprun's), its
+    listener, and the shims' ends of the connections that call in (closed at the end)."""
+    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b", "c"), remote=("a", "b", "c"))
     server = socket.create_server(("127.0.0.1", 0))
     server.setblocking(False)
     shims: list[socket.socket] = []
@@ -53,6 +53,25 @@ def test_an_instance_silent_past_the_limit_is_lost_and_ends_the_job(
     assert s.teardown.started is not None and quiet.stopped_by_poprun  # the others are told to stop
     assert not quiet.silent and quiet.connection is not None
     assert not finished.silent and finished.connection is not None
+
+
+def test_an_instance_on_this_host_silent_past_the_limit_is_not_lost() -> None:
+    """Neither a dead host nor a cut network can silence a shim on poprun's own host, and one that
+    ends closes its connection: one that says nothing is waiting for a core (1,024 instances on 2
+    cores wait longer than the limit to start), and the job goes on."""
+    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("localhost", "b"), remote=("b",))
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    shims = [call_in(s, server, index) for index in range(2)]
+    try:
+        here, there = s.instances
+        here.last_heard = there.last_heard = time.monotonic() - protocol.SILENCE_LIMIT - 1
+        s._check_silence()
+        assert not here.silent and here.connection is not None
+        assert there.silent and s.failure is not None and s.failure.index == 1
+    finally:
+        for sock in (server, *shims, *(state.connection for state in s.instances if state.connection)):
+            sock.close()
 
 
 def test_silence_is_checked_once_a_second(job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
