@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import pytest
 
 from poprun_py import oom
 from poprun_py.report import LEFT_EARLY_STATUS
-from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run, wait_until
+from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run, task_state, wait_until
 
 pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -95,25 +96,30 @@ def test_a_sigkill_by_hand_is_not_called_the_out_of_memory_killers() -> None:
     assert re.search(r"^poprun: instance 0 on \S+ failed: killed by SIGKILL \(status 137\)$", result.stderr, re.M)
 
 
-@pytest.mark.parametrize("by", ["themselves", "the test"])
-def test_two_instances_sigkilled_at_once_are_both_failures(by: str, tmp_path: Path) -> None:
-    """Both programs die of SIGKILL at once (each sends it itself after a barrier, or the test
-    sends both, by pid, one after the other): both are failures, neither was stopped by poprun."""
-    if by == "themselves":
-        program = ["-c", ("import os, signal, popdist_py; popdist_py.init(); popdist_py.barrier(); "
-                          "os.kill(os.getpid(), signal.SIGKILL)")]
-    else:  # each writes its pid, then waits; the test kills both once both pids are there
-        program = ["-c", (f"import os, time; open(os.path.join({str(tmp_path)!r}, os.environ['RANK']), 'w')"
-                          ".write(str(os.getpid())); time.sleep(120)")]
+def test_two_instances_sigkilled_at_once_are_both_failures(tmp_path: Path) -> None:
+    """Both programs die of SIGKILL at once: their shims are held (SIGSTOP) while the test kills
+    both programs and sees both dead, then let go (SIGCONT), so each shim finds its program dead,
+    whichever of them poprun hears first and tells the other to stop. Both are failures, neither
+    was stopped by poprun."""
+    program = ["-c", (f"import os, time; open(os.path.join({str(tmp_path)!r}, os.environ['RANK']), 'w')"
+                      ".write(f'{os.getpid()} {os.getppid()}'); time.sleep(120)")]
     error_file = tmp_path / "error.json"
     with subprocess.Popen([*POPRUN, "--error-file", str(error_file), "--num-instances", "2", PYTHON, *program],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as job:
         try:
-            if by == "the test":
-                pids = [tmp_path / str(rank) for rank in range(2)]
-                wait_until(lambda: all(p.exists() and p.read_text() for p in pids), "both programs' pids")
-                for pid in pids:
-                    os.kill(int(pid.read_text()), 9)
+            files = [tmp_path / str(rank) for rank in range(2)]
+            wait_until(lambda: all(f.exists() and " " in f.read_text() for f in files), "both programs' pids")
+            pids = [[int(pid) for pid in f.read_text().split()] for f in files]  # each: program, its shim
+            shims = [shim for _, shim in pids]
+            try:
+                for shim in shims:
+                    os.kill(shim, signal.SIGSTOP)
+                for program_pid, _ in pids:
+                    os.kill(program_pid, signal.SIGKILL)
+                wait_until(lambda: all(task_state(f"/proc/{p}") == "Z" for p, _ in pids), "both programs dead")
+            finally:
+                for shim in shims:
+                    os.kill(shim, signal.SIGCONT)
             _, stderr = job.communicate(timeout=60)
         finally:
             job.kill()
