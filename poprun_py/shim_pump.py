@@ -115,12 +115,8 @@ class Pump:
         report says it was stopped."""
         if self.pid is None or self.kill_at is not None:
             return
-        if self.returncode is None:  # a program that died just now (SIGKILLed at once with another)
-            waited, wait_status = os.waitpid(self.pid, os.WNOHANG)  # ended by itself, not by this stop
-            if waited:
-                self._exited(wait_status, time.monotonic())
         self.kill_at = time.monotonic() + self.grace
-        self.stopped_ns = time.time_ns() if self.returncode is None else 0
+        self.stopped_ns = time.time_ns()
         self.was_stopped = self.returncode is None and sweep.is_stopped(self.pid)
         self._signal_group(_signal.SIGTERM)
         self._signal_group(_signal.SIGCONT)
