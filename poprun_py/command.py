@@ -114,16 +114,28 @@ class FileName(click.Path):
         return str(super().convert(_text(self, value, param, ctx, empty=False), param, ctx))
 
 
-class YesNo(click.types.BoolParamType):
+class YesNo(click.ParamType[bool | str]):
     """PopRun's ``yes``/``no`` values: click's boolean words (also true/false, on/off, 1/0), shown
-    as YES|NO in the help, and an error that says what is valid."""
+    as YES|NO in the help, and an error that says what is valid. ``words``: more values the option
+    takes besides yes and no (each given back as itself, in lower case), e.g. ``offset``."""
 
-    name = "yes|no"
+    def __init__(self, *words: str) -> None:
+        self.words = words
+        self.name = "|".join(("yes", "no", *words))
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> bool:
+    str_to_bool = staticmethod(click.types.BoolParamType.str_to_bool)
+
+    def is_value(self, word: str) -> bool:
+        """Whether ``word`` is one of the option's values (else, after the option alone, the program)."""
+        return self.str_to_bool(word) is not None or word.strip().lower() in self.words
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> bool | str:
+        if isinstance(value, str) and value.strip().lower() in self.words:
+            return value.strip().lower()
         state = self.str_to_bool(value) if isinstance(value, (bool, str)) and value != "" else None
         if state is None:
-            self.fail(f"{value!r} is not yes or no", param, ctx)
+            valid = ", ".join(("yes", "no", *self.words[:-1])) + f" or {self.words[-1]}" if self.words else "yes or no"
+            self.fail(f"{value!r} is not {valid}", param, ctx)
         return state
 
 
@@ -196,7 +208,7 @@ def _bare_yes_no(command: click.Command, ctx: click.Context, args: list[str]) ->
             return out + args[i:]
         if option is None or option.is_flag or option.count:
             continue
-        if isinstance(option.type, YesNo) and (i == len(args) or option.type.str_to_bool(args[i]) is None):
+        if isinstance(option.type, YesNo) and (i == len(args) or not option.type.is_value(args[i])):
             if i < len(args) and not args[i].startswith("-"):
                 _check_program_after(option, ctx, word, args[i])
             out.append("yes")
@@ -255,7 +267,7 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
            "LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...). A yes/no option given alone means yes. Output lines "
            "are tagged '[i] ' with their instance index. "
            "Exit status: 0 when every instance succeeds, else the first failing instance's status "
-           "(128+N for signal N).",
+           "(128+N for signal N; 1 when an MPI instance left early, without MPI_Finalize).",
 )
 @click.option("--num-instances", type=Count(1, beyond="is more than poprun can start"), default=1, show_default=True,
               metavar="N",
@@ -286,9 +298,10 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
                    "(DIR is created if its parent exists; a restarted job appends).")
 @click.option("--tee", type=YesNo(), default="yes", show_default=True,
               help="With --log-dir, still show the output here; no: only in the files.")
-@click.option("--prefix-timestamp", type=YesNo(), default="no", show_default=True,
+@click.option("--prefix-timestamp", type=YesNo("offset"), default="no", show_default=True,
               help="Start every output line with the local time poprun received its first byte: "
-                   "'[i] 2026-11-23 01:02:03.456 text'.")
+                   "'[i] 2026-11-23 01:02:03.456 text'; offset: with the local time's UTC offset, which "
+                   "tells the hour repeated at a daylight saving change: '[i] 2026-11-23 01:02:03.456+01:00 text'.")
 @click.option("--print-topology", type=YesNo(), default="no", show_default=True,
               help="Print hosts -> instances -> replicas.")
 @click.option("--numa-aware", type=YesNo(), default="no", show_default=True, help="Bind instances to NUMA nodes.")

@@ -115,7 +115,7 @@ class Failed:
     def how(self) -> str:
         """How it failed: its status, or that it recorded its error and then ended as it was stopped."""
         state = self.state
-        status = describe_status(state.status or 0, state.signal)
+        status = describe_status(state.status or 0, state.signal, state.oom_killed)
         if state.failed_by_itself or not self.first_hand:
             return status
         by = "poprun" if state.stopped_by_poprun else "its shim"

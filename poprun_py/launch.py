@@ -204,12 +204,13 @@ class Start:
         old = self.plan
         plan = JobPlan(num_instances, old.num_replicas, old.ipus_per_replica, tuple(hosts), old.executable_cache_path,
                        run_id=old.run_id)
-        plan.error_dir = old.error_dir
         # A discovery script may bring hosts the job did not start on, remote where all were local.
         remote = _remote_hosts(hosts, resolve=True)
         callback = self.callback or _callback_address(hosts, remote, options["host_subnet"], resolve=True)
         _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
-        return Start(options, plan, remote, callback, _torchrun_contract(plan, options, remote, callback))
+        master_port = _torchrun_contract(plan, options, remote, callback)
+        plan.error_dir = old.error_dir  # the first start's folder (None: it could not be made, as was said)
+        return Start(options, plan, remote, callback, master_port)
 
 
 def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float,
@@ -238,6 +239,7 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
         return built.argv(paths)
 
     restarts = options["max_restarts"]
+    output = OutputOptions(options["log_dir"], options["tee"], options["prefix_timestamp"])  # for every start
     records: list[dict[str, object]] = []  # --error-file: each start's end, once one has failed
     status = 1
     try:
@@ -250,13 +252,12 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
             # A new secret for every start; mpiexec passes it on from its environment (Open MPI by
             # name, as it does every POPRUN_ variable), so it is on no command line.
             secret = os.environ[environment.SECRET] = new_secret()
+            output.append, output.one_stream = restart > 0, environment.ONE_STREAM in job_env
             supervisor = Supervisor(start.plan.num_instances, [i.host for i in start.plan.instances], command,
                                     secret, program_argv(options), show_instance=options["only_output_from_instance"],
                                     listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
                                     grace=grace, start_timeout=options["start_timeout"],
-                                    output=OutputOptions(options["log_dir"], options["tee"],
-                                                         options["prefix_timestamp"], append=restart > 0,
-                                                         one_stream=environment.ONE_STREAM in job_env))
+                                    output=output)
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
             lost = supervisor.lost_hosts() if status else {}
@@ -324,7 +325,7 @@ def _torchrun_contract(plan: JobPlan, options: LaunchOptions, remote: list[str],
 
     dry_run = options["dry_run"]
     plan.max_restarts = options["max_restarts"]
-    plan.error_dir = f"{ERROR_DIR_PARENT}/poprun-{plan.run_id}"
+    plan.error_dir = f"{temporary_folder()}/poprun-{plan.run_id}"
     first = plan.instance(0).host
     here = not plan.hosts or first not in remote
     if here:
@@ -356,8 +357,23 @@ def _torchrun_contract(plan: JobPlan, options: LaunchOptions, remote: list[str],
     return master_port
 
 
-#: Where the job's directory of error files goes, on every host (a remote host's shims create it).
-ERROR_DIR_PARENT = "/tmp"
+#: Where the job's directory of error files may go, in order, as ``tempfile.gettempdir`` looks
+#: (without importing ``tempfile``, which brings ``shutil`` and ``random`` to every launch): the
+#: folder the environment names, then the usual ones.
+TEMPORARY_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+TEMPORARY_FOLDERS = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+def temporary_folder() -> str:
+    """The folder of the job's directory of error files, the same path on every host (a remote
+    host's shims create it): the first of TMPDIR, TEMP, TMP, /tmp, /var/tmp, /usr/tmp that is a
+    folder poprun can write to here (a read-only /tmp is passed over); /tmp when none is, so that
+    the warning names it."""
+    named = [os.environ.get(name, "") for name in TEMPORARY_VARIABLES]
+    for folder in [os.path.abspath(path) for path in named if path] + list(TEMPORARY_FOLDERS):
+        if os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
+            return folder
+    return TEMPORARY_FOLDERS[0]
 
 
 def _remove_tree(path: str) -> None:

@@ -21,7 +21,7 @@ class LaunchOptions(TypedDict):
     only_output_from_instance: int | None
     log_dir: str | None
     tee: bool
-    prefix_timestamp: bool
+    prefix_timestamp: bool | str  # yes, no, or "offset"
     print_topology: bool
     numa_aware: bool
     offline_mode: bool

@@ -2,8 +2,10 @@
 
 Every line an instance writes reaches poprun's stdout or stderr with its tag (``[i] ``; with
 ``--prefix-timestamp``, ``[i] 2026-11-23 01:02:03.456 ``: local time, to the millisecond, at
-which poprun received the line's first byte). Output is passed on as it arrives: a partial line,
-or a progress bar redrawn with carriage returns, shows at once rather than at its newline.
+which poprun received the line's first byte; ``--prefix-timestamp offset`` adds its UTC offset,
+``01:02:03.456+01:00``, so that the hour repeated at a daylight saving change reads apart).
+Output is passed on as it arrives: a partial line, or a progress bar redrawn with carriage
+returns, shows at once rather than at its newline.
 
 **Interleaving rule.** Each line (``Line``: poprun's stdout's, its stderr's, or one for both when
 they are the same file or terminal, as with ``2>&1``; see ``sinks_for``) has at most one owner: the
@@ -33,7 +35,8 @@ would without poprun, and the instance's output is one stream, shown on poprun's
 
 ``--log-dir DIR`` writes each instance's streams, raw (no tags), unbuffered, to
 ``DIR/instance-<i>/stdout.log`` and ``stderr.log``, or, as one stream, to ``output.log`` (a
-restarted job appends); ``--tee no`` keeps them off the terminal.
+restarted job appends); ``--tee no`` keeps them off the terminal. A log that cannot be written is
+said once for the job, however many instances and starts it fails.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ HOLD_SECONDS = 1.0
 MAX_WAIT_SECONDS = 5.0
 #: How much an instance may have held back before poprun ends the line it waits for.
 HOLD_BYTES = 64 << 20
+#: ``--prefix-timestamp offset``: the stamps carry the local time's UTC offset.
+OFFSET = "offset"
 
 # Where one instance's stream stands on its sink.
 START = 0  # at the start of a line: nothing of it written, its tag not yet
@@ -71,22 +76,24 @@ class OutputOptions:
     ``append``: log files are added to (a restarted job) rather than started afresh; ``one_stream``:
     each instance's stdout and stderr come as one stream (see :func:`one_stream`)."""
 
-    def __init__(self, log_dir: str | None = None, tee: bool = True, timestamps: bool = False,
+    def __init__(self, log_dir: str | None = None, tee: bool = True, timestamps: bool | str = False,
                  append: bool = False, one_stream: bool = False) -> None:
         self.log_dir = log_dir
         self.one_stream = one_stream
         self.tee = tee
         self.timestamps = timestamps
         self.append = append
-        #: A log that could not be written has been said (once for all the instances: a full disk
-        #: fails them all); later ones are said with -v.
-        self.log_failure_said = False
+        #: What has been said of logs that could not be written, once for the whole job (a full
+        #: disk fails every instance at every start): what became of their output ("shown",
+        #: "dropped", "" for shown already); the same again is said with -v. The options serve
+        #: every start of a job (``append`` and ``one_stream`` set anew for each).
+        self.log_failures_said: set[str] = set()
 
 
 class Stream:
     """One instance's stdout or stderr on its line: its line state and what is held back."""
 
-    def __init__(self, tag: bytes, timestamps: bool, file: BinaryIO) -> None:
+    def __init__(self, tag: bytes, timestamps: bool | str, file: BinaryIO) -> None:
         self.tag = tag
         self.file = file  # where its tagged bytes go: poprun's stdout or stderr
         self.timestamps = timestamps
@@ -98,6 +105,7 @@ class Stream:
         self.waiting_since = 0.0  # time.monotonic() when it began waiting
         self._second = -1
         self._stamp = ""
+        self._offset = ""
 
     def prefix(self, received: float) -> bytes:
         if not self.timestamps:
@@ -105,8 +113,10 @@ class Stream:
         second = int(received)
         if second != self._second:
             self._second = second
-            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        return self.tag + f"{self._stamp}.{int((received - second) * 1000):03d} ".encode()
+            local = time.localtime(second)
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", local)
+            self._offset = _utc_offset(local) if self.timestamps == OFFSET else ""
+        return self.tag + f"{self._stamp}.{int((received - second) * 1000):03d}{self._offset} ".encode()
 
     def render(self, out: bytearray, until_break: bool) -> None:
         """Move held bytes to ``out``, tagged; with ``until_break``, stop after the first newline or
@@ -433,10 +443,20 @@ class InstanceOutput:
         hidden = not self.options.tee
         self.show = self.selected
         said = f"instance {self.index}'s output is no longer written to {self.log_directory}: {exc.strerror or exc}"
-        if hidden:
+        outcome = "" if not hidden else "shown" if self.selected else "dropped"
+        if outcome == "shown":
             said += "; it is shown here instead (--tee no)"
-        (log.info if self.options.log_failure_said else log.warning)("%s", said)
-        self.options.log_failure_said = True
+        elif outcome == "dropped":
+            said += "; it is dropped from now on (--tee no, and --only-output-from-instance leaves it out)"
+        (log.info if outcome in self.options.log_failures_said else log.warning)("%s", said)
+        self.options.log_failures_said.add(outcome)
+
+
+def _utc_offset(local: time.struct_time) -> str:
+    """A local time's offset from UTC as ISO 8601 writes it: ``+01:00``, ``-05:30``."""
+    minutes = (local.tm_gmtoff or 0) // 60
+    sign = "-" if minutes < 0 else "+"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
 def _first_break(data: bytes) -> int:

@@ -58,6 +58,9 @@ EXIT_SHIM_SIGNALLED = 1
 #: EXIT flag: when the shim came to stop its program, the program was stopped (SIGSTOP, SIGTSTP
 #: or a debugger): the job's other instances may have failed waiting for it.
 EXIT_WAS_STOPPED = 2
+#: EXIT flag: the program died of a SIGKILL its shim did not send while the kernel's out-of-memory
+#: killer ran in its memory cgroup (``oom``).
+EXIT_OOM_KILLED = 4
 
 #: poprun -> shim, one byte and its tag each: stop the program (SIGTERM to its process group,
 #: SIGKILL after the grace period).

@@ -8,13 +8,17 @@ import time
 from functools import cached_property
 
 from poprun_py import protocol
-from poprun_py.states import Failure, InstanceState, signal_name
+from poprun_py.states import Failure, InstanceState, describe_status, signal_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from poprun_py.first_failure import Failed
+
+#: poprun's exit status when instances left early (see ``Report._left_early``): the status of the
+#: instances mpiexec then ended (143 for its SIGTERM) would read as poprun's own SIGTERM.
+LEFT_EARLY_STATUS = 1
 
 
 class Report:
@@ -67,6 +71,8 @@ class Report:
         failure that made poprun stop the job."""
         assert self.failure is not None
         cause = self.cause
+        if cause is not None and self._left_before(cause):
+            return LEFT_EARLY_STATUS
         if cause is not None and cause.index != self.failure.index and cause.failed_by_itself:
             assert cause.status is not None
             return cause.status
@@ -82,6 +88,9 @@ class Report:
         if state is not None:
             lines.append(f"poprun: {self._reason(state)}")
             cause = root_cause(state)
+            for victim in self._ended_after_left(state):
+                lines.append(f"poprun: instance {victim.index} on {victim.host} was ended by mpiexec: "
+                             f"{describe_status(victim.status or 0, victim.signal)}")
             if cause is not None:
                 from poprun_py.root_cause import summary_lines
 
@@ -229,6 +238,13 @@ class Report:
                 f"left early: exited with status 0 while instance(s) {ranges(victims)} still ran, and "
                 f"{state.ended_at - first:.1f} s later mpiexec ended those (an MPI program that exits "
                 f"without MPI_Finalize, e.g. through os._exit, takes the job down)")
+
+    def _ended_after_left(self, state: InstanceState) -> list[InstanceState]:
+        """When instances left early before ``state`` was ended, those mpiexec then ended that
+        reported a status (Hydra's kill leaves none): each with its own."""
+        if not self._left_before(state):
+            return []
+        return [s for s in self.instances if _ended_by_launcher(s) and s.status is not None]
 
     def _stopped(self, state: InstanceState, failed: str) -> str | None:
         """When others were found stopped (SIGSTOP, SIGTSTP, a debugger) as poprun ended the job,

@@ -12,7 +12,7 @@ import _socket
 import os
 import time
 
-from poprun_py import environment, protocol, root_cause, sweep
+from poprun_py import environment, oom, protocol, root_cause, sweep
 from poprun_py.watch import Watch
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
@@ -75,6 +75,8 @@ class Pump:
         self.signalled = False
         #: When the shim came to stop its program, the program was stopped (SIGSTOP, a debugger).
         self.was_stopped = False
+        #: The OOM kills counted in its memory cgroup as the program started (None: none can be read).
+        self.oom_kills = oom.kills()
         # The loop's state (_pump): the program's pipes still open, its status once it has exited,
         # until when its pipes may stay open after that, and the pidfds watched.
         self.open_streams = 2
@@ -149,11 +151,20 @@ class Pump:
             root_cause.remove(self.error_file)
         self.send(protocol.times(self.ended_ns, self.stopped_ns, recorded))
         flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
-            (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0)
+            (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0) | \
+            (protocol.EXIT_OOM_KILLED if self._oom_killed(signum) else 0)
         wake = self._signals_end_the_wait()  # before the report: poprun may stop the job on it
         self.send(protocol.exit_report(status, signum, self.reason, flags))
         self._await_release(wake)
         return status
+
+    def _oom_killed(self, signum: int | None) -> bool:
+        """The program died of a SIGKILL the shim did not send, and the OOM kills counted in its
+        memory cgroup rose meanwhile: the kernel's out-of-memory killer ended it (see ``oom``)."""
+        if signum != _signal.SIGKILL or self.kill_at == KILLED or self.oom_kills is None:
+            return False
+        after = oom.kills()
+        return after is not None and after > self.oom_kills
 
     def _signals_end_the_wait(self) -> int | None:
         """From now on a signal only ends the wait for RELEASE (mpiexec ending the processes of a

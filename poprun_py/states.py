@@ -31,6 +31,7 @@ class InstanceState:
         self.lost = False  # disconnected without an exit report
         self.shim_signalled = False  # its shim was signalled (not told by poprun) and stopped the program
         self.was_stopped = False  # its program was stopped (SIGSTOP, a debugger) when its shim came to end it
+        self.oom_killed = False  # its program died of SIGKILL as the kernel's out-of-memory killer ran (oom)
         self.launcher_lost: str | None = None  # its shim saw its host's MPI daemon die: why (protocol.LAUNCHER_LOST)
         self.last_heard = 0.0  # time.monotonic() of its last frame
         self.silent = False  # lost because nothing came from it for protocol.SILENCE_LIMIT seconds
@@ -74,10 +75,10 @@ class InstanceState:
         """It reported a failure of its own: a non-zero status that is not what stopping it gives
         (SIGTERM, then SIGKILL, or the shell's 128+N for them), or any, when its shim's times say
         that its program ended before anything began to stop it (a SIGKILL from the kernel's
-        out-of-memory killer)."""
+        out-of-memory killer, which its shim may also tell)."""
         if not self.status:
             return False
-        if self.ended_ns and (not self.stopped_ns or self.ended_ns < self.stopped_ns):
+        if self.oom_killed or (self.ended_ns and (not self.stopped_ns or self.ended_ns < self.stopped_ns)):
             return True
         stopped = {_signal.SIGTERM, _signal.SIGKILL}
         return self.signal not in stopped and self.status not in {128 + s for s in stopped}
@@ -104,7 +105,13 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def describe_status(status: int, signum: int | None) -> str:
+def describe_status(status: int, signum: int | None, oom_killed: bool = False) -> str:
+    if oom_killed:
+        return f"killed by {signal_name(signum or _signal.SIGKILL)} (status {status}) {OOM_KILLED}"
     if signum:
         return f"killed by {signal_name(signum)} (status {status})"
     return f"exit status {status}"
+
+
+#: What the summary adds to a SIGKILL that its shim tells came from the out-of-memory killer.
+OOM_KILLED = "from the kernel's out-of-memory killer (its memory cgroup's oom_kill count rose)"

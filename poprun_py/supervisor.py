@@ -433,16 +433,18 @@ class Supervisor:
                 state.status, state.signal, state.error, flags = protocol.read_exit(payload)
                 state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
                 state.was_stopped = bool(flags & protocol.EXIT_WAS_STOPPED)
+                state.oom_killed = bool(flags & protocol.EXIT_OOM_KILLED)
                 state.ended_at = time.monotonic()
                 state.seen_at = time.time()
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())
-                log.info("instance %d on %s: %s", state.index, state.host, describe_status(state.status, state.signal))
+                how = describe_status(state.status, state.signal, state.oom_killed)
+                log.info("instance %d on %s: %s", state.index, state.host, how)
                 if self.failure is not None and self.failure.index == state.index and state.launcher_lost:
                     self.failure.status = state.status  # what its shim's stop gave, as for any failure
                 if state.status != 0 and self.failure is None and not state.stopped_by_poprun \
                         and self.teardown.started is None:
-                    self.failure = Failure(state.index, state.status, describe_status(state.status, state.signal))
+                    self.failure = Failure(state.index, state.status, how)
                     self.teardown.begin()
                 self._release_when_all_done()
 

@@ -256,3 +256,54 @@ def test_prefix_timestamp_is_when_the_line_began(tmp_path: Path) -> None:
     slack = datetime.timedelta(milliseconds=1)
     assert before - slack <= first <= released  # its first byte came before the newline was allowed
     assert first <= second
+
+
+def test_a_full_log_dir_is_said_once_per_job_and_dropped_output_is_said(tmp_path: Path) -> None:
+    """--log-dir on a real full file system (a 64 KiB tmpfs, mounted in a mount namespace of the
+    job's own), three starts of a job of two instances that each write 96 KiB and fail: that the
+    logs cannot be written is said once for the job, not at every start; with --tee no, instance 0's
+    output is shown instead, and instance 1's, which --only-output-from-instance 0 leaves out, is
+    said to be dropped (once too)."""
+    if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs root and a mount namespace (unshare -m) to mount a small tmpfs")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    program = "import os, sys; sys.stdout.write(('x' * 1023 + '\\n') * 96); sys.stdout.flush(); sys.exit(3)"
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"', str(logs), *POPRUN,
+         "--max-restarts", "2", "--restart-backoff", "0", "--log-dir", str(logs), "--tee", "no",
+         "--only-output-from-instance", "0", "--num-instances", "2", PYTHON, "-c", program],
+        capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, env={**os.environ, **OMP_SET})
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("poprun: restarting the job") == 2, result.stderr
+    warned = [line for line in result.stderr.splitlines() if " POPRUN [W] " in line]
+    assert len(warned) == 2, result.stderr
+    assert any(line.endswith(f"instance 0's output is no longer written to {logs}/instance-0: No space left on "
+                             "device; it is shown here instead (--tee no)") for line in warned), warned
+    assert any(line.endswith(f"instance 1's output is no longer written to {logs}/instance-1: No space left on "
+                             "device; it is dropped from now on (--tee no, and --only-output-from-instance leaves "
+                             "it out)") for line in warned), warned
+    assert "[0] xxx" in result.stdout and "[1] " not in result.stdout
+
+
+@pytest.mark.parametrize(("tz", "offset"), [("XYZ-5:30", "+05:30"), ("ABC+3", "-03:00"), ("UTC0", "+00:00")])
+def test_prefix_timestamp_offset_carries_the_utc_offset(tz: str, offset: str) -> None:
+    """--prefix-timestamp offset: every stamp carries its local time's UTC offset (a POSIX TZ
+    gives poprun a known one), so that a stamp read with it is the moment the line came, on any
+    side of a daylight saving change; given alone before the program, 'offset' is its value."""
+    before = datetime.datetime.now(datetime.UTC)
+    result = poprun("--prefix-timestamp", "offset", "/bin/echo", "hello", env={"TZ": tz})
+    after = datetime.datetime.now(datetime.UTC)
+    assert result.returncode == 0, result.stderr
+    match = re.fullmatch(r"\[0\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}([+-]\d\d:\d\d)) hello\n", result.stdout)
+    assert match and match.group(2) == offset, result.stdout
+    stamp = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S.%f%z")
+    assert before - datetime.timedelta(milliseconds=1) <= stamp <= after
+
+
+def test_prefix_timestamp_takes_yes_no_or_offset() -> None:
+    plain = poprun("--prefix-timestamp", "/bin/echo", "hi")  # alone: yes, without the offset
+    assert plain.returncode == 0 and re.fullmatch(r"\[0\] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} hi\n", plain.stdout)
+    bad = poprun("--prefix-timestamp=sometimes", "/bin/echo", "hi")
+    assert bad.returncode == 2
+    assert "Invalid value for '--prefix-timestamp': 'sometimes' is not yes, no or offset" in bad.stderr, bad.stderr

@@ -294,3 +294,29 @@ def test_a_failure_without_an_error_file_that_ended_first_comes_before_a_later_r
     assert (written["instance"], written["status"], written["root_cause"]) == (1, 4, None)
     assert [(f["instance"], f["error"]) for f in written["failures"]] == [(1, None),
                                                                           (2, "RuntimeError: second failure")]
+
+
+def test_the_error_files_folder_honours_tmpdir_when_tmp_is_read_only(tmp_path: Path) -> None:
+    """/tmp read-only (a bind of itself, remounted so, in a mount namespace of the job's own) and
+    TMPDIR a writable folder: the job's folder of error files goes there, as tempfile.gettempdir
+    would choose, with no warning at any of its two starts; what the failing program records comes
+    back; the folder is removed at the end."""
+    if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs root and a mount namespace (unshare -m) to make /tmp read-only")
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    record = json.dumps(RECORDED)
+    program = ("import os, sys; path = os.environ['TORCHELASTIC_ERROR_FILE']; print(path); "
+               f"open(path, 'w').write({record!r}); sys.exit(3)")
+    script = ('mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp && mount -t tmpfs tmpfs "$TMPDIR" && '
+              '"$@"; status=$?; echo "left: $(ls -A "$TMPDIR")"; exit $status')
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", PYTHON, "-m", "poprun_py", "--max-restarts", "1",
+         "--restart-backoff", "0", PYTHON, "-c", program],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **OMP_SET, "TMPDIR": str(tmpdir)})
+    assert result.returncode == 3, result.stderr
+    paths = [line.removeprefix("[0] ") for line in result.stdout.splitlines() if line.startswith("[0] ")]
+    assert len(paths) == 2 and all(p.startswith(f"{tmpdir}/poprun-") for p in paths), result.stdout
+    assert "warning" not in result.stderr and "Read-only" not in result.stderr, result.stderr
+    assert "poprun: root cause (instance 0's error file): ValueError: bad batch 7" in result.stderr, result.stderr
+    assert result.stdout.splitlines()[-1] == "left: ", result.stdout

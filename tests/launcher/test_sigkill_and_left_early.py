@@ -1,0 +1,150 @@
+"""SIGKILLed instances and instances that left early, as the summary tells them: the kernel's
+out-of-memory killer named, two instances SIGKILLed together both failures, and an MPI program
+that left through os._exit(0) named with a status of its own (issue 43 item 5)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from poprun_py import oom
+from poprun_py.report import LEFT_EARLY_STATUS
+from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run, task_state, wait_until
+
+pytestmark = pytest.mark.slow
+SCRIPTS = ROOT / "tests" / "scripts"
+#: The test cgroup's memory limit: poprun, mpiexec and two shims fit well within it; a program
+#: that keeps allocating does not.
+LIMIT = 192 << 20
+
+
+def _memory_cgroup() -> tuple[Path, str] | None:
+    """This process's memory cgroup folder and the file of its limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``), when a child group can be made there; None otherwise."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            for root in (Path(oom.CGROUP_ROOT), Path(oom.CGROUP_ROOT) / "unified"):
+                folder = root / path.lstrip("/")
+                if (folder / "memory.events").exists() and "memory" in (folder / "cgroup.subtree_control").read_text():
+                    return folder, "memory.max"
+        elif "memory" in controllers.split(","):
+            folder = Path(oom.CGROUP_ROOT) / "memory" / path.lstrip("/")
+            if (folder / "memory.oom_control").exists():
+                return folder, "memory.limit_in_bytes"
+    return None
+
+
+@contextlib.contextmanager
+def small_memory_cgroup() -> Iterator[Path]:
+    """A child memory cgroup of LIMIT bytes (no swap), removed after."""
+    found = _memory_cgroup()
+    if found is None or os.geteuid() != 0:
+        pytest.skip("no memory cgroup this test can make a child group in (needs root and the memory controller)")
+    parent, limit_file = found
+    group = parent / f"poprun-oom-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a child memory cgroup in {parent}: {exc}")
+    try:
+        (group / limit_file).write_text(str(LIMIT))
+        for swap in ("memory.memsw.limit_in_bytes", "memory.swap.max"):  # v1, v2: no swapping instead
+            if (group / swap).exists():
+                (group / swap).write_text(str(LIMIT) if swap.endswith("in_bytes") else "0")
+        yield group
+    finally:
+        wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), "the test cgroup to empty", within=30)
+        group.rmdir()
+
+
+def test_an_instance_the_out_of_memory_killer_ended_is_named_so(tmp_path: Path) -> None:
+    """Instance 1 allocates past its cgroup's memory limit and the kernel's OOM killer SIGKILLs it:
+    the summary and --error-file say so, and it is the root cause (a failure, not a stop)."""
+    program = ("import os, time\n"
+               "if os.environ['RANK'] == '1':\n"
+               "    held = []\n"
+               "    while True: held.append(b'x' * (16 << 20))\n"
+               "time.sleep(120)\n")
+    error_file = tmp_path / "error.json"
+    with small_memory_cgroup() as group:
+        # The wrapper moves itself (0: the writer) into the group, then becomes poprun.
+        result = run(["sh", "-c", 'echo 0 > "$0/cgroup.procs" && exec "$@"', str(group), *POPRUN,
+                      "--error-file", str(error_file), "--num-instances", "2", PYTHON, "-c", program], timeout=90)
+    assert result.returncode == 137, result.stderr
+    assert re.search(r"^poprun: instance 1 on \S+ failed: killed by SIGKILL \(status 137\) from the kernel's "
+                     r"out-of-memory killer \(its memory cgroup's oom_kill count rose\)$", result.stderr,
+                     re.M), result.stderr
+    assert "stopped instance(s) 0 (1 of 2)" in result.stderr, result.stderr
+    record = json.loads(error_file.read_text())[-1]
+    assert (record["instance"], record["signal"]) == (1, "SIGKILL") and "out-of-memory killer" in record["reason"]
+
+
+def test_a_sigkill_by_hand_is_not_called_the_out_of_memory_killers() -> None:
+    """A SIGKILL that no OOM kill came with is only a SIGKILL."""
+    result = poprun("--num-instances", "1", PYTHON, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert result.returncode == 137, result.stderr
+    assert re.search(r"^poprun: instance 0 on \S+ failed: killed by SIGKILL \(status 137\)$", result.stderr, re.M)
+
+
+def test_two_instances_sigkilled_at_once_are_both_failures(tmp_path: Path) -> None:
+    """Both programs die of SIGKILL at once: their shims are held (SIGSTOP) while the test kills
+    both programs and sees both dead, then let go (SIGCONT), so each shim finds its program dead,
+    whichever of them poprun hears first and tells the other to stop. Both are failures, neither
+    was stopped by poprun."""
+    program = ["-c", (f"import os, time; open(os.path.join({str(tmp_path)!r}, os.environ['RANK']), 'w')"
+                      ".write(f'{os.getpid()} {os.getppid()}'); time.sleep(120)")]
+    error_file = tmp_path / "error.json"
+    with subprocess.Popen([*POPRUN, "--error-file", str(error_file), "--num-instances", "2", PYTHON, *program],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as job:
+        try:
+            files = [tmp_path / str(rank) for rank in range(2)]
+            wait_until(lambda: all(f.exists() and " " in f.read_text() for f in files), "both programs' pids")
+            pids = [[int(pid) for pid in f.read_text().split()] for f in files]  # each: program, its shim
+            shims = [shim for _, shim in pids]
+            try:
+                for shim in shims:
+                    os.kill(shim, signal.SIGSTOP)
+                for program_pid, _ in pids:
+                    os.kill(program_pid, signal.SIGKILL)
+                wait_until(lambda: all(task_state(f"/proc/{p}") == "Z" for p, _ in pids), "both programs dead")
+            finally:
+                for shim in shims:
+                    os.kill(shim, signal.SIGCONT)
+            _, stderr = job.communicate(timeout=60)
+        finally:
+            job.kill()
+    assert job.returncode == 137, stderr
+    first = re.search(r"^poprun: instance (\d) on \S+ failed: killed by SIGKILL \(status 137\)$", stderr, re.M)
+    assert first, stderr
+    other = 1 - int(first.group(1))
+    assert re.search(rf"^poprun: instance {other} on \S+ also failed: killed by SIGKILL \(status 137\)$", stderr,
+                     re.M), stderr
+    assert "stopped instance" not in stderr, stderr
+    record = json.loads(error_file.read_text())[-1]
+    assert sorted(f["instance"] for f in record["failures"]) == [0, 1] and record["stopped"] == [], record
+
+
+def test_an_mpi_program_that_left_through_os_exit_ends_the_job_with_a_status_of_its_own(tmp_path: Path) -> None:
+    """Instance 0 leaves through os._exit(0) without MPI_Finalize while instance 1 waits in a
+    collective; gforker ends instance 1's shim, which stops it with SIGTERM. poprun names
+    instance 0 and exits with LEFT_EARLY_STATUS, not the 143 of a poprun that received SIGTERM."""
+    error_file = tmp_path / "error.json"
+    result = poprun("--error-file", str(error_file), "--num-instances", "2", PYTHON,
+                    str(SCRIPTS / "leave_early.py"), timeout=90)
+    assert result.returncode == LEFT_EARLY_STATUS != 143, result.stderr
+    assert re.search(r"^poprun: instance\(s\) 0 on \S+ left early: exited with status 0 while instance\(s\) 1 "
+                     r"still ran, and \d+\.\d s later mpiexec ended those", result.stderr, re.M), result.stderr
+    assert re.search(r"^poprun: instance 1 on \S+ was ended by mpiexec: killed by SIGTERM \(status 143\)$",
+                     result.stderr, re.M), result.stderr
+    record = json.loads(error_file.read_text())[-1]
+    assert (record["instance"], record["status"]) == (0, LEFT_EARLY_STATUS), record
