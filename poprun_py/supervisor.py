@@ -188,14 +188,13 @@ class Supervisor:
             self.stop_due = True
             return
         self.stop_due = False
+        # Nothing is logged here: the loop may be inside a write to stderr, which this would re-enter.
         self._tell_running(protocol.STOP)
-        log.info("stopped (SIGTSTP): every instance is stopped until poprun is continued")
         _signal.signal(_signal.SIGTSTP, _signal.SIG_DFL)
         try:
             _signal.raise_signal(_signal.SIGTSTP)  # returns once continued (SIGCONT)
         finally:
             _signal.signal(_signal.SIGTSTP, self._on_stop)
-        log.info("continued: every instance goes on")
         self._tell_running(protocol.CONT)
 
     def _tell_running(self, command: bytes) -> None:

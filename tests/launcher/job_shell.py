@@ -88,14 +88,25 @@ def job_pids(marker: str) -> tuple[int, list[int]]:
 
 
 def states(pids: list[int]) -> list[str]:
-    return [task_state(f"/proc/{pid}") for pid in pids]
+    """Each process's state letter (T: stopped), ``gone`` for one that has ended."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(task_state(f"/proc/{pid}"))
+        except OSError:
+            found.append("gone")
+    return found
 
 
 def written(pids: list[int]) -> list[int]:
-    """How many bytes each process has written so far (``wchar``): its progress."""
+    """How many bytes each process has written so far (``wchar``): its progress; -1 once it has ended."""
     counts = []
     for pid in pids:
-        text = Path(f"/proc/{pid}/io").read_text()
+        try:
+            text = Path(f"/proc/{pid}/io").read_text()
+        except OSError:
+            counts.append(-1)
+            continue
         match = re.search(r"^wchar: (\d+)$", text, re.MULTILINE)
         assert match, text
         counts.append(int(match.group(1)))

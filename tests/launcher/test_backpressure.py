@@ -26,6 +26,7 @@ from tests.helpers import (
     wait_no_processes,
     wait_until,
 )
+from tests.launcher.job_shell import written
 
 PRINTER = str(ROOT / "tests" / "scripts" / "printer.py")
 #: Longer than poprun's and the shims' silence limit: what used to count as a lost host.
@@ -44,17 +45,6 @@ def programs(folder: Path) -> list[int]:
             if PRINTER in line and "poprun_py" not in line]
 
 
-def written(pids: list[int]) -> list[int]:
-    """How many bytes each process has written so far (``wchar``): its progress."""
-    counts = []
-    for pid in pids:
-        text = Path(f"/proc/{pid}/io").read_text()
-        match = re.search(r"^wchar: (\d+)$", text, re.MULTILINE)
-        assert match, text
-        counts.append(int(match.group(1)))
-    return counts
-
-
 def held_back(pids: list[int]) -> list[int]:
     """Wait until the programs no longer progress (every buffer between them and the reader is full)
     and return how far they got; fails if they keep going (nothing holds them back)."""
@@ -63,6 +53,7 @@ def held_back(pids: list[int]) -> list[int]:
     while True:
         time.sleep(1.0)  # sampling a rate: a second at a time
         now = written(pids)
+        assert -1 not in now, "a program ended"
         if now == last and all(now):  # (a program still starting has written nothing yet)
             return now
         assert time.monotonic() < deadline, f"the programs never stopped making progress: {now}"
