@@ -222,6 +222,13 @@ class Line:
             self._pump(out)
             self._emit(out)
 
+    def discount(self, seconds: float) -> None:
+        """``seconds`` in which poprun did not run (stopped, or a write waited for the reader) are
+        no one's: the owner was not quiet, and no one was kept waiting, for them."""
+        self.active += seconds
+        for stream in self.queue:
+            stream.waiting_since += seconds
+
     def finish(self, stream: Stream) -> None:
         """The instance is done: what it holds is written in its turn (at once if the line is free),
         and its last line is ended. Another instance's line is not cut for it."""

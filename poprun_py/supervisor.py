@@ -216,6 +216,8 @@ class Supervisor:
         log.debug("poprun did not run for %.1f s: not counted as anyone's silence", gap)
         for state in self.instances:
             state.last_heard += gap
+        for line in {id(sink.line): sink.line for sink in self.sinks.values()}.values():
+            line.discount(gap)  # nor did anyone keep a line to itself meanwhile
         self.pending = {conn: (accepted + gap, peer) for conn, (accepted, peer) in self.pending.items()}
         self.mpiexec_started += gap
         if self.mpiexec_done_at is not None:

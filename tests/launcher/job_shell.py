@@ -113,6 +113,21 @@ def written(pids: list[int]) -> list[int]:
     return counts
 
 
+def held_back(pids: list[int]) -> list[int]:
+    """Wait until the programs no longer progress (every buffer between them and the reader is full)
+    and return how far they got; fails if they keep going (nothing holds them back)."""
+    last = written(pids)
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    while True:
+        time.sleep(1.0)  # sampling a rate: a second at a time
+        now = written(pids)
+        assert -1 not in now, "a program ended"
+        if now == last and all(now):  # (a program still starting has written nothing yet)
+            return now
+        assert time.monotonic() < deadline, f"the programs never stopped making progress: {now}"
+        last = now
+
+
 def numbers_shown(shown: bytes, instances: int) -> dict[int, list[int]]:
     """The ticker's numbers each instance's tagged lines show on the terminal, in order."""
     found: dict[int, list[int]] = {index: [] for index in range(instances)}

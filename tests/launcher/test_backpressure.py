@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+import pytest
+
 from poprun_py import protocol
 from tests.helpers import (
     OMP_SET,
@@ -26,8 +28,9 @@ from tests.helpers import (
     wait_no_processes,
     wait_until,
 )
-from tests.launcher.job_shell import written
+from tests.launcher.job_shell import held_back, written
 
+pytestmark = pytest.mark.slow  # every test starts poprun; two pause it for half a minute
 PRINTER = str(ROOT / "tests" / "scripts" / "printer.py")
 #: Longer than poprun's and the shims' silence limit: what used to count as a lost host.
 PAUSE = protocol.SILENCE_LIMIT + 5
@@ -43,21 +46,6 @@ def programs(folder: Path) -> list[int]:
     """The printers' PIDs (poprun's own command line names the printer too)."""
     return [int(line.split(":")[0]) for line in processes_matching(str(folder))
             if PRINTER in line and "poprun_py" not in line]
-
-
-def held_back(pids: list[int]) -> list[int]:
-    """Wait until the programs no longer progress (every buffer between them and the reader is full)
-    and return how far they got; fails if they keep going (nothing holds them back)."""
-    last = written(pids)
-    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-    while True:
-        time.sleep(1.0)  # sampling a rate: a second at a time
-        now = written(pids)
-        assert -1 not in now, "a program ended"
-        if now == last and all(now):  # (a program still starting has written nothing yet)
-            return now
-        assert time.monotonic() < deadline, f"the programs never stopped making progress: {now}"
-        last = now
 
 
 def check_every_line(stdout: bytes, folder: Path, instances: int = 2) -> None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from tests.helpers import POPRUN, PYTHON, wait_no_processes, wait_until
 from tests.launcher.job_shell import CTRL_Z, TICKER, Shell, job_pids, numbers_shown, states, written
 
+pytestmark = pytest.mark.slow  # every test starts poprun
 COUNT = 300
 
 
