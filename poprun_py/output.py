@@ -298,11 +298,15 @@ def _part(out: Parts, file: BinaryIO) -> bytearray:
 
 
 def _write(out: Parts) -> None:
-    """Each run is flushed before the next, so two file objects onto one file keep the order."""
+    """Each run is flushed before the next, so two file objects onto one file keep the order.
+    Each is written whole: a write that waits for a slow reader and is interrupted by a signal
+    poprun handles (Ctrl-Z, Ctrl-C) returns having written only part of it."""
     for file, data in out:
-        if data:
-            file.write(data)
-            file.flush()
+        view = memoryview(data)
+        while view:
+            written = file.write(view)
+            view = view[len(view) if written is None else written:]
+        file.flush()
 
 
 class Sink:

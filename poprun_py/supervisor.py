@@ -113,6 +113,8 @@ class Supervisor:
         self.mpiexec_done_at: float | None = None
         #: Ctrl-Z came while a message to a shim was half sent: the loop stops the job (_on_stop).
         self.stop_due = False
+        #: A signal asked poprun to stop the job, which the loop has not said yet (_on_signal).
+        self.interrupt_unsaid = False
 
     # ---------------------------------------------------------------- set-up
     def run(self) -> int:
@@ -172,8 +174,14 @@ class Supervisor:
 
     # ---------------------------------------------------------------- event loop
     def _on_signal(self, signum: int, _frame: object) -> None:
+        """The first SIGINT, SIGTERM or SIGHUP stops every instance at once, from the handler, so
+        that it acts even while a write of poprun's output waits for its reader (unless a message to
+        a shim is half sent: then the loop does it); the loop says so at its next turn."""
         if self.interrupted is None:
             self.interrupted = signum
+            self.interrupt_unsaid = self.teardown.started is None
+            if self.interrupt_unsaid and not any(state.sending for state in self.instances):
+                self.teardown.begin(quiet=True)
         elif self.teardown.started is not None:
             self.teardown.started = AT_ONCE  # second signal: escalate at once
 
@@ -228,9 +236,11 @@ class Supervisor:
         self._discount_stall()
         if self.stop_due:
             self._on_stop()
-        if self.interrupted is not None and self.teardown.started is None:
+        if self.interrupted is not None and self.interrupt_unsaid:
+            self.interrupt_unsaid = False
             log.warning("received %s: stopping every instance", signal_name(self.interrupted))
             self.teardown.begin()
+            self.teardown.say_begun()
 
     def _loop(self) -> None:
         assert self.mpiexec is not None

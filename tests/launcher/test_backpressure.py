@@ -102,6 +102,22 @@ def test_a_poprun_stopped_longer_than_the_silence_limit_goes_on_when_continued(t
     check_every_line((tmp_path / "out").read_bytes(), tmp_path)
 
 
+def test_ctrl_c_while_the_reader_is_paused_stops_the_programs_at_once(tmp_path: Path) -> None:
+    """``poprun ... | less``, Ctrl-C: the programs are stopped at once, though poprun's own write
+    still waits for its reader; once the output is read, poprun ends with 130."""
+    proc = start(tmp_path)
+    try:
+        wait_until(lambda: len(programs(tmp_path)) == 2, "the printers started")
+        held_back(programs(tmp_path))  # poprun's write waits for its reader
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: programs(tmp_path) == [], "the programs stopped", within=10)
+        assert proc.poll() is None  # its write still waits
+        _, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "poprun: interrupted by SIGINT" in stderr.decode(), stderr.decode()
+
+
 def test_a_killed_poprun_is_noticed_at_once_by_shims_that_wait_to_send(tmp_path: Path) -> None:
     """A dead poprun is not a paused one: its kernel resets the connections, and shims held back
     by its unread output stop their programs at once."""
