@@ -131,7 +131,8 @@ class Pump:
         stopping the program on time, and noticing poprun's end, meanwhile."""
         assert self.control is not None
         poll = select.poll()
-        poll.register(self.control, select.POLLOUT | select.POLLIN)
+        # (poprun's commands no longer read after one failed its check: left unread, not polled)
+        poll.register(self.control, select.POLLOUT | (select.POLLIN if self.commands is not None else 0))
         events = 0
         for _, happened in poll.poll(ROOM_WAIT * 1000):
             events |= happened
