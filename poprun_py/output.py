@@ -232,6 +232,13 @@ class Line:
             self._pump(out)
             self._emit(out)
 
+    def discount(self, seconds: float) -> None:
+        """``seconds`` in which poprun did not run (stopped, or a write waited for the reader) are
+        no one's: the owner was not quiet, and no one was kept waiting, for them."""
+        self.active += seconds
+        for stream in self.queue:
+            stream.waiting_since += seconds
+
     def finish(self, stream: Stream) -> None:
         """The instance is done: what it holds is written in its turn (at once if the line is free),
         and its last line is ended. Another instance's line is not cut for it."""
@@ -301,11 +308,15 @@ def _part(out: Parts, file: BinaryIO) -> bytearray:
 
 
 def _write(out: Parts) -> None:
-    """Each run is flushed before the next, so two file objects onto one file keep the order."""
+    """Each run is flushed before the next, so two file objects onto one file keep the order.
+    Each is written whole: a write that waits for a slow reader and is interrupted by a signal
+    poprun handles (Ctrl-Z, Ctrl-C) returns having written only part of it."""
     for file, data in out:
-        if data:
-            file.write(data)
-            file.flush()
+        view = memoryview(data)
+        while view:
+            written = file.write(view)
+            view = view[len(view) if written is None else written:]
+        file.flush()
 
 
 class Sink:

@@ -69,11 +69,17 @@ TERMINATE = b"T"
 #: stays (idle): MPICH's hydra proxy busy-waits, burning a core, from its first child's exit to
 #: its last, so instances that end at different times would slow the ones still running.
 RELEASE = b"R"
+#: poprun -> shim: poprun was stopped from its terminal (Ctrl-Z, SIGTSTP): stop the program's
+#: process group (SIGSTOP), as a shell stops every process of a job; CONT continues it (``fg``).
+STOP = b"S"
+CONT = b"C"
 
 #: A running shim says something at least this often; after SILENCE_LIMIT seconds without a word
 #: from an instance that has not exited, poprun counts it lost: its host died or the network to it
-#: is cut, and neither sends a FIN. A shim whose own frames go unacknowledged for SILENCE_LIMIT
-#: seconds (TCP_USER_TIMEOUT) sees its socket fail and stops its program: cut off, it stops too.
+#: is cut, and neither sends a FIN. Only time poprun listened counts: while it is stopped or blocked
+#: writing its own output (a slow reader), it reads nothing, and that is no one's silence. A shim
+#: whose frames poprun's host has not acknowledged for SILENCE_LIMIT seconds (its kernel still
+#: acknowledges while poprun is stopped or reads slowly) stops its program: cut off, it stops too.
 HEARTBEAT_SECONDS = 5.0
 SILENCE_LIMIT = 20.0
 HEARTBEAT_FRAME = HEADER.pack(HEARTBEAT, 0, 0)

@@ -1,5 +1,12 @@
-"""The shim's loop once the program runs: frames out, TERMINATE in, adopted orphans' ends
-collected as they come, exit status last.
+"""The shim's loop once the program runs: frames out, commands in (TERMINATE, STOP, CONT),
+adopted orphans' ends collected as they come, exit status last.
+
+poprun that reads slowly (its own output is not read: a pager, a stalled ``tee``, Ctrl-S) or not at
+all (stopped: a debugger, Ctrl-Z) is back-pressure, not death: a send waits until poprun's kernel
+takes it, and meanwhile the program's pipes are not read, so the program waits on them, as in a
+shell pipeline; commands are still obeyed while it waits. poprun is gone when its connection ends
+(its process died: its kernel closes it at once) or when its host acknowledges nothing for
+``protocol.SILENCE_LIMIT`` seconds (``_unanswered``); a stopped poprun's kernel still acknowledges.
 
 Built on the interpreter's own C modules (``_socket``, ``select``, ``_signal``, ``time``): see
 ``instance.py`` for why.
@@ -10,6 +17,8 @@ from __future__ import annotations
 import _signal
 import _socket
 import os
+import select
+import sys
 import time
 
 from poprun_py import environment, oom, protocol, root_cause, sweep
@@ -39,6 +48,15 @@ IDLE_WAIT = 1.0
 POLL_WAIT = 0.05
 #: ``Pump.kill_at`` once the SIGKILL has been sent: never again.
 KILLED = float("inf")
+#: The most a send waits for room before it looks again at poprun's commands and liveness.
+ROOM_WAIT = 1.0
+#: linux/tcp.h's struct tcp_info: what is read of it, and where its fields are (``_unanswered``).
+TCP_INFO_SIZE = 104
+TCPI_RETRANSMITS, TCPI_PROBES = 2, 3
+TCPI_LAST_ACK_RECV = slice(56, 60)
+#: poprun's host counts as silent only when it has been so at looks this far apart: a window probe
+#: just sent to a poprun that is stopped is unanswered for one round trip, however alive it is.
+UNANSWERED_SECONDS = 1.0
 
 
 def _ignore(*_: object) -> None:
@@ -53,6 +71,17 @@ class Pump:
         self.control: _socket.socket | None = connection[0] if connection is not None else None
         seal = self.seal = connection[1] if connection is not None else None
         self.commands = protocol.CommandReader(seal) if seal is not None else None
+        if self.control is not None:
+            # Sent data that waits is back-pressure (poprun reads slowly, or is stopped), which
+            # TCP_USER_TIMEOUT would take for a dead peer once the window has stayed shut that
+            # long: from now on poprun's liveness is judged here (``_unanswered``).
+            if hasattr(_socket, "TCP_USER_TIMEOUT"):
+                self.control.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_USER_TIMEOUT, 0)
+            self.control.setblocking(False)
+        #: poprun is gone (its connection ended, or its host stopped answering): nothing more is sent.
+        self.gone = False
+        #: When poprun's host was first seen leaving data unacknowledged for SILENCE_LIMIT s.
+        self.unanswered_since: float | None = None
         #: The program's TORCHELASTIC_ERROR_FILE: sent to poprun when it fails (see root_cause.py).
         self.error_file = error_file
         grace = protocol.kill_grace()
@@ -89,13 +118,84 @@ class Pump:
         self.launcher_fd: int | None = None
 
     def send(self, data: bytes) -> None:
-        if self.control is None or self.seal is None:
+        """``data``, sealed, handed whole to the kernel, however long poprun takes to read (see the
+        module's docstring); dropped once poprun is gone, so that the program is still stopped cleanly."""
+        if self.control is None or self.seal is None or self.gone:
             return
-        try:
-            self.control.sendall(self.seal.seal(data))
-        except OSError:
-            pass  # poprun is gone; keep going so the program is still stopped cleanly
+        pending = memoryview(self.seal.seal(data))
+        while pending and not self.gone:
+            try:
+                pending = pending[self.control.send(pending):]
+            except BlockingIOError:
+                self._wait_for_room()
+            except OSError:
+                self._lose_poprun()
         self.last_sent = time.monotonic()
+
+    def _wait_for_room(self) -> None:
+        """Wait until poprun's connection takes more (at most ROOM_WAIT s), obeying its commands,
+        stopping the program on time, and noticing poprun's end, meanwhile."""
+        assert self.control is not None
+        poll = select.poll()
+        # (poprun's commands no longer read after one failed its check: left unread, not polled)
+        poll.register(self.control, select.POLLOUT | (select.POLLIN if self.commands is not None else 0))
+        events = 0
+        for _, happened in poll.poll(ROOM_WAIT * 1000):
+            events |= happened
+        now = time.monotonic()
+        self._kill_when_due(now)
+        if events & (select.POLLIN | select.POLLERR | select.POLLHUP):
+            self._hear_poprun()
+        elif self._unanswered(now):
+            self._lose_poprun()
+
+    def _hear_poprun(self) -> bool:
+        """Read and obey poprun's commands; False once nothing more can come from it (the
+        connection ended, or a command failed its check), and then the program is stopped."""
+        assert self.control is not None
+        if self.commands is None:
+            return False
+        try:
+            message = self.control.recv(COMMANDS_READ_SIZE)
+        except BlockingIOError:
+            return True
+        except OSError:
+            message = b""
+        if not message:
+            self._lose_poprun()
+            return False
+        for command in self._commands(message):
+            if command == protocol.TERMINATE:
+                self.stop_program()
+            elif command == protocol.STOP and self.returncode is None and self.kill_at is None:
+                self._signal_group(_signal.SIGSTOP)
+            elif command == protocol.CONT:
+                self._signal_group(_signal.SIGCONT)
+        return self.commands is not None
+
+    def _lose_poprun(self) -> None:
+        """poprun is gone: stop the program; nothing more is sent."""
+        self.gone = True
+        self.stop_program()
+
+    def _unanswered(self, now: float) -> bool:
+        """Whether poprun's host has acknowledged nothing for SILENCE_LIMIT seconds while the shim
+        waits for it to (a retransmission, or a window probe: linux/tcp.h's tcpi_retransmits,
+        tcpi_probes), at two looks UNANSWERED_SECONDS apart: the host died or the network to it is
+        cut. A poprun that is stopped or reads slowly still has its kernel acknowledge."""
+        assert self.control is not None
+        try:
+            info = self.control.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_INFO, TCP_INFO_SIZE)
+        except (AttributeError, OSError):
+            return False
+        waiting = info[TCPI_RETRANSMITS] or info[TCPI_PROBES]
+        since_ack = int.from_bytes(info[TCPI_LAST_ACK_RECV], sys.byteorder) / 1000
+        if not waiting or since_ack < protocol.SILENCE_LIMIT:
+            self.unanswered_since = None
+            return False
+        if self.unanswered_since is None:
+            self.unanswered_since = now
+        return now - self.unanswered_since >= UNANSWERED_SECONDS
 
     def output(self, stream: int, data: bytes) -> None:
         if self.control is None:
@@ -196,7 +296,10 @@ class Pump:
                 if SIGNALLED in ready:
                     return
                 if CONTROL in ready:
-                    message = self.control.recv(COMMANDS_READ_SIZE)
+                    try:
+                        message = self.control.recv(COMMANDS_READ_SIZE)
+                    except BlockingIOError:
+                        continue
                     if not message or protocol.RELEASE in self._commands(message):
                         return
         except OSError:
@@ -209,9 +312,10 @@ class Pump:
         watch = self._watch(stdout_fd, stderr_fd)
         while True:
             now = time.monotonic()
-            if self.kill_at is not None and now >= self.kill_at:
-                self._signal_group(_signal.SIGKILL)
-                self.kill_at = KILLED
+            self._kill_when_due(now)
+            if self.control is not None and not self.gone and self._unanswered(now):
+                watch.remove(self.control)
+                self._lose_poprun()
             if self.returncode is None:
                 waited, wait_status = os.waitpid(self.pid, os.WNOHANG)
                 if waited:
@@ -232,6 +336,12 @@ class Pump:
         if self.returncode < 0:
             return 128 - self.returncode, -self.returncode
         return self.returncode, None
+
+    def _kill_when_due(self, now: float) -> None:
+        """SIGKILL the program's group once its grace after SIGTERM has run out."""
+        if self.kill_at is not None and now >= self.kill_at:
+            self._signal_group(_signal.SIGKILL)
+            self.kill_at = KILLED
 
     def _watch(self, stdout_fd: int, stderr_fd: int | None) -> Watch:
         """The program's pipes, poprun's connection, the program's exit, its launcher's death, and
@@ -339,15 +449,8 @@ class Pump:
                 self.send(protocol.frame(protocol.LAUNCHER_LOST, self.reason.encode()))
                 self.stop_program()
         elif key == CONTROL:
-            assert self.control is not None
-            try:
-                message = self.control.recv(COMMANDS_READ_SIZE)
-            except OSError:
-                message = b""
-            if not message or protocol.TERMINATE in self._commands(message):
-                # poprun asked us to stop, or poprun itself is gone: stop the program.
+            if not self._hear_poprun():
                 watch.remove(fd)
-                self.stop_program()
         else:
             data = os.read(fd, READ_SIZE)
             if data:
@@ -359,12 +462,15 @@ class Pump:
 
     def _commands(self, data: bytes) -> list[bytes]:
         """poprun's commands in ``data``; one that fails its check counts as TERMINATE (the
-        connection has been tampered with, and poprun can no longer be heard)."""
-        assert self.commands is not None
+        connection has been tampered with, and poprun can no longer be heard: ``commands`` is
+        then None, and nothing more is read)."""
+        if self.commands is None:
+            return [protocol.TERMINATE]
         try:
             return self.commands.feed(data)
         except protocol.ProtocolError as exc:
             os.write(2, f"poprun instance {self.index}: {exc} on poprun's connection; stopping\n".encode())
+            self.commands = None
             return [protocol.TERMINATE]
 
     def _end_descendants(self) -> None:

@@ -46,19 +46,22 @@ class InstanceState:
         self.stopped_ns = 0
         self.recorded_ns = 0
         self.seen_at: float | None = None  # time.time() when poprun saw its end (exit report or loss)
+        self.sending = False  # a message to its shim is half sent: nothing may be put in its middle
 
     def send(self, message: bytes, within: float = 0.0) -> bool:
-        """One of poprun's messages to the shim (protocol.PROGRAM, TERMINATE, RELEASE), sealed;
+        """One of poprun's messages to the shim (protocol.PROGRAM, TERMINATE, RELEASE, STOP, CONT), sealed;
         whether it went. ``within``: seconds a message larger than the socket's buffer (the
         program) may take to go, the shim reading it; a command always fits at once."""
         if self.connection is None or self.reader is None:
             return False
+        self.sending = True
         try:
             self.connection.settimeout(within)
             self.connection.sendall(self.reader.seal.seal(message))
         except OSError:
             return False  # that shim is gone already, or took no more of it for ``within`` seconds
         finally:
+            self.sending = False
             self.connection.setblocking(False)
         return True
 

@@ -4,6 +4,12 @@ One event loop (``watch.Watch``) watches: the control listener and each instance
 mpiexec's own stdout/stderr, and a wake-up pipe for signals. The first instance to fail is the
 root cause and starts the teardown (``teardown``); once every instance is done, all the shims are
 released together; at the end, what went wrong is reported (``report``).
+
+poprun's own output is written as it comes, and a write waits while no one reads it (a pager left
+alone, a stalled ``tee``, Ctrl-S): the loop reads nothing meanwhile, so the shims' sends wait and
+their programs wait on their pipes, as in a shell pipeline. Time the loop did not run (such a wait,
+or poprun stopped: SIGSTOP, a debugger) is no one's silence (``_discount_stall``). Ctrl-Z (SIGTSTP)
+stops the whole job: every shim stops its program, then poprun stops; ``fg`` continues them all.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ AFTER_MPIEXEC_SECONDS = 2.0
 LINGER_SECONDS = 0.5
 #: How often silence is checked (see _check_silence).
 SILENCE_CHECK_SECONDS = 1.0
+#: A gap longer than this between two turns of the loop is time poprun did not listen (it was
+#: stopped, or blocked writing output no one read): it counts as no one's silence (_discount_stall).
+STALL_SECONDS = 1.0
 #: Connections that have not yet said who they are, at most: beyond it the oldest is dropped, so
 #: that strays cannot use up poprun's descriptors (each also gets SILENCE_LIMIT seconds); a shim
 #: whose HELLO has come is taken first (see _make_room).
@@ -100,6 +109,13 @@ class Supervisor:
         #: poprun's own line on why the job failed, when no instance's failure says it.
         self.ended_because: str | None = None
         self.status: int | None = None
+        #: time.monotonic() of the loop's last turn, and when mpiexec was seen to have exited.
+        self.turned_at = 0.0
+        self.mpiexec_done_at: float | None = None
+        #: Ctrl-Z came while a message to a shim was half sent: the loop stops the job (_on_stop).
+        self.stop_due = False
+        #: A signal asked poprun to stop the job, which the loop has not said yet (_on_signal).
+        self.interrupt_unsaid = False
 
     # ---------------------------------------------------------------- set-up
     def run(self) -> int:
@@ -111,6 +127,8 @@ class Supervisor:
         previous_wakeup = _signal.set_wakeup_fd(wake_write)
         previous_handlers = {sig: _signal.signal(sig, self._on_signal)
                              for sig in interrupts.heeded()}
+        if _signal.getsignal(_signal.SIGTSTP) != _signal.SIG_IGN:  # (as for the stopping signals)
+            previous_handlers[_signal.SIGTSTP] = _signal.signal(_signal.SIGTSTP, self._on_stop)
         try:
             self._start_and_watch(server, address, wake_read, wake_write, previous_wakeup, started)
             # Signals are still only recorded: a storm of them cannot cut the summary short.
@@ -158,32 +176,92 @@ class Supervisor:
 
     # ---------------------------------------------------------------- event loop
     def _on_signal(self, signum: int, _frame: object) -> None:
+        """The first SIGINT, SIGTERM or SIGHUP stops every instance at once, from the handler, so
+        that it acts even while a write of poprun's output waits for its reader (unless a message to
+        a shim is half sent: then the loop does it); the loop says so at its next turn."""
         if self.interrupted is None:
             self.interrupted = signum
+            self.interrupt_unsaid = self.teardown.started is None
+            if self.interrupt_unsaid and not any(state.sending for state in self.instances):
+                self.teardown.begin(quiet=True)
         elif self.teardown.started is not None:
             self.teardown.started = AT_ONCE  # second signal: escalate at once
 
+    def _on_stop(self, _signum: int = _signal.SIGTSTP, _frame: object = None) -> None:
+        """Ctrl-Z: stop the whole job, as a shell stops every process of a job: each shim stops its
+        program (protocol.STOP), then poprun stops itself with SIGTSTP's own action, so that its shell
+        sees the job stopped; once continued (``fg``, ``bg``), the shims continue their programs.
+        Done in the handler, so that it acts even while a write of poprun's output waits for its
+        reader; a message to a shim half sent (the program, to a shim slow to take it) is never
+        cut into: the loop does it once that message has gone."""
+        if any(state.sending for state in self.instances):
+            self.stop_due = True
+            return
+        self.stop_due = False
+        # Nothing is logged here: the loop may be inside a write to stderr, which this would re-enter.
+        self._tell_running(protocol.STOP)
+        _signal.signal(_signal.SIGTSTP, _signal.SIG_DFL)
+        try:
+            _signal.raise_signal(_signal.SIGTSTP)  # returns once continued (SIGCONT)
+        finally:
+            _signal.signal(_signal.SIGTSTP, self._on_stop)
+        self._tell_running(protocol.CONT)
+
+    def _tell_running(self, command: bytes) -> None:
+        """``command`` to every shim whose program runs (one already told to end is left to end)."""
+        for state in self.instances:
+            if state.connection is not None and not state.finished and not state.stopped_by_poprun:
+                state.send(command)
+
+    def _discount_stall(self) -> None:
+        """Time the loop did not run (STALL_SECONDS or more between two turns: poprun was stopped,
+        or a write of its output waited for its reader) is no one's silence: every deadline that
+        waits for a word from elsewhere moves on by it. Meanwhile poprun read nothing, so nothing
+        could have been heard, and the shims' kernels' acknowledgements showed them poprun alive."""
+        now = time.monotonic()
+        gap = now - self.turned_at if self.turned_at else 0.0
+        self.turned_at = now
+        if gap < STALL_SECONDS:
+            return
+        log.debug("poprun did not run for %.1f s: not counted as anyone's silence", gap)
+        for state in self.instances:
+            state.last_heard += gap
+        for line in {id(sink.line): sink.line for sink in self.sinks.values()}.values():
+            line.discount(gap)  # nor did anyone keep a line to itself meanwhile
+        self.pending = {conn: (accepted + gap, peer, sent) for conn, (accepted, peer, sent) in self.pending.items()}
+        self.mpiexec_started += gap
+        if self.mpiexec_done_at is not None:
+            self.mpiexec_done_at += gap
+
+    def _begin_turn(self) -> None:
+        """What each turn of the loop first acts on: its own stall, and signals to poprun."""
+        self._discount_stall()
+        if self.stop_due:
+            self._on_stop()
+        if self.interrupted is not None and self.interrupt_unsaid:
+            self.interrupt_unsaid = False
+            log.warning("received %s: stopping every instance", signal_name(self.interrupted))
+            self.teardown.begin()
+            self.teardown.say_begun()
+
     def _loop(self) -> None:
         assert self.mpiexec is not None
-        mpiexec_done_at: float | None = None
         while True:
-            if self.interrupted is not None and self.teardown.started is None:
-                log.warning("received %s: stopping every instance", signal_name(self.interrupted))
-                self.teardown.begin()
+            self._begin_turn()
             self.teardown.escalate()
             self._check_silence()
             self._check_start()
             self._stop_lingering_mpiexec()
             for sink in self.sinks.values():
                 sink.tick()  # a line that another instance has waited on too long is ended
-            if mpiexec_done_at is None and self.mpiexec.poll() is not None:
-                mpiexec_done_at = time.monotonic()
+            if self.mpiexec_done_at is None and self.mpiexec.poll() is not None:
+                self.mpiexec_done_at = time.monotonic()
                 log.info("mpiexec exited with status %s", self.mpiexec.returncode)
-            if mpiexec_done_at is not None:
+            if self.mpiexec_done_at is not None:
                 connected = any(i.connection is not None for i in self.instances)
                 # mpiexec is gone: read what is still in flight, then stop.
                 drained = not connected and not self._mpiexec_pipes_open()
-                if drained or time.monotonic() - mpiexec_done_at > AFTER_MPIEXEC_SECONDS:
+                if drained or time.monotonic() - self.mpiexec_done_at > AFTER_MPIEXEC_SECONDS:
                     if not drained:
                         self._say_what_was_left_open()
                     # mpiexec is gone, and with it whatever could still have carried their words:

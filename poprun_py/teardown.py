@@ -46,15 +46,26 @@ class Teardown:
         self.started: float | None = None
         #: The last signal the escalation sent mpiexec's process group (each is sent once).
         self.signalled: int | None = None
+        #: Begun by a signal's handler, which says nothing: ``say_begun`` says it later.
+        self.unsaid = False
 
-    def begin(self) -> None:
-        """Tell every instance still running to stop (once)."""
+    def begin(self, quiet: bool = False) -> None:
+        """Tell every instance still running to stop (once). ``quiet``: from a signal's handler,
+        which must not write to stderr (the loop may be inside such a write): say it later."""
         if self.started is not None:
             return
         self.started = time.monotonic()
-        log.info("stopping every instance")
+        self.unsaid = quiet
+        if not quiet:
+            log.info("stopping every instance")
         for state in self.instances:  # one that has not called in yet is told when it does
             self.terminate(state)
+
+    def say_begun(self) -> None:
+        """Say that the teardown began, if a signal's handler began it (see ``begin``)."""
+        if self.unsaid:
+            self.unsaid = False
+            log.info("stopping every instance")
 
     def terminate(self, state: InstanceState) -> None:
         """Tell one instance to stop, if it is connected and still running."""

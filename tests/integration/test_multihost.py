@@ -42,7 +42,9 @@ from tests.integration.conftest import (
     start_poprun,
     wait_started,
 )
+from tests.launcher.job_shell import TICKER, Shell
 from tests.launcher.rendering import TWO_STREAMS, flat, instances_text, without_poprun
+from tests.launcher.test_job_control import COUNT, stop_and_continue
 from tests.launcher.test_program_arguments import AWKWARD_WORDS, MEGABYTE, MPIEXEC_WORDS, SHOW_ARGV, received_directly
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
@@ -423,3 +425,15 @@ def test_signal_to_poprun_stops_every_host(cluster: Cluster, mpi: str, sig: int,
     assert proc.returncode == status, stderr
     assert f"interrupted by {signal.Signals(sig).name}" in stderr
     assert wait_no_processes(marker) == []
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_ctrl_z_stops_the_job_on_every_host_and_fg_continues_it(cluster: Cluster, mpi: str) -> None:
+    """Ctrl-Z typed on poprun's terminal (a real bash on a pty): the programs on both hosts stop
+    (state T, no progress), poprun stops, the shell has its terminal back; ``fg``: all go on, and
+    the job ends with status 0 having shown every line."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    with Shell(env=job_env(mpi)) as shell:
+        shell.keys(" ".join([*POPRUN, *mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1",
+                             PYTHON, TICKER, str(COUNT), "0.02", marker]) + "\n")
+        stop_and_continue(shell, marker, 4)

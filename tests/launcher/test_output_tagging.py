@@ -3,10 +3,15 @@ poprun writes is the reference rendering, and two instances never share a line."
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import pty
 import random
+import signal
+import struct
+import termios
+import threading
 import time
 import types
 from pathlib import Path
@@ -15,6 +20,7 @@ from typing import BinaryIO
 import pytest
 
 from poprun_py.output import InstanceOutput, Sink, sinks_for
+from tests.helpers import wait_until
 from tests.launcher.rendering import rendered
 
 
@@ -464,3 +470,39 @@ def test_an_owner_yields_right_after_its_first_break_even_one_byte_before_the_en
     second.feed(1, b"waiting\n")
     first.feed(1, b"y\nz")  # a break, then one byte: the waiting instance goes between them
     assert sink.getvalue() == b"[0] xy\n[1] waiting\n[0] z"
+
+
+def test_a_signal_while_a_write_waits_for_its_reader_loses_nothing() -> None:
+    """Ctrl-Z or Ctrl-C (signals poprun handles) while its output waits for a slow reader: the
+    interrupted write returns having written part of it, and the rest still goes, in order. (The
+    file is unbuffered, as poprun's stdout is under PYTHONUNBUFFERED or ``python -u``.)"""
+    read_end, write_end = os.pipe()
+    sink = Sink(os.fdopen(write_end, "wb", buffering=0))
+    data = bytes(range(256)) * 4096  # 1 MiB: far more than the pipe holds
+    handled: list[int] = []
+    received = bytearray()
+    main = threading.get_ident()
+
+    def reader() -> None:
+        capacity = fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ)
+
+        def waiting() -> int:  # bytes in the pipe: once it is full, the write waits
+            return int(struct.unpack("i", fcntl.ioctl(read_end, termios.FIONREAD, b"\0" * 4))[0])
+
+        wait_until(lambda: waiting() == capacity, "the write waits for its reader")
+        signal.pthread_kill(main, signal.SIGUSR1)
+        wait_until(lambda: bool(handled), "the signal was handled")
+        while chunk := os.read(read_end, 1 << 16):
+            received.extend(chunk)
+
+    previous = signal.signal(signal.SIGUSR1, lambda signum, _: handled.append(signum))
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        sink.write(data)
+        sink.file.close()
+        thread.join(timeout=30)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        os.close(read_end)
+    assert handled == [signal.SIGUSR1] and bytes(received) == data, len(received)

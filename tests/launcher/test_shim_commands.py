@@ -22,7 +22,8 @@ from poprun_py import environment, protocol, sweep
 from poprun_py.seal import TO_SHIM, Seal, new_nonce, new_secret
 from poprun_py.shim import NOT_STARTED, _read_nonce, divide_cores, spawn, threads_per_instance
 from poprun_py.shim_pump import RELEASE_WAIT_SECONDS
-from tests.helpers import PYTHON, ROOT, run
+from tests.helpers import PYTHON, ROOT, run, wait_until
+from tests.launcher.job_shell import held_back, states
 from tests.launcher.shim import SECRET, Poprun, run_shim, shim_session
 
 SHIM_ENTRY = ROOT / "poprun_py" / "instance.py"
@@ -143,6 +144,29 @@ def test_a_command_that_fails_its_check_stops_the_program_and_is_named() -> None
         poprun.send(protocol.RELEASE)  # the next sealed command is heard again
         _, err = shim.communicate(timeout=30)
     assert err == "poprun instance 0: a command failed its authentication check on poprun's connection; stopping\n"
+
+
+#: A program that writes as fast as it is read, and exits with status 3 on SIGTERM, even mid-write.
+FLOOD = ("import os, signal\n"
+         "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
+         "while True: os.write(1, b'x' * 65536)\n")
+
+
+def test_a_shim_held_back_by_a_poprun_that_does_not_read_still_obeys_stop_cont_and_terminate() -> None:
+    """poprun not reading (its own output stalled, or poprun stopped) is back-pressure: the shim's
+    sends wait, its program waits on its pipe (no progress), poprun is not taken for gone, and its
+    commands are obeyed meanwhile: STOP stops the program (state T), CONT continues it, TERMINATE ends it."""
+    with shim_session(PYTHON, "-c", FLOOD) as (shim, poprun):
+        wait_until(lambda: len(sweep.descendants(shim.pid)) == 1, "the program started")
+        (program,) = sweep.descendants(shim.pid)
+        held_back([program])  # nothing is read from the shim from here on
+        poprun.send(protocol.STOP)
+        wait_until(lambda: states([program]) == ["T"], "the program stopped")
+        poprun.send(protocol.CONT)
+        wait_until(lambda: states([program]) != ["T"], "the program continued")
+        assert shim.poll() is None
+        poprun.send(protocol.TERMINATE)
+        assert poprun.exit_report() == (3, None, None, 0)
 
 
 def test_poprun_gone_stops_the_program() -> None:

@@ -74,6 +74,33 @@ def test_an_instance_on_this_host_silent_past_the_limit_is_not_lost() -> None:
             sock.close()
 
 
+def test_time_poprun_did_not_run_is_no_ones_silence(job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """A turn of the loop that comes 30 s late (poprun was stopped, or a write of its output waited
+    for its reader) moves every deadline that waits for a word by the gap: instances quiet for 15 s
+    before it are not lost, and an open line did not keep another instance waiting meanwhile."""
+    s, server, shims = job
+    shims += [call_in(s, server, index) for index in range(3)]
+    s._discount_stall()  # the loop's first turn
+    s.instances[0].output.feed(1, b"unfinished")
+    s.instances[1].output.feed(1, b"waits for its turn\n")
+    line = s.sinks[1].line
+    assert line.owner is not None and len(line.queue) == 1
+    gap = 30.0
+    now = time.monotonic()
+    for state in s.instances:
+        state.last_heard = now - gap - 15  # quiet for 15 s before poprun stopped running
+    line.active -= gap  # the line's owner last wrote, and the other began waiting, just before
+    line.queue[0].waiting_since -= gap
+    s.turned_at -= gap  # the loop's last turn was just before, too
+    s._discount_stall()
+    s.next_silence_check = 0.0
+    s._check_silence()
+    s.sinks[1].tick()
+    assert s.failure is None and not any(state.silent for state in s.instances)
+    stdout = s.sinks[1].file
+    assert isinstance(stdout, io.BytesIO) and stdout.getvalue() == b"[0] unfinished"  # not cut for the other
+
+
 def test_silence_is_checked_once_a_second(job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
     s, server, shims = job
     shims += [call_in(s, server, index) for index in range(3)]

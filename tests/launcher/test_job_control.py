@@ -1,0 +1,46 @@
+"""Ctrl-Z on poprun's terminal stops the whole job, as it stops a shell job of one process, and
+``fg`` continues it: typed into a real interactive bash on a pseudo-terminal."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from tests.helpers import POPRUN, PYTHON, wait_no_processes, wait_until
+from tests.launcher.job_shell import CTRL_Z, TICKER, Shell, job_pids, numbers_shown, states, written
+
+pytestmark = pytest.mark.slow  # every test starts poprun
+COUNT = 300
+
+
+def stop_and_continue(shell: Shell, marker: str, instances: int) -> None:
+    """With the job typed into ``shell`` and printing: Ctrl-Z stops poprun and every program (state
+    T, no progress) and the shell has the terminal back; ``fg`` continues them, and the job ends
+    with status 0 having shown every line."""
+    for index in range(instances):
+        shell.wait_for(rb"\[%d\] 5\r$" % index)
+    poprun, programs = job_pids(marker)
+    assert len(programs) == instances
+    typed = len(shell.shown)
+    shell.keys(CTRL_Z)
+    shell.wait_for(rb"Stopped", after=typed)  # bash saw its job stop
+    wait_until(lambda: set(states([poprun, *programs])) == {"T"}, "poprun and every program stopped")
+    progress = written(programs)
+    time.sleep(2.0)  # a ticker that ran on would print 100 lines meanwhile
+    assert states([poprun, *programs]) == ["T"] * (instances + 1) and written(programs) == progress
+    shell.keys("fg\n")
+    wait_until(lambda: "T" not in states(programs), "every program continued")
+    shell.keys("echo status=$?\n")
+    status = shell.wait_for(rb"^status=(\d+)\r$", after=typed, within=60)
+    assert status.group(1) == b"0", bytes(shell.shown).decode(errors="replace")
+    assert numbers_shown(bytes(shell.shown), instances) == {i: list(range(COUNT)) for i in range(instances)}
+    assert wait_no_processes(marker) == []
+
+
+def test_ctrl_z_stops_the_whole_job_and_fg_continues_it() -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    with Shell() as shell:
+        shell.keys(" ".join([*POPRUN, "--num-instances", "2", PYTHON, TICKER, str(COUNT), "0.02", marker]) + "\n")
+        stop_and_continue(shell, marker, 2)
