@@ -179,14 +179,21 @@ NOT_STARTED = 1
 def receive_program(index: int, control: _socket.socket, seal: Seal, nonce_arrived: int) -> list[bytes] | None:
     """Say HELLO and this host's clock (``protocol.CLOCK``: when poprun's nonce arrived, and now),
     then read poprun's answer: the program and its arguments (``protocol.PROGRAM``),
-    no longer than this host could pass to a program. None, said on stderr, when it does not come
-    whole within SILENCE_LIMIT seconds or fails its check."""
+    no longer than this host could pass to a program. None, said on stderr, when poprun's
+    connection ends, its host stops acknowledging, or the program fails its check.
+
+    A poprun that is alive may be slow to answer (its output waits for a reader that paused, or it
+    is stopped): as long as its kernel acknowledges (keep-alive probes, bounded by the
+    connection's TCP_USER_TIMEOUT: ``control.connect``), the shim waits."""
     from poprun_py import protocol
 
     try:
         control.sendall(seal.seal(protocol.hello(index, os.getpid(), _socket.gethostname()))
                         + seal.seal(protocol.clock(nonce_arrived, time.time_ns())))
-        control.settimeout(protocol.SILENCE_LIMIT)
+        control.setsockopt(_socket.SOL_SOCKET, _socket.SO_KEEPALIVE, 1)
+        for option, seconds in (("TCP_KEEPIDLE", 2), ("TCP_KEEPINTVL", 2)):
+            if hasattr(_socket, option):
+                control.setsockopt(_socket.IPPROTO_TCP, getattr(_socket, option), seconds)
         head = _read_exactly(control, len(protocol.PROGRAM) + protocol.PROGRAM_LENGTH.size)
         (length,) = protocol.PROGRAM_LENGTH.unpack_from(head, len(protocol.PROGRAM))
         limit = os.sysconf("SC_ARG_MAX")
@@ -195,10 +202,10 @@ def receive_program(index: int, control: _socket.socket, seal: Seal, nonce_arriv
         body = _read_exactly(control, length + protocol.TAG_SIZE)
         if not seal.check(head + body[:length], body[length:]):
             raise protocol.ProtocolError("the program failed its authentication check")
-        control.settimeout(None)
+        control.setsockopt(_socket.SOL_SOCKET, _socket.SO_KEEPALIVE, 0)
         return protocol.decode_program(body[:length])
     except (OSError, protocol.ProtocolError) as exc:
-        why = str(exc) if not isinstance(exc, TimeoutError) else f"nothing came for {protocol.SILENCE_LIMIT:g} s"
+        why = str(exc) if not isinstance(exc, TimeoutError) else "poprun's host stopped acknowledging"
     os.write(2, f"poprun instance {index}: did not receive the program from poprun ({why}); "
                 "the program was not started\n".encode())
     return None

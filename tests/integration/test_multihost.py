@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -319,18 +318,6 @@ def test_host_subnet_that_no_interface_is_in_is_one_line(cluster: Cluster) -> No
 
 
 # ------------------------------------------------------------------ large jobs
-@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
-def test_a_command_too_long_for_one_line_runs_from_files(cluster: Cluster, mpi: str) -> None:
-    argument = "word " * 8000  # 40 KB with spaces, per instance: past poprun's command-line limit
-    code = "import sys; print(len(sys.argv[1]), sys.argv[1] == 'word ' * 8000)"
-    result = poprun("-v", *mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, "-c", code, argument,
-                    env=job_env(mpi))
-    assert result.returncode == 0, result.stderr
-    assert sorted(result.stdout.splitlines()) == ["[0] 40000 True", "[1] 40000 True"]
-    assert "the command line would be too long: hosts and app contexts are in" in result.stderr
-    assert not list(Path(tempfile.gettempdir()).glob("poprun-*.mpiexec"))  # removed again
-
-
 # ------------------------------------------------------------------ hosts that fail
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 @pytest.mark.parametrize("failure,said", [("sshd stopped", "Connection refused"),

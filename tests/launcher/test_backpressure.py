@@ -48,6 +48,19 @@ def programs(folder: Path) -> list[int]:
             if PRINTER in line and "poprun_py" not in line]
 
 
+def read_until_each_has_printed(proc: subprocess.Popen[bytes], instances: int = 2) -> bytes:
+    """Read poprun's output until a line of every instance has come (each program has its
+    program and runs), then stop reading: the bytes read so far (unbuffered, as ``communicate``
+    reads the rest)."""
+    assert proc.stdout is not None
+    read = b""
+    while not all(f"[{i}] ".encode() in read for i in range(instances)):
+        chunk = os.read(proc.stdout.fileno(), 1 << 16)
+        assert chunk, read[-2000:]
+        read += chunk
+    return read
+
+
 def check_every_line(stdout: bytes, folder: Path, instances: int = 2) -> None:
     """Every line each printer wrote arrived, tagged, in order, nothing else."""
     lines: dict[str, list[int]] = {str(i): [] for i in range(instances)}
@@ -65,8 +78,8 @@ def test_a_reader_that_pauses_longer_than_the_silence_limit_holds_the_job_back(t
     their pipes (no progress), nothing is lost, and the job then ends with status 0."""
     proc = start(tmp_path)
     try:
-        wait_until(lambda: len(programs(tmp_path)) == 2, "the printers started")
-        paused_at = time.monotonic()
+        shown = read_until_each_has_printed(proc)  # (a reader that pauses from the start holds back
+        paused_at = time.monotonic()               # the programs' start too: the program is poprun's to give)
         pids = programs(tmp_path)
         progress = held_back(pids)
         time.sleep(max(0.0, paused_at + PAUSE - time.monotonic()))  # the pause is what is tested
@@ -76,7 +89,7 @@ def test_a_reader_that_pauses_longer_than_the_silence_limit_holds_the_job_back(t
     finally:
         proc.kill()
     assert proc.returncode == 0 and stderr == b"", stderr.decode()
-    check_every_line(stdout, tmp_path)
+    check_every_line(shown + stdout, tmp_path)
 
 
 def test_a_poprun_stopped_longer_than_the_silence_limit_goes_on_when_continued(tmp_path: Path) -> None:
@@ -107,7 +120,7 @@ def test_ctrl_c_while_the_reader_is_paused_stops_the_programs_at_once(tmp_path: 
     still waits for its reader; once the output is read, poprun ends with 130."""
     proc = start(tmp_path)
     try:
-        wait_until(lambda: len(programs(tmp_path)) == 2, "the printers started")
+        read_until_each_has_printed(proc)
         held_back(programs(tmp_path))  # poprun's write waits for its reader
         proc.send_signal(signal.SIGINT)
         wait_until(lambda: programs(tmp_path) == [], "the programs stopped", within=10)
@@ -123,7 +136,7 @@ def test_a_killed_poprun_is_noticed_at_once_by_shims_that_wait_to_send(tmp_path:
     by its unread output stop their programs at once."""
     proc = start(tmp_path)
     try:
-        wait_until(lambda: len(programs(tmp_path)) == 2, "the printers started")
+        read_until_each_has_printed(proc)
         held_back(programs(tmp_path))
         proc.kill()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
