@@ -24,7 +24,9 @@ from tests.helpers import (
     PYTHON,
     ROOT,
     SUBPROCESS_TIMEOUT,
+    live_command_line,
     processes_matching,
+    shim_of,
     wait_no_processes,
     wait_until,
 )
@@ -138,8 +140,11 @@ def test_a_killed_poprun_is_noticed_at_once_by_shims_that_wait_to_send(tmp_path:
     try:
         read_until_each_has_printed(proc)
         held_back(programs(tmp_path))
+        shims = [shim_of(str(tmp_path), index) for index in range(2)]  # (they do not carry the marker)
         proc.kill()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
         assert wait_no_processes(str(tmp_path), within=5) == []
+        # ... and the shims end after them, having removed what they made (the job's error folder)
+        wait_until(lambda: all(live_command_line(shim) is None for shim in shims), "the shims ended", within=5)
     finally:
         proc.kill()
