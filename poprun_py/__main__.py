@@ -1,3 +1,3 @@
-from poprun_py.cli import main
+from poprun_py.cli.main import main
 
 main()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
+from poprun_py.instance import SCRIPT
 from tests import leftover_files
 from tests.helpers import ROOT, UNDER_MUTANTS
 from tests.mutation.selection import TESTS_OF_MODULE, selects, tests_of_run
@@ -140,7 +141,7 @@ def no_start_files_left() -> Iterator[None]:
 CHILD_HITS, CHILD_HITS_OWNER = "MUTMUT_CHILD_HITS", "MUTMUT_CHILD_HITS_OWNER"
 #: The script mpiexec starts for each instance runs as ``python -S``, where no sitecustomize is
 #: imported: in the copy it imports the recorder itself.
-SHIM_ENTRY = ROOT / "poprun_py" / "instance.py"
+SHIM_ENTRY = Path(SCRIPT)
 
 
 def _children_import_the_mutants() -> None:

@@ -99,7 +99,7 @@ def processes_matching(marker: str) -> list[str]:
 def shim_of(marker: str, index: int) -> int:
     """The pid of the shim of instance ``index`` of the job whose programs carry ``marker`` on their
     command lines: the parent of that instance's program (the shim's own command line names only
-    the instance, ``python -S instance.py INDEX``)."""
+    the instance, ``python -S script.py INDEX``)."""
     for line in processes_matching(marker):
         pid = int(line.split(":")[0])
         try:

@@ -32,7 +32,7 @@ def names() -> set[str]:
 def describe(path: str, since: float) -> str:
     """``path`` with what tells where it came from: its age against ``since`` (a ``time.time()``)
     and the processes that still have it open or mapped."""
-    from poprun_py.leftovers import users
+    from poprun_py.shared.leftovers import users
 
     try:
         modified = os.lstat(path).st_mtime

@@ -9,9 +9,9 @@ import importlib
 import sys
 from pathlib import Path
 
-#: The compiled parts with a Python entry point (poprun_py._loopback is a preloaded library).
+#: The compiled parts with a Python entry point (poprun_py.shared._loopback is a preloaded library).
 MODULES = ("popdist_py.engine._batch_invariant", "popdist_py.engine._collectives._tree", "popdist_py._swaps",
-           "poprun_py._subreaper")
+           "poprun_py.shared._subreaper")
 #: Symbols only a build with each sanitizer calls.
 MARKS = (b"__asan_report_", b"__ubsan_handle_")
 

@@ -16,7 +16,7 @@ CASCADE = str(ROOT / "tests" / "scripts" / "cascade.py")
 
 def _peer_lost(error: str) -> bool:
     """A failure on a connection its peer closed (gloo's words)."""
-    from poprun_py.first_failure import PEER_LOST
+    from poprun_py.supervision.first_failure import PEER_LOST
 
     return any(words in error.lower() for words in PEER_LOST)
 

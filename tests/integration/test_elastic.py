@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.protocol import DEFAULT_GRACE, SILENCE_LIMIT
+from poprun_py.wire.protocol import DEFAULT_GRACE, SILENCE_LIMIT
 from tests.cluster import Cluster
 from tests.helpers import PYTHON, ROOT, run, tagged_json, wait_no_processes
 from tests.integration.conftest import FAILURE_BOUND, job_env, job_files, mpi_args, start_poprun

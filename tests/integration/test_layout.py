@@ -92,3 +92,73 @@ def test_popdist_py_takes_only_the_environment_contract_from_the_launcher() -> N
                 for alias in node.names:
                     ok = not alias.name.startswith("poprun_py") or alias.name == "poprun_py.environment"
                     assert ok, (path, alias.name)
+
+
+#: poprun_py's sub-packages by the process they run in, each with the sub-packages it may import
+#: besides its own modules; a sub-package a row does not name is out of bounds for it. Every
+#: sub-package may read the environment contract.
+LAUNCHER_IMPORTS = {
+    "shared": set(),                                    # both processes
+    "wire": {"shared"},                                 # both processes: the channel between them
+    "instance": {"wire", "shared"},                     # the shim, once per instance
+    "planning": {"shared"},                             # poprun, before anything starts
+    "supervision": {"planning", "wire", "shared"},      # poprun, while the job runs
+    "cli": {"supervision", "planning", "shared"},       # poprun's command line
+}
+#: What every sub-package may import although its row does not name it: the contract between
+#: poprun and popdist_py, and the path of the script mpiexec starts for each instance.
+LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.environment", "poprun_py.instance"}
+#: Sub-packages that run in the shim, whose start-up counts against every launch: the standard
+#: library only.
+STANDARD_LIBRARY_ONLY = {"instance", "wire", "shared"}
+
+
+def _module_of(module: str, name: str) -> str:
+    """What ``from module import name`` imports: the module ``module.name`` when there is one."""
+    where = ROOT.joinpath(*f"{module}.{name}".split("."))
+    return f"{module}.{name}" if where.is_dir() or where.with_suffix(".py").is_file() else module
+
+
+def _launcher_imports(path: Path) -> list[str]:
+    """Every module ``path`` imports, at its top or inside a function, by full name; what it
+    imports for the type checker only is left out."""
+    tree = ast.parse(path.read_text())
+    checking_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+                     and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                     for node in ast.walk(block)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in checking_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.extend(_module_of(node.module, alias.name) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+    return found
+
+
+def test_every_launcher_module_belongs_to_a_sub_package_of_its_process() -> None:
+    package = ROOT / "poprun_py"
+    loose = sorted(path.name for path in package.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "environment.py"]
+    folders = sorted(path.name for path in package.iterdir() if path.is_dir() and path.name != "__pycache__")
+    assert folders == sorted(LAUNCHER_IMPORTS)
+    assert all((package / folder / "__init__.py").is_file() for folder in folders)
+
+
+def test_launcher_sub_packages_import_only_what_their_process_may() -> None:
+    import sys
+
+    wrong = []
+    for name in LAUNCHER_IMPORTS:
+        for path in sorted((ROOT / "poprun_py" / name).rglob("*.py")):
+            for imported in _launcher_imports(path):
+                if imported.startswith("poprun_py"):
+                    parts = [*imported.split("."), ""]
+                    if parts[1] in LAUNCHER_IMPORTS and parts[1] != name and parts[1] not in LAUNCHER_IMPORTS[name] \
+                            and imported not in LAUNCHER_ANYWHERE:
+                        wrong.append(f"{path.relative_to(ROOT)} imports {imported}")
+                elif name in STANDARD_LIBRARY_ONLY and imported.split(".")[0] not in sys.stdlib_module_names | {
+                        "__future__"}:
+                    wrong.append(f"{path.relative_to(ROOT)} (runs in the shim) imports {imported}")
+    assert not wrong, "\n".join(wrong)

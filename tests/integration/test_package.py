@@ -28,7 +28,9 @@ import pytest
 
 import popdist_py
 import poprun_py
-from poprun_py import __version__, cli, loopback
+from poprun_py import __version__
+from poprun_py.cli import main as cli
+from poprun_py.shared import loopback
 from tests.helpers import ROOT
 
 PACKAGES = ("poprun_py", "popdist_py")
@@ -36,7 +38,7 @@ SMOKE = ROOT / "tests" / "scripts"
 #: Bounds on each step (building and installing may fetch from the package index), and on a test
 #: with the build and the installs it waits for (about 15 s here).
 BUILD_TIMEOUT, INSTALL_TIMEOUT, RUN_TIMEOUT, TEST_TIMEOUT = 120, 150, 60, 240
-#: What `poprun --version` prints (click's version_option in poprun_py/command.py).
+#: What `poprun --version` prints (click's version_option in poprun_py/cli/command.py).
 VERSION_LINE = f"poprun {__version__}\n"
 
 
@@ -49,7 +51,7 @@ def pyproject() -> dict[str, Any]:
 EXTENSIONS = tuple(module["name"] for module in pyproject()["tool"]["setuptools"]["ext-modules"])
 #: Those that Python imports, each with its stub; the other is the library poprun preloads into
 #: Open MPI's launcher, which is no Python module.
-IMPORTED = tuple(name for name in EXTENSIONS if name != f"poprun_py.{loopback.NAME}")
+IMPORTED = tuple(name for name in EXTENSIONS if name != f"poprun_py.shared.{loopback.NAME}")
 
 
 def checkout_modules() -> set[str]:
@@ -161,7 +163,7 @@ def test_wheel_has_every_module_the_extension_and_py_typed(built: Built) -> None
         assert [n for n in names if re.fullmatch(rf"{re.escape(name.replace('.', '/'))}\.[^/]+\.so", n)], name
     assert not [n for n in names if n.endswith(".c")], "the C source belongs in the sdist only"
     assert not [n for n in names if n.startswith(("tests/", "bin/"))]
-    assert re.search(r"^poprun = poprun_py\.cli:main$", entry_points, re.M), entry_points
+    assert re.search(r"^poprun = poprun_py\.cli\.main:main$", entry_points, re.M), entry_points
 
 
 # ------------------------------------------------------------------------------------------ installed

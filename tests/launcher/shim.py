@@ -10,9 +10,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from poprun_py import environment, protocol
-from poprun_py.seal import TO_SHIM, Seal, new_nonce, new_secret
-from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, run
+from poprun_py import environment
+from poprun_py.instance import SCRIPT
+from poprun_py.wire import protocol
+from poprun_py.wire.seal import TO_SHIM, Seal, new_nonce, new_secret
+from tests.helpers import PYTHON, SUBPROCESS_TIMEOUT, run
 
 SECRET = new_secret()
 
@@ -49,7 +51,7 @@ def run_shim(*argv: str, python_flags: tuple[str, ...] = (), env: dict[str, str]
 
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
-        result = run([PYTHON, *python_flags, "-S", str(ROOT / "poprun_py" / "instance.py"), "0"],
+        result = run([PYTHON, *python_flags, "-S", SCRIPT, "0"],
                      env={environment.CONTROL: f"127.0.0.1:{port}", environment.SECRET: SECRET, **(env or {})})
         thread.join(timeout=SUBPROCESS_TIMEOUT)
     return result, frames
@@ -108,7 +110,7 @@ def shim_session(*argv: str, env: dict[str, str] | None = None) -> Iterator[tupl
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(SUBPROCESS_TIMEOUT)
         port = server.getsockname()[1]
-        shim = subprocess.Popen([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0"],
+        shim = subprocess.Popen([PYTHON, "-S", SCRIPT, "0"],
                                 env={**os.environ, environment.CONTROL: f"127.0.0.1:{port}",
                                      environment.SECRET: SECRET, **(env or {})},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -10,9 +10,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from poprun_py import log, protocol
-from poprun_py.seal import TO_POPRUN, Seal, new_secret
-from poprun_py.supervisor import Supervisor
+from poprun_py.supervision import log
+from poprun_py.supervision.supervisor import Supervisor
+from poprun_py.wire import protocol
+from poprun_py.wire.seal import TO_POPRUN, Seal, new_secret
 
 #: poprun's --start-timeout when not given (the supervisor itself has no default).
 START_TIMEOUT = 120.0
@@ -67,7 +68,7 @@ def read_program(shim: socket.socket, seal: Seal) -> list[bytes]:
 
 @contextmanager
 def poprun_log(verbosity: int = 0) -> Iterator[io.StringIO]:
-    """poprun's diagnostics (``poprun_py.log``) written to a buffer while the block runs."""
+    """poprun's diagnostics (``poprun_py.supervision.log``) written to a buffer while the block runs."""
     log.configure(verbosity)
     logger = log._get()
     previous = logger.handlers[:]

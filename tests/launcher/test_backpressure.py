@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import pytest
 
-from poprun_py import protocol
+from poprun_py.wire import protocol
 from tests.helpers import (
     OMP_SET,
     POPRUN,

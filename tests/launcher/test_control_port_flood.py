@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.strays import REPORT_SECONDS
+from poprun_py.supervision.strays import REPORT_SECONDS
 from tests.helpers import MPICH_MPIEXEC, OMP_SET, POPRUN, ROOT, SUBPROCESS_TIMEOUT, wait_until
 
 pytestmark = pytest.mark.slow

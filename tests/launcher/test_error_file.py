@@ -161,7 +161,7 @@ def test_a_launch_that_fails_is_recorded_with_the_host_that_could_not_start(tmp_
 def test_a_fifo_reader_that_never_reads_cannot_hold_poprun(tmp_path: Path) -> None:
     # A reader holds the FIFO open and reads nothing: once its one-page pipe is full, the record's
     # writer waits at most its limit, then gives up with TimeoutError (the caller's warning).
-    from poprun_py.error_file import _write_within
+    from poprun_py.supervision.error_file import _write_within
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -183,7 +183,7 @@ def test_a_slow_fifo_reader_gets_the_whole_record(tmp_path: Path) -> None:
     import fcntl
     import threading
 
-    from poprun_py.error_file import _write_within
+    from poprun_py.supervision.error_file import _write_within
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

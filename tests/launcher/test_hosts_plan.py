@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.errors import PlanError
-from poprun_py.hosts import count_hosts, expand_hosts, read_host_file
-from poprun_py.plan import JobPlan
+from poprun_py.planning.hosts import count_hosts, expand_hosts, read_host_file
+from poprun_py.planning.plan import JobPlan
+from poprun_py.shared.errors import PlanError
 
 
 @pytest.mark.parametrize("spec,hosts", [

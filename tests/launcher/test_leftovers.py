@@ -10,7 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
-from poprun_py import leftovers
+from poprun_py.shared import leftovers
 from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, live_command_line, run, task_state
 
 
@@ -29,7 +29,7 @@ def test_files_left_by_killed_processes_are_removed_and_named_and_files_in_use_o
     os.utime(older, (since - 60, since - 60))
     with opened.open("rb"), mapped.open("r+b") as handle, mmap.mmap(handle.fileno(), 4096) as _:
         handle.close()  # mapped only: no descriptor left open
-        code = ("import sys; from poprun_py import log, teardown; log.configure(2); "
+        code = ("import sys; from poprun_py.supervision import log, teardown; log.configure(2); "
                 "teardown.remove_files_left(float(sys.argv[1]))")
         result = run([PYTHON, "-c", code, repr(since)], cwd=ROOT)
         assert result.returncode == 0, result.stderr

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import sweep
-from poprun_py.supervisor import LINGER_SECONDS
+from poprun_py.shared import sweep
+from poprun_py.supervision.supervisor import LINGER_SECONDS
 from tests.helpers import BIN, OMP_SET, POPRUN, PYTHON, SUBPROCESS_TIMEOUT, run, wait_until
 
 pytestmark = pytest.mark.skipif(not (BIN / "mpiexec.gforker").exists(),

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from poprun_py.errors import PlanError
-from poprun_py.host_errors import describe, host_failures, launcher_text
-from poprun_py.network import address_in_subnet, callback_address, is_local_name, local_addresses, remote_hosts
+from poprun_py.shared.errors import PlanError
+from poprun_py.shared.network import address_in_subnet, callback_address, is_local_name, local_addresses, remote_hosts
+from poprun_py.supervision.host_errors import describe, host_failures, launcher_text
 from tests.helpers import poprun
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import leftovers, loopback
+from poprun_py.shared import leftovers, loopback
 from tests.helpers import (
     MPICH_MPIEXEC,
     OMP_SET,
@@ -229,7 +229,7 @@ def test_gforker_needs_no_library(tmp_path: Path) -> None:
 
 def test_the_launchers_library_goes_first_once_and_comes_out_leaving_the_users_entries() -> None:
     path = loopback.library()
-    assert path is not None, "poprun_py/_loopback.c was not built with the package"
+    assert path is not None, "poprun_py/shared/_loopback.c was not built with the package"
     assert loopback.preloaded(None, path) == path
     again = loopback.preloaded(loopback.preloaded("/u/a.so:/u/b.so", path), path)  # a restart builds it again
     assert again == f"{path} /u/a.so /u/b.so"

@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import pytest
 
-from poprun_py.output import InstanceOutput, Sink, sinks_for
+from poprun_py.supervision.output import InstanceOutput, Sink, sinks_for
 from tests.helpers import wait_until
 from tests.launcher.rendering import rendered
 
@@ -142,7 +142,7 @@ def test_one_line_for_both_streams_keeps_each_instances_line_whole(tmp_path: Pat
 @pytest.fixture
 def poprun_log(monkeypatch: pytest.MonkeyPatch) -> None:
     """poprun's warnings to this test's stderr (its handler is made on first use, with the stderr of then)."""
-    from poprun_py import log
+    from poprun_py.supervision import log
 
     monkeypatch.setattr(log, "_logger", None)
 
@@ -152,7 +152,7 @@ def test_a_log_file_that_can_no_longer_be_written_is_said_once_and_output_goes_o
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # A full disk, as /dev/full is: the first failed write is reported, the logs are closed, and
     # what the instance writes is still shown.
-    from poprun_py.output import OutputOptions
+    from poprun_py.supervision.output import OutputOptions
 
     (tmp_path / "instance-0").mkdir()
     os.symlink("/dev/full", tmp_path / "instance-0" / "stdout.log")
@@ -186,13 +186,13 @@ def test_poprun_s_own_line_ends_an_open_line_and_lets_the_waiting_instance_go_ne
 def test_a_waiting_instance_is_let_in_after_the_first_line_break(data: bytes, end: int) -> None:
     # Where an owner with others waiting stops: the end of its first newline or carriage return,
     # a CR LF counting as one break that ends at the LF.
-    from poprun_py.output import _first_break
+    from poprun_py.supervision.output import _first_break
 
     assert _first_break(data) == end
 
 
 def test_log_files_are_appended_to_after_a_restart_and_are_not_executable(tmp_path: Path) -> None:
-    from poprun_py.output import OutputOptions
+    from poprun_py.supervision.output import OutputOptions
 
     for append, text in ((False, b"first run\n"), (True, b"restarted\n")):
         output = InstanceOutput(0, False, {1: Sink(io.BytesIO()), 2: Sink(io.BytesIO())},
@@ -209,7 +209,7 @@ def test_log_files_are_appended_to_after_a_restart_and_are_not_executable(tmp_pa
 @pytest.mark.usefixtures("poprun_log")
 def test_a_log_directory_that_cannot_be_made_is_said_once_and_output_goes_on(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    from poprun_py.output import OutputOptions
+    from poprun_py.supervision.output import OutputOptions
 
     (tmp_path / "taken").write_text("a file where the directory would be")
     sink = io.BytesIO()
@@ -234,7 +234,7 @@ def test_an_instance_whose_line_poprun_ended_starts_a_new_one(then: bytes, shown
 
 
 def test_the_stderr_tail_keeps_the_last_lines_whole_across_pieces_and_bounded() -> None:
-    from poprun_py.output import TAIL_LINE_BYTES, TAIL_LINES
+    from poprun_py.supervision.output import TAIL_LINE_BYTES, TAIL_LINES
 
     _, first, _ = two_instances()
     first.feed(2, b"a line in")
@@ -260,8 +260,8 @@ def test_the_stderr_tail_keeps_the_last_lines_whole_across_pieces_and_bounded() 
                                   "does not exist (poprun creates only the last directory of the path)")),
 ])
 def test_a_log_directory_that_cannot_work_is_one_line_before_anything_starts(log_dir: str, message: str) -> None:
-    from poprun_py.errors import PlanError
-    from poprun_py.output import check_log_options
+    from poprun_py.shared.errors import PlanError
+    from poprun_py.supervision.output import check_log_options
 
     with pytest.raises(PlanError) as info:
         check_log_options(log_dir, True, create=True)
@@ -269,7 +269,7 @@ def test_a_log_directory_that_cannot_work_is_one_line_before_anything_starts(log
 
 
 def test_the_stderr_tail_of_redraws_and_of_a_long_unfinished_line() -> None:
-    from poprun_py.output import TAIL_LINE_BYTES
+    from poprun_py.supervision.output import TAIL_LINE_BYTES
 
     _, first, _ = two_instances()
     first.feed(2, b"a\rb\rc\n\r\r\n")  # what a terminal shows: the last part; nothing of a line of CRs
@@ -283,14 +283,14 @@ def test_the_stderr_tail_of_redraws_and_of_a_long_unfinished_line() -> None:
 @pytest.mark.parametrize("second", [0, 1, 2])
 def test_a_timestamp_in_any_second_names_that_second(second: int) -> None:
     """The first stamp is computed afresh whatever second it falls in (the epoch's first ones too)."""
-    from poprun_py.output import Stream
+    from poprun_py.supervision.output import Stream
 
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
     assert Stream(b"", True, io.BytesIO()).prefix(second + 0.5) == f"{stamp}.500 ".encode()
 
 
 def test_timestamps_are_the_local_time_of_receipt_to_the_millisecond() -> None:
-    from poprun_py.output import Stream
+    from poprun_py.supervision.output import Stream
 
     received = 1700000000.25  # a moment of the past, not of the run
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1700000000))
@@ -309,7 +309,7 @@ def test_timestamps_are_the_local_time_of_receipt_to_the_millisecond() -> None:
 
 
 def test_a_waiting_instance_that_holds_too_much_ends_the_owners_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from poprun_py import output
+    from poprun_py.supervision import output
 
     monkeypatch.setattr(output, "HOLD_BYTES", 10)
     sink, first, second = two_instances()
@@ -326,7 +326,7 @@ def test_a_waiting_instance_that_holds_too_much_ends_the_owners_line(monkeypatch
 
 
 def test_an_instance_that_holds_too_much_with_the_line_free_just_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from poprun_py import output
+    from poprun_py.supervision import output
 
     monkeypatch.setattr(output, "HOLD_BYTES", 10)
     sink, first, _ = two_instances()
@@ -343,7 +343,7 @@ def test_an_unfinished_last_stderr_line_reaches_the_tail_when_the_instance_ends(
 
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The output module's monotonic clock made the test's: set ``now[0]`` to move it."""
-    from poprun_py import output
+    from poprun_py.supervision import output
 
     now = [100.0]
     monkeypatch.setattr(output, "time", types.SimpleNamespace(
@@ -454,7 +454,7 @@ def test_output_to_a_reader_that_has_gone_is_dropped_without_an_error() -> None:
 
 
 def test_a_fresh_run_starts_its_log_files_afresh(tmp_path: Path) -> None:
-    from poprun_py.output import OutputOptions
+    from poprun_py.supervision.output import OutputOptions
 
     (tmp_path / "instance-0").mkdir()
     (tmp_path / "instance-0" / "stdout.log").write_bytes(b"an earlier job's output\n")

@@ -15,6 +15,7 @@ import click
 import pytest
 
 from poprun_py import __version__
+from poprun_py.instance import SCRIPT
 from tests.helpers import MPICH_MPIEXEC, OPENMPI_MPIEXEC, PYTHON, ROOT, poprun, wait_no_processes
 
 pytestmark = pytest.mark.slow  # every test starts poprun (a --dry-run too is a process)
@@ -202,7 +203,7 @@ def test_dry_run_mpich_command(tmp_path: Path) -> None:
         assert f"-env POPDIST_REPLICA_INDEX_OFFSET {2 * i} " in joined
         assert f"-env POPDIST_LOCAL_INSTANCE_INDEX {i % 2} " in joined
         # Each runs the shim, which gets the program from poprun: mpiexec never reads the program.
-        assert ctx[-3:] == ["-S", str(ROOT / "poprun_py" / "instance.py"), str(i)]
+        assert ctx[-3:] == ["-S", SCRIPT, str(i)]
     assert "train.py" not in command and "program: python train.py --lr 0.1" in stdout.splitlines()
 
 
@@ -225,7 +226,7 @@ def test_dry_run_openmpi_command(openmpi: str) -> None:
         assert f"-x POPDIST_REPLICA_INDEX_OFFSET={2 * i} " in joined
         assert "--host" not in ctx[ctx.index("-np"):]
         # Local args come right before the instance's shim.
-        assert joined.endswith(f"-x NCCL_DEBUG {PYTHON} -S {ROOT / 'poprun_py' / 'instance.py'} {i}")
+        assert joined.endswith(f"-x NCCL_DEBUG {PYTHON} -S {SCRIPT} {i}")
     assert "program: python train.py" in stdout.splitlines()
 
 
@@ -285,8 +286,8 @@ def test_version() -> None:
 def test_help_groups_every_option_once_with_the_no_ops_last() -> None:
     """--help's sections: launch, hosts, output, failures, MPI, config files, then PopRun's options
     that do nothing here; each option in exactly one of them."""
-    from poprun_py.command import HELP_SECTIONS
-    from poprun_py.command import poprun as command
+    from poprun_py.cli.command import HELP_SECTIONS
+    from poprun_py.cli.command import poprun as command
 
     grouped = [name for names in HELP_SECTIONS.values() for name in names]
     options = ["help" if "--help" in p.opts else p.name for p in command.params if isinstance(p, click.Option)]
@@ -308,7 +309,7 @@ def test_help_groups_every_option_once_with_the_no_ops_last() -> None:
     (["--numa-aware", "off", "-H", "yes", "true"], {"numa-aware": False, "host": "yes", "program": "true"}),
 ])
 def test_a_yes_no_option_alone_means_yes(argv: list[str], given: dict[str, object]) -> None:
-    from poprun_py.command import parse
+    from poprun_py.cli.command import parse
 
     options = parse(argv)
     assert isinstance(options, dict)
@@ -351,8 +352,8 @@ def test_launch_options_name_every_option_that_reaches_launch() -> None:
     # less the V-IPU ones (warned about and dropped) and --import-config (not passed on).
     from typing import get_type_hints
 
-    from poprun_py import command
-    from poprun_py.launch_options import LaunchOptions
+    from poprun_py.cli import command
+    from poprun_py.planning.launch_options import LaunchOptions
 
     given = {p.name for p in command.poprun.params if p.expose_value and p.name}
     vipu = {flag[2:].replace("-", "_") for flag in command.VIPU_FLAGS}

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import environment, protocol, teardown
-from poprun_py.report import LEFT_EARLY_STATUS
-from poprun_py.seal import TO_POPRUN, Seal, new_secret
+from poprun_py import environment
+from poprun_py.supervision import teardown
+from poprun_py.supervision.report import LEFT_EARLY_STATUS
+from poprun_py.wire import protocol
+from poprun_py.wire.seal import TO_POPRUN, Seal, new_secret
 from tests.helpers import (
     BIN,
     OMP_SET,
@@ -154,7 +156,7 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
         proc.kill()
         for pid in [int(line.split(":")[0]) for line in processes_matching(marker)]:
             os.kill(pid, signal.SIGKILL)  # when the escalation failed: nothing stays behind, frozen or not
-        if frozen is not None and "instance.py" in (live_command_line(frozen) or ""):
+        if frozen is not None and "instance/script.py" in (live_command_line(frozen) or ""):
             os.kill(frozen, signal.SIGKILL)
     assert proc.returncode == 3, stderr
     assert "poprun: instance 1 on" in stderr and "failed: exit status 3" in stderr, stderr

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import poprun_py
-from poprun_py import protocol
-from poprun_py.seal import new_secret
-from poprun_py.supervisor import Supervisor
+from poprun_py.supervision.supervisor import Supervisor
+from poprun_py.wire import protocol
+from poprun_py.wire.seal import new_secret
 from tests.helpers import BIN, OMP_SET, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
 from tests.launcher.supervising import PROGRAM, START_TIMEOUT, call_in, supervisor
 

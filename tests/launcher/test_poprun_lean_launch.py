@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import environment, protocol, shim_pump
-from tests.helpers import BIN, PYTHON, ROOT, poprun, run, wait_no_processes
+from poprun_py import environment
+from poprun_py.instance import SCRIPT, shim_pump
+from poprun_py.wire import protocol
+from tests.helpers import BIN, PYTHON, poprun, run, wait_no_processes
 from tests.launcher.shim import run_shim
 
 pytestmark = pytest.mark.slow  # every test starts poprun or a shim
@@ -42,7 +44,7 @@ def test_plain_launch_imports_nothing_heavy_besides_click() -> None:
                  env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert result.returncode == 0, result.stderr
     modules = imported(result.stderr)
-    assert {"click", "poprun_py.supervisor", "poprun_py.shim_pump"} <= modules
+    assert {"click", "poprun_py.supervision.supervisor", "poprun_py.instance.shim_pump"} <= modules
     assert modules.isdisjoint(HEAVY_BESIDES_CLICK), sorted(modules & set(HEAVY_BESIDES_CLICK))
 
 
@@ -52,7 +54,7 @@ def test_shim_uses_only_builtin_modules() -> None:
     assert [kind for kind, _, _ in frames] == [protocol.HELLO, protocol.CLOCK, protocol.TIMES, protocol.EXIT]
     assert protocol.read_exit(frames[-1][2]) == (0, None, None, 0)
     modules = imported(result.stderr)
-    assert "poprun_py.shim_pump" in modules
+    assert "poprun_py.instance.shim_pump" in modules
     assert modules.isdisjoint(HEAVY), sorted(modules & set(HEAVY))
 
 
@@ -137,6 +139,6 @@ def test_a_program_that_cannot_be_executed_is_reported_by_the_shim(tmp_path: Pat
 
 def test_shim_that_cannot_reach_poprun_starts_nothing() -> None:
     # Only poprun has the program: a shim that cannot reach it says so and starts nothing.
-    result = run([PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), "0"], env={environment.CONTROL: "127.0.0.1:1"})
+    result = run([PYTHON, "-S", SCRIPT, "0"], env={environment.CONTROL: "127.0.0.1:1"})
     assert result.returncode == 1 and result.stdout == ""
     assert "cannot reach poprun" in result.stderr and "the program was not started" in result.stderr

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.mpi import MAX_COMMAND_BYTES
+from poprun_py.instance import SCRIPT
+from poprun_py.planning.mpi import MAX_COMMAND_BYTES
 from tests.helpers import BIN, OPENMPI_LIBMPI, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT
 
 pytestmark = pytest.mark.slow  # every test starts poprun
@@ -86,7 +87,7 @@ def test_the_dry_run_shows_the_program_as_given_and_the_mpiexec_command_without_
     command, program = lines.split(b"\nprogram: ", 1)
     # The instances' app contexts end with the shim and the instance's index: nothing of the program.
     contexts = [context.split() for context in command.decode().split(" : ")]
-    assert [context[-4:] for context in contexts] == [[PYTHON, "-S", str(ROOT / "poprun_py" / "instance.py"), str(i)]
+    assert [context[-4:] for context in contexts] == [[PYTHON, "-S", SCRIPT, str(i)]
                                                       for i in range(2)]
     assert b"touch" not in command and SHOW_ARGV.encode() not in command
     # The program as a shell would take it, its bytes as they are, then how it travels.

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from poprun_py import protocol
-from poprun_py.seal import TO_POPRUN, TO_SHIM, Seal, new_nonce, new_secret
+from poprun_py.wire import protocol
+from poprun_py.wire.seal import TO_POPRUN, TO_SHIM, Seal, new_nonce, new_secret
 
 
 def ends(secret: str | None = None) -> tuple[Seal, Seal]:

@@ -1,4 +1,4 @@
-"""Where a restart runs (``poprun_py.restarts``): the same replicas spread over the hosts left,
+"""Where a restart runs (``poprun_py.supervision.restarts``): the same replicas spread over the hosts left,
 failed hosts left out for a cooldown that doubles, the discovery script's contract, the backoff."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.errors import PlanError
-from poprun_py.restarts import (
+from poprun_py.shared.errors import PlanError
+from poprun_py.supervision.restarts import (
     MAX_BACKOFF,
     MAX_COOLDOWN,
     HostPool,
@@ -113,7 +113,7 @@ def test_a_discovery_script_that_fails_is_one_line_saying_how(tmp_path: Path, bo
 def test_a_discovery_script_that_cannot_run_or_hangs_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(PlanError, match=r"missing cannot run: No such file or directory$"):
         discover(str(tmp_path / "missing"))
-    monkeypatch.setattr("poprun_py.restarts.DISCOVERY_TIMEOUT", 0.2)
+    monkeypatch.setattr("poprun_py.supervision.restarts.DISCOVERY_TIMEOUT", 0.2)
     with pytest.raises(PlanError, match=r"find-hosts took longer than 0 s$"):
         discover(_script(tmp_path, "exec sleep 30"))
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from poprun_py import protocol, root_cause
-from poprun_py.supervisor import Supervisor
+from poprun_py.shared import root_cause
+from poprun_py.supervision.supervisor import Supervisor
+from poprun_py.wire import protocol
 from tests.helpers import OMP_SET, PYTHON, poprun, wait_until
 
 #: What torch's ErrorHandler.record_exception writes (torch 2.13).
@@ -156,7 +157,7 @@ def test_a_shim_where_the_jobs_directory_does_not_exist_makes_it_and_sends_the_r
 
 # ---------------------------------------------------------------- the first failure, not the first exit
 def test_a_shims_clock_is_measured_and_one_that_agrees_within_the_measure_is_taken_as_poprun_s() -> None:
-    from poprun_py.clocks import offset_ns
+    from poprun_py.supervision.clocks import offset_ns
 
     # One host: the same clock, 1 ms on the wire each way and 5 ms in the shim: no offset.
     assert offset_ns(sent=1_000_000_000, arrived=1_001_000_000, replied=1_006_000_000, received=1_007_000_000) == 0

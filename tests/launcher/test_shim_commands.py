@@ -18,15 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import environment, protocol, sweep
-from poprun_py.seal import TO_SHIM, Seal, new_nonce, new_secret
-from poprun_py.shim import NOT_STARTED, _read_nonce, divide_cores, spawn, threads_per_instance
-from poprun_py.shim_pump import RELEASE_WAIT_SECONDS
-from tests.helpers import PYTHON, ROOT, run, wait_until
+from poprun_py import environment
+from poprun_py.instance import SCRIPT
+from poprun_py.instance.shim import NOT_STARTED, _read_nonce, divide_cores, spawn
+from poprun_py.instance.shim_pump import RELEASE_WAIT_SECONDS
+from poprun_py.shared import sweep
+from poprun_py.shared.cores import threads_per_instance
+from poprun_py.wire import protocol
+from poprun_py.wire.seal import TO_SHIM, Seal, new_nonce, new_secret
+from tests.helpers import PYTHON, run, wait_until
 from tests.launcher.job_shell import held_back, states
 from tests.launcher.shim import SECRET, Poprun, run_shim, shim_session
 
-SHIM_ENTRY = ROOT / "poprun_py" / "instance.py"
+SHIM_ENTRY = Path(SCRIPT)
 
 #: A program that reports SIGTERM and carries on, so that only a SIGKILL ends it.
 STUBBORN = ("import os, signal, time\n"

@@ -20,7 +20,8 @@ from typing import IO
 
 import pytest
 
-from poprun_py import environment, sweep
+from poprun_py import environment
+from poprun_py.shared import sweep
 from tests.helpers import BIN, OMP_SET, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state, wait_until
 
 GFORKER = BIN / "mpiexec.gforker"
@@ -30,7 +31,7 @@ def _script(code: str) -> list[str]:
     """A Python command, as mpiexec starts the shim (``python -S``), that imports the shim and runs
     ``code``; under ``make mutants`` it records what it reaches, as the shim's own script does
     (tests/conftest.py)."""
-    prelude = f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom poprun_py import shim\n"
+    prelude = f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom poprun_py.instance import shim\n"
     if UNDER_MUTANTS:
         prelude = "import sitecustomize\n" + prelude
     return [PYTHON, "-S", "-c", prelude + code]
@@ -188,7 +189,7 @@ def _zombie(pid: int) -> bool:
 #: it has as children, the ended (zombies) among them: what poprun left for it to collect.
 _ADOPTER = """
 import os, subprocess, sys
-from poprun_py import sweep
+from poprun_py.shared import sweep
 sweep.adopt_orphans()
 status = subprocess.call(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 me = os.getpid()

@@ -9,10 +9,11 @@ import os
 import pytest
 
 from poprun_py import environment
-from poprun_py.network import local_addresses
-from poprun_py.protocol import bad_grace, grace_seconds
-from poprun_py.shim import pin_network, threads_per_instance
-from poprun_py.shim_pump import Pump
+from poprun_py.instance.shim import pin_network
+from poprun_py.instance.shim_pump import Pump
+from poprun_py.shared.cores import threads_per_instance
+from poprun_py.shared.network import local_addresses
+from poprun_py.wire.protocol import bad_grace, grace_seconds
 from tests.helpers import poprun
 
 

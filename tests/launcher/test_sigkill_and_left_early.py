@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import oom
-from poprun_py.report import LEFT_EARLY_STATUS
+from poprun_py.instance import oom
+from poprun_py.supervision.report import LEFT_EARLY_STATUS
 from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run, task_state, wait_until
 
 pytestmark = pytest.mark.slow

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from poprun_py import protocol
-from poprun_py.process import Process
-from poprun_py.seal import TO_POPRUN, Seal, new_secret
-from poprun_py.supervisor import MAX_PENDING, Supervisor
+from poprun_py.supervision.process import Process
+from poprun_py.supervision.supervisor import MAX_PENDING, Supervisor
+from poprun_py.wire import protocol
+from poprun_py.wire.seal import TO_POPRUN, Seal, new_secret
 from tests.helpers import PYTHON, wait_until
 from tests.launcher.supervising import START_TIMEOUT, call_in, call_in_sealed, poprun_log, supervisor
 
@@ -142,7 +142,7 @@ def test_the_start_timeout_does_not_fire_once_everyone_called_in_or_the_job_is_e
     elif case == "stopping already":
         s.teardown.begin()
     else:
-        from poprun_py.states import Failure
+        from poprun_py.supervision.states import Failure
 
         s.failure = Failure(0, 3, "exit status 3")
     before = s.failure
@@ -468,7 +468,7 @@ def test_a_first_frame_that_is_no_hello_is_refused_from_its_header_without_waiti
 
 def test_refused_connections_are_said_once_then_counted_in_one_line_every_few_seconds(
         job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
-    from poprun_py.strays import REPORT_SECONDS
+    from poprun_py.supervision.strays import REPORT_SECONDS
 
     s, server, shims = job
     garbage = bytes(range(64))  # 64 bytes no shim sends: kind 0

@@ -1,4 +1,4 @@
-"""The last check of every sweep (poprun_py.sweep), on real processes: a kill reaches only a
+"""The last check of every sweep (poprun_py.shared.sweep), on real processes: a kill reaches only a
 process that is, when pinned, what the sweep looks for."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import sweep
+from poprun_py.shared import sweep
 
 
 def _sleeper(*, env: dict[str, str] | None = None, new_session: bool = False) -> subprocess.Popen[bytes]:

@@ -30,7 +30,7 @@ from popdist_py.engine._collectives import reduce
 from popdist_py.engine._collectives._tree import add_tree
 from popdist_py.engine._collectives.reduce import Program
 from popdist_py.engine.batch_invariant import KC, matmul, outer_sum
-from poprun_py import _subreaper
+from poprun_py.shared import _subreaper
 from tests.helpers import run
 
 #: Bounded: these properties together take a few seconds.

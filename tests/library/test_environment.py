@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from popdist_py.env import Topology, read_topology
 from poprun_py import environment
-from poprun_py.mpi import CommandSpec, MpiLauncher, build_command
-from poprun_py.plan import InstancePlan, JobPlan
+from poprun_py.planning.mpi import CommandSpec, MpiLauncher, build_command
+from poprun_py.planning.plan import InstancePlan, JobPlan
 from tests.helpers import OPENMPI_LIBMPI, OPENMPI_MPIEXEC, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, tagged_json
 
 

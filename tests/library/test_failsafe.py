@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import leftovers
+from poprun_py.shared import leftovers
 from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, wait_no_processes
 
 MPIEXEC = str(BIN / "mpiexec")

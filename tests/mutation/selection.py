@@ -62,29 +62,31 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/library/test_failsafe.py", "tests/library/test_collectives_local.py",
         "tests/library/test_popdist_under_poprun.py"),
     # teardown and release, on both sides of the control connection
-    "poprun_py.supervisor": (*_LAUNCH, "tests/launcher/test_supervisor_checks.py", "tests/launcher/test_root_cause.py",
+    "poprun_py.supervision.supervisor": (*_LAUNCH, "tests/launcher/test_supervisor_checks.py",
+                                         "tests/launcher/test_root_cause.py",
                              "tests/launcher/test_poprun_output.py::test_log_dir_keeps_each_instances_raw_output",
                              "tests/launcher/test_shim_exit.py::test_poprun_collects_the_holders_its_job_orphans",
                              "tests/launcher/test_lingering_mpiexec.py",
                              ("tests/launcher/test_error_file.py::"
                              "test_a_launch_that_fails_is_recorded_with_the_host_that_could_not_start")),
-    "poprun_py.teardown": (*_LAUNCH, "tests/launcher/test_leftovers.py"),
-    "poprun_py.shim": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py", "tests/launcher/test_shim_settings.py",
+    "poprun_py.supervision.teardown": (*_LAUNCH, "tests/launcher/test_leftovers.py"),
+    "poprun_py.instance.shim": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
+                                "tests/launcher/test_shim_settings.py",
                        "tests/launcher/test_shim_exit.py", "tests/launcher/test_program_arguments.py",
                        ("tests/launcher/test_poprun_shared_terminal.py::"
                         "test_an_instances_two_streams_keep_the_order_it_wrote_them_in"),
                        "tests/launcher/test_network_exposure.py::test_the_launchers_library_stays_out_of_the_programs_environment"),
-    "poprun_py.shim_pump": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
+    "poprun_py.instance.shim_pump": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
                             "tests/launcher/test_shim_settings.py",
                             "tests/launcher/test_shim_exit.py::test_the_shim_collects_orphans_as_they_end",
                             ("tests/launcher/test_poprun_shared_terminal.py::"
                              "test_an_instances_two_streams_keep_the_order_it_wrote_them_in")),
-    "poprun_py.protocol": (
+    "poprun_py.wire.protocol": (
         "tests/launcher/test_protocol.py", "tests/launcher/test_shim_settings.py",
         "tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_network_and_host_errors.py",
         "tests/launcher/test_program_arguments.py", _SHIM),
     # output framing
-    "poprun_py.output": (
+    "poprun_py.supervision.output": (
         "tests/launcher/test_output_tagging.py", "tests/launcher/test_poprun_output.py",
         "tests/launcher/test_poprun_shared_terminal.py"),
     # the environment contract
@@ -115,27 +117,27 @@ SUPERVISOR_CONNECTIONS = ("_accept", "_drop_pending", "_read_hello", "_recv", "_
 
 
 def _supervisor_methods() -> list[str]:
-    """The methods of poprun_py/supervisor.py's Supervisor, read from its source."""
+    """The methods of poprun_py/supervision/supervisor.py's Supervisor, read from its source."""
     import ast
     from pathlib import Path
 
-    tree = ast.parse((Path(__file__).resolve().parents[2] / "poprun_py" / "supervisor.py").read_text())
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "poprun_py" / "supervision" / "supervisor.py").read_text())
     cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Supervisor")
     return [node.name for node in cls.body if isinstance(node, ast.FunctionDef)]
 
 
 def _methods(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(f"poprun_py.supervisor.xǁSupervisorǁ{name}__mutmut_*" for name in names)
+    return tuple(f"poprun_py.supervision.supervisor.xǁSupervisorǁ{name}__mutmut_*" for name in names)
 
 
 #: The Makefile's mutation targets (``make mutants``, ``make mutants-NAME``): the mutants each
 #: runs, as mutmut name patterns, each sized to finish within 30 minutes on two cores
 #: (docs/mutation.md); every function of the mutated modules is in exactly one (a test checks).
 TARGETS: dict[str, tuple[str, ...]] = {
-    "library": ("popdist_py.*", "poprun_py.output.*", "poprun_py.environment.*"),
-    "shim": ("poprun_py.shim.*",),
-    "pump": ("poprun_py.shim_pump.*",),
-    "teardown": ("poprun_py.teardown.*", "poprun_py.protocol.*"),
+    "library": ("popdist_py.*", "poprun_py.supervision.output.*", "poprun_py.environment.*"),
+    "shim": ("poprun_py.instance.shim.*",),
+    "pump": ("poprun_py.instance.shim_pump.*",),
+    "teardown": ("poprun_py.supervision.teardown.*", "poprun_py.wire.protocol.*"),
     "supervisor": _methods([m for m in _supervisor_methods() if m not in SUPERVISOR_CONNECTIONS]),
     "connections": _methods(SUPERVISOR_CONNECTIONS),
 }

@@ -3,7 +3,7 @@
     python -P tests/scripts/smoke_imports.py CHECKOUT
 
 Walks both packages with pkgutil from where they are installed, fails if that is under CHECKOUT,
-imports each module (the two that are scripts, ``poprun_py.__main__`` and ``poprun_py.instance``,
+imports each module (the two that are scripts, ``poprun_py.__main__`` and ``poprun_py.instance.script``,
 are only found: importing runs them; so is the library poprun preloads into Open MPI's launcher,
 which is no Python module) and prints one JSON object: the packages' files, the
 modules, the compiled extension's file and whether each package has ``py.typed``.
@@ -19,15 +19,15 @@ import sys
 from pathlib import Path
 
 #: Modules that run when imported: `python -m poprun_py` and the shim's script.
-SCRIPTS = ("poprun_py.__main__", "poprun_py.instance")
+SCRIPTS = ("poprun_py.__main__", "poprun_py.instance.script")
 
 
 def main(checkout: str) -> int:
     import popdist_py
     import poprun_py
-    from poprun_py import loopback
+    from poprun_py.shared import loopback
 
-    found_only = (*SCRIPTS, f"poprun_py.{loopback.NAME}")
+    found_only = (*SCRIPTS, f"poprun_py.shared.{loopback.NAME}")
 
     root = Path(checkout).resolve()
     modules: list[str] = []

@@ -1,0 +1,511 @@
+"""The shim's loop once the program runs: frames out, commands in (TERMINATE, STOP, CONT),
+adopted orphans' ends collected as they come, exit status last.
+
+poprun that reads slowly (its own output is not read: a pager, a stalled ``tee``, Ctrl-S) or not at
+all (stopped: a debugger, Ctrl-Z) is back-pressure, not death: a send waits until poprun's kernel
+takes it, and meanwhile the program's pipes are not read, so the program waits on them, as in a
+shell pipeline; commands are still obeyed while it waits. poprun is gone when its connection ends
+(its process died: its kernel closes it at once) or when its host acknowledges nothing for
+``protocol.SILENCE_LIMIT`` seconds (``_unanswered``); a stopped poprun's kernel still acknowledges.
+
+Built on the interpreter's own C modules (``_socket``, ``select``, ``_signal``, ``time``): see
+``script.py`` for why.
+"""
+
+from __future__ import annotations
+
+import _signal
+import _socket
+import os
+import select
+import sys
+import time
+
+from poprun_py import environment
+from poprun_py.instance import oom
+from poprun_py.shared import root_cause, sweep
+from poprun_py.shared.watch import Watch
+from poprun_py.wire import protocol
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
+if TYPE_CHECKING:
+    from poprun_py.wire.seal import Seal
+
+READ_SIZE = 65536
+#: The most read of poprun's commands at once (each is 1 + TAG_SIZE bytes).
+COMMANDS_READ_SIZE = 64
+#: After the program exits, how long descendants may keep its pipes open before they are killed.
+DRAIN_SECONDS = 1.0
+#: At most this long after its exit report, a shim waits for RELEASE: an instance that could not
+#: reach poprun can never be counted as done, and must not hold the others for ever.
+RELEASE_WAIT_SECONDS = 10.0
+#: Keys of the descriptors the loop (and the wait for RELEASE) watches.
+CONTROL, STDOUT, STDERR, EXITED, LAUNCHER, SIGNALLED, CHILDREN = 0, 1, 2, 3, 4, 5, 6
+#: How long the shim keeps ending descendants that escaped the program's process group, and how
+#: long it lets each round of deaths settle before it looks again.
+ESCAPED_SECONDS = 2.0
+ESCAPED_PAUSE = 0.001
+#: The loop's longest idle wait (a pidfd or a pipe wakes it), and its polling interval where
+#: nothing can wake it (no pidfd, no pipe left, or the program killed and not yet reaped).
+IDLE_WAIT = 1.0
+POLL_WAIT = 0.05
+#: ``Pump.kill_at`` once the SIGKILL has been sent: never again.
+KILLED = float("inf")
+#: The most a send waits for room before it looks again at poprun's commands and liveness.
+ROOM_WAIT = 1.0
+#: linux/tcp.h's struct tcp_info: what is read of it, and where its fields are (``_unanswered``).
+TCP_INFO_SIZE = 104
+TCPI_RETRANSMITS, TCPI_PROBES = 2, 3
+TCPI_LAST_ACK_RECV = slice(56, 60)
+#: poprun's host counts as silent only when it has been so at looks this far apart: a window probe
+#: just sent to a poprun that is stopped is unanswered for one round trip, however alive it is.
+UNANSWERED_SECONDS = 1.0
+
+
+def _ignore(*_: object) -> None:
+    """A signal's handler during the wait for RELEASE: the wake-up descriptor does the work."""
+
+
+class Pump:
+    def __init__(self, index: int, connection: tuple[_socket.socket, Seal, int] | None,
+                 error_file: str | None = None) -> None:
+        self.index = index
+        #: poprun's connection (None: it cannot be reached), what seals its frames and checks its commands.
+        self.control: _socket.socket | None = connection[0] if connection is not None else None
+        seal = self.seal = connection[1] if connection is not None else None
+        self.commands = protocol.CommandReader(seal) if seal is not None else None
+        if self.control is not None:
+            # Sent data that waits is back-pressure (poprun reads slowly, or is stopped), which
+            # TCP_USER_TIMEOUT would take for a dead peer once the window has stayed shut that
+            # long: from now on poprun's liveness is judged here (``_unanswered``).
+            if hasattr(_socket, "TCP_USER_TIMEOUT"):
+                self.control.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_USER_TIMEOUT, 0)
+            self.control.setblocking(False)
+        #: poprun is gone (its connection ended, or its host stopped answering): nothing more is sent.
+        self.gone = False
+        #: When poprun's host was first seen leaving data unacknowledged for SILENCE_LIMIT s.
+        self.unanswered_since: float | None = None
+        #: The program's TORCHELASTIC_ERROR_FILE: sent to poprun when it fails (see root_cause.py).
+        self.error_file = error_file
+        grace = protocol.kill_grace()
+        if grace is None:
+            text = os.environ[environment.KILL_GRACE]
+            os.write(2, f"poprun: warning: {protocol.bad_grace(text)}; using {protocol.DEFAULT_GRACE:g}\n".encode())
+            grace = protocol.DEFAULT_GRACE
+        self.grace = grace
+        self.pid: int | None = None
+        self.kill_at: float | None = None
+        #: On this host's wall clock (ns; 0: not yet), for poprun's choice of the first failure
+        #: (protocol.TIMES): when the program ended, and when the shim began to stop it.
+        self.ended_ns = 0
+        self.stopped_ns = 0
+        self.last_sent = time.monotonic()
+        self.started = time.time()
+        #: Why the shim stopped its program by itself (its launcher died), for the exit report.
+        self.reason: str | None = None
+        #: The shim itself was signalled (not told by poprun) and stopped its program.
+        self.signalled = False
+        #: When the shim came to stop its program, the program was stopped (SIGSTOP, a debugger).
+        self.was_stopped = False
+        #: The OOM kills counted in its memory cgroup as the program started (None: none can be read).
+        self.oom_kills = oom.kills()
+        # The loop's state (_pump): the program's pipes still open, its status once it has exited,
+        # until when its pipes may stay open after that, and the pidfds watched.
+        self.open_streams = 2
+        self.returncode: int | None = None
+        self.drain_until: float | None = None
+        self.exit_fd: int | None = None
+        #: The wake-up descriptor's ends while the loop runs (a SIGCHLD wakes it: ``_wake_on_children``).
+        self.children: tuple[int, int] | None = None
+        self.launcher = 0
+        self.launcher_fd: int | None = None
+
+    def send(self, data: bytes) -> None:
+        """``data``, sealed, handed whole to the kernel, however long poprun takes to read (see the
+        module's docstring); dropped once poprun is gone, so that the program is still stopped cleanly."""
+        if self.control is None or self.seal is None or self.gone:
+            return
+        pending = memoryview(self.seal.seal(data))
+        while pending and not self.gone:
+            try:
+                pending = pending[self.control.send(pending):]
+            except BlockingIOError:
+                self._wait_for_room()
+            except OSError:
+                self._lose_poprun()
+        self.last_sent = time.monotonic()
+
+    def _wait_for_room(self) -> None:
+        """Wait until poprun's connection takes more (at most ROOM_WAIT s), obeying its commands,
+        stopping the program on time, and noticing poprun's end, meanwhile."""
+        assert self.control is not None
+        poll = select.poll()
+        # (poprun's commands no longer read after one failed its check: left unread, not polled)
+        poll.register(self.control, select.POLLOUT | (select.POLLIN if self.commands is not None else 0))
+        events = 0
+        for _, happened in poll.poll(ROOM_WAIT * 1000):
+            events |= happened
+        now = time.monotonic()
+        self._kill_when_due(now)
+        if events & (select.POLLIN | select.POLLERR | select.POLLHUP):
+            self._hear_poprun()
+        elif self._unanswered(now):
+            self._lose_poprun()
+
+    def _hear_poprun(self) -> bool:
+        """Read and obey poprun's commands; False once nothing more can come from it (the
+        connection ended, or a command failed its check), and then the program is stopped."""
+        assert self.control is not None
+        if self.commands is None:
+            return False
+        try:
+            message = self.control.recv(COMMANDS_READ_SIZE)
+        except BlockingIOError:
+            return True
+        except OSError:
+            message = b""
+        if not message:
+            self._lose_poprun()
+            return False
+        for command in self._commands(message):
+            if command == protocol.TERMINATE:
+                self.stop_program()
+            elif command == protocol.STOP and self.returncode is None and self.kill_at is None:
+                self._signal_group(_signal.SIGSTOP)
+            elif command == protocol.CONT:
+                self._signal_group(_signal.SIGCONT)
+        return self.commands is not None
+
+    def _lose_poprun(self) -> None:
+        """poprun is gone: stop the program; nothing more is sent."""
+        self.gone = True
+        self.stop_program()
+
+    def _unanswered(self, now: float) -> bool:
+        """Whether poprun's host has acknowledged nothing for SILENCE_LIMIT seconds while the shim
+        waits for it to (a retransmission, or a window probe: linux/tcp.h's tcpi_retransmits,
+        tcpi_probes), at two looks UNANSWERED_SECONDS apart: the host died or the network to it is
+        cut. A poprun that is stopped or reads slowly still has its kernel acknowledge."""
+        assert self.control is not None
+        try:
+            info = self.control.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_INFO, TCP_INFO_SIZE)
+        except (AttributeError, OSError):
+            return False
+        waiting = info[TCPI_RETRANSMITS] or info[TCPI_PROBES]
+        since_ack = int.from_bytes(info[TCPI_LAST_ACK_RECV], sys.byteorder) / 1000
+        if not waiting or since_ack < protocol.SILENCE_LIMIT:
+            self.unanswered_since = None
+            return False
+        if self.unanswered_since is None:
+            self.unanswered_since = now
+        return now - self.unanswered_since >= UNANSWERED_SECONDS
+
+    def output(self, stream: int, data: bytes) -> None:
+        if self.control is None:
+            os.write(stream, data)  # no poprun: pass output through as it is
+        else:
+            self.send(protocol.frame(protocol.OUTPUT, data, stream))
+
+    def spawn_failed(self, program: str, error: OSError) -> int:
+        status = 127 if error.errno == 2 else 126
+        reason = "not found" if status == 127 else f"cannot be executed ({error.strerror})"
+        self.send(protocol.exit_report(status, None, f"program {program!r} {reason} on host {_socket.gethostname()}"))
+        return status
+
+    def stop_program(self, *_: object) -> None:
+        """SIGTERM the program's process group now, SIGKILL it after the grace period. A program
+        found stopped is continued after the SIGTERM, so that it can act on it, and the exit
+        report says it was stopped."""
+        if self.pid is None or self.kill_at is not None:
+            return
+        self.kill_at = time.monotonic() + self.grace
+        self.stopped_ns = time.time_ns()
+        self.was_stopped = self.returncode is None and sweep.is_stopped(self.pid)
+        self._signal_group(_signal.SIGTERM)
+        self._signal_group(_signal.SIGCONT)
+
+    def _on_signal(self, *_: object) -> None:
+        """The shim was signalled (mpiexec ending the job, or someone by hand): stop the program."""
+        if self.pid is not None and self.kill_at is None:
+            self.signalled = True
+        self.stop_program()
+
+    def _signal_group(self, sig: int) -> None:
+        assert self.pid is not None
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def run(self, pid: int, stdout_fd: int, stderr_fd: int | None) -> int:
+        """Pump the program's output (``stderr_fd`` None: both its streams are one pipe, on
+        ``stdout_fd``) until it has exited; report its status; wait for RELEASE; its status."""
+        self.pid = pid
+        for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+            _signal.signal(sig, self._on_signal)
+        status, signum = self._pump(stdout_fd, stderr_fd)
+        recorded = 0
+        if self.error_file:
+            if status and self.control is not None:
+                cause = root_cause.collect(self.error_file)
+                if cause is not None:
+                    recorded = root_cause.written_at(self.error_file)
+                    self.send(protocol.frame(protocol.ROOT_CAUSE, cause))
+            root_cause.remove(self.error_file)
+        self.send(protocol.times(self.ended_ns, self.stopped_ns, recorded))
+        flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
+            (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0) | \
+            (protocol.EXIT_OOM_KILLED if self._oom_killed(signum) else 0)
+        wake = self._signals_end_the_wait()  # before the report: poprun may stop the job on it
+        self.send(protocol.exit_report(status, signum, self.reason, flags))
+        self._await_release(wake)
+        return status
+
+    def _oom_killed(self, signum: int | None) -> bool:
+        """The program died of a SIGKILL the shim did not send, and the OOM kills counted in its
+        memory cgroup rose meanwhile: the kernel's out-of-memory killer ended it (see ``oom``)."""
+        if signum != _signal.SIGKILL or self.kill_at == KILLED or self.oom_kills is None:
+            return False
+        after = oom.kills()
+        return after is not None and after > self.oom_kills
+
+    def _signals_end_the_wait(self) -> int | None:
+        """From now on a signal only ends the wait for RELEASE (mpiexec ending the processes of a
+        job whose instances left without MPI_Finalize): its handler does nothing, and the wake-up
+        descriptor it writes to, returned, is watched by the wait. Nothing is raised, so a signal
+        at any moment, during the wait or after it, leaves the shim's status its program's."""
+        if self.control is None:
+            return None
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        _signal.set_wakeup_fd(wake_write)
+        for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+            _signal.signal(sig, _ignore)
+        return wake_read
+
+    def _await_release(self, wake: int | None) -> None:
+        """Wait, idle, for poprun's RELEASE (see ``protocol.RELEASE``), poprun's end, a signal
+        (``wake`` readable), or RELEASE_WAIT_SECONDS."""
+        if wake is None:  # no connection to poprun: nothing to wait for
+            return
+        assert self.control is not None
+        watch = Watch()
+        watch.add(self.control, CONTROL)
+        watch.add(wake, SIGNALLED)
+        deadline = time.monotonic() + RELEASE_WAIT_SECONDS
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                ready = [key for _, key in watch.ready(left)]
+                if SIGNALLED in ready:
+                    return
+                if CONTROL in ready:
+                    try:
+                        message = self.control.recv(COMMANDS_READ_SIZE)
+                    except BlockingIOError:
+                        continue
+                    if not message or protocol.RELEASE in self._commands(message):
+                        return
+        except OSError:
+            return
+
+    def _pump(self, stdout_fd: int, stderr_fd: int | None) -> tuple[int, int | None]:
+        """Pass the program's output on and poprun's TERMINATE in until the program has exited and
+        its pipes are drained; then end what it left. Its status, and the signal that killed it."""
+        assert self.pid is not None
+        watch = self._watch(stdout_fd, stderr_fd)
+        while True:
+            now = time.monotonic()
+            self._kill_when_due(now)
+            if self.control is not None and not self.gone and self._unanswered(now):
+                watch.remove(self.control)
+                self._lose_poprun()
+            if self.returncode is None:
+                waited, wait_status = os.waitpid(self.pid, os.WNOHANG)
+                if waited:
+                    self._exited(wait_status, now)
+            if self.drain_until is not None and (self.open_streams == 0 or now >= self.drain_until):
+                break
+            if now - self.last_sent >= protocol.HEARTBEAT_SECONDS:
+                self.send(protocol.HEARTBEAT_FRAME)
+            for fd, key in watch.ready(self._timeout(now)):
+                self._ready(watch, fd, key)
+        for watched in (self.exit_fd, self.launcher_fd):
+            if watched is not None:
+                os.close(watched)
+        self._stop_waking_on_children()
+        self._end_descendants()
+        self._collect(now)  # what it just killed: on a remote host no poprun above would collect them
+        assert self.returncode is not None
+        if self.returncode < 0:
+            return 128 - self.returncode, -self.returncode
+        return self.returncode, None
+
+    def _kill_when_due(self, now: float) -> None:
+        """SIGKILL the program's group once its grace after SIGTERM has run out."""
+        if self.kill_at is not None and now >= self.kill_at:
+            self._signal_group(_signal.SIGKILL)
+            self.kill_at = KILLED
+
+    def _watch(self, stdout_fd: int, stderr_fd: int | None) -> Watch:
+        """The program's pipes, poprun's connection, the program's exit, its launcher's death, and
+        the ends of the shim's children (the program, adopted orphans)."""
+        assert self.pid is not None
+        watch = Watch()
+        watch.add(stdout_fd, STDOUT)
+        if stderr_fd is None:
+            self.open_streams = 1
+        else:
+            watch.add(stderr_fd, STDERR)
+        self.children = self._wake_on_children()
+        watch.add(self.children[0], CHILDREN)
+        if self.control is not None:
+            watch.add(self.control, CONTROL)
+        try:  # wake the moment the program exits instead of polling (Linux >= 5.3)
+            self.exit_fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self.exit_fd = None
+        if self.exit_fd is not None:
+            watch.add(self.exit_fd, EXITED)
+        # The process that started this shim (MPICH's hydra_pmi_proxy, Open MPI's prted): when it
+        # dies the MPI job on this host is broken, so stop the program at once and say why,
+        # instead of letting MPI fail much later in a collective or in MPI_Finalize.
+        self.launcher = os.getppid()
+        try:
+            self.launcher_fd = os.pidfd_open(self.launcher) if self.launcher > 1 else None
+        except (AttributeError, OSError):
+            self.launcher_fd = None
+        if self.launcher_fd is not None:
+            watch.add(self.launcher_fd, LAUNCHER)
+        return watch
+
+    def _wake_on_children(self) -> tuple[int, int]:
+        """Have each SIGCHLD wake the loop, through the wake-up descriptor (returned: its ends), to
+        collect the ends of the orphans the shim adopts as their subreaper (``shim.main``): a long
+        job that starts helpers (data loaders, shells, ``subprocess`` in a loop) would otherwise
+        leave a zombie per orphan until it ends, creeping towards ``pids.max``. Its other signals'
+        handlers act as they did; they only wake the loop as well."""
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        _signal.set_wakeup_fd(wake_write)
+        _signal.signal(_signal.SIGCHLD, _ignore)
+        return wake_read, wake_write
+
+    def _stop_waking_on_children(self) -> None:
+        """Undo ``_wake_on_children``: SIGCHLD back to its default, no wake-up descriptor."""
+        if self.children is None:
+            return
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        _signal.set_wakeup_fd(-1)
+        for fd in self.children:
+            os.close(fd)
+        self.children = None
+
+    def _collect(self, now: float) -> None:
+        """Collect the end of every child of the shim that has ended: the program's status is kept
+        (exactly as a wait for it alone would have read it), an adopted orphan's is dropped."""
+        while True:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:  # no child left
+                return
+            if pid == 0:
+                return
+            if pid == self.pid and self.returncode is None:
+                self._exited(wait_status, now)
+
+    def _exited(self, wait_status: int, now: float) -> None:
+        """The program has exited: its status; its pipes may stay open DRAIN_SECONDS longer."""
+        self.returncode = os.waitstatus_to_exitcode(wait_status)
+        self.ended_ns = time.time_ns()
+        self.drain_until = now + DRAIN_SECONDS
+
+    def _timeout(self, now: float) -> float:
+        """How long the next wait may last: until the kill or the end of the drain, else a second
+        (polling every 50 ms when neither a pidfd nor a pipe can wake it)."""
+        if self.kill_at is not None:
+            return max(0.0, self.kill_at - now) if self.kill_at != KILLED else POLL_WAIT
+        if self.drain_until is not None:
+            return max(0.0, self.drain_until - now)
+        return IDLE_WAIT if self.exit_fd is not None or self.open_streams else POLL_WAIT
+
+    def _ready(self, watch: Watch, fd: int, key: int) -> None:
+        """One descriptor that woke the loop."""
+        assert self.pid is not None
+        if key == CHILDREN:
+            while True:  # empty the wake-up pipe: one byte per signal
+                try:
+                    if len(os.read(fd, READ_SIZE)) < READ_SIZE:
+                        break
+                except BlockingIOError:
+                    break
+            self._collect(time.monotonic())
+        elif key == EXITED:
+            watch.remove(fd)
+            if self.returncode is None:  # exited: a blocking wait returns at once
+                self._exited(os.waitpid(self.pid, 0)[1], time.monotonic())
+        elif key == LAUNCHER:
+            watch.remove(fd)
+            if self.returncode is None:
+                self.reason = (f"the MPI launcher's process that started instance {self.index} on "
+                               f"{_socket.gethostname()} (PID {self.launcher}) died; the instance was stopped")
+                self.send(protocol.frame(protocol.LAUNCHER_LOST, self.reason.encode()))
+                self.stop_program()
+        elif key == CONTROL:
+            if not self._hear_poprun():
+                watch.remove(fd)
+        else:
+            data = os.read(fd, READ_SIZE)
+            if data:
+                self.output(key, data)
+            else:
+                watch.remove(fd)
+                os.close(fd)
+                self.open_streams -= 1
+
+    def _commands(self, data: bytes) -> list[bytes]:
+        """poprun's commands in ``data``; one that fails its check counts as TERMINATE (the
+        connection has been tampered with, and poprun can no longer be heard: ``commands`` is
+        then None, and nothing more is read)."""
+        if self.commands is None:
+            return [protocol.TERMINATE]
+        try:
+            return self.commands.feed(data)
+        except protocol.ProtocolError as exc:
+            os.write(2, f"poprun instance {self.index}: {exc} on poprun's connection; stopping\n".encode())
+            self.commands = None
+            return [protocol.TERMINATE]
+
+    def _end_descendants(self) -> None:
+        """Descendants that outlived the program (or held its pipes) must not outlive the job:
+        its process group, and daemons that left the group (setsid)."""
+        self._signal_group(_signal.SIGKILL)
+        end_escaped(self.index)
+        if self.kill_at is not None:  # stopped: MPICH's segments of its killed processes stay behind
+            from poprun_py.shared import leftovers
+
+            leftovers.remove_unused(leftovers.SHARED_MEMORY, self.started)
+
+
+def end_escaped(index: int) -> None:
+    """SIGKILL the program's descendants that left its process group (a daemon started with
+    fork, setsid, fork): they still hold mpiexec's pipes, so the job would never end. They are
+    found as the shim's descendants (it adopts them as their subreaper, see shim.main), and by
+    the environment they inherited: this job's control address and this instance's index (where
+    no subreaper can be had). Repeats until none is left (each death can let more be found), for
+    at most ESCAPED_SECONDS."""
+    me = os.getpid()
+    control = os.environ.get(environment.CONTROL)
+    marks = (f"{environment.CONTROL}={control}".encode(), f"{environment.INSTANCE_INDEX}={index}".encode())
+    deadline = time.monotonic() + ESCAPED_SECONDS
+    while time.monotonic() < deadline:
+        adopted = sweep.descendants(me)
+        # Without a job address there is nothing to tell this job's marked processes by.
+        marked = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)] if control else []
+        if not adopted and not marked:
+            return
+        for pid in adopted:
+            sweep.kill_descendant(pid, me)
+        for pid in marked:
+            sweep.kill_marked(pid, marks)
+        time.sleep(ESCAPED_PAUSE)

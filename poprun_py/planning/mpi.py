@@ -1,0 +1,410 @@
+"""Find ``mpiexec``, tell MPICH (Hydra) from Open MPI, and build the one command that starts a job.
+
+Every instance is its own MPMD app context (``A : B : ...``) because each gets different
+``POPDIST_*`` values, as PopRun does with Open MPI's ``mpirun``. Hosts are one list for the
+whole job (``-hosts h0:k,h1:k`` / ``--host h0:k,...``), filled in order; past
+``MAX_COMMAND_BYTES`` the host list and the app contexts go to files instead of the command line.
+Each app context runs the shim with the instance's index alone: the user's program and its
+arguments are never mpiexec's to read (the shim gets them from poprun, see ``shim``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from poprun_py import environment
+from poprun_py.shared import loopback
+from poprun_py.shared.errors import PlanError
+from poprun_py.shared.paths import which
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from typing import Literal
+
+    from poprun_py.planning.plan import JobPlan
+
+    Flavour = Literal["mpich", "openmpi"]
+
+#: Open MPI does not forward the environment by default; PopRun forwards these by name.
+OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
+#: ... and every variable with one of these prefixes.
+
+
+class MpiLauncher:
+    """An mpiexec and the MPI it belongs to. ``instead``: for gforker that poprun picked itself,
+    the launcher it stands in for, which starts a job too large for gforker (see :func:`build_command`)."""
+
+    __slots__ = ("flavour", "instead", "path", "version")
+
+    def __init__(self, path: str, flavour: Flavour, version: str, instead: MpiLauncher | None = None) -> None:
+        self.path = path
+        self.flavour = flavour
+        self.version = version
+        self.instead = instead
+
+    def __repr__(self) -> str:
+        return f"MpiLauncher({self.path!r}, {self.flavour!r}, {self.version!r})"
+
+
+def find_mpiexec(explicit: str | None = None) -> str:
+    """``--mpi PATH`` if given, else the mpiexec next to the running Python, else the one on PATH."""
+    if explicit:
+        resolved = which(explicit) if os.sep not in explicit else explicit
+        if not resolved or not os.path.isfile(resolved) or not os.access(resolved, os.X_OK):
+            raise PlanError(f"--mpi {explicit!r} is not an executable file; give the path of mpiexec or mpirun")
+        return os.path.abspath(resolved)
+    beside_python = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.isfile(beside_python) and os.access(beside_python, os.X_OK):
+        return beside_python
+    on_path = which("mpiexec") or which("mpirun")
+    if not on_path:
+        raise PlanError(
+            "no mpiexec found next to Python or on PATH; install the 'mpich' wheel "
+            "(pip install mpich) or pass --mpi /path/to/mpiexec"
+        )
+    return on_path
+
+
+def one_host_launcher(launcher: MpiLauncher) -> MpiLauncher:
+    """What starts a job on this host alone when poprun chose the MPI itself: MPICH's gforker when
+    it sits beside Hydra's mpiexec (the mpich wheel has both), else ``launcher``.
+
+    gforker starts the instances itself and reaches them over socket pairs: nothing listens, and
+    no library is preloaded into it (Hydra's mpiexec needs one: :func:`loopback_library`). A job
+    whose command would not fit on gforker's command line is started by ``launcher`` instead."""
+    gforker = os.path.join(os.path.dirname(launcher.path), GFORKER)
+    if launcher.flavour != "mpich" or not os.access(gforker, os.X_OK):
+        return launcher
+    return MpiLauncher(gforker, "mpich", launcher.version, instead=launcher)
+
+
+def is_gforker(launcher: MpiLauncher) -> bool:
+    """By the executable's own name: a link named ``mpiexec`` may lead to it."""
+    return launcher.flavour == "mpich" and os.path.basename(os.path.realpath(launcher.path)) == GFORKER
+
+
+#: MPICH's launcher for one host, which opens no socket to listen on.
+GFORKER = "mpiexec.gforker"
+#: Where the proxies of a one-host job's Hydra call its mpiexec back.
+LOOPBACK_ADDRESS = "127.0.0.1"
+
+
+def loopback_library(launcher: MpiLauncher) -> str | None:
+    """The library preloaded into ``launcher`` in a one-host job to keep it on loopback
+    (:mod:`poprun_py.shared.loopback`); None for gforker, which listens on nothing.
+
+    Hydra's mpiexec and Open MPI's prterun listen on every interface whatever their options say
+    (both bind the wildcard address); without the library they would open a port to the network,
+    so its absence is refused, before anything starts."""
+    if is_gforker(launcher):
+        return None
+    library = loopback.library()
+    if library is None:
+        raise PlanError(
+            f"{launcher.path} would listen on every interface: poprun's library that keeps it on loopback in a "
+            f"one-host job ({loopback.NAME}, built with the package) is missing from {loopback.HERE}; "
+            "reinstall poprun-py")
+    return library
+
+
+def _loopback_env(launcher: MpiLauncher, spec: CommandSpec) -> dict[str, str]:
+    """One host: the launcher's ``LD_PRELOAD``, with the library first (the shim takes it out
+    again before the program starts: what the program listens on is its own business)."""
+    if spec.callback_address or not (library := loopback_library(launcher)):
+        return {}
+    return {environment.LD_PRELOAD: loopback.preloaded(os.environ.get(environment.LD_PRELOAD), library)}
+
+
+#: Files that sit beside each flavour's mpiexec: telling them apart costs a stat, not a process.
+_SIBLINGS: dict[Flavour, tuple[str, ...]] = {"mpich": ("hydra_pmi_proxy",), "openmpi": ("prterun", "orterun")}
+
+
+def detect_launcher(path: str, need_version: bool = False) -> MpiLauncher:
+    """Which MPI ``path`` belongs to: from the files beside it when that is unambiguous (every
+    launch pays for this, so no process is started), else from ``path --version``."""
+    if not need_version:
+        real = os.path.realpath(path)
+        folder = os.path.dirname(real)
+        found = [flavour for flavour, names in _SIBLINGS.items()
+                 if any(os.path.exists(os.path.join(folder, name)) for name in names)]
+        if len(found) == 1:
+            return MpiLauncher(path, found[0], "unknown")
+    return _ask_version(path)
+
+
+def _ask_version(path: str) -> MpiLauncher:
+    import subprocess
+
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PlanError(f"could not run {path!r} --version to detect the MPI flavour: {exc}") from None
+    text = (out.stdout + out.stderr).decode(errors="replace").replace("\0", "")
+    if "HYDRA" in text or "MPICH" in text.upper():
+        version = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if "Version:" in ln), "unknown")
+        return MpiLauncher(path, "mpich", version)
+    if "Open MPI" in text or "OpenRTE" in text or "prterun" in text.lower():
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        version = first.rsplit(" ", 1)[-1] if first else "unknown"
+        return MpiLauncher(path, "openmpi", version)
+    first_line = text.strip().splitlines()[0] if text.strip() else "(no output)"
+    raise PlanError(
+        f"{path!r} is neither MPICH (Hydra) nor Open MPI (its --version says {first_line!r}); "
+        "pass --mpi with an MPICH or Open MPI mpiexec"
+    )
+
+
+class CommandSpec:
+    """Everything that shapes the mpiexec command apart from the plan.
+
+    ``callback_address``: the local address remote hosts reach this one on (None: one-host job).
+    ``host_subnet``: ``--host-subnet``'s CIDR, which MPI's own traffic is kept to as well.
+    """
+
+    def __init__(self, job_env: dict[str, str], instance_envs: list[dict[str, str]],
+                 shim: list[str], global_args: list[str] | None = None,
+                 local_args: list[str] | None = None, instance_local_args: dict[int, list[str]] | None = None,
+                 numa_aware: bool = False, explicit_hosts: bool = False, callback_address: str | None = None,
+                 host_subnet: str | None = None) -> None:
+        self.job_env = job_env
+        self.instance_envs = instance_envs
+        #: Each instance runs ``shim + [index]``.
+        self.shim = shim
+        self.global_args = global_args or []
+        self.local_args = local_args or []
+        self.instance_local_args = instance_local_args or {}
+        self.numa_aware = numa_aware
+        self.explicit_hosts = explicit_hosts
+        self.callback_address = callback_address
+        self.host_subnet = host_subnet
+
+
+#: Above this many bytes of arguments, the host list and the app contexts go to files (Hydra's
+#: ``-f`` and ``-configfile``, Open MPI's ``--hostfile`` and ``--app``): Linux refuses one
+#: argument over 128 KiB and a whole command line near 2 MiB, and a dry run of such a line is
+#: unreadable.
+MAX_COMMAND_BYTES = 64 * 1024
+#: ssh options for reaching hosts: fail within a bound instead of hanging on a dead host or a
+#: password prompt. Users' own HYDRA_LAUNCHER_EXTRA_ARGS / plm_ssh_args win.
+SSH_CONNECT_TIMEOUT = 10
+SSH_ARGS = f"-o ConnectTimeout={SSH_CONNECT_TIMEOUT} -o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+
+
+class Command:
+    """The mpiexec command for a job.
+
+    ``head`` comes first, then the host list, then ``tail`` (global options), then one app
+    context per instance. When all of it would be longer than ``MAX_COMMAND_BYTES``, the host
+    list and the app contexts go to files instead (``files``), and ``argv`` names them.
+    """
+
+    def __init__(self, head: list[str], hosts: HostList | None, tail: list[str], blocks: list[list[str]],
+                 context_option: str, env: dict[str, str]) -> None:
+        self.head = head
+        self.hosts = hosts
+        self.tail = tail
+        self.blocks = blocks
+        self.context_option = context_option
+        #: Variables mpiexec itself needs (e.g. its ssh options), added to poprun's environment.
+        self.env = env
+        inline = [*head, *(hosts.inline if hosts else []), *tail, *(a for b in blocks for a in b)]
+        self.uses_files = sum(len(a) + 1 for a in inline) > MAX_COMMAND_BYTES
+
+    def files(self) -> dict[str, str]:
+        """``{placeholder: content}`` of the files ``argv`` names (none for a short command)."""
+        if not self.uses_files:
+            return {}
+        import shlex
+
+        files = {"<config-file>": "".join(shlex.join(block) + "\n" for block in self.blocks)}
+        if self.hosts:
+            files["<host-file>"] = self.hosts.file_text
+        return files
+
+    def argv(self, paths: dict[str, str] | None = None) -> list[str]:
+        """The command; ``paths`` maps each placeholder of ``files`` to where it was written."""
+        paths = paths or {}
+        if self.uses_files:
+            hosts = [self.hosts.file_option, paths.get("<host-file>", "<host-file>")] if self.hosts else []
+            return [*self.head, *hosts, *self.tail, self.context_option, paths.get("<config-file>", "<config-file>")]
+        argv = [*self.head, *(self.hosts.inline if self.hosts else []), *self.tail]
+        for index, block in enumerate(self.blocks):
+            argv += [":", *block] if index else block
+        return argv
+
+
+class HostList:
+    """The job's hosts with their slots, inline (``-hosts a:2,b:2``) and as a machine file."""
+
+    def __init__(self, inline: list[str], file_option: str, file_text: str) -> None:
+        self.inline = inline
+        self.file_option = file_option
+        self.file_text = file_text
+
+
+def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
+    """The command for ``plan``; a job too large for one command line gets config files, whose
+    lines mpiexec splits at white space with no quoting.
+
+    A job too large for gforker (:func:`_too_large_for_gforker`) goes to the launcher gforker stands
+    in for when poprun picked gforker (Hydra's mpiexec, kept on loopback), and is refused when the
+    user did."""
+    build = _mpich_command if launcher.flavour == "mpich" else _openmpi_command
+    command = build(launcher, plan, spec)
+    if is_gforker(launcher) and (too_large := _too_large_for_gforker(command)):
+        if launcher.instead is not None:
+            return build_command(launcher.instead, plan, spec)
+        raise PlanError(f"{launcher.path} cannot start this job: {too_large}; pass --mpi with Hydra's mpiexec instead")
+    if not command.uses_files:
+        return command
+    for block in command.blocks:
+        for token in block:
+            if not token or any(c.isspace() or c in "'\"\\" for c in token):
+                raise PlanError(f"{token!r} cannot go in mpiexec's config file, which a job this large needs "
+                                "(its lines are split at white space, without quoting); use arguments "
+                                "without spaces or quotes in --mpi-local-args / --instance-mpi-local-args")
+    return command
+
+
+#: The most variables gforker passes on from its own environment: MPICH 5.0.2's refuses 193 or more
+#: ("Environment is too large (max is 193)", from each instance); its -genv and -env do not count.
+GFORKER_MAX_VARIABLES = 192
+
+
+def _too_large_for_gforker(command: Command) -> str | None:
+    """Why gforker cannot start ``command``, or None. It reads no config file: given ``-configfile``
+    it starts nothing and exits 0 (MPICH 5.0.2 turns each line into no arguments at all); and it
+    refuses an environment of more than GFORKER_MAX_VARIABLES (mpiexec gets poprun's, with the
+    command's own variables and the job's secret)."""
+    if command.uses_files:
+        return (f"its command would be longer than {MAX_COMMAND_BYTES // 1024} KiB, and gforker ignores the "
+                "config file that would take it")
+    variables = len(os.environ.keys() | command.env.keys() | {environment.SECRET})
+    if variables > GFORKER_MAX_VARIABLES:
+        return (f"its environment would have {variables} variables, and gforker passes on "
+                f"{GFORKER_MAX_VARIABLES} at most")
+    return None
+
+
+def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
+    # One host list for the job: Hydra fills each host's slots in order, so instance i lands on
+    # host i // k exactly as the plan says; the app contexts carry only what differs.
+    hosts = None
+    if spec.explicit_hosts:
+        k = plan.instances_per_host
+        hosts = HostList(["-hosts", ",".join(f"{h}:{k}" for h in plan.host_names)], "-f",
+                         "".join(f"{h}:{k}\n" for h in plan.host_names))
+    tail, env = [], _loopback_env(launcher, spec)
+    if spec.callback_address:
+        tail += ["-localhost", spec.callback_address]  # where the remote proxies call back
+        if environment.HYDRA_SSH_ARGS not in os.environ:
+            env[environment.HYDRA_SSH_ARGS] = SSH_ARGS
+    elif environment.LD_PRELOAD in env and "-localhost" not in spec.global_args:
+        # Hydra on one host: its mpiexec listens on loopback, so that is where a proxy that calls
+        # back over TCP must go, whatever this host's name resolves to (Hydra takes one -localhost).
+        tail += ["-localhost", LOOPBACK_ADDRESS]
+    if spec.numa_aware:
+        tail += ["-bind-to", "numa"]
+    for name, value in spec.job_env.items():
+        tail += ["-genv", name, value]
+    blocks = []
+    for inst in plan.instances:
+        block = ["-n", "1"]
+        for name, value in spec.instance_envs[inst.index].items():
+            block += ["-env", name, value]
+        blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
+                       *spec.shim, str(inst.index)])
+    return Command([launcher.path, *spec.global_args], hosts, tail, blocks, "-configfile", env)
+
+
+#: Open MPI's daemons on other hosts notice within about 8 s that their launcher can no longer be
+#: reached (TCP keep-alives on its connection; by default 8 minutes) and end: a host cut off from
+#: the job keeps none of them while it stays cut off. Well before the shims there stop their
+#: programs (``protocol.SILENCE_LIMIT``): the daemon then reports those exits to its launcher, and
+#: the kernel sends no keep-alive while data waits unacknowledged, so a daemon that had not given
+#: up by then would wait for TCP's retransmissions to give up (15 minutes).
+DAEMON_KEEPALIVE = (("oob_tcp_keepalive_time", "2"), ("oob_tcp_keepalive_intvl", "2"),
+                    ("oob_tcp_keepalive_probes", "3"))
+
+
+def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
+    head = [launcher.path, *spec.global_args]
+    head += ["--bind-to", "numa", "--map-by", "numa"] if spec.numa_aware else ["--bind-to", "none"]
+    hosts, tail = None, []
+    if spec.explicit_hosts:
+        # Each host offers exactly the plan's slots and they are filled in order, so instance i
+        # lands on host i // k. (Adding --oversubscribe here makes Open MPI ignore the order.)
+        k = plan.instances_per_host
+        hosts = HostList(["--host", ",".join(f"{h}:{k}" for h in plan.host_names)], "--hostfile",
+                         "".join(f"{h} slots={k}\n" for h in plan.host_names))
+        if not spec.numa_aware:
+            tail += ["--map-by", "slot"]
+    else:
+        # One host: instances are placed by poprun's plan, not by Open MPI's slot count (2 cores
+        # would refuse 4 instances).
+        tail.append("--oversubscribe")
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-run-as-root" not in spec.global_args:
+        tail.append("--allow-run-as-root")
+    if spec.host_subnet:
+        tail += ["--mca", "btl_tcp_if_include", spec.host_subnet, "--prtemca", "oob_tcp_if_include",
+                 spec.host_subnet]
+    if spec.callback_address:
+        tail += [arg for name, value in DAEMON_KEEPALIVE for arg in ("--prtemca", name, value)]
+    env = _loopback_env(launcher, spec)
+    if spec.callback_address and environment.PRTE_SSH_ARGS not in os.environ:
+        env[environment.PRTE_SSH_ARGS] = SSH_ARGS
+    # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
+    for name, value in spec.job_env.items():
+        tail += ["-x", f"{name}={value}"]
+    for name in forwarded_names(spec.job_env):
+        tail += ["-x", name]
+    blocks = []
+    for inst in plan.instances:
+        block = ["-np", "1"]
+        for name, value in spec.instance_envs[inst.index].items():
+            block += ["-x", f"{name}={value}"]
+        blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
+                       *spec.shim, str(inst.index)])
+    return Command(head, hosts, tail, blocks, "--app", env)
+
+
+def forwarded_names(already: dict[str, str]) -> list[str]:
+    """What Open MPI must forward by name from poprun's environment: PopRun's list plus every
+    POPDIST_*, POPRUN_* and MPI4PY_* variable (mpi4py must load the same MPI on every host)."""
+    names = [name for name in OPENMPI_FORWARDED if name in os.environ]
+    names += sorted(name for name in os.environ
+                    if name.startswith(environment.FORWARDED_PREFIXES) and name not in already and name not in names)
+    return names
+
+
+def split_args(text: str | None, option: str) -> list[str]:
+    """shlex-split an option's value; unbalanced quotes are a usage error naming the option."""
+    if not text:
+        return []
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise PlanError(f"{option} {text!r} cannot be split into arguments: {exc}") from None
+
+
+def parse_instance_local_args(values: tuple[str, ...] | list[str], num_instances: int) -> dict[int, list[str]]:
+    """``I:ARGS`` entries (repeatable; repeats for one instance are joined in order)."""
+    result: dict[int, list[str]] = {}
+    for value in values:
+        index_text, sep, args = value.partition(":")
+        if not sep or not index_text.strip().isdigit():
+            raise PlanError(
+                f"--instance-mpi-local-args {value!r} is not of the form I:ARGS with I an instance index, "
+                f"e.g. '1:-env FOO bar'"
+            )
+        index = int(index_text)
+        if index >= num_instances:
+            raise PlanError(
+                f"--instance-mpi-local-args {value!r} names instance {index}, but instances are "
+                f"0..{num_instances - 1}"
+            )
+        result.setdefault(index, []).extend(split_args(args, "--instance-mpi-local-args"))
+    return result

@@ -1,0 +1,200 @@
+"""What the sweeps of leftover processes share: finding a process in /proc, and killing only it.
+
+Two sweeps kill processes poprun did not start itself: the teardown's (whatever is left in
+mpiexec's session, ``teardown.Teardown.kill_leftovers``) and the shim's (daemons that left the
+program's process group, ``shim_pump.end_escaped``: the shim's descendants, which it adopts as
+their subreaper, and processes that carry the job's marks in their environment). Each finds its
+targets by reading /proc;
+between that read and the kill, a target may exit and its PID go to an unrelated process. So each
+kill here pins the process first (a pidfd), checks it again through /proc, and signals it through
+the pin: the signal reaches the process that passed the check, or none. Because the check is
+made here again, no slip in a sweep's own search (a condition turned round, a mark matched by any
+process) can widen what it kills; ``make mutants-launcher`` relies on that, and this module is
+tested directly, not mutated (docs/mutation.md).
+
+Built on ``os`` and ``_signal`` alone: the shim imports it under ``python -S``.
+"""
+
+from __future__ import annotations
+
+import _signal
+import errno
+import os
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def pids() -> list[int]:
+    """Every PID /proc lists (none where there is no /proc)."""
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
+def _read_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command's name (state ppid pgrp session ...), zombie
+    or not; None once the process is gone (reaped)."""
+    try:  # os.open/os.read: a buffered file object per process would cost 3x as much
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            stat = os.read(fd, 1024)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[-1].split()
+    return fields if len(fields) > _START_TIME else None
+
+
+#: Index of the start time (clock ticks after boot) among :func:`_read_stat`'s fields (stat's 22nd).
+_START_TIME = 19
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """:func:`_read_stat`'s fields; None once the process is gone or a zombie."""
+    fields = _read_stat(pid)
+    return None if fields is None or fields[0] == b"Z" else fields
+
+
+def has_ended(pid: int) -> bool:
+    """Whether ``pid`` has exited: it is a zombie, or gone."""
+    return _stat_fields(pid) is None
+
+
+def start_time(pid: int) -> bytes | None:
+    """When ``pid`` started, as /proc gives it, zombie or not; None once it has been reaped. While
+    the value stays the same, ``pid`` is still the same process (PIDs are reused)."""
+    fields = _read_stat(pid)
+    return None if fields is None else fields[_START_TIME]
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """A live process's parent and session IDs; None once it is gone or a zombie."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[1]), int(fields[3]))
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped: by SIGSTOP or SIGTSTP (state T), or at a debugger's stop (t)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in (b"T", b"t")
+
+
+def in_session(pid: int, session: int) -> bool:
+    """Whether ``pid`` is alive, not a zombie, in ``session``, and not this process."""
+    stat = _stat(pid)
+    return stat is not None and stat[1] == session and pid != os.getpid()
+
+
+def descendants(root: int) -> list[int]:
+    """Live processes below ``root``: its children, theirs, and so on (one reading of /proc)."""
+    children: dict[int, list[int]] = {}
+    for pid in pids():
+        stat = _stat(pid)
+        if stat is not None:
+            children.setdefault(stat[0], []).append(pid)
+    found, below = [], list(children.get(root, ()))
+    while below:
+        pid = below.pop()
+        found.append(pid)
+        below += children.get(pid, ())
+    return found
+
+
+def descends_from(pid: int, root: int) -> bool:
+    """Whether ``pid`` is alive, not a zombie, and below ``root`` (its parent's parent's ... is it)."""
+    seen = set()
+    while pid not in seen:  # a chain read while processes come and go could loop
+        seen.add(pid)
+        stat = _stat(pid)
+        if stat is None or stat[0] <= 0:
+            return False
+        if stat[0] == root:
+            return True
+        pid = stat[0]
+    return False
+
+
+def adopt_orphans() -> None:
+    """Become the subreaper of this process's descendants (``_subreaper``): an orphan among them is
+    then adopted by this process, not by init. The shim ends the program's daemons it adopts
+    (``shim_pump.end_escaped``); poprun collects the ends of what the job orphans on its host
+    (:func:`reap_adopted`). Where the system does not allow it, nothing changes."""
+    from poprun_py.shared import _subreaper
+
+    try:
+        _subreaper.become()
+    except OSError:
+        pass  # the shim's search by environment still finds marked daemons
+
+
+def reap_adopted() -> int:
+    """Collect the end of every child of this process that is a zombie (call it once the children
+    whose status it reads itself are collected); how many. An adopted orphan would otherwise stay
+    a zombie for as long as this process lives, and go on to init, which in a container may reap
+    nothing."""
+    me, count = os.getpid(), 0
+    for pid in pids():
+        fields = _read_stat(pid)
+        if fields is not None and fields[0] == b"Z" and int(fields[1]) == me:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # collected meanwhile (a wait elsewhere in this process)
+                continue
+            count += 1
+    return count
+
+
+def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
+    """Whether ``pid`` is alive, not a zombie, not this process, and its environment holds every
+    one of ``marks`` (each a whole ``NAME=value`` entry); never true for no marks."""
+    if not marks or pid == os.getpid() or _stat(pid) is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            environ = b"\0" + handle.read() + b"\0"
+    except OSError:
+        return False  # gone, or not ours to read
+    return all(b"\0" + mark + b"\0" in environ for mark in marks)
+
+
+def kill_in_session(pid: int, session: int) -> bool:
+    """SIGKILL ``pid`` if, once pinned, it is still in ``session``; whether it was signalled."""
+    return _kill_checked(pid, lambda: in_session(pid, session))
+
+
+def kill_descendant(pid: int, root: int) -> bool:
+    """SIGKILL ``pid`` if, once pinned, it is still below ``root`` and is not this process."""
+    return _kill_checked(pid, lambda: pid != os.getpid() and descends_from(pid, root))
+
+
+def kill_marked(pid: int, marks: tuple[bytes, ...]) -> bool:
+    """SIGKILL ``pid`` if, once pinned, its environment still holds every one of ``marks``."""
+    return _kill_checked(pid, lambda: holds_marks(pid, marks))
+
+
+def _kill_checked(pid: int, check: Callable[[], bool]) -> bool:
+    if pid <= 1:
+        return False
+    try:
+        pin = os.pidfd_open(pid)
+    except OSError as error:
+        if error.errno != errno.ENOSYS:
+            return False  # gone
+        pin = None  # a kernel before 5.3: checked, then signalled by PID
+    try:
+        if not check():
+            return False
+        if pin is None:
+            os.kill(pid, _signal.SIGKILL)
+        else:
+            _signal.pidfd_send_signal(pin, _signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pin is not None:
+            os.close(pin)

@@ -1,0 +1,120 @@
+"""What poprun knows of each instance of a running job, and of the failure that ends it."""
+
+from __future__ import annotations
+
+import _signal
+import time
+
+from poprun_py.wire import protocol
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    import _socket
+
+    from poprun_py.supervision.output import InstanceOutput
+
+
+class InstanceState:
+    """What poprun knows of one instance: its connection, output, and exit report."""
+
+    def __init__(self, index: int, host: str, output: InstanceOutput) -> None:
+        self.index = index
+        self.host = host
+        self.output = output
+        self.connection: _socket.socket | None = None
+        self.reader: protocol.FrameReader | None = None  # its frames, checked with its connection's seal
+        self.pid: int | None = None
+        self.status: int | None = None
+        self.signal: int | None = None
+        self.error: str | None = None
+        self.stopped_by_poprun = False
+        self.lost = False  # disconnected without an exit report
+        self.shim_signalled = False  # its shim was signalled (not told by poprun) and stopped the program
+        self.was_stopped = False  # its program was stopped (SIGSTOP, a debugger) when its shim came to end it
+        self.oom_killed = False  # its program died of SIGKILL as the kernel's out-of-memory killer ran (oom)
+        self.launcher_lost: str | None = None  # its shim saw its host's MPI daemon die: why (protocol.LAUNCHER_LOST)
+        self.last_heard = 0.0  # time.monotonic() of its last frame
+        self.silent = False  # lost because nothing came from it for protocol.SILENCE_LIMIT seconds
+        self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss
+        self.root_cause: bytes | None = None  # what its program wrote to TORCHELASTIC_ERROR_FILE, if it failed
+        #: Its shim's clock minus poprun's (ns, see ``clocks``), and when poprun sent the nonce (ns).
+        self.clock_offset = 0
+        self.nonce_sent = 0
+        #: On its shim's clock (ns; 0: never or not told, see protocol.TIMES): when its program
+        #: ended, when its shim began to stop it, when its error file was last written.
+        self.ended_ns = 0
+        self.stopped_ns = 0
+        self.recorded_ns = 0
+        self.seen_at: float | None = None  # time.time() when poprun saw its end (exit report or loss)
+        self.sending = False  # a message to its shim is half sent: nothing may be put in its middle
+
+    def send(self, message: bytes, within: float = 0.0) -> bool:
+        """One of poprun's messages to the shim (protocol.PROGRAM, TERMINATE, RELEASE, STOP, CONT), sealed;
+        whether it went. ``within``: seconds a message larger than the socket's buffer (the
+        program) may take to go, the shim reading it; a command always fits at once."""
+        if self.connection is None or self.reader is None:
+            return False
+        self.sending = True
+        try:
+            self.connection.settimeout(within)
+            self.connection.sendall(self.reader.seal.seal(message))
+        except OSError:
+            return False  # that shim is gone already, or took no more of it for ``within`` seconds
+        finally:
+            self.sending = False
+            self.connection.setblocking(False)
+        return True
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not None
+
+    @property
+    def done(self) -> bool:
+        return self.finished or self.lost
+
+    @property
+    def failed_by_itself(self) -> bool:
+        """It reported a failure of its own: a non-zero status that is not what stopping it gives
+        (SIGTERM, then SIGKILL, or the shell's 128+N for them), or any, when its shim's times say
+        that its program ended before anything began to stop it (a SIGKILL from the kernel's
+        out-of-memory killer, which its shim may also tell)."""
+        if not self.status:
+            return False
+        if self.oom_killed or (self.ended_ns and (not self.stopped_ns or self.ended_ns < self.stopped_ns)):
+            return True
+        stopped = {_signal.SIGTERM, _signal.SIGKILL}
+        return self.signal not in stopped and self.status not in {128 + s for s in stopped}
+
+
+class Failure:
+    """What made poprun stop a failed job: the first instance it saw fail (None: poprun itself).
+    The root cause, the earliest failure, is chosen once every report is in (``first_failure``)."""
+
+    def __init__(self, index: int | None, status: int, description: str) -> None:
+        self.index = index
+        self.status = status
+        self.description = description
+        self.at = time.time()
+
+
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15; the ``signal`` module (enums) is imported only when a name is needed."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_status(status: int, signum: int | None, oom_killed: bool = False) -> str:
+    if oom_killed:
+        return f"killed by {signal_name(signum or _signal.SIGKILL)} (status {status}) {OOM_KILLED}"
+    if signum:
+        return f"killed by {signal_name(signum)} (status {status})"
+    return f"exit status {status}"
+
+
+#: What the summary adds to a SIGKILL that its shim tells came from the out-of-memory killer.
+OOM_KILLED = "from the kernel's out-of-memory killer (its memory cgroup's oom_kill count rose)"

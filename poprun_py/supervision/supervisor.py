@@ -1,0 +1,696 @@
+"""Run the mpiexec command, route every instance's output, and end the job as one.
+
+One event loop (``watch.Watch``) watches: the control listener and each instance's connection,
+mpiexec's own stdout/stderr, and a wake-up pipe for signals. The first instance to fail is the
+root cause and starts the teardown (``teardown``); once every instance is done, all the shims are
+released together; at the end, what went wrong is reported (``report``).
+
+poprun's own output is written as it comes, and a write waits while no one reads it (a pager left
+alone, a stalled ``tee``, Ctrl-S): the loop reads nothing meanwhile, so the shims' sends wait and
+their programs wait on their pipes, as in a shell pipeline. Time the loop did not run (such a wait,
+or poprun stopped: SIGSTOP, a debugger) is no one's silence (``_discount_stall``). Ctrl-Z (SIGTSTP)
+stops the whole job: every shim stops its program, then poprun stops; ``fg`` continues them all.
+"""
+
+from __future__ import annotations
+
+import _signal
+import _socket
+import os
+import sys
+import time
+
+from poprun_py.planning.plan import LOCAL_HOST
+from poprun_py.shared import sweep
+from poprun_py.shared.watch import Watch
+from poprun_py.supervision import interrupts, log
+from poprun_py.supervision.output import InstanceOutput, OutputOptions, sinks_for
+from poprun_py.supervision.process import Process
+from poprun_py.supervision.states import Failure, InstanceState, describe_status, signal_name
+from poprun_py.supervision.strays import Strays
+from poprun_py.supervision.teardown import AT_ONCE, Teardown, remove_files_left
+from poprun_py.wire import control, protocol
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import BinaryIO
+
+    from poprun_py.supervision.report import Report
+
+
+#: The most read from an instance's connection or mpiexec's pipe at once.
+READ_SIZE = 1 << 16
+#: Connections that may wait to be accepted, beyond one per instance (strays, retries).
+EXTRA_BACKLOG = 8
+#: The loop's longest wait: how soon it looks again at deadlines (the teardown, --start-timeout).
+TICK_SECONDS = 0.1
+#: After mpiexec exits, how long what its processes still send is read before poprun stops.
+AFTER_MPIEXEC_SECONDS = 2.0
+#: On one host, how long mpiexec may outlive the end of every instance and of every shim before
+#: poprun stops it (see _stop_lingering_mpiexec).
+LINGER_SECONDS = 0.5
+#: How often silence is checked (see _check_silence).
+SILENCE_CHECK_SECONDS = 1.0
+#: A gap longer than this between two turns of the loop is time poprun did not listen (it was
+#: stopped, or blocked writing output no one read): it counts as no one's silence (_discount_stall).
+STALL_SECONDS = 1.0
+#: Connections that have not yet said who they are, at most: beyond it the oldest is dropped, so
+#: that strays cannot use up poprun's descriptors (each also gets SILENCE_LIMIT seconds); a shim
+#: whose HELLO has come is taken first (see _make_room).
+MAX_PENDING = 64
+
+
+class Supervisor:
+    """``secret``: this run's (``seal``), which the shims get in their environment from mpiexec.
+    ``program``: the program and its arguments, which each shim gets in answer to its HELLO."""
+
+    def __init__(self, num_instances: int, hosts: list[str], build_command: Callable[[str], list[str]],
+                 secret: str, program: list[bytes], *, listen_address: str, start_timeout: float,
+                 show_instance: int | None = None,
+                 remote_hosts: frozenset[str] = frozenset(),
+                 stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
+                 output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE) -> None:
+        # Shared by every instance: who owns the current line of each, one line for both when they
+        # are the same file or terminal (see poprun_py.supervision.output).
+        self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
+        self.instances = [
+            InstanceState(i, hosts[i], InstanceOutput(i, show_instance in (None, i), self.sinks, output))
+            for i in range(num_instances)
+        ]
+        self.build_command = build_command
+        self.secret = secret
+        self.program = protocol.encode_program(program)
+        self.listen_address = listen_address
+        self.remote_hosts = remote_hosts
+        self.watch = Watch()
+        self.failure: Failure | None = None
+        self.interrupted: int | None = None
+        self.teardown = Teardown(self.instances, grace)
+        self.next_silence_check = 0.0
+        #: Connections accepted that have not yet said HELLO: when each was accepted (monotonic), from
+        #: where, and when its nonce was sent (wall clock, ns: see ``clocks``).
+        self.pending: dict[_socket.socket, tuple[float, str, int]] = {}
+        #: Connections refused on the control port, said in a bounded number of lines.
+        self.strays = Strays()
+        #: --start-timeout: how long after mpiexec's start every instance must have called in.
+        self.start_timeout = start_timeout
+        self.mpiexec_started = 0.0
+        self.called_in = 0  # instances whose HELLO has arrived
+        #: one host: when every instance and shim was first seen ended while mpiexec ran on
+        self.all_ended_at: float | None = None
+        #: poprun stopped an mpiexec that had nothing left to do (its status is not the job's)
+        self.mpiexec_stopped = False
+        self.mpiexec: Process | None = None
+        self.mpiexec_output: list[bytes] = []
+        #: mpiexec's output until every instance has called in, held back: if a host cannot be
+        #: reached it is a page of launcher noise around the one line that says why.
+        self.held: list[tuple[int, bytes]] | None = []
+        #: Streams on which mpiexec's own output left a line unfinished (poprun's lines start anew).
+        self.mpiexec_open: set[int] = set()
+        #: poprun's own line on why the job failed, when no instance's failure says it.
+        self.ended_because: str | None = None
+        self.status: int | None = None
+        #: time.monotonic() of the loop's last turn, and when mpiexec was seen to have exited.
+        self.turned_at = 0.0
+        self.mpiexec_done_at: float | None = None
+        #: Ctrl-Z came while a message to a shim was half sent: the loop stops the job (_on_stop).
+        self.stop_due = False
+        #: A signal asked poprun to stop the job, which the loop has not said yet (_on_signal).
+        self.interrupt_unsaid = False
+
+    # ---------------------------------------------------------------- set-up
+    def run(self) -> int:
+        started = time.time()
+        server, address = control.listen(self.listen_address, backlog=len(self.instances) + EXTRA_BACKLOG)
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        os.set_blocking(wake_read, False)
+        previous_wakeup = _signal.set_wakeup_fd(wake_write)
+        previous_handlers = {sig: _signal.signal(sig, self._on_signal)
+                             for sig in interrupts.heeded()}
+        if _signal.getsignal(_signal.SIGTSTP) != _signal.SIG_IGN:  # (as for the stopping signals)
+            previous_handlers[_signal.SIGTSTP] = _signal.signal(_signal.SIGTSTP, self._on_stop)
+        try:
+            self._start_and_watch(server, address, wake_read, wake_write, previous_wakeup, started)
+            # Signals are still only recorded: a storm of them cannot cut the summary short.
+            self.status = self._finish()
+            return self.status
+        finally:
+            for sig, handler in previous_handlers.items():
+                _signal.signal(sig, handler)
+
+    def _start_and_watch(self, server: _socket.socket, address: str, wake_read: int, wake_write: int,
+                         previous_wakeup: int, started: float) -> None:
+        """Start mpiexec and run the loop until the job is over; then clean up after it."""
+        try:
+            # What the job orphans on this host (the shims' holders under gforker, daemons the
+            # shims adopted and ended) comes to poprun, whose teardown collects their ends.
+            sweep.adopt_orphans()
+            command = self.build_command(address)
+            log.info("running command: %s", " ".join(command))
+            # A terminal stays with poprun: instances reading stdin would fight over it.
+            self.mpiexec = self.teardown.mpiexec = Process(command, stdin_devnull=os.isatty(0))
+            self.mpiexec_started = time.monotonic()
+            log.info("waiting for mpiexec (PID %d)", self.mpiexec.pid)
+            self.watch.add(server, ("listen", server))
+            self.watch.add(wake_read, ("wake", None))
+            self.watch.add(self.mpiexec.stdout, ("mpiexec", 1))
+            self.watch.add(self.mpiexec.stderr, ("mpiexec", 2))
+            if self.mpiexec.exit_fd is not None:  # wake the moment mpiexec exits instead of polling
+                self.watch.add(self.mpiexec.exit_fd, ("exited", None))
+            self._loop()
+        finally:
+            self.strays.finish()
+            _signal.set_wakeup_fd(previous_wakeup)  # before its pipe is closed
+            self.teardown.kill_leftovers()
+            # Even a job that ended by itself: instances that left through os._exit never unlinked
+            # their segments (when none is left, this costs two directory listings).
+            remove_files_left(started, self.mpiexec.pid if self.mpiexec is not None else None)
+            sweep.reap_adopted()  # mpiexec is collected by now (its loop, or kill_leftovers)
+            if self.mpiexec is not None:
+                self.mpiexec.close()
+            for conn in self.pending:
+                conn.close()
+            server.close()
+            os.close(wake_read)
+            os.close(wake_write)
+
+    # ---------------------------------------------------------------- event loop
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        """The first SIGINT, SIGTERM or SIGHUP stops every instance at once, from the handler, so
+        that it acts even while a write of poprun's output waits for its reader (unless a message to
+        a shim is half sent: then the loop does it); the loop says so at its next turn."""
+        if self.interrupted is None:
+            self.interrupted = signum
+            self.interrupt_unsaid = self.teardown.started is None
+            if self.interrupt_unsaid and not any(state.sending for state in self.instances):
+                self.teardown.begin(quiet=True)
+        elif self.teardown.started is not None:
+            self.teardown.started = AT_ONCE  # second signal: escalate at once
+
+    def _on_stop(self, _signum: int = _signal.SIGTSTP, _frame: object = None) -> None:
+        """Ctrl-Z: stop the whole job, as a shell stops every process of a job: each shim stops its
+        program (protocol.STOP), then poprun stops itself with SIGTSTP's own action, so that its shell
+        sees the job stopped; once continued (``fg``, ``bg``), the shims continue their programs.
+        Done in the handler, so that it acts even while a write of poprun's output waits for its
+        reader; a message to a shim half sent (the program, to a shim slow to take it) is never
+        cut into: the loop does it once that message has gone."""
+        if any(state.sending for state in self.instances):
+            self.stop_due = True
+            return
+        self.stop_due = False
+        # Nothing is logged here: the loop may be inside a write to stderr, which this would re-enter.
+        self._tell_running(protocol.STOP)
+        _signal.signal(_signal.SIGTSTP, _signal.SIG_DFL)
+        try:
+            _signal.raise_signal(_signal.SIGTSTP)  # returns once continued (SIGCONT)
+        finally:
+            _signal.signal(_signal.SIGTSTP, self._on_stop)
+        self._tell_running(protocol.CONT)
+
+    def _tell_running(self, command: bytes) -> None:
+        """``command`` to every shim whose program runs (one already told to end is left to end)."""
+        for state in self.instances:
+            if state.connection is not None and not state.finished and not state.stopped_by_poprun:
+                state.send(command)
+
+    def _discount_stall(self) -> None:
+        """Time the loop did not run (STALL_SECONDS or more between two turns: poprun was stopped,
+        or a write of its output waited for its reader) is no one's silence: every deadline that
+        waits for a word from elsewhere moves on by it. Meanwhile poprun read nothing, so nothing
+        could have been heard, and the shims' kernels' acknowledgements showed them poprun alive."""
+        now = time.monotonic()
+        gap = now - self.turned_at if self.turned_at else 0.0
+        self.turned_at = now
+        if gap < STALL_SECONDS:
+            return
+        log.debug("poprun did not run for %.1f s: not counted as anyone's silence", gap)
+        for state in self.instances:
+            state.last_heard += gap
+        for line in {id(sink.line): sink.line for sink in self.sinks.values()}.values():
+            line.discount(gap)  # nor did anyone keep a line to itself meanwhile
+        self.pending = {conn: (accepted + gap, peer, sent) for conn, (accepted, peer, sent) in self.pending.items()}
+        self.mpiexec_started += gap
+        if self.mpiexec_done_at is not None:
+            self.mpiexec_done_at += gap
+
+    def _begin_turn(self) -> None:
+        """What each turn of the loop first acts on: its own stall, and signals to poprun."""
+        self._discount_stall()
+        if self.stop_due:
+            self._on_stop()
+        if self.interrupted is not None and self.interrupt_unsaid:
+            self.interrupt_unsaid = False
+            log.warning("received %s: stopping every instance", signal_name(self.interrupted))
+            self.teardown.begin()
+            self.teardown.say_begun()
+
+    def _loop(self) -> None:
+        assert self.mpiexec is not None
+        while True:
+            self._begin_turn()
+            self.teardown.escalate()
+            self._check_silence()
+            self._check_start()
+            self._stop_lingering_mpiexec()
+            for sink in self.sinks.values():
+                sink.tick()  # a line that another instance has waited on too long is ended
+            if self.mpiexec_done_at is None and self.mpiexec.poll() is not None:
+                self.mpiexec_done_at = time.monotonic()
+                log.info("mpiexec exited with status %s", self.mpiexec.returncode)
+            if self.mpiexec_done_at is not None:
+                connected = any(i.connection is not None for i in self.instances)
+                # mpiexec is gone: read what is still in flight, then stop.
+                drained = not connected and not self._mpiexec_pipes_open()
+                if drained or time.monotonic() - self.mpiexec_done_at > AFTER_MPIEXEC_SECONDS:
+                    if not drained:
+                        self._say_what_was_left_open()
+                    # mpiexec is gone, and with it whatever could still have carried their words:
+                    # instances that never reported are lost (a host cut off before the silence
+                    # limit, whose daemon Open MPI gave up on first).
+                    for state in self.instances:
+                        if state.connection is not None and state.status is None:
+                            self._disconnect(state)
+                    return
+            for fd, (kind, data) in self.watch.ready(TICK_SECONDS):
+                if kind == "listen":
+                    self._accept(data)
+                elif kind == "wake":
+                    try:
+                        os.read(fd, READ_SIZE)  # the signals that woke it
+                    except BlockingIOError:
+                        pass
+                elif kind == "pending":
+                    self._read_hello(*data)
+                elif kind == "instance":
+                    self._read_instance(data)
+                elif kind == "mpiexec":
+                    self._read_mpiexec(fd, data)
+                elif kind == "exited":
+                    self.watch.remove(fd)
+                    self.mpiexec.reap()
+
+    def _stop_lingering_mpiexec(self) -> None:
+        """One host: once every instance has reported its end and every shim has ended, mpiexec
+        has nothing left to do; one still running LINGER_SECONDS later is stopped. MPICH's gforker
+        misses a child's end that comes while it handles another's failure, and then waits out its
+        2 s limit with a core spinning (4 of 4 failed one-host jobs tried on 2026-11-27)."""
+        assert self.mpiexec is not None
+        if self.remote_hosts or self.mpiexec_stopped or self.mpiexec.returncode is not None:
+            return
+        if not all(s.status is not None and s.connection is None and s.pid is not None and sweep.has_ended(s.pid)
+                   for s in self.instances):
+            return  # (once all have ended, all stay so)
+        now = time.monotonic()
+        if self.all_ended_at is None:
+            self.all_ended_at = now
+        elif now - self.all_ended_at >= LINGER_SECONDS:
+            log.info("mpiexec outlived the end of every instance by %g s: stopping it", LINGER_SECONDS)
+            self.mpiexec_stopped = True
+            self.teardown.stop_mpiexec()
+
+    def _show_held(self) -> None:
+        """Pass on what mpiexec said before every instance had called in (no host failed to start)."""
+        if self.held is None:
+            return
+        for stream, data in self.held:
+            self._pass_on(stream, data)
+        self.held = None
+
+    def _pass_on(self, stream: int, data: bytes) -> None:
+        """mpiexec's own output, as it came; remembers whether it left a line unfinished."""
+        self.sinks[stream].write(data)
+        self.sinks[stream].flush()
+        if data.endswith(b"\n"):
+            self.mpiexec_open.discard(stream)
+        else:
+            self.mpiexec_open.add(stream)
+
+    def _say(self, text: str) -> None:
+        """poprun's own lines on stderr, starting a line of their own even after mpiexec left one
+        unfinished there (or on stdout, when both streams are one terminal or file)."""
+        shared = self.sinks[1].line is self.sinks[2].line
+        cut = 2 in self.mpiexec_open or (shared and 1 in self.mpiexec_open)
+        if shared:
+            self.mpiexec_open.clear()
+        else:
+            self.mpiexec_open.discard(2)
+        self.sinks[2].write((("\n" if cut else "") + text).encode())
+        self.sinks[2].flush()
+
+    def _host_failures(self) -> dict[str, str]:
+        """What the launcher's output says went wrong on which host (see ``host_errors``)."""
+        if not self.mpiexec_output:
+            return {}
+        from poprun_py.supervision.host_errors import host_failures, launcher_text
+
+        hosts = list(dict.fromkeys(state.host for state in self.instances))
+        started = {state.host for state in self.instances if state.pid is not None}
+        unstarted = [h for h in hosts if h in self.remote_hosts and h not in started]
+        return host_failures(launcher_text(self.mpiexec_output), hosts, unstarted)
+
+    def _say_what_was_left_open(self) -> None:
+        """-v: what was still open when poprun stopped waiting after mpiexec's exit."""
+        streams = sorted({1: "stdout", 2: "stderr"}[stream] for stream in self._open_mpiexec_streams())
+        connected = [state.index for state in self.instances if state.connection is not None]
+        held = [f"its {' and '.join(streams)} still open (held by a process it started)"] if streams else []
+        if connected:
+            from poprun_py.supervision.report import ranges
+
+            held.append(f"instance(s) {ranges(connected)} still connected")
+        log.info("stopped waiting %g s after mpiexec exited: %s", AFTER_MPIEXEC_SECONDS, "; ".join(held))
+
+    def _mpiexec_pipes_open(self) -> bool:
+        return bool(self._open_mpiexec_streams())
+
+    def _open_mpiexec_streams(self) -> list[int]:
+        """mpiexec's streams (1, 2) whose pipes are still open."""
+        return [stream for kind, stream in self.watch.labels() if kind == "mpiexec"]
+
+    def _accept(self, server: _socket.socket) -> None:
+        """A new connection: its nonce first (see ``seal``); nothing it sends is believed unchecked."""
+        accepted = control.accept(server)
+        if accepted is None:
+            return
+        conn, peer = accepted
+        from poprun_py.wire.seal import TO_SHIM, Seal, new_nonce
+
+        nonce = new_nonce()
+        try:
+            conn.sendall(nonce)  # a new socket's buffer takes 16 bytes at once
+        except OSError:
+            conn.close()
+            return
+        sent = time.time_ns()
+        if len(self.pending) >= MAX_PENDING:
+            self._make_room()
+        self.pending[conn] = (time.monotonic(), peer, sent)
+        reader = protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM), hello_first=True)
+        self.watch.add(conn, ("pending", (conn, reader)))
+
+    def _make_room(self) -> None:
+        """Room for one more connection that has not said who it is. First every waiting one is
+        read (a shim whose HELLO has come becomes its instance's, a stranger that sent bytes is
+        refused), so that strays coming after a shim in mid-handshake do not push it out; then
+        the oldest left is dropped."""
+        for kind, data in self.watch.labels():
+            if kind == "pending":
+                self._read_hello(*data)
+        if len(self.pending) >= MAX_PENDING:
+            oldest = min(self.pending, key=lambda pending: self.pending[pending][0])
+            self._drop_pending(oldest, f"more than {MAX_PENDING} connections had not said who they were")
+
+    def _drop_pending(self, conn: _socket.socket, why: str | None) -> None:
+        """Close a connection that has not become an instance's, saying why (None: it closed)."""
+        _, peer, _ = self.pending.pop(conn)
+        if why is not None:
+            self.strays.refused(peer, why)
+        self.watch.remove(conn)
+        conn.close()
+
+    def _read_hello(self, conn: _socket.socket, reader: protocol.FrameReader) -> None:
+        if conn not in self.pending:  # dropped, or taken as an instance's, earlier in this round
+            return
+        data = self._recv(conn)
+        received = time.time_ns()
+        if data is None:
+            return
+        if not data:
+            self._drop_pending(conn, None)
+            return
+        try:
+            frames = reader.feed(data)
+        except protocol.ProtocolError as exc:  # not sealed with this run's secret: a stranger
+            self._drop_pending(conn, str(exc))
+            return
+        if not frames:
+            return
+        try:  # sealed with this run's secret: a HELLO that cannot be believed ends the job
+            index, pid, host = protocol.read_hello(frames[0][2])
+            if not 0 <= index < len(self.instances) or self.instances[index].connection:
+                raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
+        except protocol.ProtocolError as exc:
+            peer = self.pending[conn][1]
+            self._drop_pending(conn, None)
+            self._cannot_read(None, f"a connection from {peer} sealed with this run's secret sent a HELLO "
+                                    f"poprun cannot read: {exc}")
+            return
+        state = self.instances[index]
+        state.nonce_sent = self.pending.pop(conn)[2]
+        state.connection, state.reader, state.pid = conn, reader, pid
+        state.last_heard = time.monotonic()
+        self.called_in += 1
+        if self.called_in == len(self.instances):
+            self._show_held()
+        if state.host == LOCAL_HOST:
+            state.host = host  # no host list: name the machine; otherwise keep the user's name for it
+        self.watch.relabel(conn, ("instance", index))
+        log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
+        if not state.send(self.program, within=protocol.SILENCE_LIMIT):
+            log.error("instance %d on %s: could not send it the program", index, state.host)
+            self._disconnect(state)
+            return
+        if self.teardown.started is not None:
+            self.teardown.terminate(state)
+        self._handle_frames(state, frames[1:], received)
+
+    @staticmethod
+    def _recv(conn: _socket.socket) -> bytes | None:
+        """Bytes received; ``b""`` when the peer is gone; ``None`` when nothing is there yet."""
+        try:
+            return conn.recv(READ_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def _read_instance(self, index: int) -> None:
+        state = self.instances[index]
+        assert state.connection is not None
+        data = self._recv(state.connection)
+        received = time.time_ns()
+        if data is None:
+            return
+        if not data:
+            self._disconnect(state)
+            return
+        state.last_heard = time.monotonic()
+        assert state.reader is not None
+        try:
+            frames = state.reader.feed(data)
+        except protocol.ProtocolError as exc:
+            # Only a shim of this run can seal a frame: the connection has been tampered with.
+            log.error("instance %d on %s: dropped its connection: %s", state.index, state.host, exc)
+            self._disconnect(state)
+            return
+        self._handle_frames(state, frames, received)
+
+    def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]], received: int) -> None:
+        """``received``: when their bytes came in (wall clock, ns), for the CLOCK frame's measure."""
+        for kind, stream, payload in frames:
+            problem = protocol.unreadable(kind, stream, payload)
+            if problem is not None:  # sealed, so from its shim: a shim poprun cannot work with
+                self._cannot_read(state.index, f"its shim sent a frame poprun cannot read: {problem}")
+            elif kind == protocol.OUTPUT:
+                state.output.feed(stream, payload)
+            elif kind == protocol.ROOT_CAUSE:
+                state.root_cause = payload
+            elif kind == protocol.CLOCK:
+                from poprun_py.supervision.clocks import offset_ns
+
+                arrived, replied = protocol.read_clock(payload)
+                state.clock_offset = offset_ns(state.nonce_sent, arrived, replied, received)
+            elif kind == protocol.TIMES:
+                state.ended_ns, state.stopped_ns, state.recorded_ns = protocol.read_times(payload)
+            elif kind == protocol.LAUNCHER_LOST:
+                state.launcher_lost = payload.decode(errors="replace")
+                log.info("instance %d on %s: %s", state.index, state.host, state.launcher_lost)
+                if self.failure is None and self.teardown.started is None:
+                    self.failure = Failure(state.index, 1, state.launcher_lost)
+                    self.teardown.begin()
+            elif kind == protocol.EXIT:
+                state.status, state.signal, state.error, flags = protocol.read_exit(payload)
+                state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
+                state.was_stopped = bool(flags & protocol.EXIT_WAS_STOPPED)
+                state.oom_killed = bool(flags & protocol.EXIT_OOM_KILLED)
+                state.ended_at = time.monotonic()
+                state.seen_at = time.time()
+                if state.error:
+                    state.output.stderr_tail.append(state.error.encode())
+                how = describe_status(state.status, state.signal, state.oom_killed)
+                log.info("instance %d on %s: %s", state.index, state.host, how)
+                if self.failure is not None and self.failure.index == state.index and state.launcher_lost:
+                    self.failure.status = state.status  # what its shim's stop gave, as for any failure
+                if state.status != 0 and self.failure is None and not state.stopped_by_poprun \
+                        and self.teardown.started is None:
+                    self.failure = Failure(state.index, state.status, how)
+                    self.teardown.begin()
+                self._release_when_all_done()
+
+    def _cannot_read(self, index: int | None, why: str) -> None:
+        """A frame sealed with this run's secret that cannot be read (a shim of another version, a
+        bug): the job cannot be supervised as it should, and ends, saying so in one line."""
+        if self.failure is None and self.teardown.started is None:
+            self.failure = Failure(index, 1, why)
+            self.teardown.begin()
+        else:  # the job is ending already: one more line would only repeat it
+            log.info("%s%s", "" if index is None else f"instance {index}: ", why)
+
+    def _release_when_all_done(self) -> None:
+        """Once every instance is done, let all the shims exit together (see protocol.RELEASE)."""
+        if not all(state.done for state in self.instances):
+            return
+        for state in self.instances:
+            if state.connection is not None:
+                state.send(protocol.RELEASE)
+
+    def _check_silence(self) -> None:
+        """An instance on another host still running that has said nothing for SILENCE_LIMIT seconds
+        is lost: its host died or the network to it is cut (neither closes the connection). On this
+        host neither can happen, and a shim that ends closes its connection: one silent here is only
+        waiting for a core (a thousand instances on two cores wait that long to start), not lost. A
+        connection that has not said who it is by then is dropped. Checked once a second."""
+        now = time.monotonic()
+        if now < self.next_silence_check:
+            return
+        self.next_silence_check = now + SILENCE_CHECK_SECONDS
+        self.strays.tick()
+        for conn, (accepted, _, _) in list(self.pending.items()):
+            if now - accepted > protocol.SILENCE_LIMIT:
+                self._drop_pending(conn, f"it said nothing for {protocol.SILENCE_LIMIT:g} s")
+        for state in self.instances:
+            if state.connection is not None and not state.finished and state.host in self.remote_hosts \
+                    and now - state.last_heard > protocol.SILENCE_LIMIT:
+                log.warning("no word from instance %d on %s for %.0f s", state.index, state.host,
+                            now - state.last_heard)
+                state.silent = True
+                self._disconnect(state)
+
+    def _check_start(self) -> None:
+        """Instances that have not called in --start-timeout seconds after mpiexec started will not:
+        its processes cannot start there (a process limit, a host that takes ssh but never runs
+        them), and mpiexec may wait for ever without a word. Stop the job, saying which."""
+        if self.called_in == len(self.instances) or self.failure is not None or self.teardown.started is not None \
+                or time.monotonic() - self.mpiexec_started < self.start_timeout:
+            return
+        from poprun_py.supervision.report import ranges
+
+        missing = [s.index for s in self.instances if s.pid is None]
+        hosts = ", ".join(dict.fromkeys(self.instances[i].host for i in missing))
+        self.failure = Failure(None, 1, f"instance(s) {ranges(missing)} on {hosts} had not started "
+                                        f"{self.start_timeout:g} s after mpiexec did (--start-timeout)")
+        self.teardown.begin()
+
+    def _disconnect(self, state: InstanceState) -> None:
+        assert state.connection is not None
+        self.watch.remove(state.connection)
+        state.connection.close()
+        state.connection = None
+        state.output.flush()
+        if state.status is None:
+            # The shim died without reporting (killed by mpiexec or a signal).
+            state.lost = True
+            state.ended_at = time.monotonic()
+            state.seen_at = time.time()
+            log.info("instance %d on %s was lost without an exit report", state.index, state.host)
+            if self.failure is None and self.teardown.started is None:
+                from poprun_py.supervision.report import loss
+
+                self.failure = Failure(state.index, 1, f"lost: {loss(state)}")
+                self.teardown.begin()
+            self._release_when_all_done()
+
+    def _read_mpiexec(self, fd: int, stream: int) -> None:
+        data = os.read(fd, READ_SIZE)
+        if not data:
+            self.watch.remove(fd)
+            return
+        self.mpiexec_output.append(data)
+        if self.held is not None:
+            self.held.append((stream, data))
+        elif self.teardown.started is None:
+            self._pass_on(stream, data)
+        else:
+            log.debug("mpiexec during teardown: %s", data.decode(errors="replace").rstrip())
+
+    # ---------------------------------------------------------------- result
+    def _finish(self) -> int:
+        assert self.mpiexec is not None
+        # an mpiexec poprun stopped had ended every instance: their statuses are the job's
+        rc = 0 if self.mpiexec_stopped else self.mpiexec.returncode
+        status = rc if rc is not None and rc > 0 else 1
+        if self.interrupted is not None:
+            self._show_held()
+            self._summary(f"interrupted by {signal_name(self.interrupted)}")
+            return 128 + self.interrupted
+        unstarted = self._unstarted_hosts()
+        if unstarted:
+            # The root cause, even when the launcher then took down instances that did start.
+            from poprun_py.supervision.host_errors import describe, launcher_text
+            from poprun_py.supervision.report import ranges
+
+            said = launcher_text(self.mpiexec_output).strip()
+            if said:
+                log.info("mpiexec said:\n%s", said)
+            self.held = None
+            never = [s.index for s in self.instances if s.host in unstarted and s.pid is None]
+            self._error(f"instance(s) {ranges(never)} could not be started: {describe(unstarted)}")
+            return status
+        if self.failure is not None:
+            self._show_held()
+            report = self._report()
+            self._say(report.summary(None))
+            return report.status
+        self._show_held()
+        # Nothing failed and nothing stopped the job: whatever mpiexec said has been passed on.
+        unreported = [s.index for s in self.instances if s.status is None]
+        if unreported:
+            from poprun_py.supervision.report import ranges
+
+            self._error(f"mpiexec exited with status {rc} before instance(s) "
+                        f"{ranges(unreported)} reported an exit status")
+            return status
+        if rc != 0:
+            self._error(f"mpiexec exited with status {rc} after every instance had exited with status 0")
+        return 0 if rc == 0 else status
+
+    def _unstarted_hosts(self) -> dict[str, str]:
+        """Hosts the launcher's output blames whose instances never called in: what went wrong there."""
+        if self.called_in == len(self.instances):
+            return {}
+        never = {state.host for state in self.instances if state.pid is None}
+        return {host: why for host, why in self._host_failures().items() if host in never}
+
+    def _error(self, message: str) -> None:
+        self.ended_because = message
+        self._say(f"poprun: error: {message}\n")
+
+    def _report(self) -> Report:
+        from poprun_py.supervision.report import Report
+
+        return Report(self.instances, self.failure, self.remote_hosts, self._host_failures)
+
+    def _summary(self, reason: str | None) -> None:
+        self._say(self._report().summary(reason))
+
+    def failure_report(self) -> dict[str, object] | None:
+        """The first failure, for --error-file and the restart message (see ``report``); poprun's
+        own reason when no instance failed (a host that could not start, mpiexec's failure, a signal
+        to poprun before any instance failed). None only when the run succeeded."""
+        from poprun_py.supervision.report import own_failure
+
+        if self.ended_because is not None:  # said instead of an instance's failure (see _finish)
+            return own_failure(self.ended_because, self.status or 1)
+        report = self._report().failure_report()
+        if report is None and self.interrupted is not None:
+            return own_failure(f"interrupted by {signal_name(self.interrupted)}", 128 + self.interrupted,
+                               stopped=self._report().stopped())
+        return report
+
+    def lost_hosts(self) -> dict[str, str]:
+        """The hosts this run lost, each with why: those the launcher could not start the instances
+        on (then the others' losses are the launcher ending the job), else remote hosts whose every
+        instance was lost or never called in (see ``report``)."""
+        return self._unstarted_hosts() or self._report().lost_hosts()
+

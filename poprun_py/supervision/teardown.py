@@ -1,0 +1,149 @@
+"""Tear a job down on this host so that no process outlives poprun.
+
+The instances still running are told to stop (TERMINATE to their shims); mpiexec's process group
+is sent SIGTERM, then SIGKILL, if it has not ended by then; and when poprun is done, whatever is
+still in mpiexec's session is killed and the files MPICH's killed processes left are removed.
+"""
+
+from __future__ import annotations
+
+import _signal
+import os
+import time
+
+from poprun_py.shared import sweep
+from poprun_py.supervision import log
+from poprun_py.supervision.states import signal_name
+from poprun_py.wire import protocol
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from poprun_py.supervision.process import Process
+    from poprun_py.supervision.states import InstanceState
+
+#: How long after the instances' grace (SIGTERM to SIGKILL, ``environment.KILL_GRACE``) a teardown
+#: signals mpiexec's process group, then kills it: a shim that no longer answers is not waited for.
+TERM_MPIEXEC_MARGIN = 0.5
+KILL_MPIEXEC_MARGIN = 1.5
+#: ``Teardown.started`` when a second signal asks for the escalation at once.
+AT_ONCE = -float("inf")
+#: How long poprun waits for mpiexec to exit after SIGKILL, and for the processes it killed in
+#: mpiexec's session to be gone.
+MPIEXEC_EXIT_WAIT = 5.0
+EXIT_WAIT = 2.0
+#: How often poprun looks whether they are gone.
+EXIT_POLL = 0.01
+
+
+class Teardown:
+    """The teardown of one run of mpiexec: when it started, and each step of it."""
+
+    def __init__(self, instances: list[InstanceState], grace: float = protocol.DEFAULT_GRACE) -> None:
+        """``grace``: the instances' own, so that a program given longer to end is not cut short."""
+        self.instances = instances
+        self.term_after = grace + TERM_MPIEXEC_MARGIN
+        self.kill_after = grace + KILL_MPIEXEC_MARGIN
+        self.mpiexec: Process | None = None
+        #: time.monotonic() when it started (None: not started; AT_ONCE: escalate at once).
+        self.started: float | None = None
+        #: The last signal the escalation sent mpiexec's process group (each is sent once).
+        self.signalled: int | None = None
+        #: Begun by a signal's handler, which says nothing: ``say_begun`` says it later.
+        self.unsaid = False
+
+    def begin(self, quiet: bool = False) -> None:
+        """Tell every instance still running to stop (once). ``quiet``: from a signal's handler,
+        which must not write to stderr (the loop may be inside such a write): say it later."""
+        if self.started is not None:
+            return
+        self.started = time.monotonic()
+        self.unsaid = quiet
+        if not quiet:
+            log.info("stopping every instance")
+        for state in self.instances:  # one that has not called in yet is told when it does
+            self.terminate(state)
+
+    def say_begun(self) -> None:
+        """Say that the teardown began, if a signal's handler began it (see ``begin``)."""
+        if self.unsaid:
+            self.unsaid = False
+            log.info("stopping every instance")
+
+    def terminate(self, state: InstanceState) -> None:
+        """Tell one instance to stop, if it is connected and still running."""
+        if state.connection is None or state.finished:
+            return
+        state.stopped_by_poprun = True
+        state.send(protocol.TERMINATE)
+
+    def escalate(self) -> None:
+        """Signal mpiexec's process group once the instances have had their time to stop."""
+        if self.started is None or self.mpiexec is None or self.mpiexec.poll() is not None:
+            return
+        elapsed = time.monotonic() - self.started
+        sig = _signal.SIGKILL if elapsed >= self.kill_after else _signal.SIGTERM if elapsed >= self.term_after else None
+        if sig is not None and sig != self.signalled:
+            self.signalled = sig
+            self._signal_mpiexec(sig)
+
+    def stop_mpiexec(self) -> None:
+        """SIGKILL mpiexec's process group: what is left of it has nothing to do (every instance ended)."""
+        self._signal_mpiexec(_signal.SIGKILL)
+
+    def _signal_mpiexec(self, sig: int) -> None:
+        assert self.mpiexec is not None
+        log.debug("sending %s to mpiexec's process group", signal_name(sig))
+        try:
+            os.killpg(self.mpiexec.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill_leftovers(self) -> None:
+        """Last resort on this host: nothing started in mpiexec's session may survive poprun."""
+        if self.mpiexec is None:
+            return
+        if self.mpiexec.poll() is None:
+            self._signal_mpiexec(_signal.SIGKILL)
+            if self.mpiexec.wait(timeout=MPIEXEC_EXIT_WAIT) is None:
+                log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
+        for pid in session_members(self.mpiexec.pid):
+            command = _command_line(pid)
+            if sweep.kill_in_session(pid, self.mpiexec.pid) and command:
+                # an empty command line: the process was already exiting
+                log.warning("killed process %d (%s) left behind in the job's session", pid, command)
+        # Until the killed are gone they still map MPICH's segments, which would then look in use
+        # to remove_files_left and stay behind.
+        deadline = time.monotonic() + EXIT_WAIT
+        while session_members(self.mpiexec.pid) and time.monotonic() < deadline:
+            time.sleep(EXIT_POLL)
+        for state in self.instances:
+            state.output.flush()
+            if state.connection is not None:
+                state.connection.close()
+                state.connection = None
+
+
+def remove_files_left(since: float, launcher_pid: int | None = None) -> None:
+    """What killed MPI processes of this job left on this host (see poprun_py.shared.leftovers): MPICH's
+    files, and the session directory of Open MPI's launcher once it has exited."""
+    from poprun_py.shared import leftovers
+
+    removed = [path for place in (leftovers.HYDRA_TOPOLOGY, leftovers.SHARED_MEMORY)
+               for path in leftovers.remove_unused(place, since)]
+    if launcher_pid is not None and (session := leftovers.remove_openmpi_session(launcher_pid, since)):
+        removed.append(session)
+    for path in removed:
+        log.debug("removed %s, left by the job's killed processes", path)
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def session_members(session_id: int) -> list[int]:
+    """PIDs whose session is ``session_id`` (Linux /proc), excluding zombies."""
+    return [pid for pid in sweep.pids() if sweep.in_session(pid, session_id)]

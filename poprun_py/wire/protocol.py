@@ -1,0 +1,262 @@
+"""Frames between an instance shim and ``poprun`` over one TCP connection.
+
+Output travels as raw chunks per stream; ``poprun`` assembles lines per instance, so lines of
+different instances can never interleave mid-line, however long they are. Payloads are packed
+with ``struct`` rather than JSON: the shim imports this under ``python -S`` while the program it
+started competes for the same cores, so it imports nothing that it can do without.
+
+On the wire, poprun first sends the connection's nonce (``NONCE_SIZE`` bytes); after that every
+frame and every command ends with its tag (``TAG_SIZE`` bytes), checked before it is believed
+(see ``seal``).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from poprun_py import environment
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+if TYPE_CHECKING:
+    from poprun_py.wire.seal import Seal
+
+HEADER = struct.Struct("!BBI")  # kind, stream, payload length
+#: What poprun sends first on each connection, and what ends each frame (see ``seal``).
+NONCE_SIZE = 16
+TAG_SIZE = 16
+#: No frame is longer: the shim sends at most 64 KiB of output per frame, and a header that
+#: claims more is refused before anything is held for it.
+MAX_PAYLOAD = 1 << 20
+
+HELLO = 1  # payload: HELLO_FIELDS, then the host name (UTF-8)
+OUTPUT = 2  # stream 1 = stdout, 2 = stderr; payload: raw bytes
+EXIT = 3  # payload: EXIT_FIELDS, then an error message (UTF-8; empty when there is none)
+HEARTBEAT = 4  # no payload: the shim is alive and reachable (see HEARTBEAT_SECONDS)
+ROOT_CAUSE = 5  # before EXIT, from a failed program: its TORCHELASTIC_ERROR_FILE (see root_cause.py)
+#: The MPI launcher's process that started the shim (its host's daemon) died; payload: why (UTF-8).
+#: Sent the moment the shim sees it, before it stops its program: the launcher then ends the job's
+#: other hosts, and what poprun hears first names the host that failed.
+LAUNCHER_LOST = 6
+#: Right after HELLO: CLOCK_FIELDS, the shim's wall clock (ns) when poprun's nonce arrived and when
+#: this frame was sent. With when poprun sent the nonce and received this, they measure how far the
+#: shim's clock is from poprun's (``clocks``), so that times from every host can be compared.
+CLOCK = 7
+#: Just before EXIT: TIMES_FIELDS, on the shim's wall clock (ns; 0: never): when the program ended,
+#: when the shim began to stop it, and when its error file was last written (sent with ROOT_CAUSE).
+TIMES = 8
+
+HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
+#: No HELLO is longer: its fields and a host name (at most 255 bytes in DNS, 64 in a Linux uname).
+MAX_HELLO = HELLO_FIELDS.size + 255
+CLOCK_FIELDS = struct.Struct("!QQ")  # nonce arrived, CLOCK sent
+TIMES_FIELDS = struct.Struct("!QQQ")  # program ended, stop begun, error file written
+EXIT_FIELDS = struct.Struct("!iIB")  # exit status, signal number (0: not killed by a signal), EXIT_* flags
+#: EXIT flag: the shim itself was signalled (by its MPI launcher, or by hand), not told by poprun,
+#: and stopped its program.
+EXIT_SHIM_SIGNALLED = 1
+#: EXIT flag: when the shim came to stop its program, the program was stopped (SIGSTOP, SIGTSTP
+#: or a debugger): the job's other instances may have failed waiting for it.
+EXIT_WAS_STOPPED = 2
+#: EXIT flag: the program died of a SIGKILL its shim did not send while the kernel's out-of-memory
+#: killer ran in its memory cgroup (``oom``).
+EXIT_OOM_KILLED = 4
+
+#: poprun -> shim, one byte and its tag each: stop the program (SIGTERM to its process group,
+#: SIGKILL after the grace period).
+TERMINATE = b"T"
+#: poprun -> shim: every instance has finished; exit now. Until then a shim whose program is done
+#: stays (idle): MPICH's hydra proxy busy-waits, burning a core, from its first child's exit to
+#: its last, so instances that end at different times would slow the ones still running.
+RELEASE = b"R"
+#: poprun -> shim: poprun was stopped from its terminal (Ctrl-Z, SIGTSTP): stop the program's
+#: process group (SIGSTOP), as a shell stops every process of a job; CONT continues it (``fg``).
+STOP = b"S"
+CONT = b"C"
+
+#: A running shim says something at least this often; after SILENCE_LIMIT seconds without a word
+#: from an instance that has not exited, poprun counts it lost: its host died or the network to it
+#: is cut, and neither sends a FIN. Only time poprun listened counts: while it is stopped or blocked
+#: writing its own output (a slow reader), it reads nothing, and that is no one's silence. A shim
+#: whose frames poprun's host has not acknowledged for SILENCE_LIMIT seconds (its kernel still
+#: acknowledges while poprun is stopped or reads slowly) stops its program: cut off, it stops too.
+HEARTBEAT_SECONDS = 5.0
+SILENCE_LIMIT = 20.0
+HEARTBEAT_FRAME = HEADER.pack(HEARTBEAT, 0, 0)
+
+#: Seconds between SIGTERM and SIGKILL when a shim stops its program (``environment.KILL_GRACE``).
+DEFAULT_GRACE = 3.0
+_INFINITY = float("inf")
+
+
+#: poprun -> shim, once, in answer to HELLO and before any command: the program and its arguments,
+#: which never pass through mpiexec (whose own syntax, ``:``, ``--``, ``-n`` ..., a word among them
+#: could be read as). ``PROGRAM`` and the payload's length (``PROGRAM_LENGTH``), the payload
+#: (:func:`encode_program`), then the tag over all of it.
+PROGRAM = b"P"
+PROGRAM_LENGTH = struct.Struct("!I")
+
+
+def encode_program(argv: list[bytes]) -> bytes:
+    """The PROGRAM message (without its tag): each argument's bytes, exactly as given, ended by NUL
+    (an argument cannot hold one): empty arguments, newlines, any bytes."""
+    payload = b"".join(arg + b"\0" for arg in argv)
+    return PROGRAM + PROGRAM_LENGTH.pack(len(payload)) + payload
+
+
+def decode_program(payload: bytes) -> list[bytes]:
+    """The arguments of a PROGRAM payload; ProtocolError when it is not NUL-ended arguments."""
+    if not payload.endswith(b"\0"):
+        raise ProtocolError("the program's arguments do not end with NUL")
+    return payload[:-1].split(b"\0")
+
+
+class ProtocolError(ValueError):
+    """A frame whose payload does not have the layout its kind promises."""
+
+
+def frame(kind: int, payload: bytes, stream: int = 0) -> bytes:
+    return HEADER.pack(kind, stream, len(payload)) + payload
+
+
+def hello(index: int, pid: int, host: str) -> bytes:
+    return frame(HELLO, HELLO_FIELDS.pack(index, pid) + host.encode())
+
+
+def clock(nonce_arrived_ns: int, sent_ns: int) -> bytes:
+    return frame(CLOCK, CLOCK_FIELDS.pack(nonce_arrived_ns, sent_ns))
+
+
+def times(ended_ns: int, stopped_ns: int, recorded_ns: int) -> bytes:
+    return frame(TIMES, TIMES_FIELDS.pack(ended_ns, stopped_ns, recorded_ns))
+
+
+def exit_report(status: int, signum: int | None, error: str | None, flags: int = 0) -> bytes:
+    return frame(EXIT, EXIT_FIELDS.pack(status, signum or 0, flags) + (error or "").encode())
+
+
+def read_hello(payload: bytes) -> tuple[int, int, str]:
+    """``(instance, pid, host)`` from a HELLO payload."""
+    index, pid = _unpack(HELLO_FIELDS, payload, "HELLO")
+    return index, pid, payload[HELLO_FIELDS.size:].decode(errors="replace")
+
+
+def read_clock(payload: bytes) -> tuple[int, int]:
+    """``(nonce arrived, sent)`` on the shim's clock (ns) from a CLOCK payload."""
+    arrived, sent = _unpack(CLOCK_FIELDS, payload, "CLOCK")
+    return arrived, sent
+
+
+def read_times(payload: bytes) -> tuple[int, int, int]:
+    """``(ended, stopped, recorded)`` on the shim's clock (ns; 0: never) from a TIMES payload."""
+    ended, stopped, recorded = _unpack(TIMES_FIELDS, payload, "TIMES")
+    return ended, stopped, recorded
+
+
+def read_exit(payload: bytes) -> tuple[int, int | None, str | None, int]:
+    """``(status, signal or None, error or None, EXIT_* flags)`` from an EXIT payload."""
+    status, signum, flags = _unpack(EXIT_FIELDS, payload, "EXIT")
+    error = payload[EXIT_FIELDS.size:].decode(errors="replace")
+    return status, signum or None, error or None, flags
+
+
+#: What an instance's connection may carry after its HELLO, and the shortest payload of each.
+_AFTER_HELLO = {OUTPUT: 0, EXIT: EXIT_FIELDS.size, HEARTBEAT: 0, ROOT_CAUSE: 0, LAUNCHER_LOST: 0,
+                CLOCK: CLOCK_FIELDS.size, TIMES: TIMES_FIELDS.size}
+
+
+def unreadable(kind: int, stream: int, payload: bytes) -> str | None:
+    """Why a frame that came after an instance's HELLO cannot be read; None when it can."""
+    if kind not in _AFTER_HELLO:
+        return f"a frame of kind {kind}, which does not come after a HELLO"
+    if kind == OUTPUT and stream not in (1, 2):
+        return f"output on stream {stream}, not 1 (stdout) or 2 (stderr)"
+    if len(payload) < _AFTER_HELLO[kind]:
+        return f"EXIT payload of {len(payload)} bytes is shorter than its {EXIT_FIELDS.size}-byte header"
+    return None
+
+
+def _unpack(fields: struct.Struct, payload: bytes, kind: str) -> tuple[int, ...]:
+    if len(payload) < fields.size:
+        raise ProtocolError(f"{kind} payload of {len(payload)} bytes is shorter than its {fields.size}-byte header")
+    return fields.unpack_from(payload)
+
+
+class FrameReader:
+    """Incremental decoder of a shim's frames: feed bytes, get back complete ``(kind, stream,
+    payload)`` frames, each checked against its tag (``seal``). A frame too long or whose check
+    fails raises ProtocolError: nothing more from that connection can be believed. With
+    ``hello_first`` (poprun's side) the first frame must be a HELLO of at most MAX_HELLO bytes,
+    which its header shows before its tag has come: a stranger's bytes are refused at once rather
+    than waited on."""
+
+    def __init__(self, seal: Seal, hello_first: bool = False) -> None:
+        self.seal = seal
+        self._buffer = bytearray()
+        self._first = hello_first
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        self._buffer += data
+        frames = []
+        while len(self._buffer) >= HEADER.size:
+            kind, stream, length = HEADER.unpack_from(self._buffer)
+            if self._first and kind != HELLO:
+                raise ProtocolError(f"its first frame is of kind {kind}, not HELLO ({HELLO})")
+            if self._first and length > MAX_HELLO:
+                raise ProtocolError(f"a HELLO of {length} bytes is longer than the {MAX_HELLO} a HELLO may have")
+            if length > MAX_PAYLOAD:
+                raise ProtocolError(f"a frame of {length} bytes is longer than the {MAX_PAYLOAD} a frame may have")
+            end = HEADER.size + length
+            if len(self._buffer) < end + TAG_SIZE:
+                break
+            body = bytes(self._buffer[:end])
+            if not self.seal.check(body, bytes(self._buffer[end:end + TAG_SIZE])):
+                raise ProtocolError("a frame failed its authentication check")
+            frames.append((kind, stream, body[HEADER.size:]))
+            del self._buffer[:end + TAG_SIZE]
+            self._first = False
+        return frames
+
+
+class CommandReader:
+    """The shim's decoder of poprun's commands (TERMINATE, RELEASE), each checked against its tag."""
+
+    SIZE = 1 + TAG_SIZE
+
+    def __init__(self, seal: Seal) -> None:
+        self.seal = seal
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        commands = []
+        while len(self._buffer) >= self.SIZE:
+            command, tag = bytes(self._buffer[:1]), bytes(self._buffer[1:self.SIZE])
+            del self._buffer[:self.SIZE]
+            if not self.seal.check(command, tag):
+                raise ProtocolError("a command failed its authentication check")
+            commands.append(command)
+        return commands
+
+
+def grace_seconds(text: str) -> float | None:
+    """``POPRUN_KILL_GRACE``'s value as seconds, or None when it is not a finite number >= 0.
+    poprun refuses a bad value before starting anything; a shim started some other way warns and
+    uses the default."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 <= value < _INFINITY else None  # nan fails both comparisons
+
+
+def kill_grace() -> float | None:
+    """``POPRUN_KILL_GRACE`` as seconds: the default when it is unset, None when it is not valid."""
+    text = os.environ.get(environment.KILL_GRACE)
+    return DEFAULT_GRACE if text is None else grace_seconds(text)
+
+
+def bad_grace(text: str) -> str:
+    """The one line that says ``POPRUN_KILL_GRACE=text`` is wrong."""
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    return f"{environment.KILL_GRACE}={shown!r} is not a number of seconds (>= 0)"
