@@ -12,22 +12,11 @@ from typing import Any
 
 def publish(namespace: dict[str, Any]) -> None:
     """Make the module of ``namespace`` (a package's globals) the ``__module__`` of every class
-    and function in its ``__all__`` that is defined below it, and of those classes' nested
-    classes. Pickles stay loadable: each name is exported under its own name (checked in
-    ``tests/integration/test_layout.py``), which is where pickle looks for it."""
+    and function in its ``__all__`` that is defined below it. Pickles stay loadable: each name
+    is exported under its own name (checked in ``tests/integration/test_layout.py``), which is
+    where pickle looks for it."""
     package = namespace["__name__"]
     for name in namespace["__all__"]:
         obj = namespace[name]
-        if isinstance(obj, (type, FunctionType)):
-            _move(obj, package)
-
-
-def _move(obj: Any, package: str) -> None:
-    defined_in = obj.__module__
-    if not defined_in.startswith(package + "."):
-        return
-    obj.__module__ = package
-    if isinstance(obj, type):
-        for inner in vars(obj).values():
-            if isinstance(inner, type) and inner.__module__ == defined_in:
-                _move(inner, package)
+        if isinstance(obj, (type, FunctionType)) and obj.__module__.startswith(package + "."):
+            obj.__module__ = package
