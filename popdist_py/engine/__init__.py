@@ -12,11 +12,14 @@
 
 Layout: ``runtime`` (Runtime, the facade), ``ops`` (what a step calls), ``errors``,
 ``optimizers``, ``fused`` (bucket planning), ``batch_invariant`` (row-invariant products) and
-``pipeline`` are public; the rest is private, in four sub-packages: ``_execution`` (which
-replicas run here and how: placement, step context, executors), ``_collectives`` (one
-collective: dispatch, the local rendezvous, the exchange plan, the reduction order, MPI
-transport, groupings), ``_state`` (variables, sharding, remote buffers, checkpoints) and
-``_training`` (the Trainer, tensor locations, off-chip storage, read-ahead).
+``pipeline`` are public, and what is exported here carries this package as its module
+(``popdist_py.engine.Trainer``). The rest is private, in sub-packages that import one way, lowest
+first: ``_placement`` (plain values: which replicas run where, groupings, shard layouts),
+``_execution`` (the executors, local work in slices), ``_collectives`` (one collective: dispatch,
+the local rendezvous, the exchange plan, the reduction order, MPI transport), ``_state``
+(variables, remote buffers, checkpoints), ``_step`` (the replica a step runs as) and, above
+``ops`` and ``pipeline``, ``_training`` (the Trainer, tensor locations, off-chip storage,
+read-ahead).
 
 Executors (``Runtime(executor=...)``, ``$POPDIST_ENGINE_EXECUTOR``; ``rt.executor`` tells):
 ``threads`` run the L replicas in parallel, which pays when the process has spare cores (numpy
@@ -78,11 +81,12 @@ PipelineStageError from a pipeline stage that raised.
 """
 
 from popdist_py.engine import ops
-from popdist_py.engine._collectives.grouping import CommGroup, CommGroupType, ReplicaGrouping
-from popdist_py.engine._execution.context import StepContext
+from popdist_py.engine._placement.grouping import CommGroup, CommGroupType, ReplicaGrouping
+from popdist_py.engine._placement.sharding import ShardArray, ShardLayout, ShardMeta
+from popdist_py.engine._public import publish as _publish
 from popdist_py.engine._state.remote import RemoteBuffer
-from popdist_py.engine._state.sharding import ShardArray, ShardLayout, ShardMeta
 from popdist_py.engine._state.variables import RETRIEVAL_MODES, Shard, Variable
+from popdist_py.engine._step.context import StepContext
 from popdist_py.engine._training.locations import (
     ReplicatedTensorSharding,
     TensorLocation,
@@ -140,3 +144,4 @@ __all__ = [
     "canonical_sum",
     "ops",
 ]
+_publish(globals())

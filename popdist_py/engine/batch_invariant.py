@@ -27,7 +27,7 @@ import numpy as np
 
 import popdist_py.engine._batch_invariant as _kernels
 
-__all__ = ["KC", "matmul", "outer_sum"]
+__all__ = ["ISAS", "KC", "matmul", "outer_sum"]
 
 #: The width of matmul's k blocks: part of the definition of its result.
 KC: int = _kernels.KC

@@ -8,7 +8,7 @@ A bucket is never copied into a buffer of its own: the collective reads its tens
 - *whole*: the flattened gradients, one after the other, are all-reduced over all replicas;
 - *scatter* over domain ``D`` of ``k`` replicas: the bucket is laid out shard-major, ``[k, S]``
   where row ``j`` is the concatenation of shard ``j`` of every tensor (the balanced RTS layout of
-  :class:`~popdist_py.engine._state.sharding.ShardLayout`, padding included), so the member ``j`` of ``D``
+  :class:`~popdist_py.engine.ShardLayout`, padding included), so the member ``j`` of ``D``
   receives exactly its shards of every tensor: with ``D`` all replicas one reduce-scatter; with
   ``D`` a power-of-two run of consecutive replicas (such as ``CommGroup.consecutive(L)``), a
   reduce-scatter inside ``D`` and an all-reduce of that piece across the domains (the engine's
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from popdist_py.engine import ops
-from popdist_py.engine._collectives.grouping import ReplicaGrouping
 from popdist_py.engine._collectives.segments import Segments
-from popdist_py.engine._state.sharding import ShardLayout
+from popdist_py.engine._placement.grouping import ReplicaGrouping
+from popdist_py.engine._placement.sharding import ShardLayout
 
 
 @dataclass(frozen=True)

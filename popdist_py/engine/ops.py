@@ -20,8 +20,8 @@ Float reductions follow a fixed tree over the group's members in member order
 split between instances; a reduce-scatter reduces every element with the same tree as an
 all-reduce, so ``reduce_scatter(x, RTS)`` is bitwise ``replica_sharded_slice(all_reduce(x))``.
 
-Replicated tensor sharding (:mod:`popdist_py.engine._state.sharding`): shards are
-:class:`~popdist_py.engine._state.sharding.ShardArray` s (``ctx[shard]``, ``remote_load`` of a sharded
+Replicated tensor sharding (:mod:`popdist_py.engine._placement.sharding`): shards are
+:class:`~popdist_py.engine._placement.sharding.ShardArray` s (``ctx[shard]``, ``remote_load`` of a sharded
 variable's slot, RTS reduce-scatter and ``replica_sharded_slice`` results) that remember the full
 shape and the sharding domain, so ``replicated_all_gather`` of one returns the full tensor.
 """
@@ -35,10 +35,10 @@ import numpy as np
 
 from popdist_py import validate
 from popdist_py.engine._collectives.exchange import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from popdist_py.engine._collectives.grouping import Group
-from popdist_py.engine._execution import context
-from popdist_py.engine._state.sharding import ShardArray, ShardMeta, meta_of
+from popdist_py.engine._placement.grouping import Group
+from popdist_py.engine._placement.sharding import ShardArray, ShardMeta, meta_of
 from popdist_py.engine._state.variables import Shard, Variable
+from popdist_py.engine._step import context
 
 _peek = context.peek_fast
 
@@ -140,7 +140,7 @@ def replicated_reduce_scatter(
     Without RTS member ``k`` holds reduced elements ``k*c .. (k+1)*c - 1`` (contiguous slices in
     member order) and the slices of the last members are padded with zeros past ``n``. With
     ``configure_output_for_replicated_tensor_sharding`` the result is member ``k``'s shard in
-    the balanced RTS layout of :mod:`popdist_py.engine._state.sharding` (the layout of a variable
+    the balanced RTS layout of :mod:`popdist_py.engine._placement.sharding` (the layout of a variable
     sharded over ``group``), as a :class:`ShardArray` that gathers back to ``x``'s shape.
     """
     ctx = context.current()

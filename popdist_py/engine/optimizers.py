@@ -573,5 +573,6 @@ class LAMB(AdamW):
 #: The optimizers by name.
 OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "lamb": LAMB}
 
-__all__ = ["LAMB", "MAX_NORM_ELEMENTS", "MAX_NORM_ELEMENTS_FLOAT64", "OPTIMIZERS", "PARTS_LENGTH", "SGD", "Adam",
-           "AdamW", "Hyper", "Optimizer", "exact_norm", "norm_from_parts", "sum_squares_parts"]
+__all__ = ["LAMB", "MAX_NORM_ELEMENTS", "MAX_NORM_ELEMENTS_FLOAT64", "OPTIMIZERS", "PARTS_LENGTH", "SGD",
+           "UPDATE_BLOCK_BYTES", "Adam", "AdamW", "Hyper", "Optimizer", "exact_norm", "norm_from_parts",
+           "sum_squares_parts"]

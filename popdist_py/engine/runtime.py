@@ -27,19 +27,17 @@ import numpy as np
 
 from popdist_py import deadline
 from popdist_py.engine._collectives.dispatch import Dispatcher
-from popdist_py.engine._collectives.grouping import CommGroup, Group, ReplicaGrouping
 from popdist_py.engine._collectives.rendezvous import SPIN_SECONDS, ThreadWaits, Waits
 from popdist_py.engine._collectives.transport import Transport
-from popdist_py.engine._execution import context
-from popdist_py.engine._execution.context import StepContext
 from popdist_py.engine._execution.cooperative import CooperativePool
 from popdist_py.engine._execution.executor import THREADS, ReplicaExecutor, choose, polls, slice_bytes, slice_threads
 from popdist_py.engine._execution.pool import ReplicaPool
-from popdist_py.engine._execution.replicas import ReplicaPlacement, runtime_topology
 from popdist_py.engine._execution.slices import Slicer
+from popdist_py.engine._placement.grouping import CommGroup, Group, ReplicaGrouping
+from popdist_py.engine._placement.replicas import ReplicaPlacement, runtime_topology
+from popdist_py.engine._placement.sharding import ShardMeta, sharding_domain
 from popdist_py.engine._state import checkpoint
 from popdist_py.engine._state.remote import RemoteBuffer, RemoteBuffers, RemoteSlots
-from popdist_py.engine._state.sharding import ShardMeta, sharding_domain
 from popdist_py.engine._state.variables import (
     Shard,
     Variable,
@@ -49,13 +47,15 @@ from popdist_py.engine._state.variables import (
     host_value,
     per_group_values,
 )
+from popdist_py.engine._step import context
+from popdist_py.engine._step.context import StepContext
 from popdist_py.engine.errors import CollectiveError, InstancesDisagreeError, PeerAborted, PeerClosed, StepAborted
 
 log = logging.getLogger(__name__)
 
 #: How long ``close()`` waits for the other instances to close theirs before it keeps the
 #: communicator instead of freeing it (runtimes usually close within moments of each other).
-FAREWELL_WAIT = 2.0
+_FAREWELL_WAIT = 2.0
 
 
 class Runtime:
@@ -385,7 +385,7 @@ class Runtime:
         """A variable stored as RTS shards: ``(full, shard)`` as PopXL's ``replica_sharded_variable``.
 
         Each replica keeps only its ``ceil(n / shard_over)`` elements of the flattened value of
-        its group (balanced padding, :mod:`popdist_py.engine._state.sharding`); ``shard_over`` (default:
+        its group (balanced padding, :mod:`popdist_py.engine._placement.sharding`); ``shard_over`` (default:
         the group size; a divisor of it, or a ReplicaGrouping/CommGroup such as
         ``CommGroup.consecutive(L)``) sets the sharding domain. ``full`` is the variable (host
         access: ``get_tensor_data`` gives the original shape, padding removed); ``shard`` is the
@@ -604,7 +604,7 @@ class Runtime:
             assert self._farewell is not None
             self._farewell.detach()  # said here instead, waiting for the peers' (to free the communicator)
             in_step = self._broken is None and self._renew is None
-            wait = min(self._transport.timeout, FAREWELL_WAIT) if in_step else 0.0
+            wait = min(self._transport.timeout, _FAREWELL_WAIT) if in_step else 0.0
             in_step = self._transport.farewell(self._dispatcher.seq, wait)
             self._transport.close(free=in_step)
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from popdist_py.engine._state.sharding import ShardLayout
+from popdist_py.engine._placement.sharding import ShardLayout
 from popdist_py.engine.optimizers import (
     LAMB,
     MAX_NORM_ELEMENTS,

@@ -13,7 +13,7 @@ import pytest
 from popdist_py.engine import CommGroup, ReplicaGrouping, Runtime, fused, ops
 from popdist_py.engine._collectives.reduce import BLOCK, Program
 from popdist_py.engine._collectives.segments import DIRECT, Segments, dense
-from popdist_py.engine._state.sharding import ShardLayout
+from popdist_py.engine._placement.sharding import ShardLayout
 from tests.engine.segments_data import MIXED, gradients, pieces
 from tests.engine_helpers import valid_groupings
 

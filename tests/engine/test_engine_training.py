@@ -223,16 +223,16 @@ def test_placements_follow_the_settings_minimums_and_overrides() -> None:
 
 
 def test_off_chip_state_is_not_resident_and_is_read_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    from popdist_py.engine._training import tensor_store
+    from popdist_py.engine._state import pages
 
     threads: set[str] = set()
-    prefault = tensor_store.prefault
+    prefault = pages.prefault
 
     def spy(view: np.ndarray) -> None:
         threads.add(threading.current_thread().name.split("_")[0])
         prefault(view)
 
-    monkeypatch.setattr(tensor_store, "prefault", spy)
+    monkeypatch.setattr(pages, "prefault", spy)
     big = {"W": np.ones((256, 64), np.float32), "b": np.zeros(64, np.float32)}
 
     def model(p: dict[str, np.ndarray], x: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:

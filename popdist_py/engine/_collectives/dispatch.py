@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,14 +28,13 @@ from popdist_py.engine._collectives.exchange import (
     Message,
     Signature,
 )
-from popdist_py.engine._collectives.grouping import Group, ReplicaGrouping, replica_grouping_of
 from popdist_py.engine._collectives.reduce import check_operands, reduction_op
 from popdist_py.engine._collectives.rendezvous import END, POLL_BYTES, Rendezvous, Waits
 from popdist_py.engine._collectives.segments import Segments
 from popdist_py.engine._collectives.transport import HDR_BYTES, HeaderChannel, Transport
-from popdist_py.engine._execution.context import StepContext
-from popdist_py.engine._execution.replicas import ReplicaPlacement
 from popdist_py.engine._execution.slices import Slicer
+from popdist_py.engine._placement.grouping import Group, ReplicaGrouping, replica_grouping_of
+from popdist_py.engine._placement.replicas import ReplicaPlacement
 from popdist_py.engine.errors import CollectiveMismatchError, StepAborted
 from popdist_py.op_names import SQUARE_ADD
 
@@ -44,6 +43,15 @@ _END_HASH = int.from_bytes(hashlib.blake2b(b"end of step", digest_size=8).digest
 _ENTRY_CACHE = 256
 #: What an :class:`Entry` is cached by: a call's raw (kind, op, dtype, shape, group, axis, meta_shape)
 _Key = tuple[str, str, np.dtype[Any], tuple[int, ...], Group, int, tuple[int, ...] | None]
+
+
+class Caller(Protocol):
+    """What the dispatcher uses of the replica that calls a collective: its step context
+    (:class:`popdist_py.engine.StepContext`, a level above the collectives, which it does not import)."""
+
+    local_index: int
+    #: collectives the replica has entered in the current step
+    ncoll: int
 
 
 class CallLink:
@@ -162,7 +170,7 @@ class Dispatcher:
             pass
 
     def collective(
-        self, ctx: StepContext, kind: str, x: Any, op: str, group: Group, axis: int = 0,
+        self, ctx: Caller, kind: str, x: Any, op: str, group: Group, axis: int = 0,
         meta_shape: tuple[int, ...] | None = None,
     ) -> np.ndarray:
         """Enter collective ``kind`` as ``ctx``'s replica (used by :mod:`popdist_py.engine.ops`).

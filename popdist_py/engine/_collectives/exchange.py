@@ -36,13 +36,13 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from popdist_py.engine._collectives.grouping import ReplicaGrouping
 from popdist_py.engine._collectives.reduce import UFUNCS, Node, Program, decompose
 from popdist_py.engine._collectives.segments import dense
 from popdist_py.engine._collectives.transport import HDR_BYTES, STATUS_OK, TAG_DATA, TAG_GATHER
-from popdist_py.engine._execution.replicas import ReplicaPlacement
 from popdist_py.engine._execution.slices import Slicer
-from popdist_py.engine._state.sharding import ShardLayout, end_bounds
+from popdist_py.engine._placement.grouping import ReplicaGrouping
+from popdist_py.engine._placement.replicas import ReplicaPlacement
+from popdist_py.engine._placement.sharding import ShardLayout, end_bounds
 
 #: Per-replica input size (bytes) up to which data travels inside the header message.
 EAGER_LIMIT = 32 * 1024

@@ -1,3 +1,3 @@
-"""How the L local replicas of a step run: which replicas this instance holds (``replicas``),
-the replica a step runs as (``context``), and the executors (``executor`` chooses; ``pool``:
-threads, ``cooperative``: greenlets)."""
+"""How the L local replicas' work runs: the executors (``executor`` chooses; ``pool``: threads,
+``cooperative``: greenlets), their share of the BLAS threads (``blas``), and a large collective's
+local work in slices on several threads (``slices``)."""

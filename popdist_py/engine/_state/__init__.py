@@ -1,3 +1,3 @@
-"""What a runtime holds between steps: variables (``variables``), replicated tensor sharding
-(``sharding``), remote buffers in memory or files (``remote``), and checkpoints under any split
-(``checkpoint``)."""
+"""What a runtime holds between steps: variables (``variables``), remote buffers in memory or files
+(``remote``), checkpoints under any split (``checkpoint``), and the resident pages of mapped
+state (``pages``)."""

@@ -33,8 +33,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from popdist_py.engine._collectives.grouping import ReplicaGrouping
-from popdist_py.engine._execution.replicas import ReplicaPlacement
+from popdist_py.engine._placement.grouping import ReplicaGrouping
+from popdist_py.engine._placement.replicas import ReplicaPlacement
 from popdist_py.engine._state.variables import Variable, collect, host_value, per_group_values
 from popdist_py.engine.errors import CheckpointError
 

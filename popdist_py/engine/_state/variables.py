@@ -4,7 +4,7 @@ A :class:`Variable` keeps its description (name, grouping, retrieval mode, shape
 values of this instance's replicas in a storage: private arrays (:class:`LocalStorage`) or the
 slots of a remote buffer (:class:`popdist_py.engine._state.remote.RemoteSlots`). A replica-sharded
 variable (``sharding`` set) stores only each replica's flat shard (see
-:mod:`popdist_py.engine._state.sharding`); its ``shape`` stays the full per-group shape. The runtime
+:mod:`popdist_py.engine._placement.sharding`); its ``shape`` stays the full per-group shape. The runtime
 keeps every variable in a :class:`VariableRegistry`, which checkpoints walk by name.
 """
 
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from popdist_py.engine._collectives.grouping import ReplicaGrouping
-from popdist_py.engine._execution.replicas import ReplicaPlacement
-from popdist_py.engine._state.sharding import ShardArray, ShardMeta
+from popdist_py.engine._placement.grouping import ReplicaGrouping
+from popdist_py.engine._placement.replicas import ReplicaPlacement
+from popdist_py.engine._placement.sharding import ShardArray, ShardMeta
 
 if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine._collectives.transport import Transport

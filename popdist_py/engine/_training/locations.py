@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 
 from popdist_py import validate
-from popdist_py.engine._collectives.grouping import CommGroup, ReplicaGrouping
-from popdist_py.engine._state.sharding import sharding_domain
+from popdist_py.engine._placement.grouping import CommGroup, ReplicaGrouping
+from popdist_py.engine._placement.sharding import sharding_domain
 
 #: PopART's ReductionType names (any case) -> the engine's collective op.
 REDUCTIONS = {"mean": "mean", "sum": "add"}

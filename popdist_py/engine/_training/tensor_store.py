@@ -4,64 +4,21 @@ On chip a tensor is a plain or replica-sharded variable; its stored array is upd
 (no copy per step). Off chip it is a remote variable in a file-backed remote buffer (one slot per
 local replica: the whole tensor or the replica's shard). A step maps the slot's pages in
 (:meth:`TensorStore.fetch`, on a read-ahead thread when marked IO: :mod:`.readahead`), works on
-them in place, and then drops them from this process's resident memory (:func:`release`; the
+them in place, and then drops them from this process's resident memory (:func:`.pages.release`; the
 data stays in the file and the page cache), so off-chip state costs address space, not resident
 memory, and no copies.
 """
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import sys
 from typing import Any
 
 import numpy as np
 
-from popdist_py.engine._state.sharding import ShardArray, ShardLayout
+from popdist_py.engine._placement.sharding import ShardArray, ShardLayout
+from popdist_py.engine._state import pages
 from popdist_py.engine._state.variables import Variable
 from popdist_py.engine._training.locations import Placement
-
-_MADV_DONTNEED = 4  # Linux's madvise advice values
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+
-_libc: Any = None
-
-
-def _mapped(view: np.ndarray) -> bool:
-    """Whether ``view`` lies in a shared mapping: a memory-mapped file, or an ``mmap.mmap``."""
-    if isinstance(view, np.memmap):
-        return True
-    base: Any = view
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return isinstance(base, mmap.mmap) or (isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap))
-
-
-def _madvise(view: np.ndarray, advice: int) -> bool:
-    """madvise over the pages of ``view``, which lies in a shared mapping (:func:`_mapped`); False
-    when not applicable or refused."""
-    global _libc
-    if view.nbytes == 0 or not sys.platform.startswith("linux") or not _mapped(view):
-        return False
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    address = view.__array_interface__["data"][0]
-    start = address - address % mmap.PAGESIZE
-    done: bool = _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + view.nbytes - start), advice) == 0
-    return done
-
-
-def release(view: np.ndarray) -> None:
-    """Drop the pages of ``view``, in a shared mapping, from this process's resident set (the data
-    stays in the file or shared memory and is faulted back in when next used)."""
-    _madvise(view, _MADV_DONTNEED)
-
-
-def prefault(view: np.ndarray) -> None:
-    """Map the pages of ``view``, in a shared mapping, in, writable, now (so the thread that does this
-    takes the page faults, not the one that computes next); older kernels: touch every page."""
-    if view.nbytes and _mapped(view) and not _madvise(view, _MADV_POPULATE_WRITE):
-        view.reshape(-1).view(np.uint8)[:: mmap.PAGESIZE].max()
 
 
 class TensorStore:
@@ -91,7 +48,7 @@ class TensorStore:
         its pages are mapped in first. Touches no step context: safe on a read-ahead thread."""
         value = self.var.local_value(local_index).reshape(-1)
         if self.off_chip:
-            prefault(value)
+            pages.prefault(value)
         return value
 
     def save(self, local_index: int, value: np.ndarray) -> None:
@@ -101,7 +58,7 @@ class TensorStore:
         if not np.shares_memory(stored, value):
             np.copyto(stored, value.reshape(stored.shape))
         if self.off_chip:
-            release(stored)
+            pages.release(stored)
 
     def shard_array(self, value: np.ndarray) -> ShardArray:
         """``value`` (this replica's shard) as a shard array that gathers back to the whole tensor."""
@@ -109,4 +66,4 @@ class TensorStore:
         return ShardArray.wrap(value, self.var.sharding)
 
 
-__all__ = ["TensorStore", "prefault", "release"]
+__all__ = ["TensorStore"]

@@ -53,9 +53,10 @@ import numpy as np
 
 from popdist_py import validate
 from popdist_py.engine import fused, ops
-from popdist_py.engine._collectives.grouping import ReplicaGrouping
 from popdist_py.engine._execution.executor import THREADS
-from popdist_py.engine._state.sharding import ShardArray, ShardLayout, ShardMeta
+from popdist_py.engine._placement.grouping import ReplicaGrouping
+from popdist_py.engine._placement.sharding import ShardArray, ShardLayout, ShardMeta
+from popdist_py.engine._state.pages import prefault, release
 from popdist_py.engine._training.locations import (
     OFF_CHIP,
     TensorStorage,
@@ -66,7 +67,7 @@ from popdist_py.engine._training.locations import (
     training_reduction,
 )
 from popdist_py.engine._training.readahead import Job, ReadAhead
-from popdist_py.engine._training.tensor_store import TensorStore, prefault, release
+from popdist_py.engine._training.tensor_store import TensorStore
 from popdist_py.engine.optimizers import Optimizer, exact_norm, norm_from_parts, sum_squares_parts
 from popdist_py.engine.pipeline import Pipeline
 

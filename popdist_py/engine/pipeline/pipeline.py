@@ -423,4 +423,4 @@ class _Run:
         return start, end, mine
 
 
-__all__ = ["BACKWARD", "FORWARD", "Pipeline", "PipelineStageError"]
+__all__ = ["BACKWARD", "FORWARD", "HOST", "ExchangeRecord", "Pipeline", "PipelineStageError"]

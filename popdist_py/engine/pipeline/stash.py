@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from popdist_py.engine._training.tensor_store import prefault, release
+from popdist_py.engine._state.pages import prefault, release
 
 _ALIGN = 64
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from popdist_py import validate
-from popdist_py.engine._collectives.grouping import CommGroup, ReplicaGrouping
+from popdist_py.engine._placement.grouping import CommGroup, ReplicaGrouping
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ threads and cooperative greenlets sharing one thread (thread-locals would be sha
 
 What a step needs of its runtime is stated here as protocols (:class:`StepRuntime`,
 :class:`Collectives`), which :class:`.runtime.Runtime` and :class:`.dispatch.Dispatcher` satisfy,
-so this module, which both of them import, imports neither.
+so this module imports neither: the runtime, above it, imports it, and the dispatcher, below it,
+knows a replica only as a :class:`.dispatch.Caller`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from popdist_py.engine._collectives.grouping import Group, ReplicaGrouping
+from popdist_py.engine._placement.grouping import Group, ReplicaGrouping
 from popdist_py.engine._state.remote import RemoteBuffer
 from popdist_py.engine._state.variables import Shard, Variable
 
