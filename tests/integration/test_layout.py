@@ -283,7 +283,7 @@ def _launcher_imports(path: Path) -> list[str]:
     checking_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
                      and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
                      for node in ast.walk(block)}
-    found = []
+    found: list[str] = []
     for node in ast.walk(tree):
         if id(node) in checking_only:
             continue
