@@ -74,7 +74,7 @@ SANITIZE_TESTS := tests/library/test_compiled_kernels.py tests/engine/test_batch
 SANITIZE_SELECT := not test_data or swap_pass or randperm
 sanitize: install
 	rm -rf $(SANITIZE_DIR) && mkdir -p $(SANITIZE_DIR)
-	cp -r pyproject.toml README.md poprun_py popdist_py tests examples $(SANITIZE_DIR)/
+	cp -r pyproject.toml README.md poprun_py popdist_py popcontract tests examples $(SANITIZE_DIR)/
 	find $(SANITIZE_DIR) \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
 	cd $(SANITIZE_DIR) && CFLAGS="$(SANITIZE_FLAGS)" LDFLAGS="-fsanitize=address,undefined" \
 		$(CURDIR)/$(PY) -c "from setuptools import setup; setup()" -q build_ext --inplace >/dev/null
@@ -89,11 +89,11 @@ demo: install
 
 # Bytecode first: with PYTHONDONTWRITEBYTECODE set, every launch would compile poprun's modules.
 bench: install
-	$(PY) -m compileall -q poprun_py popdist_py
+	$(PY) -m compileall -q poprun_py popdist_py popcontract
 	$(PY) -m bench.run
 
 bench-quick: install
-	$(PY) -m compileall -q poprun_py popdist_py
+	$(PY) -m compileall -q poprun_py popdist_py popcontract
 	$(PY) -m bench.run --quick
 
 # Mutation testing (docs/mutation.md): mutmut, from the `mutation` extra, over the modules and tests

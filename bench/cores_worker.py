@@ -28,8 +28,8 @@ from itertools import pairwise
 
 import numpy as np
 
+from popcontract.environment import ENGINE_SLICE_BYTES
 from popdist_py.engine import Runtime, StepContext, ops
-from poprun_py.environment import ENGINE_SLICE_BYTES
 
 BATCHES = 15
 #: ``cut``'s slice size: every size measured is cut over all the threads

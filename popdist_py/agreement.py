@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from popcontract.environment import COLLECTIVE_TIMEOUT
 from popdist_py.deadline import Describe, collective_timeout, describe_instance, poll
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
-from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 #: Fixed size of one encoded signature: 4-byte length + pickle (or a digest when too long).
 SLOT = 512

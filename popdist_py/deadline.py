@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from popcontract.environment import COLLECTIVE_TIMEOUT
 from popdist_py.errors import CollectiveTimeoutError
-from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 DEFAULT_TIMEOUT = 600.0
 

@@ -14,11 +14,9 @@ import logging
 import os
 from dataclasses import dataclass
 
-from popdist_py.settings import PopdistEnvError, integer
-
-# The names are the launcher's contract, defined once in poprun_py.environment (an import-free
+# The names are the launcher's contract, defined once in popcontract.environment (an import-free
 # module: importing it loads nothing of the launcher).
-from poprun_py.environment import (
+from popcontract.environment import (
     INSTANCE_INDEX,
     LOCAL_INSTANCE_INDEX,
     MPI_LAUNCHERS,
@@ -31,6 +29,7 @@ from poprun_py.environment import (
     SLURM_LOCALID,
     UNIFORM_REPLICAS,
 )
+from popcontract.settings import PopdistEnvError, integer
 
 
 @dataclass(frozen=True)

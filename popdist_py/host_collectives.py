@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from popcontract.environment import COLLECTIVE_TIMEOUT
 from popdist_py import agreement, validate
 from popdist_py.deadline import collective_timeout, poll
 from popdist_py.errors import CollectiveTimeoutError
 from popdist_py.instances import Scope, current_scope
 from popdist_py.op_names import TO_HOST
-from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 #: Busy-poll a data exchange this long before yielding (most complete within microseconds), and
 #: yield this long before sleeping between polls: a large exchange takes milliseconds, and a sleep

@@ -14,9 +14,9 @@ import threading
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from popcontract.environment import MPI_RANK_VARIABLES
+from popcontract.settings import PopdistEnvError
 from popdist_py.env import read_topology
-from popdist_py.settings import PopdistEnvError
-from poprun_py.environment import MPI_RANK_VARIABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI as _MPI

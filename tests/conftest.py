@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
+from popcontract.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
 from poprun_py.instance import SCRIPT
 from tests import leftover_files
 from tests.helpers import ROOT, UNDER_MUTANTS
@@ -163,7 +163,7 @@ def _children_import_the_mutants() -> None:
         # The mutated modules are many times their size (a copy of each function per mutant): a
         # process that compiles them takes most of a second, and a job starts several. Compiled
         # once here, every child reads the bytecode, even where PYTHONDONTWRITEBYTECODE is set.
-        for package in ("poprun_py", "popdist_py"):
+        for package in ("poprun_py", "popdist_py", "popcontract"):
             compileall.compile_dir(ROOT / package, quiet=1)
 
 

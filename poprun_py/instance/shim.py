@@ -26,7 +26,7 @@ import os
 import sys
 import time
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.shared import sweep
 from poprun_py.shared.cores import threads_per_instance
 from poprun_py.shared.paths import which

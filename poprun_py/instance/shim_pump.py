@@ -21,7 +21,7 @@ import select
 import sys
 import time
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.instance import oom
 from poprun_py.shared import root_cause, sweep
 from poprun_py.shared.watch import Watch

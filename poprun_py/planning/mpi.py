@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.shared import loopback
 from poprun_py.shared.errors import PlanError
 from poprun_py.shared.paths import which

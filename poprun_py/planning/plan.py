@@ -6,7 +6,7 @@ instances share a host, as PopRun lays them out.
 
 from __future__ import annotations
 
-from poprun_py import environment as names
+from popcontract import environment as names
 from poprun_py.shared.errors import PlanError
 
 LOCAL_HOST = "localhost"

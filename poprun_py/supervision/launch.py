@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.shared.errors import PlanError
 from poprun_py.supervision import interrupts, log, own_output
 

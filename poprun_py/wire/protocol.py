@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import struct
 
-from poprun_py import environment
+from popcontract import environment
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:

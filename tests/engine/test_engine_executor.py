@@ -16,13 +16,13 @@ import greenlet
 import numpy as np
 import pytest
 
+from popcontract.environment import ENGINE_EXECUTOR as ENV
 from popdist_py.engine import Runtime, StepAborted, ops
 from popdist_py.engine._execution.cooperative import CooperativePool
 from popdist_py.engine._execution.executor import cores_per_instance
 from popdist_py.engine._execution.pool import ReplicaPool
 from popdist_py.engine._step import context
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
-from poprun_py.environment import ENGINE_EXECUTOR as ENV
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import threading
 import numpy as np
 import pytest
 
+from popcontract.environment import ENGINE_SLICE_BYTES, ENGINE_THREADS
+from popcontract.settings import PopdistEnvError
 from popdist_py.engine import ReplicaGrouping, Runtime, ops
 from popdist_py.engine._collectives.segments import Segments
 from popdist_py.engine._execution.executor import cores_per_instance
 from popdist_py.engine._execution.slices import ALIGN, MIN_SLICE_BYTES, Slicer
-from popdist_py.settings import PopdistEnvError
-from poprun_py.environment import ENGINE_SLICE_BYTES, ENGINE_THREADS
 
 MiB = 1 << 20
 #: The least bytes of a slice in these tests: a few MiB of data then runs in several slices.

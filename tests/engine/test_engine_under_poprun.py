@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from poprun_py.environment import ENGINE_EXECUTOR as ENV
+from popcontract.environment import ENGINE_EXECUTOR as ENV
 from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run
 
 TRAIN = str(ROOT / "tests" / "scripts" / "engine_train.py")

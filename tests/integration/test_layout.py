@@ -238,16 +238,16 @@ def test_engine_api_is_the_one_users_know() -> None:
 
 def test_popdist_py_takes_only_the_environment_contract_from_the_launcher() -> None:
     # popdist_py runs without poprun (bare mpiexec, srun, one process): of poprun_py it may import
-    # only the contract (poprun_py.environment, which imports nothing) and the distribution's version.
+    # only the contract (popcontract.environment, which imports nothing) and the distribution's version.
     for path in sorted((ROOT / "popdist_py").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("poprun_py"):
                 names = {alias.name for alias in node.names}
-                assert node.module == "poprun_py.environment" or (
+                assert node.module == "popcontract.environment" or (
                     node.module == "poprun_py" and names <= {"environment", "__version__"}), (path, node.module, names)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    ok = not alias.name.startswith("poprun_py") or alias.name == "poprun_py.environment"
+                    ok = not alias.name.startswith("poprun_py") or alias.name == "popcontract.environment"
                     assert ok, (path, alias.name)
 
 
@@ -262,9 +262,10 @@ LAUNCHER_IMPORTS = {
     "supervision": {"planning", "wire", "shared"},      # poprun, while the job runs
     "cli": {"supervision", "planning", "shared"},       # poprun's command line
 }
-#: What every sub-package may import although its row does not name it: the contract between
-#: poprun and popdist_py, and the path of the script mpiexec starts for each instance.
-LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.environment", "poprun_py.instance"}
+#: What every sub-package may import although its row does not name it: the package's version and
+#: the path of the script mpiexec starts for each instance. (The contract, popcontract, is a package
+#: of its own: every sub-package may read it.)
+LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.instance"}
 #: Sub-packages that run in the shim, whose start-up counts against every launch: the standard
 #: library only.
 STANDARD_LIBRARY_ONLY = {"instance", "wire", "shared"}
@@ -297,7 +298,7 @@ def _launcher_imports(path: Path) -> list[str]:
 def test_every_launcher_module_belongs_to_a_sub_package_of_its_process() -> None:
     package = ROOT / "poprun_py"
     loose = sorted(path.name for path in package.glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "environment.py"]
+    assert loose == ["__init__.py", "__main__.py"]
     folders = sorted(path.name for path in package.iterdir() if path.is_dir() and path.name != "__pycache__")
     assert folders == sorted(LAUNCHER_IMPORTS)
     assert all((package / folder / "__init__.py").is_file() for folder in folders)
@@ -306,6 +307,7 @@ def test_every_launcher_module_belongs_to_a_sub_package_of_its_process() -> None
 def test_launcher_sub_packages_import_only_what_their_process_may() -> None:
     import sys
 
+    shim_may_import = sys.stdlib_module_names | {"__future__", "popcontract"}
     wrong = []
     for name in LAUNCHER_IMPORTS:
         for path in sorted((ROOT / "poprun_py" / name).rglob("*.py")):
@@ -315,7 +317,6 @@ def test_launcher_sub_packages_import_only_what_their_process_may() -> None:
                     if parts[1] in LAUNCHER_IMPORTS and parts[1] != name and parts[1] not in LAUNCHER_IMPORTS[name] \
                             and imported not in LAUNCHER_ANYWHERE:
                         wrong.append(f"{path.relative_to(ROOT)} imports {imported}")
-                elif name in STANDARD_LIBRARY_ONLY and imported.split(".")[0] not in sys.stdlib_module_names | {
-                        "__future__"}:
+                elif name in STANDARD_LIBRARY_ONLY and imported.split(".")[0] not in shim_may_import:
                     wrong.append(f"{path.relative_to(ROOT)} (runs in the shim) imports {imported}")
     assert not wrong, "\n".join(wrong)

@@ -23,9 +23,9 @@ import mnist_rts
 from mnist import datasets, stages
 from mnist.model import init_params, loss_and_grads
 
+from popcontract.environment import NUM_IPUS_PER_REPLICA, NUM_LOCAL_REPLICAS, NUM_TOTAL_REPLICAS, REPLICA_INDEX_OFFSET
 from popdist_py.engine.pipeline import GPIPE, ONE_F_ONE_B
 from popdist_py.engine.pipeline.schedule import device_order
-from poprun_py.environment import NUM_IPUS_PER_REPLICA, NUM_LOCAL_REPLICAS, NUM_TOTAL_REPLICAS, REPLICA_INDEX_OFFSET
 
 SCRIPT = str(ROOT / "examples" / "mnist_pipeline.py")
 #: The issue's run: two devices per replica, 8 micro-batches per update, one short epoch.

@@ -33,7 +33,7 @@ from poprun_py.cli import main as cli
 from poprun_py.shared import loopback
 from tests.helpers import ROOT
 
-PACKAGES = ("poprun_py", "popdist_py")
+PACKAGES = ("poprun_py", "popdist_py", "popcontract")
 SMOKE = ROOT / "tests" / "scripts"
 #: Bounds on each step (building and installing may fetch from the package index), and on a test
 #: with the build and the installs it waits for (about 15 s here).

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.instance import SCRIPT
 from poprun_py.wire import protocol
 from poprun_py.wire.seal import TO_SHIM, Seal, new_nonce, new_secret

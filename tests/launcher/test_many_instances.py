@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.shared import loopback
 from poprun_py.supervision.launch import FILES_MARGIN, FILES_PER_LOCAL_INSTANCE
 from tests.helpers import BIN, OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT

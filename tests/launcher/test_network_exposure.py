@@ -197,9 +197,10 @@ def _poprun_without_the_library(tmp_path: Path, *args: str) -> subprocess.Comple
     """poprun ``args`` from a copy of the package whose loopback library is missing (as where it
     was never built, or was removed), run where that copy is the one Python imports."""
     copy = tmp_path / "install"
-    shutil.copytree(ROOT / "poprun_py", copy / "poprun_py",
-                    ignore=shutil.ignore_patterns(f"{loopback.NAME}*.so", "__pycache__"))
-    assert not list((copy / "poprun_py").glob(f"{loopback.NAME}*.so"))
+    for package in ("poprun_py", "popcontract"):
+        shutil.copytree(ROOT / package, copy / package,
+                        ignore=shutil.ignore_patterns(f"{loopback.NAME}*.so", "__pycache__"))
+    assert not list((copy / "poprun_py").rglob(f"{loopback.NAME}*.so"))
     # OMP_NUM_THREADS unset: a launch that went on would say so on stderr (the refusal comes first).
     env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
     return subprocess.run([PYTHON, "-m", "poprun_py", *args], capture_output=True, text=True, cwd=copy,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.supervision import teardown
 from poprun_py.supervision.report import LEFT_EARLY_STATUS
 from poprun_py.wire import protocol

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.instance import SCRIPT, shim_pump
 from poprun_py.wire import protocol
 from tests.helpers import BIN, PYTHON, poprun, run, wait_no_processes

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.instance import SCRIPT
 from poprun_py.instance.shim import NOT_STARTED, _read_nonce, divide_cores, spawn
 from poprun_py.instance.shim_pump import RELEASE_WAIT_SECONDS

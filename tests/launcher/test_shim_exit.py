@@ -20,7 +20,7 @@ from typing import IO
 
 import pytest
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.shared import sweep
 from tests.helpers import BIN, OMP_SET, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state, wait_until
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from poprun_py import environment
+from popcontract import environment
 from poprun_py.instance.shim import pin_network
 from poprun_py.instance.shim_pump import Pump
 from poprun_py.shared.cores import threads_per_instance

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from popcontract import environment as names
+from popcontract.settings import PopdistEnvError
 from popdist_py.env import read_topology
-from popdist_py.settings import PopdistEnvError
-from poprun_py import environment as names
 from tests.helpers import MPICH_MPIEXEC, OPENMPI_LIBMPI, OPENMPI_MPIEXEC, PYTHON, ROOT, run
 
 WHERE = """

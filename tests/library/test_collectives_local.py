@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import popdist_py
+from popcontract.environment import COLLECTIVE_TIMEOUT
 from popdist_py import agreement, deadline, failsafe
-from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 pytestmark = pytest.mark.skipif(
     any(k.startswith(("PMI_", "OMPI_COMM_WORLD")) for k in os.environ),

@@ -1,11 +1,11 @@
-"""popdist_py.settings: one way to read a setting, one kind of error for a bad value."""
+"""popcontract.settings: one way to read a setting, one kind of error for a bad value."""
 
 from __future__ import annotations
 
 import pytest
 
-from popdist_py import settings
-from popdist_py.settings import PopdistEnvError
+from popcontract import settings
+from popcontract.settings import PopdistEnvError
 
 
 @pytest.mark.parametrize("raw, expect", [(None, 7), ("", 7), ("  ", 7), ("3", 3), (" 4 ", 4), ("0", 0)])

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import popdist_py
+from popcontract.environment import COLLECTIVE_TIMEOUT
 from popdist_py.errors import CollectiveMismatchError
 from popdist_py.world import world
-from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 DTYPES = ["int8", "int32", "int64", "uint8", "uint64", "float16", "float32", "float64", "complex64", "complex128"]
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
+from popcontract.environment import COLLECTIVE_TIMEOUT
 from popdist_py import agreement, deadline
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from popdist_py.world import is_initialized, world
-from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 if TYPE_CHECKING:
     from mpi4py import MPI

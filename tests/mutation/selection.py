@@ -90,7 +90,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/launcher/test_output_tagging.py", "tests/launcher/test_poprun_output.py",
         "tests/launcher/test_poprun_shared_terminal.py"),
     # the environment contract
-    "poprun_py.environment": ("tests/library/test_environment.py",),
+    "popcontract.environment": ("tests/library/test_environment.py",),
     "popdist_py.env": (
         "tests/library/test_environment.py", "tests/library/test_bare_mpi.py",
         "tests/library/test_popdist_under_poprun.py"),
@@ -134,7 +134,7 @@ def _methods(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 #: runs, as mutmut name patterns, each sized to finish within 30 minutes on two cores
 #: (docs/mutation.md); every function of the mutated modules is in exactly one (a test checks).
 TARGETS: dict[str, tuple[str, ...]] = {
-    "library": ("popdist_py.*", "poprun_py.supervision.output.*", "poprun_py.environment.*"),
+    "library": ("popdist_py.*", "poprun_py.supervision.output.*", "popcontract.environment.*"),
     "shim": ("poprun_py.instance.shim.*",),
     "pump": ("poprun_py.instance.shim_pump.*",),
     "teardown": ("poprun_py.supervision.teardown.*", "poprun_py.wire.protocol.*"),

@@ -1,4 +1,4 @@
-"""Import every module of the installed poprun_py and popdist_py (tests/integration/test_package.py).
+"""Import every module of the installed poprun_py, popdist_py and popcontract (tests/integration/test_package.py).
 
     python -P tests/scripts/smoke_imports.py CHECKOUT
 
@@ -23,6 +23,7 @@ SCRIPTS = ("poprun_py.__main__", "poprun_py.instance.script")
 
 
 def main(checkout: str) -> int:
+    import popcontract
     import popdist_py
     import poprun_py
     from poprun_py.shared import loopback
@@ -33,7 +34,7 @@ def main(checkout: str) -> int:
     modules: list[str] = []
     files: dict[str, str] = {}
     typed: dict[str, bool] = {}
-    for package in (poprun_py, popdist_py):
+    for package in (poprun_py, popdist_py, popcontract):
         where = Path(package.__file__ or "").resolve().parent
         if where.is_relative_to(root):
             raise SystemExit(f"{package.__name__} comes from the checkout ({where}), not the installed wheel")

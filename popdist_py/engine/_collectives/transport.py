@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from popcontract.environment import COLLECTIVE_TIMEOUT
 from popdist_py import agreement, deadline
 from popdist_py.engine.errors import (
     CollectiveError,
@@ -35,7 +36,6 @@ from popdist_py.engine.errors import (
     PeerAborted,
     PeerClosed,
 )
-from poprun_py.environment import COLLECTIVE_TIMEOUT
 
 log = logging.getLogger(__name__)
 

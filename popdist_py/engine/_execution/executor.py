@@ -21,12 +21,13 @@ import os
 from collections.abc import Callable
 from typing import Protocol
 
-from popdist_py import settings, validate
-from popdist_py.engine._execution.slices import MIN_SLICE_BYTES
+from popcontract import settings
 
-# The variables' names are the launcher's contract, defined once in poprun_py.environment (import-free).
-from poprun_py.environment import ENGINE_EXECUTOR as ENV
-from poprun_py.environment import ENGINE_SLICE_BYTES, ENGINE_THREADS, LOCAL_WORLD_SIZE
+# The variables' names are the launcher's contract, defined once in popcontract.environment (import-free).
+from popcontract.environment import ENGINE_EXECUTOR as ENV
+from popcontract.environment import ENGINE_SLICE_BYTES, ENGINE_THREADS, LOCAL_WORLD_SIZE
+from popdist_py import validate
+from popdist_py.engine._execution.slices import MIN_SLICE_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from popcontract.environment import REMOTE_DIR
 from popdist_py import validate
-from poprun_py.environment import REMOTE_DIR
 
 if TYPE_CHECKING:  # pragma: no cover
     from popdist_py.engine._state.variables import Variable

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from popdist_py import settings
+from popcontract import settings
+from popcontract.environment import LOCAL_RANK
 from popdist_py.engine._execution.executor import available_cores, instances_on_host
-from poprun_py.environment import LOCAL_RANK
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from popdist_py import settings, validate
+from popcontract import settings
+from popdist_py import validate
 from popdist_py.engine.errors import PipelineStageError, StepAborted
 from popdist_py.engine.pipeline import sync
 from popdist_py.engine.pipeline.devices import Devices
@@ -252,7 +253,7 @@ class ExchangeRecord(NamedTuple):
 
 def _job_devices() -> int | None:
     """``--ipus-per-replica`` of the poprun job this process is an instance of, if any."""
-    from poprun_py.environment import NUM_IPUS_PER_REPLICA
+    from popcontract.environment import NUM_IPUS_PER_REPLICA
 
     return settings.optional_integer(NUM_IPUS_PER_REPLICA, minimum=1)
 

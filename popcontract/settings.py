@@ -2,7 +2,7 @@
 
 A variable that is unset or empty takes its default; one that is set to something unusable is an
 error, :class:`PopdistEnvError` (a ``ValueError``), in one line naming the variable, its value and
-what would be valid. The variables themselves are defined once, in ``poprun_py.environment``.
+what would be valid. The variables themselves are defined once, in ``popcontract.environment``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,4 @@
+"""The contract between poprun (the launcher) and popdist_py (the library): every environment
+variable either sets or reads, defined once (``environment``), and the one reader of settings
+(``settings``). Standard library only, and nothing of either package: the per-instance shim imports
+it under ``python -S``, and the library runs without the launcher (bare mpiexec, srun)."""
