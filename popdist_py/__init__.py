@@ -5,6 +5,7 @@ Importing is cheap: MPI is initialised only by ``init()`` or the first call that
 
 from typing import Any
 
+from popcontract import __version__ as __version__  # the distribution's one version
 from popcontract.settings import PopdistEnvError
 from popdist_py import failsafe as _failsafe  # noqa: F401  (registers its exit handler early)
 from popdist_py.api import (
@@ -20,7 +21,6 @@ from popdist_py.api import (
     isPopdistEnvSet,
 )
 from popdist_py.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
-from poprun_py import __version__ as __version__  # the distribution's one version (poprun_py imports nothing)
 
 #: Names loaded on first use, so that importing popdist_py imports neither mpi4py nor numpy.
 _LAZY = {

@@ -236,19 +236,44 @@ def test_engine_api_is_the_one_users_know() -> None:
     assert set(popdist_py.engine.__all__) == ENGINE_API
 
 
-def test_popdist_py_takes_only_the_environment_contract_from_the_launcher() -> None:
-    # popdist_py runs without poprun (bare mpiexec, srun, one process): of poprun_py it may import
-    # only the contract (popcontract.environment, which imports nothing) and the distribution's version.
-    for path in sorted((ROOT / "popdist_py").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("poprun_py"):
-                names = {alias.name for alias in node.names}
-                assert node.module == "popcontract.environment" or (
-                    node.module == "poprun_py" and names <= {"environment", "__version__"}), (path, node.module, names)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    ok = not alias.name.startswith("poprun_py") or alias.name == "popcontract.environment"
-                    assert ok, (path, alias.name)
+def _imports_of(path: Path) -> list[str]:
+    """Every module ``path`` names in an import (top level or inside a function, for the type
+    checker too) or in ``importlib.import_module``/``__import__`` with a literal name (lazy loads)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.extend([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                   or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"))):
+            found.append(node.args[0].value)
+    return found
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_popdist_py_imports_nothing_of_the_launcher() -> None:
+    # popdist_py runs without poprun (bare mpiexec, srun, one process) and sits beneath it: what the
+    # two share, the environment contract and the version, is popcontract's.
+    wrong = [f"{path.relative_to(ROOT)} imports {module}" for path in sorted((ROOT / "popdist_py").rglob("*.py"))
+             for module in _imports_of(path) if _top(module) == "poprun_py"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_contract_stands_alone_on_the_standard_library() -> None:
+    # popcontract is beneath both packages: it imports neither, nor anything outside the standard
+    # library (the shim imports it under python -S; the library imports it without the launcher).
+    import sys
+
+    wrong = [f"{path.relative_to(ROOT)} imports {module}" for path in sorted((ROOT / "popcontract").rglob("*.py"))
+             for module in _imports_of(path)
+             if _top(module) not in sys.stdlib_module_names | {"__future__", "popcontract"}]
+    assert not wrong, "\n".join(wrong)
 
 
 #: poprun_py's sub-packages by the process they run in, each with the sub-packages it may import

@@ -26,9 +26,10 @@ from typing import Any, NamedTuple
 
 import pytest
 
+import popcontract
 import popdist_py
 import poprun_py
-from poprun_py import __version__
+from popcontract import __version__
 from poprun_py.cli import main as cli
 from poprun_py.shared import loopback
 from tests.helpers import ROOT
@@ -129,8 +130,9 @@ def built() -> Iterator[Built]:
 def test_one_version_and_the_entry_point() -> None:
     project = pyproject()["project"]
     assert "version" not in project and "version" in project["dynamic"]
-    assert pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "poprun_py.__version__"}
-    assert popdist_py.__version__ == poprun_py.__version__
+    # The version lives in the contract, which both packages import: neither needs the other for it.
+    assert pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "popcontract.__version__"}
+    assert popdist_py.__version__ == poprun_py.__version__ == popcontract.__version__
     module, _, function = project["scripts"]["poprun"].partition(":")
     assert getattr(importlib.import_module(module), function) is cli.main
 
@@ -178,7 +180,7 @@ def test_every_installed_module_imports_outside_the_checkout(built: Built) -> No
     assert Path(found["extension"]).is_relative_to(site)
     assert found["typed"] == dict.fromkeys(PACKAGES, True)
     assert set(found["modules"]) == checkout_modules()
-    assert found["version"] == [__version__, __version__]
+    assert found["version"] == [__version__, __version__, __version__]
 
 
 @pytest.mark.slow

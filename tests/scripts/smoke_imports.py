@@ -52,7 +52,8 @@ def main(checkout: str) -> int:
     from popdist_py.engine import _batch_invariant
 
     print(json.dumps({"modules": modules, "files": files, "typed": typed, "extension": _batch_invariant.__file__,
-                      "version": [poprun_py.__version__, popdist_py.__version__]}))
+                      "version": [poprun_py.__version__, popdist_py.__version__,
+                                  popcontract.__version__]}))
     return 0
 
 
