@@ -1,7 +1,7 @@
 """Every environment variable poprun-py sets or reads, each name defined here and nowhere else.
 
 This is the contract between the launcher and the library: ``poprun`` writes the ``POPDIST_*``
-values of the job plan (``plan.JobPlan.job_env`` / ``instance_env``), ``popdist_py.env`` reads
+values of the job plan (``plan.JobPlan.job_env`` / ``instance_env``), ``popdist_py.topology`` reads
 them back. Both packages import the names from this module, so a name cannot drift between
 writer and reader. docs/environment.md's table lists exactly :data:`VARIABLES` (a test
 checks it).

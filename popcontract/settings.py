@@ -1,14 +1,23 @@
-"""Every setting popdist_py reads from the environment, read one way.
+"""Every setting poprun-py reads from the environment, read one way, by the library and the launcher.
 
 A variable that is unset or empty takes its default; one that is set to something unusable is an
 error, :class:`PopdistEnvError` (a ``ValueError``), in one line naming the variable, its value and
 what would be valid. The variables themselves are defined once, in ``popcontract.environment``.
+Every getter reads ``os.environ`` unless given another mapping (``env``: an environment that is
+not this process's, such as a test's).
+
+Copying the environment for a child, setting or removing a variable, and a PATH search are not
+settings reads: they stay with ``os.environ``. The per-instance shim imports this module under
+``python -S``: it imports ``os`` alone (``typing`` and ``collections`` would cost every launch).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the shim's launch path
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 class PopdistEnvError(ValueError):
@@ -17,6 +26,51 @@ class PopdistEnvError(ValueError):
 
 def _raw(name: str, env: Mapping[str, str] | None) -> str:
     return (os.environ if env is None else env).get(name, "")
+
+
+def present(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``$name`` is set at all, even to nothing: for the variables poprun gives a value of
+    its own only when the user has not set them (and an empty value is the user's choice)."""
+    return name in (os.environ if env is None else env)
+
+
+def text(name: str, default: str = "", env: Mapping[str, str] | None = None) -> str:
+    """``$name`` as it is set (not stripped: a path may hold spaces); ``default`` when unset or empty."""
+    return _raw(name, env) or default
+
+
+def flag(name: str, default: bool, env: Mapping[str, str] | None = None) -> bool:
+    """``$name`` as 1 (True) or 0 (False), surrounding spaces ignored; ``default`` when unset or empty."""
+    raw = _raw(name, env)
+    value = raw.strip()
+    if value not in ("", "0", "1"):
+        raise PopdistEnvError(f"{name}={raw!r} must be 0 or 1")
+    return default if not value else value == "1"
+
+
+def seconds(name: str, default: float, env: Mapping[str, str] | None = None) -> float:
+    """``$name`` as a positive number of seconds, or ``inf`` (no limit); ``default`` when unset or empty."""
+    raw = _raw(name, env)
+    if not raw.strip():
+        return default
+    try:
+        return positive_seconds(name, raw.strip())
+    except ValueError as exc:
+        raise PopdistEnvError(str(exc)) from None
+
+
+def positive_seconds(source: str, value: object) -> float:
+    """``value`` (a number, or its text) as a positive number of seconds or infinity; a ValueError
+    naming ``source`` (the variable, or an argument) otherwise. One rule for a timeout however given."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = float(value)  # type: ignore[arg-type]  # anything float() refuses is refused below
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}={value!r} is not a number of seconds (use a positive number or inf)") from None
+    if number != number or number <= 0:  # nan fails every comparison
+        raise ValueError(f"{source}={value!r} must be a positive number of seconds (or inf)")
+    return number
 
 
 def integer(name: str, default: int, minimum: int = 0, env: Mapping[str, str] | None = None) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from popdist_py import validate
-from popdist_py.env import is_set, read_topology
+from popdist_py.topology import is_set, read_topology
 
 
 def isPopdistEnvSet() -> bool:

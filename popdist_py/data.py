@@ -18,7 +18,7 @@ number of steps (an instance with one batch fewer would hang its peers at the ne
     instance ``i`` owns the union of blocks ``i*L .. i*L+L-1``, which is itself one block, the
     same way ``instance_batch_slice`` cuts a global batch.
 
-Defaults come from the PopDist environment (``popdist_py.env`` / ``popdist_py.api``); without it
+Defaults come from the PopDist environment (``popdist_py.topology`` / ``popdist_py.api``); without it
 everything answers as one instance with one replica, i.e. no sharding.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from popdist_py import validate
 from popdist_py.api import getInstanceIndex, getNumInstances, getNumLocalReplicas
-from popdist_py.env import Topology, read_topology
+from popdist_py.topology import Topology, read_topology
 
 __all__ = [
     "TORCH_RANDPERM_MAX_N",

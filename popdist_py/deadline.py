@@ -7,12 +7,12 @@ that it can give up and name who never arrived.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+from popcontract import settings
 from popcontract.environment import COLLECTIVE_TIMEOUT
 from popdist_py.errors import CollectiveTimeoutError
 
@@ -37,23 +37,9 @@ def collective_timeout(timeout: float | None = None) -> float:
 
     ``inf`` means wait forever. Anything that is not a positive number raises ValueError.
     """
-    raw: object
-    if timeout is not None:
-        source, raw = "timeout", timeout
-    else:
-        raw = os.environ.get(COLLECTIVE_TIMEOUT, "").strip()
-        if not raw:
-            return DEFAULT_TIMEOUT
-        source = COLLECTIVE_TIMEOUT
-    try:
-        if isinstance(raw, bool):
-            raise TypeError
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{source}={raw!r} is not a number of seconds (use a positive number or inf)") from None
-    if math.isnan(value) or value <= 0:
-        raise ValueError(f"{source}={raw!r} must be a positive number of seconds (or inf)")
-    return value
+    if timeout is None:
+        return settings.seconds(COLLECTIVE_TIMEOUT, DEFAULT_TIMEOUT)
+    return settings.positive_seconds("timeout", timeout)
 
 
 def poll(test: Callable[[], bool], deadline: float, *, spin: float = 0.0, yield_for: float = _SPIN,

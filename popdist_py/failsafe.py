@@ -39,7 +39,7 @@ import time
 from types import TracebackType
 from typing import Any, NoReturn
 
-from popdist_py import env
+from popdist_py import topology
 
 #: Seconds between flushing and MPI_Abort, so that mpiexec forwards all of this instance's output.
 ABORT_GRACE = 0.25
@@ -134,7 +134,7 @@ def terminate(status: int, reason: str) -> None:
         "instance %d of %d: %s; ending the job with status %d", comm.Get_rank(), comm.Get_size(), reason, status)
     logging.shutdown()
     _flush()
-    if env.is_set():
+    if topology.is_set():
         os._exit(status)
     time.sleep(ABORT_GRACE)
     comm.Abort(status)

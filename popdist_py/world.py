@@ -8,15 +8,15 @@ never leave its peers waiting forever in a collective.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from popcontract import settings
 from popcontract.environment import MPI_RANK_VARIABLES
 from popcontract.settings import PopdistEnvError
-from popdist_py.env import read_topology
+from popdist_py.topology import read_topology
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI as _MPI
@@ -27,7 +27,7 @@ _ready = False
 
 def launched_by_mpi() -> bool:
     """True when an MPI launcher (mpiexec/mpirun) started this process."""
-    return any(os.environ.get(name) for name in MPI_RANK_VARIABLES)
+    return any(settings.text(name) for name in MPI_RANK_VARIABLES)
 
 
 def is_single_instance() -> bool:

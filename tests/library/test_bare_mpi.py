@@ -12,7 +12,7 @@ import pytest
 
 from popcontract import environment as names
 from popcontract.settings import PopdistEnvError
-from popdist_py.env import read_topology
+from popdist_py.topology import read_topology
 from tests.helpers import MPICH_MPIEXEC, OPENMPI_LIBMPI, OPENMPI_MPIEXEC, PYTHON, ROOT, run
 
 WHERE = """
@@ -121,10 +121,10 @@ def test_without_a_local_rank_the_instance_is_first_on_its_host(env: dict[str, s
 
 def test_rank_0_of_a_bare_launch_says_once_what_it_was_given(monkeypatch: pytest.MonkeyPatch,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    from popdist_py import env as popdist_env
+    from popdist_py import topology as popdist_topology
 
     def said(rank: str, size: str) -> list[tuple[str, str, str]]:
-        monkeypatch.setattr(popdist_env, "_announced", False)
+        monkeypatch.setattr(popdist_topology, "_announced", False)
         monkeypatch.setenv(names.PMI_RANK, rank)
         monkeypatch.setenv(names.PMI_SIZE, size)
         caplog.clear()

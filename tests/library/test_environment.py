@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from popcontract import environment
-from popdist_py.env import Topology, read_topology
+from popdist_py.topology import Topology, read_topology
 from poprun_py.planning.mpi import CommandSpec, MpiLauncher, build_command
 from poprun_py.planning.plan import InstancePlan, JobPlan
 from tests.helpers import OPENMPI_LIBMPI, OPENMPI_MPIEXEC, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, tagged_json

@@ -91,7 +91,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/launcher/test_poprun_shared_terminal.py"),
     # the environment contract
     "popcontract.environment": ("tests/library/test_environment.py",),
-    "popdist_py.env": (
+    "popdist_py.topology": (
         "tests/library/test_environment.py", "tests/library/test_bare_mpi.py",
         "tests/library/test_popdist_under_poprun.py"),
 }

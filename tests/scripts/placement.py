@@ -3,7 +3,7 @@
 import json
 
 import popdist_py
-from popdist_py.env import read_topology
+from popdist_py.topology import read_topology
 
 topology = read_topology()
 print(json.dumps({

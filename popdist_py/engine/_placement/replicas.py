@@ -1,7 +1,7 @@
 """Where the R global replicas run: L per instance, and which instance this process is.
 
 Resolved once, when a Runtime is built, from its arguments and the PopDist environment that
-``poprun`` sets (:func:`popdist_py.env.read_topology`).
+``poprun`` sets (:func:`popdist_py.topology.read_topology`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from popdist_py import validate
-from popdist_py.env import read_topology
+from popdist_py.topology import read_topology
 
 
 @dataclass(frozen=True)

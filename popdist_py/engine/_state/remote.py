@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from popcontract import settings
 from popcontract.environment import REMOTE_DIR
 from popdist_py import validate
 
@@ -259,8 +260,8 @@ class RemoteBuffers:
             return _existing_dir(Path(path), "remote_buffer(path=...)")
         if self.directory is not None:
             return _existing_dir(self.directory, "Runtime(remote_dir=...)")
-        if os.environ.get(REMOTE_DIR_ENV):
-            return _existing_dir(Path(os.environ[REMOTE_DIR_ENV]), f"${REMOTE_DIR_ENV}")
+        if chosen := settings.text(REMOTE_DIR_ENV):
+            return _existing_dir(Path(chosen), f"${REMOTE_DIR_ENV}")
         return self._default_dir(0)
 
     def _default_dir(self, choice: int) -> Path:
@@ -280,7 +281,7 @@ class RemoteBuffers:
         """A new backing file of ``nbytes``, its space reserved now (a sparse file that runs out of
         space later kills the process with SIGBUS on a write). The default directory in shared
         memory gives way to the temporary directory when shared memory has no room."""
-        chosen = path is not None or self.directory is not None or bool(os.environ.get(REMOTE_DIR_ENV))
+        chosen = path is not None or self.directory is not None or bool(settings.text(REMOTE_DIR_ENV))
         choice = 0
         while True:
             where = self._dir(path) if chosen else self._default_dir(choice)

@@ -11,11 +11,11 @@ the variable's name and value instead of producing a wrong topology.
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-# The names are the launcher's contract, defined once in popcontract.environment (an import-free
-# module: importing it loads nothing of the launcher).
+# The names are the contract between poprun and popdist_py, defined once in popcontract.environment;
+# every value is read by popcontract.settings (None: this process's environment).
 from popcontract.environment import (
     INSTANCE_INDEX,
     LOCAL_INSTANCE_INDEX,
@@ -29,7 +29,7 @@ from popcontract.environment import (
     SLURM_LOCALID,
     UNIFORM_REPLICAS,
 )
-from popcontract.settings import PopdistEnvError, integer
+from popcontract.settings import PopdistEnvError, flag, integer, text
 
 
 @dataclass(frozen=True)
@@ -57,21 +57,21 @@ class Topology:
         return range(self.replica_index_offset, self.replica_index_offset + self.num_local_replicas)
 
 
-def is_set(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
+def is_set(env: Mapping[str, str] | None = None) -> bool:
     """True when ``poprun`` started this process (its ``POPDIST_*`` variables are present)."""
-    env = os.environ if env is None else env
-    return any(env.get(name) for name in REQUIRED)
+    return any(text(name, env=env) for name in REQUIRED)
 
 
 _announced = False
 
 
-def launcher_topology(env: dict[str, str] | os._Environ[str]) -> Topology | None:
+def launcher_topology(env: Mapping[str, str] | None = None) -> Topology | None:
     """N instances of one replica each, from the variables of the MPI launcher that started this
-    process without poprun; None when none did. Rank 0 says so once on stderr."""
+    process without poprun; None when none did. Rank 0 of this process's launch (``env`` None)
+    says so once on stderr."""
     global _announced
     for launcher, rank_name, size_name, local_name in MPI_LAUNCHERS:
-        if env.get(rank_name) and env.get(size_name):
+        if text(rank_name, env=env) and text(size_name, env=env):
             size = integer(size_name, 1, 1, env)
             rank = integer(rank_name, 0, 0, env)
             if rank >= size:
@@ -79,7 +79,7 @@ def launcher_topology(env: dict[str, str] | os._Environ[str]) -> Topology | None
             local = integer(local_name, integer(SLURM_LOCALID, 0, 0, env), 0, env)  # srun --mpi=pmi2: PMI_* and Slurm's
             topo = Topology(num_total_replicas=size, replica_index_offset=rank, local_instance_index=local,
                             source=launcher)
-            if not _announced and rank == 0 and size > 1 and env is os.environ:
+            if not _announced and rank == 0 and size > 1 and env is None:
                 _announced = True
                 logging.getLogger("popdist_py").warning(
                     "popdist_py: started by %s without poprun (%s=%d): %d instances of one replica each; "
@@ -88,15 +88,14 @@ def launcher_topology(env: dict[str, str] | os._Environ[str]) -> Topology | None
     return None
 
 
-def read_topology(env: dict[str, str] | os._Environ[str] | None = None) -> Topology:
-    """Parse and cross-check the PopDist environment (``os.environ`` by default), or the MPI
+def read_topology(env: Mapping[str, str] | None = None) -> Topology:
+    """Parse and cross-check the PopDist environment (this process's by default), or the MPI
     launcher's when poprun did not start this process."""
-    env = os.environ if env is None else env
     if not is_set(env):
         return launcher_topology(env) or Topology()
-    missing = [name for name in REQUIRED if not env.get(name)]
+    missing = [name for name in REQUIRED if not text(name, env=env)]
     if missing:
-        present = [f"{n}={env.get(n)!r}" for n in REQUIRED if env.get(n)]
+        present = [f"{n}={text(n, env=env)!r}" for n in REQUIRED if text(n, env=env)]
         verb = "is" if len(present) == 1 else "are"
         raise PopdistEnvError(f"incomplete PopDist environment: {', '.join(missing)} missing while "
                               f"{', '.join(present)} {verb} set")
@@ -122,9 +121,7 @@ def read_topology(env: dict[str, str] | os._Environ[str] | None = None) -> Topol
         raise PopdistEnvError(
             f"{REPLICA_INDEX_OFFSET}={offset} + {NUM_LOCAL_REPLICAS}={local} exceeds {NUM_TOTAL_REPLICAS}={total}"
         )
-    uniform = env.get(UNIFORM_REPLICAS)
-    if uniform not in (None, "", "0", "1"):
-        raise PopdistEnvError(f"{UNIFORM_REPLICAS}={uniform!r} must be 0 or 1")
+    flag(UNIFORM_REPLICAS, True, env)  # checked only: the counts above say whether they are uniform
     for name, derived in ((NUM_INSTANCES, topo.num_instances), (INSTANCE_INDEX, topo.instance_index)):
         given = integer(name, derived, 0, env)
         if given != derived:
