@@ -26,7 +26,7 @@ import os
 import sys
 import time
 
-from popcontract import environment
+from popcontract import environment, settings
 from poprun_py.shared import sweep
 from poprun_py.shared.cores import threads_per_instance
 from poprun_py.shared.paths import which
@@ -78,8 +78,8 @@ def spawn(argv: list[bytes], *, no_stdin: bool, one_stream: bool = False) -> tup
 def keep_launchers_library_from_the_program() -> None:
     """Take poprun's library for Open MPI's launcher (``loopback``) out of ``LD_PRELOAD``: the
     program's own binds are its business."""
-    value = os.environ.get(environment.LD_PRELOAD)
-    if value is None:
+    value = settings.text(environment.LD_PRELOAD)
+    if not value:
         return
     from poprun_py.shared.loopback import without_library
 
@@ -112,10 +112,14 @@ def divide_cores() -> None:
     """torchrun's OMP_NUM_THREADS, per host: when the user has not set it and this host runs several
     instances, each gets the host's usable cores divided by them (at least 1), so that their
     OpenMP and BLAS threads do not fight over the cores (torchrun sets 1). poprun says so once."""
-    if environment.OMP_NUM_THREADS in os.environ:
+    if settings.present(environment.OMP_NUM_THREADS):
         return
-    text = os.environ.get(environment.LOCAL_WORLD_SIZE)
-    per_host = int(text) if text is not None and text.isdigit() else 1
+    try:
+        per_host = settings.integer(environment.LOCAL_WORLD_SIZE, 1)
+    except settings.PopdistEnvError as exc:  # poprun sets a count: a shim started some other way goes on
+        os.write(2, f"poprun: warning: on host {os.uname().nodename}: {exc}; {environment.OMP_NUM_THREADS} is "
+                    "left unset\n".encode())
+        return
     if per_host > 1:
         os.environ[environment.OMP_NUM_THREADS] = str(threads_per_instance(per_host))
 
@@ -125,7 +129,7 @@ def divide_cores() -> None:
 def prepare_error_file() -> str | None:
     """The program's TORCHELASTIC_ERROR_FILE, its directories made here (on a remote host they do not
     exist yet); None, and the variable unset with a warning, when that cannot be done."""
-    path = os.environ.get(environment.TORCHELASTIC_ERROR_FILE)
+    path = settings.text(environment.TORCHELASTIC_ERROR_FILE)
     if not path:
         return None
     from poprun_py.shared.root_cause import prepare
@@ -146,7 +150,7 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
     from poprun_py.wire.control import connect
     from poprun_py.wire.protocol import SILENCE_LIMIT
 
-    address = os.environ.get(environment.CONTROL)
+    address = settings.text(environment.CONTROL)
     missing = " or ".join(name for name, value in ((environment.CONTROL, address), (environment.SECRET, secret))
                           if not value)
     problem = f"no {missing} in its environment (was it dropped by mpiexec's options?)"
@@ -276,7 +280,7 @@ def hold_until_reaped() -> None:
         return
     try:
         keep = {0, 1, 2}
-        pmi = os.environ.get(environment.PMI_FD, "")
+        pmi = settings.text(environment.PMI_FD)
         if pmi.isdigit():
             keep.add(int(pmi))
         for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
@@ -294,11 +298,13 @@ def hold_until_reaped() -> None:
 
 def main() -> int:
     index = int(sys.argv[1])
-    secret = os.environ.pop(environment.SECRET, None)  # the program does not get it
-    one_stream = os.environ.pop(environment.ONE_STREAM, None) == "1"
+    secret = settings.text(environment.SECRET)
+    one_stream = settings.text(environment.ONE_STREAM) == "1"
+    for name in (environment.SECRET, environment.ONE_STREAM):  # the program gets neither
+        os.environ.pop(name, None)
     keep_launchers_library_from_the_program()
-    if environment.HOST_SUBNET in os.environ:
-        pin_network(os.environ[environment.HOST_SUBNET])
+    if subnet := settings.text(environment.HOST_SUBNET):
+        pin_network(subnet)
     divide_cores()
     error_file = prepare_error_file()
     sweep.adopt_orphans()

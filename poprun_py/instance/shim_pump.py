@@ -21,7 +21,7 @@ import select
 import sys
 import time
 
-from popcontract import environment
+from popcontract import environment, settings
 from poprun_py.instance import oom
 from poprun_py.shared import root_cause, sweep
 from poprun_py.shared.watch import Watch
@@ -89,7 +89,7 @@ class Pump:
         self.error_file = error_file
         grace = protocol.kill_grace()
         if grace is None:
-            text = os.environ[environment.KILL_GRACE]
+            text = settings.text(environment.KILL_GRACE)
             os.write(2, f"poprun: warning: {protocol.bad_grace(text)}; using {protocol.DEFAULT_GRACE:g}\n".encode())
             grace = protocol.DEFAULT_GRACE
         self.grace = grace
@@ -495,7 +495,7 @@ def end_escaped(index: int) -> None:
     no subreaper can be had). Repeats until none is left (each death can let more be found), for
     at most ESCAPED_SECONDS."""
     me = os.getpid()
-    control = os.environ.get(environment.CONTROL)
+    control = settings.text(environment.CONTROL)
     marks = (f"{environment.CONTROL}={control}".encode(), f"{environment.INSTANCE_INDEX}={index}".encode())
     deadline = time.monotonic() + ESCAPED_SECONDS
     while time.monotonic() < deadline:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from popcontract import environment
+from popcontract import environment, settings
 from poprun_py.shared import loopback
 from poprun_py.shared.errors import PlanError
 from poprun_py.shared.paths import which
@@ -113,7 +113,7 @@ def _loopback_env(launcher: MpiLauncher, spec: CommandSpec) -> dict[str, str]:
     again before the program starts: what the program listens on is its own business)."""
     if spec.callback_address or not (library := loopback_library(launcher)):
         return {}
-    return {environment.LD_PRELOAD: loopback.preloaded(os.environ.get(environment.LD_PRELOAD), library)}
+    return {environment.LD_PRELOAD: loopback.preloaded(settings.text(environment.LD_PRELOAD), library)}
 
 
 #: Files that sit beside each flavour's mpiexec: telling them apart costs a stat, not a process.
@@ -298,7 +298,7 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> C
     tail, env = [], _loopback_env(launcher, spec)
     if spec.callback_address:
         tail += ["-localhost", spec.callback_address]  # where the remote proxies call back
-        if environment.HYDRA_SSH_ARGS not in os.environ:
+        if not settings.present(environment.HYDRA_SSH_ARGS):
             env[environment.HYDRA_SSH_ARGS] = SSH_ARGS
     elif environment.LD_PRELOAD in env and "-localhost" not in spec.global_args:
         # Hydra on one host: its mpiexec listens on loopback, so that is where a proxy that calls
@@ -352,7 +352,7 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) ->
     if spec.callback_address:
         tail += [arg for name, value in DAEMON_KEEPALIVE for arg in ("--prtemca", name, value)]
     env = _loopback_env(launcher, spec)
-    if spec.callback_address and environment.PRTE_SSH_ARGS not in os.environ:
+    if spec.callback_address and not settings.present(environment.PRTE_SSH_ARGS):
         env[environment.PRTE_SSH_ARGS] = SSH_ARGS
     # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
     for name, value in spec.job_env.items():

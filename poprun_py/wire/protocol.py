@@ -12,10 +12,9 @@ frame and every command ends with its tag (``TAG_SIZE`` bytes), checked before i
 
 from __future__ import annotations
 
-import os
 import struct
 
-from popcontract import environment
+from popcontract import environment, settings
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
@@ -251,9 +250,11 @@ def grace_seconds(text: str) -> float | None:
 
 
 def kill_grace() -> float | None:
-    """``POPRUN_KILL_GRACE`` as seconds: the default when it is unset, None when it is not valid."""
-    text = os.environ.get(environment.KILL_GRACE)
-    return DEFAULT_GRACE if text is None else grace_seconds(text)
+    """``POPRUN_KILL_GRACE`` as seconds: the default when it is unset, None when it is not valid
+    (set to nothing included: unlike most settings, an empty grace is refused, not a default)."""
+    if not settings.present(environment.KILL_GRACE):
+        return DEFAULT_GRACE
+    return grace_seconds(settings.text(environment.KILL_GRACE))
 
 
 def bad_grace(text: str) -> str:

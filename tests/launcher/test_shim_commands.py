@@ -367,6 +367,17 @@ def test_the_cores_of_a_host_are_divided_among_its_instances(environ: dict[str, 
     assert os.environ.get(OMP) == (None if expected is None else str(expected))
 
 
+def test_a_count_of_instances_that_is_no_count_is_one_warning_and_divides_nothing(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(OMP, "")
+    monkeypatch.delenv(OMP)
+    monkeypatch.setenv(LOCAL, "two")
+    divide_cores()
+    assert OMP not in os.environ
+    assert capfd.readouterr().err == (f"poprun: warning: on host {os.uname().nodename}: {LOCAL}='two' is not an "
+                                      f"integer (use a whole number >= 0); {OMP} is left unset\n")
+
+
 def test_a_reset_connection_to_poprun_stops_the_program() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
         poprun.output(b"ready")
