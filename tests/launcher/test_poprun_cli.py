@@ -14,6 +14,7 @@ from typing import Any
 import click
 import pytest
 
+from popcontract import environment
 from poprun_py import __version__
 from poprun_py.instance import SCRIPT
 from tests.helpers import MPICH_MPIEXEC, OPENMPI_MPIEXEC, PYTHON, ROOT, poprun, wait_no_processes
@@ -205,6 +206,16 @@ def test_dry_run_mpich_command(tmp_path: Path) -> None:
         # Each runs the shim, which gets the program from poprun: mpiexec never reads the program.
         assert ctx[-3:] == ["-S", SCRIPT, str(i)]
     assert "train.py" not in command and "program: python train.py --lr 0.1" in stdout.splitlines()
+
+
+@pytest.mark.parametrize("theirs", ["-o Port=2222", ""])
+def test_ssh_options_the_user_set_stand_even_empty(theirs: str, openmpi: str) -> None:
+    # poprun's own ssh options (batch mode, time limits) only when the user has set none: set,
+    # even to nothing, the variable is the user's, and mpiexec inherits it as it is.
+    for mpi, name in ((str(MPICH_MPIEXEC), environment.HYDRA_SSH_ARGS), (openmpi, environment.PRTE_SSH_ARGS)):
+        stdout, _ = _dry_run("--num-instances", "2", "-H", "node0,node1", "--mpi", mpi, "/bin/true",
+                             env={name: theirs})
+        assert f"{name}=" not in stdout, (mpi, stdout)
 
 
 def test_dry_run_openmpi_command(openmpi: str) -> None:
