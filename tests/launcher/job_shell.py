@@ -118,13 +118,16 @@ def written(pids: list[int]) -> list[int]:
 def held_back(pids: list[int]) -> list[int]:
     """Wait until the programs no longer progress (every buffer between them and the reader is full)
     and return how far they got; fails if they keep going (nothing holds them back)."""
-    last = written(pids)
+    last, still = written(pids), 0
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT
     while True:
         time.sleep(1.0)  # sampling a rate: a second at a time
         now = written(pids)
         assert -1 not in now, "a program ended"
-        if now == last and all(now):  # (a program still starting has written nothing yet)
+        # Two still seconds in a row: on a loaded machine a program may get no CPU for a second
+        # (a program still starting has written nothing yet).
+        still = still + 1 if now == last and all(now) else 0
+        if still == 2:
             return now
         assert time.monotonic() < deadline, f"the programs never stopped making progress: {now}"
         last = now
