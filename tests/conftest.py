@@ -18,7 +18,7 @@ import pytest
 from popcontract.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
 from poprun_py.instance import SCRIPT
 from tests import leftover_files
-from tests.helpers import ROOT, UNDER_MUTANTS
+from tests.helpers import MARKER_VARIABLE, ROOT, UNDER_MUTANTS
 from tests.mutation.selection import TESTS_OF_MODULE, selects, tests_of_run
 
 #: Skip reasons that start with this are not quiet: the summary repeats them in red.
@@ -123,6 +123,13 @@ def leaves_no_job_files(request: pytest.FixtureRequest) -> Iterator[None]:
     if left:
         described = ", ".join(leftover_files.describe(path, since) for path in left)
         pytest.fail(f"left behind by this test: {described}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def no_marker_after_the_test() -> Iterator[None]:
+    """A test's job marker (helpers.job_marker) stays out of the processes later tests start."""
+    yield
+    os.environ.pop(MARKER_VARIABLE, None)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -84,16 +85,40 @@ def task_state(task: str) -> str:
     return stat_fields(task)[0]
 
 
-def processes_matching(marker: str) -> list[str]:
-    """Command lines of live processes containing ``marker`` (read from /proc, no ps parsing)."""
+#: The variable job_marker puts a test's marker in, for every process the test starts to inherit.
+MARKER_VARIABLE = "POPRUN_TEST_MARKER"
+
+
+def job_marker() -> str:
+    """A new marker for the job a test is about to start: for its program's command line, and in
+    this process's environment (until the test ends: conftest), which poprun, mpiexec, every shim
+    and every program inherit, so ``processes_matching`` finds all of them, not only the programs."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    os.environ[MARKER_VARIABLE] = marker
+    return marker
+
+
+def processes_matching(marker: str, inherited: bool = False) -> list[str]:
+    """Command lines of live processes whose command line contains ``marker`` (read from /proc, no
+    ps parsing); ``inherited``: also those whose environment has it from ``job_marker`` (a job's
+    poprun, mpiexec and shims as well as its programs)."""
     found = []
+    tagged = f"{MARKER_VARIABLE}={marker}".encode()
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         cmdline = live_command_line(pid)
-        if cmdline is not None and marker in cmdline:
+        if cmdline is not None and (marker in cmdline or (inherited and tagged in _environment(pid))):
             found.append(f"{pid}: {cmdline}")
     return found
+
+
+def _environment(pid: str) -> list[bytes]:
+    """The environment process ``pid`` started with; empty when it is gone or not readable."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 def shim_of(marker: str, index: int) -> int:
@@ -121,10 +146,11 @@ def wait_until(condition: Callable[[], bool], what: str, within: float = SUBPROC
 
 
 def wait_no_processes(marker: str, within: float = 5.0) -> list[str]:
-    """Poll until no process carries ``marker``; return what is left after ``within`` seconds."""
+    """Poll until no process carries ``marker`` (on its command line, or in its environment from
+    ``job_marker``); return what is left after ``within`` seconds."""
     deadline = time.monotonic() + within
     while True:
-        left = processes_matching(marker)
+        left = processes_matching(marker, inherited=True)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)

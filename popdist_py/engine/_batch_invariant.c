@@ -432,14 +432,28 @@ static int check_isa(const char *func, int isa) {
     return -1;
 }
 
-static PyObject *py_matmul(PyObject *self, PyObject *args) {
+/* The arguments (a, b, out, isa) of func: its operands as views and *isa, or -1 with every buffer
+ * released (or none taken). */
+static int parse_operands(PyObject *args, const char *func, const char *const names[3], Py_buffer bufs[3],
+                          view views[3], int *isa) {
     PyObject *objs[3];
-    int isa;
-    if (!PyArg_ParseTuple(args, "OOOi", &objs[0], &objs[1], &objs[2], &isa)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOi", &objs[0], &objs[1], &objs[2], isa)) return -1;
+    return get_operands(objs, bufs, views, func, names);
+}
+
+/* The end of every entry point: the buffers released, None when rc is 0, else the error set. */
+static PyObject *release_operands(Py_buffer bufs[3], int rc) {
+    for (int i = 0; i < 3; i++) PyBuffer_Release(&bufs[i]);
+    if (rc) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_matmul(PyObject *self, PyObject *args) {
     static const char *const names[3] = {"a", "b", "out"};
     Py_buffer bufs[3];
     view v[3];
-    if (get_operands(objs, bufs, v, "matmul", names) < 0) return NULL;
+    int isa;
+    if (parse_operands(args, "matmul", names, bufs, v, &isa) < 0) return NULL;
     const view *a = &v[0], *b = &v[1], *c = &v[2];
     int kind = kind_of(&bufs[0]), rc = -2;
     if (a->cols != b->rows)
@@ -470,19 +484,15 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
         if (rc == -1) PyErr_NoMemory();
     }
-    for (int i = 0; i < 3; i++) PyBuffer_Release(&bufs[i]);
-    if (rc) return NULL;
-    Py_RETURN_NONE;
+    return release_operands(bufs, rc);
 }
 
 static PyObject *py_outer_sum(PyObject *self, PyObject *args) {
-    PyObject *objs[3];
-    int isa;
-    if (!PyArg_ParseTuple(args, "OOOi", &objs[0], &objs[1], &objs[2], &isa)) return NULL;
     static const char *const names[3] = {"x", "y", "out"};
     Py_buffer bufs[3];
     view v[3];
-    if (get_operands(objs, bufs, v, "outer_sum", names) < 0) return NULL;
+    int isa;
+    if (parse_operands(args, "outer_sum", names, bufs, v, &isa) < 0) return NULL;
     const view *x = &v[0], *y = &v[1], *c = &v[2];
     int kind = kind_of(&bufs[0]), rc = -2;
     Py_ssize_t xbytes = 0, ybytes = 0;
@@ -524,9 +534,7 @@ static PyObject *py_outer_sum(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_MemoryError, "outer_sum: no memory for the packed copies of x and y (%zd bytes)",
                          xbytes + ybytes);
     }
-    for (int i = 0; i < 3; i++) PyBuffer_Release(&bufs[i]);
-    if (rc) return NULL;
-    Py_RETURN_NONE;
+    return release_operands(bufs, rc);
 }
 
 static PyMethodDef methods[] = {

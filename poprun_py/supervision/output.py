@@ -192,7 +192,6 @@ class Line:
         self.owner: Stream | None = None
         self.queue: list[Stream] = []
         self.active = 0.0  # time.monotonic() when the owner last wrote
-        self.broken = False  # our reader went away (e.g. `| head`): instances' output is dropped
 
     def write(self, file: BinaryIO, data: bytes) -> None:
         """poprun's own ``data`` to ``file``, on a line of its own."""
@@ -205,8 +204,6 @@ class Line:
 
     def offer(self, stream: Stream, received: float, data: bytes) -> None:
         """``stream`` has ``data``: write what the rule allows now, hold the rest."""
-        if self.broken:
-            return
         stream.held.append((received, data))
         stream.held_bytes += len(data)
         out: Parts = []
@@ -222,7 +219,7 @@ class Line:
     def tick(self) -> None:
         """End the owner's line if it has written nothing for HOLD_SECONDS while others wait, or
         has kept one waiting MAX_WAIT_SECONDS."""
-        if self.owner is None or not self.queue or self.broken:
+        if self.owner is None or not self.queue:
             return
         now = time.monotonic()
         waited = now - self.queue[0].waiting_since
@@ -289,15 +286,9 @@ class Line:
                 return
 
     def _emit(self, out: Parts) -> None:
-        try:
-            _write(out)
-        except (BrokenPipeError, ValueError):
-            self.broken = True  # keep supervising; nothing more is shown
-            self.owner = None
-            for stream in self.queue:
-                stream.held.clear()
-                stream.queued = False
-            self.queue.clear()
+        # poprun's streams never fail a write (own_output.OwnStream drops what a gone reader or a
+        # full disk cannot take), so the line goes on framing as if all were shown.
+        _write(out)
 
 
 def _part(out: Parts, file: BinaryIO) -> bytearray:

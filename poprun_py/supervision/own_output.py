@@ -36,7 +36,7 @@ class OwnStream(io.RawIOBase):
     def __init__(self, fd: int) -> None:
         super().__init__()
         self.fd = fd
-        self.name = NAMES[fd]
+        self.name = NAMES.get(fd, f"descriptor {fd}")
         self.failure: OSError | None = None
         self.ends_line = True  # the last byte written was a newline (or nothing was written yet)
 

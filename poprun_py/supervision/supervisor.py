@@ -505,10 +505,10 @@ class Supervisor:
                 state.ended_ns, state.stopped_ns, state.recorded_ns = protocol.read_times(payload)
             elif kind == protocol.LAUNCHER_LOST:
                 state.launcher_lost = payload.decode(errors="replace")
-                log.info("instance %d on %s: %s", state.index, state.host, state.launcher_lost)
                 if self.failure is None and self.teardown.started is None:
                     self.failure = Failure(state.index, 1, state.launcher_lost)
                     self.teardown.begin()
+                log.info("instance %d on %s: %s", state.index, state.host, state.launcher_lost)
             elif kind == protocol.EXIT:
                 state.status, state.signal, state.error, flags = protocol.read_exit(payload)
                 state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
@@ -519,13 +519,15 @@ class Supervisor:
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())
                 how = describe_status(state.status, state.signal, state.oom_killed)
-                log.info("instance %d on %s: %s", state.index, state.host, how)
                 if self.failure is not None and self.failure.index == state.index and state.launcher_lost:
                     self.failure.status = state.status  # what its shim's stop gave, as for any failure
                 if state.status != 0 and self.failure is None and not state.stopped_by_poprun \
                         and self.teardown.started is None:
                     self.failure = Failure(state.index, state.status, how)
                     self.teardown.begin()
+                # Said once recorded: a signal that follows what poprun said (its handler starts the
+                # teardown) finds the failure on record.
+                log.info("instance %d on %s: %s", state.index, state.host, how)
                 self._release_when_all_done()
 
     def _cannot_read(self, index: int | None, why: str) -> None:

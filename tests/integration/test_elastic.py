@@ -18,7 +18,7 @@ import pytest
 
 from poprun_py.wire.protocol import DEFAULT_GRACE, SILENCE_LIMIT
 from tests.cluster import Cluster
-from tests.helpers import PYTHON, ROOT, run, tagged_json, wait_no_processes
+from tests.helpers import PYTHON, ROOT, job_marker, run, tagged_json, wait_no_processes
 from tests.integration.conftest import FAILURE_BOUND, job_env, job_files, mpi_args, start_poprun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
@@ -57,7 +57,7 @@ def _lines(proc: subprocess.Popen[str], prefix: str, count: int) -> list[str]:
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster: Cluster, mpi: str,
                                                                          tmp_path: Path) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     report = tmp_path / "attempts.json"
     proc = start_poprun(*mpi_args(mpi), "--max-restarts", "2", "--restart-backoff", "0", "--error-file", str(report),
                         "--num-instances", "3", "--num-replicas", "6", "-H", "node0,node1,node2",
@@ -90,7 +90,7 @@ def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster
 def test_a_host_that_comes_back_is_used_again_after_its_cooldown(cluster: Cluster) -> None:
     """node2 is lost at start 0; start 1 runs on node0 and node1 while node2 comes back; once its
     cooldown (1 s) has passed, start 1 fails, and start 2 runs on all three hosts again."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     fail = cluster.workdir / f"fail-{marker}"  # not under /tmp, which each host has its own of
     proc = start_poprun("--max-restarts", "2", "--restart-backoff", "0", "--host-cooldown", "1",
                         "--num-instances", "3", "--num-replicas", "6", "-H", "node0,node1,node2",
@@ -118,7 +118,7 @@ def test_a_host_that_comes_back_is_used_again_after_its_cooldown(cluster: Cluste
 def test_a_new_host_the_discovery_script_lists_takes_the_place_of_a_lost_one(cluster: Cluster) -> None:
     """The job starts on the hosts the script lists (node0, node1); the scheduler then lists node2
     instead of node1, and node1 is lost: the restart runs on node0 and node2."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     listed = cluster.workdir / f"hosts-{marker}"  # not under /tmp, which each host has its own of
     script = cluster.workdir / f"discover-{marker}"
     listed.write_text("node0\nnode1\n")
@@ -146,7 +146,7 @@ def test_a_new_host_the_discovery_script_lists_takes_the_place_of_a_lost_one(clu
 
 
 def test_too_few_hosts_left_stops_the_job_saying_why(cluster: Cluster, tmp_path: Path) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     report = tmp_path / "attempts.json"
     proc = start_poprun("--max-restarts", "2", "--restart-backoff", "0", "--min-hosts", "2", "--error-file",
                         str(report), "--num-instances", "2", "-H", "node0,node1", PYTHON, "-c", PROGRAM, marker,
@@ -265,7 +265,7 @@ def test_the_host_that_failed_is_named_and_left_out(cluster: Cluster, mpi: str, 
     --error-file lists it lost, and the restart runs on node0 and node2. (Hydra sometimes ends
     before ssh's line about a refusing host reaches its stderr: that start names no host, and the
     next one, on the same hosts, does; hence two restarts.)"""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     report = tmp_path / "attempts.json"
     brk, mid_job = BREAK[case]
     if not mid_job:

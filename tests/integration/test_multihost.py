@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from tests.helpers import (
     PYTHON,
     ROOT,
     SUBPROCESS_TIMEOUT,
+    job_marker,
     poprun,
     run,
     tagged_json,
@@ -323,7 +323,7 @@ def test_host_subnet_that_no_interface_is_in_is_one_line(cluster: Cluster) -> No
 @pytest.mark.parametrize("failure,said", [("sshd stopped", "Connection refused"),
                                           ("link down", "Connection timed out")])  # only ConnectTimeout ends it
 def test_host_that_cannot_be_reached(cluster: Cluster, mpi: str, failure: str, said: str) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     node1 = cluster.host("node1")
     if failure == "sshd stopped":
         cluster.stop_sshd(node1)
@@ -340,7 +340,7 @@ def test_host_that_cannot_be_reached(cluster: Cluster, mpi: str, failure: str, s
 
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_host_that_dies_mid_job(cluster: Cluster, mpi: str) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     proc = start_poprun(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
                   env=job_env(mpi))
     try:
@@ -363,7 +363,7 @@ def test_host_cut_off_mid_job(cluster: Cluster, mpi: str) -> None:
     up on them; their shims, whose heartbeats go unacknowledged, stop their programs by themselves,
     and the host's MPI daemon ends too (Open MPI's on the keep-alives poprun gives it), so nothing
     of the job stays there, while still cut off."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     node1 = cluster.host("node1")
     proc = start_poprun(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
                         env=job_env(mpi))
@@ -400,7 +400,7 @@ def test_host_cut_off_mid_job(cluster: Cluster, mpi: str) -> None:
 @pytest.mark.parametrize("mpi,sig,status", [("mpich", signal.SIGINT, 130), ("mpich", signal.SIGTERM, 143),
                                             ("openmpi", signal.SIGTERM, 143)])
 def test_signal_to_poprun_stops_every_host(cluster: Cluster, mpi: str, sig: int, status: int) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     proc = start_poprun(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
                   env=job_env(mpi))
     try:
@@ -419,7 +419,7 @@ def test_ctrl_z_stops_the_job_on_every_host_and_fg_continues_it(cluster: Cluster
     """Ctrl-Z typed on poprun's terminal (a real bash on a pty): the programs on both hosts stop
     (state T, no progress), poprun stops, the shell has its terminal back; ``fg``: all go on, and
     the job ends with status 0 having shown every line."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     with Shell(env=job_env(mpi)) as shell:
         shell.keys(" ".join([*POPRUN, *mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1",
                              PYTHON, TICKER, str(COUNT), "0.02", marker]) + "\n")

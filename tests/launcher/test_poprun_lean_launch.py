@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from popcontract import environment
 from poprun_py.instance import SCRIPT, shim_pump
 from poprun_py.wire import protocol
-from tests.helpers import BIN, PYTHON, poprun, run, wait_no_processes
+from tests.helpers import BIN, PYTHON, job_marker, poprun, run, wait_no_processes
 from tests.launcher.shim import run_shim
 
 pytestmark = pytest.mark.slow  # every test starts poprun or a shim
@@ -62,7 +61,7 @@ def test_shims_wait_for_release_so_all_exit_together(tmp_path: Path) -> None:
     # Instance 0 ends at once; instance 1 looks for instance 0's shim once instance 0's program is
     # gone (its pid, written to a file, no longer in /proc or a zombie), and keeps looking for a
     # while. The shim is still there (idle), so MPICH's proxy has no exited child to busy-wait on.
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     probe = ("import os, sys, time\n"
              "pid_file = os.path.join(sys.argv[2], 'pid0')\n"
              "if os.environ['RANK'] == '0':\n"

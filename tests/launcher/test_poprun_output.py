@@ -15,12 +15,21 @@ import select
 import signal
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, stop_poprun, wait_no_processes
+from tests.helpers import (
+    OMP_SET,
+    POPRUN,
+    PYTHON,
+    ROOT,
+    SUBPROCESS_TIMEOUT,
+    job_marker,
+    poprun,
+    stop_poprun,
+    wait_no_processes,
+)
 from tests.launcher.rendering import rendered
 
 pytestmark = pytest.mark.slow  # every test launches through poprun and mpiexec
@@ -209,7 +218,7 @@ def test_log_files_are_complete_after_a_failure_and_after_sigint(tmp_path: Path)
     for i in (0, 1):
         assert (tmp_path / "failed" / f"instance-{i}" / "stdout.log").read_text() == f"partial {i}"
 
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker = job_marker()
     logs = tmp_path / "interrupted"
     job = Running("--log-dir", str(logs), PYTHON, SCRIPT, "streams", marker)
     job.wait_for(2, rb"\[0\] ready\n")

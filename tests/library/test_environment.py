@@ -202,8 +202,9 @@ def test_each_name_is_written_once() -> None:
     """No module but the contract spells a variable's name as a string literal of its own."""
     names = [v.name for v in environment.VARIABLES]
     assert len(names) == len(set(names))
-    sources = [p for p in (*ROOT.glob("poprun_py/*.py"), *ROOT.glob("popdist_py/**/*.py"))
-               if p.name != "environment.py"]
+    sources = [p for p in (*ROOT.glob("poprun_py/**/*.py"), *ROOT.glob("popdist_py/**/*.py"),
+                           *ROOT.glob("popcontract/**/*.py")) if p != ROOT / "popcontract" / "environment.py"]
+    assert len(sources) > 80, "the sources were not found"
     for variable in environment.VARIABLES:
         spelled = [str(p.relative_to(ROOT)) for p in sources
                    if re.search(rf"""["']{variable.name}["']""", p.read_text())]
