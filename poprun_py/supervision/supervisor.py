@@ -505,10 +505,12 @@ class Supervisor:
                 state.ended_ns, state.stopped_ns, state.recorded_ns = protocol.read_times(payload)
             elif kind == protocol.LAUNCHER_LOST:
                 state.launcher_lost = payload.decode(errors="replace")
-                if self.failure is None and self.teardown.started is None:
+                fails = self.failure is None and self.teardown.started is None
+                if fails:
                     self.failure = Failure(state.index, 1, state.launcher_lost)
-                    self.teardown.begin()
                 log.info("instance %d on %s: %s", state.index, state.host, state.launcher_lost)
+                if fails and self.teardown.started is None:  # (unless a signal's handler began it)
+                    self.teardown.begin()
             elif kind == protocol.EXIT:
                 state.status, state.signal, state.error, flags = protocol.read_exit(payload)
                 state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
@@ -521,13 +523,15 @@ class Supervisor:
                 how = describe_status(state.status, state.signal, state.oom_killed)
                 if self.failure is not None and self.failure.index == state.index and state.launcher_lost:
                     self.failure.status = state.status  # what its shim's stop gave, as for any failure
-                if state.status != 0 and self.failure is None and not state.stopped_by_poprun \
-                        and self.teardown.started is None:
+                fails = state.status != 0 and self.failure is None and not state.stopped_by_poprun \
+                    and self.teardown.started is None
+                if fails:
                     self.failure = Failure(state.index, state.status, how)
-                    self.teardown.begin()
-                # Said once recorded: a signal that follows what poprun said (its handler starts the
-                # teardown) finds the failure on record.
+                # Said once recorded: a signal that follows what poprun said (its handler begins the
+                # teardown at once) finds the failure on record.
                 log.info("instance %d on %s: %s", state.index, state.host, how)
+                if fails and self.teardown.started is None:
+                    self.teardown.begin()
                 self._release_when_all_done()
 
     def _cannot_read(self, index: int | None, why: str) -> None:
