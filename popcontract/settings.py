@@ -46,3 +46,18 @@ def choice(name: str, choices: tuple[str, ...], default: str, env: Mapping[str, 
     if value not in choices:
         raise PopdistEnvError(f"{name}={raw!r} is not one of {', '.join(choices)}")
     return value
+
+
+# --- The launcher's pass-through settings (added on branch options-plan; merge by hand) ---------
+
+
+def given(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """``$name`` exactly as it is set, even empty, None when it is unset: a value poprun passes on
+    to its instances unread (the user's ``OMP_NUM_THREADS``), or names folders or hosts by."""
+    return (os.environ if env is None else env).get(name)
+
+
+def passed(name: str, default: str, env: Mapping[str, str] | None = None) -> str:
+    """``$name`` exactly as it is set, even empty, for poprun to pass on unread; ``default`` when unset."""
+    value = given(name, env)
+    return default if value is None else value
