@@ -223,9 +223,10 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
     output = OutputOptions(shown.log_dir, shown.tee, shown.prefix_timestamp)  # for every start
     records: list[dict[str, object]] = []  # --error-file: each start's end, once one has failed
     status = 1
-    start = start._replace(plan=_with_error_dir(start.plan))
-    error_dir = start.plan.error_dir  # the first start's: it serves every start
+    error_dir: str | None = None  # made by the first start, it serves every start
     try:
+        start = start._replace(plan=_with_error_dir(start.plan))
+        error_dir = start.plan.error_dir
         for restart in range(restarts + 1):
             # Each start is a plan of its own: its number, and a free MASTER_PORT for it.
             plan = start.plan.replace(restart=restart, master_port=start.master_port())
