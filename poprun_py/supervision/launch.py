@@ -44,6 +44,7 @@ def launch(options: LaunchOptions) -> int:
     from poprun_py.planning.plan import JobPlan
 
     hosts, slots = _resolve_hosts(options.hosts, options.failures.host_discovery_script)
+    # The layout alone, checked before any name is resolved; the plan adds torchrun's contract.
     shape = JobPlan(options.num_instances, options.replicas, options.ipus_per_replica, tuple(hosts),
                     options.executable_cache_path)
     _check_slots(shape, slots, options.failures.host_discovery_script)
