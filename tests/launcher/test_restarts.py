@@ -220,6 +220,7 @@ def test_a_restart_on_other_hosts_is_a_new_plan_from_the_old_one() -> None:
     assert 1 <= int(new.master_port) <= 65535
 
 
+@pytest.mark.slow  # starts a job twice
 def test_a_restart_leaves_poprun_s_own_environment_as_it_was(tmp_path: Path) -> None:
     """Each start's secret and mpiexec's own variables go in the environment mpiexec is started
     with, not poprun's: the discovery script poprun runs before the restart sees neither, and the
