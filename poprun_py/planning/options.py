@@ -98,6 +98,8 @@ class LaunchOptions(NamedTuple):
         return options
 
     def check(self) -> None:
+        """A PlanError naming the value for what is wrong in the options themselves, before any
+        host is looked up or file read."""
         if self.hosts.host is not None and self.hosts.host_file is not None:
             raise PlanError("--host and --host-file exclude each other; give only one of them")
         only = self.output.only_output_from_instance

@@ -420,3 +420,21 @@ def test_launch_options_are_frozen() -> None:
     assert (options.num_instances, options.hosts.host) == (2, "a,b")
 
 
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["-H", "a", "--host-file", "{file}"], "--host and --host-file exclude each other"),
+    (["--num-instances", "2", "--only-output-from-instance", "2"], "--only-output-from-instance 2 is outside"),
+    (["--mpi-local-args", "-foo 'unbalanced"], "--mpi-local-args \"-foo 'unbalanced\" cannot be split"),
+    (["--instance-mpi-local-args", "3:-v"], "--instance-mpi-local-args '3:-v' names instance 3"),
+])
+def test_what_the_options_alone_make_wrong_is_refused_as_they_are_read(argv: list[str], said: str, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Before anything is looked up or started: parse itself gives status 2 and says it in one line."""
+    from poprun_py.cli.command import parse
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a\n")
+    assert parse([word.format(file=hosts) for word in argv] + ["true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"poprun: error: {said}") and err.count("\n") == 1, err
