@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from types import MappingProxyType
 from typing import NamedTuple
 
 from popcontract import environment, settings
@@ -145,7 +146,7 @@ def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -
         launch_env[environment.OMPI_MCA_BTL] = settings.passed(environment.OMPI_MCA_BTL, "^tcp")
     mpi = options.mpi
     return CommandSpec(
-        launch_env=launch_env,
+        launch_env=MappingProxyType(launch_env),  # read-only, as the spec is
         shim=(sys.executable, "-S", SCRIPT),
         global_args=tuple(split_args(mpi.mpi_global_args, "--mpi-global-args")),
         local_args=tuple(split_args(mpi.mpi_local_args, "--mpi-local-args")),
