@@ -28,10 +28,17 @@ def _raw(name: str, env: Mapping[str, str] | None) -> str:
     return (os.environ if env is None else env).get(name, "")
 
 
-def present(name: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``$name`` is set at all, even to nothing: for the variables poprun gives a value of
-    its own only when the user has not set them (and an empty value is the user's choice)."""
-    return name in (os.environ if env is None else env)
+def given(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """``$name`` exactly as it is set, even empty; None when it is unset: for the variables poprun
+    gives a value of its own only when the user has not set them (an empty value is the user's
+    choice), and for values it passes on unread."""
+    return (os.environ if env is None else env).get(name)
+
+
+def passed(name: str, default: str, env: Mapping[str, str] | None = None) -> str:
+    """``$name`` exactly as it is set, even empty, for poprun to pass on unread; ``default`` when unset."""
+    value = given(name, env)
+    return default if value is None else value
 
 
 def text(name: str, default: str = "", env: Mapping[str, str] | None = None) -> str:

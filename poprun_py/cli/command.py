@@ -1,21 +1,20 @@
 """The ``poprun`` command line: a click command, its options, and every usage error as one line.
 
-``parse`` turns argv into the options dictionary ``launch`` runs, or the exit status of a
-command line that launches nothing (help, version, a usage error).
+``parse`` turns argv into the options ``launch`` runs (``LaunchOptions``, built once, here), or the
+exit status of a command line that launches nothing (help, version, a usage error).
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import click
 
 from poprun_py import __version__
+from poprun_py.planning.options import LaunchOptions
+from poprun_py.shared.errors import PlanError
 from poprun_py.supervision import log
-
-if TYPE_CHECKING:
-    from poprun_py.planning.launch_options import LaunchOptions
 
 #: PopRun's V-IPU options: accepted so PopRun scripts run, each one used is warned about and ignored.
 VIPU_FLAGS = (
@@ -371,7 +370,7 @@ def poprun(ctx: click.Context, /, **options: Any) -> dict[str, Any]:
 
 def parse(argv: list[str]) -> LaunchOptions | int:
     """The options for ``argv``, or an exit status when there is nothing to launch (help,
-    version, or a usage error, already printed as one line)."""
+    version, or a usage error, already printed as one line: 2 for one the options' own checks find)."""
     try:
         result = poprun.main(args=argv, prog_name="poprun", standalone_mode=False)
     except click.ClickException as exc:
@@ -384,4 +383,10 @@ def parse(argv: list[str]) -> LaunchOptions | int:
         return exc.exit_code
     except click.exceptions.Abort:
         return 130
-    return cast("LaunchOptions", result) if isinstance(result, dict) else int(result or 0)
+    if not isinstance(result, dict):
+        return int(result or 0)
+    try:
+        return LaunchOptions.from_command_line(result)
+    except PlanError as exc:
+        click.echo(f"poprun: error: {exc}", err=True)
+        return 2

@@ -112,7 +112,7 @@ def divide_cores() -> None:
     """torchrun's OMP_NUM_THREADS, per host: when the user has not set it and this host runs several
     instances, each gets the host's usable cores divided by them (at least 1), so that their
     OpenMP and BLAS threads do not fight over the cores (torchrun sets 1). poprun says so once."""
-    if settings.present(environment.OMP_NUM_THREADS):
+    if settings.given(environment.OMP_NUM_THREADS) is not None:
         return
     try:
         per_host = settings.integer(environment.LOCAL_WORLD_SIZE, 1)

@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NamedTuple
 
 from popcontract import environment, settings
 from poprun_py.shared import loopback
 from poprun_py.shared.errors import PlanError
 from poprun_py.shared.paths import which
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+TYPE_CHECKING = False  # typing.TYPE_CHECKING (typing itself comes with click)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Literal
 
     from poprun_py.planning.plan import JobPlan
 
     Flavour = Literal["mpich", "openmpi"]
 
+#: poprun's control address where no real one is known yet (a dry run, the checks before the start).
+CONTROL_SHOWN = "<poprun-address>:<port>"
 #: Open MPI does not forward the environment by default; PopRun forwards these by name.
 OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
 #: ... and every variable with one of these prefixes.
@@ -155,29 +159,40 @@ def _ask_version(path: str) -> MpiLauncher:
     )
 
 
-class CommandSpec:
-    """Everything that shapes the mpiexec command apart from the plan.
+class CommandSpec(NamedTuple):
+    """Everything that shapes the mpiexec command apart from the plan; read-only (a start's own
+    control address is a new spec: ``spec._replace(control_address=...)``).
 
+    ``launch_env``: what every instance gets besides the plan's variables, the same for every start:
+    poprun's settings passed on (``PYTHONUNBUFFERED``, the user's ``OMP_NUM_THREADS``, ...) and
+    those its options give (``POPRUN_ONE_STREAM``, ``POPRUN_HOST_SUBNET``).
+    ``control_address``: where poprun listens for this start's shims (``POPRUN_CONTROL``).
     ``callback_address``: the local address remote hosts reach this one on (None: one-host job).
     ``host_subnet``: ``--host-subnet``'s CIDR, which MPI's own traffic is kept to as well.
     """
 
-    def __init__(self, job_env: dict[str, str], instance_envs: list[dict[str, str]],
-                 shim: list[str], global_args: list[str] | None = None,
-                 local_args: list[str] | None = None, instance_local_args: dict[int, list[str]] | None = None,
-                 numa_aware: bool = False, explicit_hosts: bool = False, callback_address: str | None = None,
-                 host_subnet: str | None = None) -> None:
-        self.job_env = job_env
-        self.instance_envs = instance_envs
-        #: Each instance runs ``shim + [index]``.
-        self.shim = shim
-        self.global_args = global_args or []
-        self.local_args = local_args or []
-        self.instance_local_args = instance_local_args or {}
-        self.numa_aware = numa_aware
-        self.explicit_hosts = explicit_hosts
-        self.callback_address = callback_address
-        self.host_subnet = host_subnet
+    launch_env: Mapping[str, str]
+    #: Each instance runs ``shim + [index]``.
+    shim: tuple[str, ...]
+    control_address: str = CONTROL_SHOWN
+    global_args: tuple[str, ...] = ()
+    local_args: tuple[str, ...] = ()
+    instance_local_args: Mapping[int, list[str]] = {}
+    numa_aware: bool = False
+    explicit_hosts: bool = False
+    callback_address: str | None = None
+    host_subnet: str | None = None
+
+
+def job_env(plan: JobPlan, spec: CommandSpec) -> dict[str, str]:
+    """What every instance of ``plan`` gets (``-genv`` / ``-x``): the plan's variables, the launch's
+    own, and where poprun listens."""
+    return {**plan.job_env(), **spec.launch_env, environment.CONTROL: spec.control_address}
+
+
+def instance_environment(plan: JobPlan, spec: CommandSpec, index: int) -> dict[str, str]:
+    """Everything the command gives instance ``index``: the job's variables, then its own."""
+    return {**job_env(plan, spec), **plan.instance_env(index)}
 
 
 #: Above this many bytes of arguments, the host list and the app contexts go to files (Hydra's
@@ -298,7 +313,7 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> C
     tail, env = [], _loopback_env(launcher, spec)
     if spec.callback_address:
         tail += ["-localhost", spec.callback_address]  # where the remote proxies call back
-        if not settings.present(environment.HYDRA_SSH_ARGS):
+        if settings.given(environment.HYDRA_SSH_ARGS) is None:
             env[environment.HYDRA_SSH_ARGS] = SSH_ARGS
     elif environment.LD_PRELOAD in env and "-localhost" not in spec.global_args:
         # Hydra on one host: its mpiexec listens on loopback, so that is where a proxy that calls
@@ -306,12 +321,12 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> C
         tail += ["-localhost", LOOPBACK_ADDRESS]
     if spec.numa_aware:
         tail += ["-bind-to", "numa"]
-    for name, value in spec.job_env.items():
+    for name, value in job_env(plan, spec).items():
         tail += ["-genv", name, value]
     blocks = []
     for inst in plan.instances:
         block = ["-n", "1"]
-        for name, value in spec.instance_envs[inst.index].items():
+        for name, value in plan.instance_env(inst.index).items():
             block += ["-env", name, value]
         blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
                        *spec.shim, str(inst.index)])
@@ -352,17 +367,18 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) ->
     if spec.callback_address:
         tail += [arg for name, value in DAEMON_KEEPALIVE for arg in ("--prtemca", name, value)]
     env = _loopback_env(launcher, spec)
-    if spec.callback_address and not settings.present(environment.PRTE_SSH_ARGS):
+    if spec.callback_address and settings.given(environment.PRTE_SSH_ARGS) is None:
         env[environment.PRTE_SSH_ARGS] = SSH_ARGS
     # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
-    for name, value in spec.job_env.items():
+    common = job_env(plan, spec)
+    for name, value in common.items():
         tail += ["-x", f"{name}={value}"]
-    for name in forwarded_names(spec.job_env):
+    for name in forwarded_names(common):
         tail += ["-x", name]
     blocks = []
     for inst in plan.instances:
         block = ["-np", "1"]
-        for name, value in spec.instance_envs[inst.index].items():
+        for name, value in plan.instance_env(inst.index).items():
             block += ["-x", f"{name}={value}"]
         blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
                        *spec.shim, str(inst.index)])
@@ -370,10 +386,11 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) ->
 
 
 def forwarded_names(already: dict[str, str]) -> list[str]:
-    """What Open MPI must forward by name from poprun's environment: PopRun's list plus every
-    POPDIST_*, POPRUN_* and MPI4PY_* variable (mpi4py must load the same MPI on every host)."""
+    """What Open MPI must forward by name from mpiexec's environment: PopRun's list plus every
+    POPDIST_*, POPRUN_* and MPI4PY_* variable of poprun's (mpi4py must load the same MPI on every
+    host), and the job's secret, which poprun puts in mpiexec's environment alone."""
     names = [name for name in OPENMPI_FORWARDED if name in os.environ]
-    names += sorted(name for name in os.environ
+    names += sorted(name for name in {*os.environ, environment.SECRET}
                     if name.startswith(environment.FORWARDED_PREFIXES) and name not in already and name not in names)
     return names
 

@@ -6,6 +6,8 @@ instances share a host, as PopRun lays them out.
 
 from __future__ import annotations
 
+from typing import Any, Final
+
 from popcontract import environment as names
 from poprun_py.shared.errors import PlanError
 
@@ -38,6 +40,18 @@ def span(numbers: range) -> str:
     return f"{numbers.start}" if len(numbers) == 1 else f"{numbers.start}-{numbers.stop - 1}"
 
 
+def _set_once(self: object, name: str, value: object) -> None:
+    """Plans are set once, on construction: a changed plan is a new one (``JobPlan.replace``)."""
+    if hasattr(self, name):
+        raise AttributeError(f"{type(self).__name__} is immutable: {name} cannot be set again; "
+                             "build a new one (JobPlan.replace)")
+    object.__setattr__(self, name, value)
+
+
+def _no_delete(self: object, name: str) -> None:
+    raise AttributeError(f"{type(self).__name__} is immutable: {name} cannot be deleted")
+
+
 class InstancePlan:
     """Where one instance runs and which replicas it owns.
 
@@ -46,14 +60,16 @@ class InstancePlan:
     """
 
     __slots__ = ("host", "index", "local_index", "num_local_replicas", "replica_index_offset")
+    __setattr__ = _set_once
+    __delattr__ = _no_delete
 
     def __init__(self, index: int, host: str, local_index: int, replica_index_offset: int,
                  num_local_replicas: int) -> None:
-        self.index = index
-        self.host = host
-        self.local_index = local_index
-        self.replica_index_offset = replica_index_offset
-        self.num_local_replicas = num_local_replicas
+        self.index: Final = index
+        self.host: Final = host
+        self.local_index: Final = local_index
+        self.replica_index_offset: Final = replica_index_offset
+        self.num_local_replicas: Final = num_local_replicas
 
     def __repr__(self) -> str:
         return (f"InstancePlan(index={self.index}, host={self.host!r}, local_index={self.local_index}, "
@@ -66,24 +82,34 @@ class InstancePlan:
 
 
 class JobPlan:
-    """The whole job: instances x replicas over hosts; checked on construction."""
+    """The whole job as one start runs it: instances x replicas over hosts, and torchrun's contract
+    (where instance 0 hosts torch's store, the job's id, its restarts and which this is, the
+    directory of the instances' error files, ``None``: no error files). Every field is given and
+    checked on construction and never changes: a restart's plan is a new one (``replace``), and
+    each instance's environment is computed from the plan alone (``job_env``, ``instance_env``)."""
+
+    __slots__ = ("error_dir", "executable_cache_path", "hosts", "ipus_per_replica", "master_addr", "master_port",
+                 "max_restarts", "num_instances", "num_replicas", "restart", "run_id")
+    __setattr__ = _set_once
+    __delattr__ = _no_delete
 
     def __init__(self, num_instances: int, num_replicas: int, ipus_per_replica: int = 1,
                  hosts: tuple[str, ...] = (), executable_cache_path: str | None = None,
                  master_addr: str = "127.0.0.1", master_port: int | str = DEFAULT_MASTER_PORT,
-                 run_id: str = "none", max_restarts: int = 0, error_dir: str | None = None) -> None:
-        self.num_instances = num_instances
-        self.num_replicas = num_replicas
-        self.ipus_per_replica = ipus_per_replica
-        self.hosts = tuple(hosts)
-        self.executable_cache_path = executable_cache_path
-        #: torchrun's contract: where instance 0 hosts torch's store, the job's id, its restarts,
-        #: and the directory of the instances' error files (``None``: no error files).
-        self.master_addr = master_addr
-        self.master_port = master_port
-        self.run_id = run_id
-        self.max_restarts = max_restarts
-        self.error_dir = error_dir
+                 run_id: str = "none", max_restarts: int = 0, error_dir: str | None = None,
+                 restart: int = 0) -> None:
+        self.num_instances: Final = num_instances
+        self.num_replicas: Final = num_replicas
+        self.ipus_per_replica: Final = ipus_per_replica
+        self.hosts: Final = tuple(hosts)
+        self.executable_cache_path: Final = executable_cache_path
+        self.master_addr: Final = master_addr
+        self.master_port: Final = master_port
+        self.run_id: Final = run_id
+        self.max_restarts: Final = max_restarts
+        self.error_dir: Final = error_dir
+        #: Which start of the job this is: 0 for the first, then 1 .. max_restarts.
+        self.restart: Final = restart
         for name in ("num_instances", "num_replicas", "ipus_per_replica"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -101,6 +127,26 @@ class JobPlan:
                 f"{len(self.hosts)} hosts ({', '.join(elide(list(self.hosts), 8))}); "
                 f"use a multiple of {len(self.hosts)} instances"
             )
+        if not (isinstance(max_restarts, int) and isinstance(restart, int) and 0 <= restart <= max_restarts):
+            raise PlanError(f"restart {restart!r} is outside the job's restarts 0..{max_restarts!r} (--max-restarts)")
+
+    def replace(self, **changes: Any) -> JobPlan:
+        """This plan with ``changes`` (fields by name), checked as a new plan: each start of a job
+        (its restart number and MASTER_PORT) and a restart on the hosts left are new plans."""
+        fields: dict[str, Any] = {name: getattr(self, name) for name in JobPlan.__slots__}
+        unknown = changes.keys() - fields.keys()
+        if unknown:
+            raise TypeError(f"JobPlan has no field(s) {', '.join(sorted(unknown))}")
+        return JobPlan(**{**fields, **changes})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobPlan) and all(getattr(self, n) == getattr(other, n) for n in JobPlan.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, n) for n in JobPlan.__slots__))
+
+    def __repr__(self) -> str:
+        return "JobPlan(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in JobPlan.__slots__) + ")"
 
     @property
     def num_local_replicas(self) -> int:
@@ -147,7 +193,8 @@ class JobPlan:
             names.MASTER_PORT: str(self.master_port),
             names.TORCHELASTIC_RUN_ID: self.run_id,
             names.TORCHELASTIC_MAX_RESTARTS: str(self.max_restarts),
-            names.TORCHELASTIC_RESTART_COUNT: "0",
+            names.TORCHELASTIC_RESTART_COUNT: str(self.restart),
+            names.RESTART_COUNT: str(self.restart),
             names.TORCHELASTIC_USE_AGENT_STORE: "False",
         }
         if self.executable_cache_path:

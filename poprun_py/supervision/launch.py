@@ -1,4 +1,4 @@
-"""Turn parsed options into a plan and one mpiexec command, then supervise the job.
+"""Turn the launch options into a plan and one mpiexec command, then supervise the job.
 
 Runs on every launch before mpiexec starts, so it imports only what a plain launch needs;
 ``--dry-run``, host lists and topology printing bring in their modules when asked for.
@@ -9,17 +9,19 @@ from __future__ import annotations
 import os
 import sys
 import time
+from types import MappingProxyType
+from typing import NamedTuple
 
-from popcontract import environment
+from popcontract import environment, settings
 from poprun_py.shared.errors import PlanError
 from poprun_py.supervision import interrupts, log, own_output
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
+TYPE_CHECKING = False  # typing.TYPE_CHECKING (typing itself comes with click)
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from poprun_py.planning.launch_options import LaunchOptions
     from poprun_py.planning.mpi import Command, CommandSpec, MpiLauncher
+    from poprun_py.planning.options import Hosts, LaunchOptions
     from poprun_py.planning.plan import JobPlan
     from poprun_py.supervision.error_file import ErrorFile
     from poprun_py.supervision.restarts import Restarts
@@ -34,34 +36,36 @@ class ProgramError(Exception):
 
 
 def launch(options: LaunchOptions) -> int:
-    """Run the job ``options`` describe (as click would parse them); its exit status."""
-    if not options["dry_run"]:  # the job is what poprun is for now, not its own output
+    """Run the job ``options`` describe; its exit status."""
+    if not options.dry_run:  # the job is what poprun is for now, not its own output
         own_output.job_runs()
-    log.configure(options["verbose"])
+    log.configure(options.verbose)
     grace = _kill_grace()
     from poprun_py.planning.mpi import detect_launcher, find_mpiexec
     from poprun_py.planning.plan import JobPlan
 
-    hosts, slots = _resolve_hosts(options)
-    plan = JobPlan(options["num_instances"], options["num_replicas"] or options["num_instances"],
-                   options["ipus_per_replica"], tuple(hosts), options["executable_cache_path"])
-    _check_slots(plan, slots, options["host_discovery_script"])
-    only = options["only_output_from_instance"]
-    if only is not None and only >= plan.num_instances:
-        raise PlanError(f"--only-output-from-instance {only} is outside the instances 0..{plan.num_instances - 1}")
-    if options["log_dir"] is not None or not options["tee"]:
+    hosts, slots = _resolve_hosts(options.hosts, options.failures.host_discovery_script)
+    # The layout alone, checked before any name is resolved; the plan adds torchrun's contract.
+    shape = JobPlan(options.num_instances, options.replicas, options.ipus_per_replica, tuple(hosts),
+                    options.executable_cache_path)
+    _check_slots(shape, slots, options.failures.host_discovery_script)
+    if options.output.log_dir is not None or not options.output.tee:
         from poprun_py.supervision.output import check_log_options
 
-        check_log_options(options["log_dir"], options["tee"], create=not options["dry_run"])
+        check_log_options(options.output.log_dir, options.output.tee, create=not options.dry_run)
     # A dry run asks no resolver: the address remote hosts call back on is shown as a placeholder.
-    remote = _remote_hosts(hosts, resolve=not options["dry_run"])
-    callback = _callback_address(hosts, remote, options["host_subnet"], resolve=not options["dry_run"])
+    remote = _remote_hosts(hosts, resolve=not options.dry_run)
+    callback = _callback_address(hosts, remote, options.hosts.host_subnet, resolve=not options.dry_run)
     # The job's id is the same for every start; a dry run prints the same each time.
-    plan.run_id = "<run-id>" if options["dry_run"] else os.urandom(8).hex()
-    start = Start(options, plan, remote, callback, _torchrun_contract(plan, options, remote, callback))
-    _check_program(options["program"], bool(remote))
-    launcher = detect_launcher(find_mpiexec(options["mpi"]), need_version=options["dry_run"] or options["verbose"] > 0)
-    if _poprun_picks_the_mpi(options) and not hosts:
+    run_id = "<run-id>" if options.dry_run else os.urandom(8).hex()
+    master_addr, master_port = _torchrun_contract(hosts, remote, callback, options)
+    plan = shape.replace(run_id=run_id, max_restarts=options.failures.max_restarts,
+                         error_dir=f"{temporary_folder()}/poprun-{run_id}", master_addr=master_addr,
+                         master_port=master_port())
+    start = Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback))
+    _check_program(options.program, bool(remote))
+    launcher = detect_launcher(find_mpiexec(options.mpi.mpi), need_version=options.dry_run or options.verbose > 0)
+    if not options.mpi.speaks_to_an_mpiexec() and not hosts:
         from poprun_py.planning.mpi import one_host_launcher
 
         launcher = one_host_launcher(launcher)  # opens no port beyond loopback
@@ -72,22 +76,21 @@ def launch(options: LaunchOptions) -> int:
         # refused without it, and so is a command that gforker cannot take and Hydra may not.
         from poprun_py.planning.mpi import build_command
 
-        build_command(launcher, plan, _with_control(start.spec, CONTROL_SHOWN))
-    errors = _error_file(options["error_file"])
+        build_command(launcher, plan, start.spec)
+    errors = _error_file(options.failures.error_file)
 
-    if options["print_topology"] or options["dry_run"]:
+    if options.print_topology or options.dry_run:
         from poprun_py.planning.plan_table import render_plan_table
 
         print(render_plan_table(plan))
-    if options["dry_run"]:
+    if options.dry_run:
         from poprun_py.planning.mpi import build_command
 
         if errors is not None:
             errors.close()
-        shown = _with_control(start.spec, CONTROL_SHOWN)
-        _print_dry_run(plan, launcher, build_command(launcher, plan, shown), program_argv(options))
+        _print_dry_run(plan, launcher, build_command(launcher, plan, start.spec), program_argv(options))
         return 0
-    _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
+    _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
     _say_threads_per_instance(plan, remote)
     return _run(options, start, launcher, grace, errors)
 
@@ -105,14 +108,7 @@ def _error_file(path: str | None) -> ErrorFile | None:
 def program_argv(options: LaunchOptions) -> list[bytes]:
     """The program and its arguments exactly as poprun was given them: the bytes of its own command
     line (Python read them as text, any bytes that are not UTF-8 as surrogate escapes)."""
-    return [os.fsencode(word) for word in (options["program"] or "", *options["args"])]
-
-
-def _poprun_picks_the_mpi(options: LaunchOptions) -> bool:
-    """No --mpi, and no option that speaks to a particular mpiexec (its arguments, Hydra's NUMA
-    binding): poprun may pick how MPICH starts a one-host job."""
-    return not (options["mpi"] or options["mpi_global_args"] or options["mpi_local_args"]
-                or options["instance_mpi_local_args"] or options["numa_aware"])
+    return [os.fsencode(word) for word in (options.program or "", *options.args)]
 
 
 def _kill_grace() -> float:
@@ -121,48 +117,50 @@ def _kill_grace() -> float:
 
     grace = protocol.kill_grace()
     if grace is None:
-        raise PlanError(protocol.bad_grace(os.environ[environment.KILL_GRACE]))
+        raise PlanError(protocol.bad_grace(settings.passed(environment.KILL_GRACE, "")))
     return grace
 
 
 def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -> CommandSpec:
-    """What the mpiexec command is built from: the environments, the shim and the user's MPI arguments."""
+    """What the mpiexec command is built from besides the plan: what every instance gets from poprun's
+    environment and options, the shim and the user's MPI arguments."""
     from poprun_py.instance import SCRIPT
     from poprun_py.planning.mpi import CommandSpec, parse_instance_local_args, split_args
     from poprun_py.supervision.output import one_stream
 
-    job_env = {**plan.job_env(), environment.UNBUFFERED: os.environ.get(environment.UNBUFFERED, "1"),
-               environment.TORCH_NCCL_ASYNC_ERROR_HANDLING:
-                   os.environ.get(environment.TORCH_NCCL_ASYNC_ERROR_HANDLING, "1")}
-    if environment.OMP_NUM_THREADS in os.environ:  # the user's, to every host (Open MPI forwards nothing)
-        job_env[environment.OMP_NUM_THREADS] = os.environ[environment.OMP_NUM_THREADS]
-    if one_stream(options["tee"]):  # each program's stdout and stderr are one pipe, in the order written
-        job_env[environment.ONE_STREAM] = "1"
-    if options["host_subnet"] and plan.hosts:
-        job_env[environment.HOST_SUBNET] = options["host_subnet"]
+    launch_env = {name: settings.passed(name, "1")
+                  for name in (environment.UNBUFFERED, environment.TORCH_NCCL_ASYNC_ERROR_HANDLING)}
+    threads = settings.given(environment.OMP_NUM_THREADS)
+    if threads is not None:  # the user's, to every host (Open MPI forwards nothing)
+        launch_env[environment.OMP_NUM_THREADS] = threads
+    if one_stream(options.output.tee):  # each program's stdout and stderr are one pipe, in the order written
+        launch_env[environment.ONE_STREAM] = "1"
+    subnet = options.hosts.host_subnet if plan.hosts else None
+    if subnet:
+        launch_env[environment.HOST_SUBNET] = subnet
     if callback is None:  # nothing crosses hosts: MPI's own sockets (UCX, libfabric) stay on loopback
         for name in (environment.UCX_NET_DEVICES, environment.FI_TCP_IFACE):
-            job_env[name] = os.environ.get(name, "lo")
+            launch_env[name] = settings.passed(name, "lo")
         # Open MPI's TCP transport listens on every interface whatever it is told to use; on one
         # host shared memory carries everything.
-        job_env[environment.OMPI_MCA_BTL] = os.environ.get(environment.OMPI_MCA_BTL, "^tcp")
+        launch_env[environment.OMPI_MCA_BTL] = settings.passed(environment.OMPI_MCA_BTL, "^tcp")
+    mpi = options.mpi
     return CommandSpec(
-        job_env=job_env,
-        instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],
-        shim=[sys.executable, "-S", SCRIPT],
-        global_args=split_args(options["mpi_global_args"], "--mpi-global-args"),
-        local_args=split_args(options["mpi_local_args"], "--mpi-local-args"),
-        instance_local_args=parse_instance_local_args(options["instance_mpi_local_args"], plan.num_instances),
-        numa_aware=options["numa_aware"],
+        launch_env=MappingProxyType(launch_env),  # read-only, as the spec is
+        shim=(sys.executable, "-S", SCRIPT),
+        global_args=tuple(split_args(mpi.mpi_global_args, "--mpi-global-args")),
+        local_args=tuple(split_args(mpi.mpi_local_args, "--mpi-local-args")),
+        instance_local_args=parse_instance_local_args(mpi.instance_mpi_local_args, plan.num_instances),
+        numa_aware=mpi.numa_aware,
         explicit_hosts=bool(plan.hosts),
         callback_address=callback,
-        host_subnet=options["host_subnet"] if plan.hosts else None,
+        host_subnet=subnet,
     )
 
 
 def _say_threads_per_instance(plan: JobPlan, remote: list[str]) -> None:
     """Several instances to a host and no OMP_NUM_THREADS: each gets its share of the cores; say so."""
-    if environment.OMP_NUM_THREADS in os.environ or plan.instances_per_host <= 1:
+    if settings.given(environment.OMP_NUM_THREADS) is not None or plan.instances_per_host <= 1:
         return
     from poprun_py.shared.cores import threads_per_instance
 
@@ -173,46 +171,42 @@ def _say_threads_per_instance(plan: JobPlan, remote: list[str]) -> None:
     sys.stderr.flush()
 
 
-def _make_error_dir(plan: JobPlan, spec: CommandSpec) -> None:
-    """The directory of the instances' error files; without it they get no TORCHELASTIC_ERROR_FILE."""
+def _with_error_dir(plan: JobPlan) -> JobPlan:
+    """``plan``, once the directory of its instances' error files is made; without it (it could not
+    be made, as is said) the instances get no TORCHELASTIC_ERROR_FILE."""
     if plan.error_dir is None:
-        return
+        return plan
     try:
         os.mkdir(plan.error_dir, 0o700)  # a new name: another user cannot have made it first
     except OSError as exc:
         log.warning("no %s for the instances: cannot create %s: %s", environment.TORCHELASTIC_ERROR_FILE,
                     plan.error_dir, exc.strerror or exc)
-        plan.error_dir = None
-        spec.instance_envs = [plan.instance_env(i) for i in range(plan.num_instances)]
+        return plan.replace(error_dir=None)
+    return plan
 
 
-class Start:
+class Start(NamedTuple):
     """What one start of the job runs: its plan, the hosts of it that are not this machine, the
-    address they call back on, the mpiexec command's parts, and what gives MASTER_PORT."""
+    address they call back on, what gives MASTER_PORT, and the mpiexec command's parts besides the plan."""
 
-    def __init__(self, options: LaunchOptions, plan: JobPlan, remote: list[str], callback: str | None,
-                 master_port: Callable[[], str]) -> None:
-        self.plan = plan
-        self.remote = remote
-        self.callback = callback
-        self.master_port = master_port
-        self.spec = _command_spec(options, plan, callback)
+    plan: JobPlan
+    remote: tuple[str, ...]
+    callback: str | None
+    master_port: Callable[[], str]
+    spec: CommandSpec
 
     def moved(self, options: LaunchOptions, num_instances: int, hosts: list[str]) -> Start:
         """This start's job with ``num_instances`` instances on ``hosts`` (a restart without lost
-        hosts): the same replicas, id, restarts and error files, instance 0's host's address anew."""
-        from poprun_py.planning.plan import JobPlan
-
-        old = self.plan
-        plan = JobPlan(num_instances, old.num_replicas, old.ipus_per_replica, tuple(hosts), old.executable_cache_path,
-                       run_id=old.run_id)
+        hosts): a new plan from the old one, with the same replicas, id, restarts and error files,
+        instance 0's host's address anew."""
         # A discovery script may bring hosts the job did not start on, remote where all were local.
         remote = _remote_hosts(hosts, resolve=True)
-        callback = self.callback or _callback_address(hosts, remote, options["host_subnet"], resolve=True)
-        _check_open_files(plan.instances_per_host, plan.num_instances, options["log_dir"] is not None)
-        master_port = _torchrun_contract(plan, options, remote, callback)
-        plan.error_dir = old.error_dir  # the first start's folder (None: it could not be made, as was said)
-        return Start(options, plan, remote, callback, master_port)
+        callback = self.callback or _callback_address(hosts, remote, options.hosts.host_subnet, resolve=True)
+        master_addr, master_port = _torchrun_contract(hosts, remote, callback, options)
+        plan = self.plan.replace(num_instances=num_instances, hosts=tuple(hosts), master_addr=master_addr,
+                                 master_port=master_port())
+        _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
+        return Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback))
 
 
 def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float,
@@ -220,52 +214,37 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
     """Start the job, and start it again after a failure while --max-restarts allows, without the
     hosts it lost; the last status. ``grace``: the instances' kill grace, which poprun's own
     escalation waits for too; ``errors``: --error-file, checked."""
-    from poprun_py.planning.mpi import build_command
-    from poprun_py.supervision.output import OutputOptions
+    from poprun_py.supervision.output import OutputOptions, one_stream
     from poprun_py.supervision.supervisor import Supervisor
     from poprun_py.wire.seal import new_secret
 
     written: list[str] = []
-    first = start.plan  # its error files' directory serves every start
     policy: Restarts | None = None
-
-    def command(control_address: str) -> list[str]:
-        built = build_command(launcher, start.plan, _with_control(start.spec, control_address))
-        os.environ.update(built.env)  # for mpiexec (its ssh options); the instances inherit them too
-        paths = {}
-        for placeholder, text in built.files().items():
-            paths[placeholder] = _write_file(text)
-            written.append(paths[placeholder])
-        if paths:
-            log.info("the command line would be too long: hosts and app contexts are in %s", ", ".join(written))
-        return built.argv(paths)
-
-    restarts = options["max_restarts"]
-    output = OutputOptions(options["log_dir"], options["tee"], options["prefix_timestamp"])  # for every start
+    restarts = options.failures.max_restarts
+    shown = options.output
+    output = OutputOptions(shown.log_dir, shown.tee, shown.prefix_timestamp)  # for every start
     records: list[dict[str, object]] = []  # --error-file: each start's end, once one has failed
     status = 1
+    error_dir: str | None = None  # made by the first start, it serves every start
     try:
-        _make_error_dir(first, start.spec)
+        start = start._replace(plan=_with_error_dir(start.plan))
+        error_dir = start.plan.error_dir
         for restart in range(restarts + 1):
-            job_env = start.spec.job_env
-            job_env[environment.RESTART_COUNT] = str(restart)
-            job_env[environment.TORCHELASTIC_RESTART_COUNT] = str(restart)
-            job_env[environment.MASTER_PORT] = start.master_port()  # a free one for every start
-            # A new secret for every start; mpiexec passes it on from its environment (Open MPI by
-            # name, as it does every POPRUN_ variable), so it is on no command line.
-            secret = os.environ[environment.SECRET] = new_secret()
-            output.append, output.one_stream = restart > 0, environment.ONE_STREAM in job_env
-            supervisor = Supervisor(start.plan.num_instances, [i.host for i in start.plan.instances], command,
-                                    secret, program_argv(options), show_instance=options["only_output_from_instance"],
+            # Each start is a plan of its own: its number, and a free MASTER_PORT for it.
+            plan = start.plan.replace(restart=restart, master_port=start.master_port())
+            output.append, output.one_stream = restart > 0, one_stream(shown.tee)
+            # A new secret for every start, which mpiexec gets in its environment and passes on
+            # (Open MPI by name, as it does every POPRUN_ variable), so it is on no command line.
+            supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances],
+                                    _command(launcher, plan, start.spec, written), new_secret(), program_argv(options),
+                                    show_instance=shown.only_output_from_instance,
                                     listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
-                                    grace=grace, start_timeout=options["start_timeout"],
-                                    output=output)
+                                    grace=grace, start_timeout=options.failures.start_timeout, output=output)
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
             lost = supervisor.lost_hosts() if status else {}
             if status or records:
-                records.append({"restart": restart, "hosts": list(start.plan.host_names),
-                                "instances": start.plan.num_instances,
+                records.append({"restart": restart, "hosts": list(plan.host_names), "instances": plan.num_instances,
                                 **(report or {"status": status, "reason": None}), "lost_hosts": lost})
                 if errors is not None:
                     errors.write(records)
@@ -274,8 +253,9 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
             if policy is None:
                 from poprun_py.supervision.restarts import Restarts
 
-                policy = Restarts.for_plan(start.plan, options["min_hosts"], options["host_cooldown"],
-                                           options["host_discovery_script"])
+                failures = options.failures
+                policy = Restarts.for_plan(plan, failures.min_hosts, failures.host_cooldown,
+                                           failures.host_discovery_script)
             assert report is not None  # every way a start fails has its report (Supervisor._finish)
             moved = _restart(options, start, restart + 1, str(report["reason"]), lost, policy)
             if moved is None:
@@ -288,8 +268,28 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
                 os.unlink(path)
             if errors is not None:
                 errors.close()
-            if first.error_dir is not None:
-                _remove_tree(first.error_dir)
+            if error_dir is not None:
+                _remove_tree(error_dir)
+
+
+def _command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec,
+             written: list[str]) -> Callable[[str], tuple[list[str], dict[str, str]]]:
+    """What builds the start of ``plan`` once poprun listens: the mpiexec command for its control
+    address and what mpiexec needs in its environment (e.g. its ssh options), files it names in
+    ``written``."""
+    from poprun_py.planning.mpi import build_command
+
+    def command(control_address: str) -> tuple[list[str], dict[str, str]]:
+        built = build_command(launcher, plan, spec._replace(control_address=control_address))
+        paths = {}
+        for placeholder, text in built.files().items():
+            paths[placeholder] = _write_file(text)
+            written.append(paths[placeholder])
+        if paths:
+            log.info("the command line would be too long: hosts and app contexts are in %s", ", ".join(written))
+        return built.argv(paths), built.env
+
+    return command
 
 
 def _restart(options: LaunchOptions, start: Start, restart: int, reason: str, lost: dict[str, str],
@@ -305,8 +305,8 @@ def _restart(options: LaunchOptions, start: Start, restart: int, reason: str, lo
         sys.stderr.write(f"poprun: {exc}\n")
         sys.stderr.flush()
         return None
-    wait = backoff(restart, options["restart_backoff"])
-    sys.stderr.write(f"poprun: restarting the job ({restart} of {options['max_restarts']} restart(s))"
+    wait = backoff(restart, options.failures.restart_backoff)
+    sys.stderr.write(f"poprun: restarting the job ({restart} of {options.failures.max_restarts} restart(s))"
                      f"{f' in {wait:g} s' if wait else ''}: {reason}\n" + (f"poprun: {change}\n" if change else ""))
     sys.stderr.flush()
     time.sleep(wait)
@@ -315,34 +315,30 @@ def _restart(options: LaunchOptions, start: Start, restart: int, reason: str, lo
     return start.moved(options, layout.num_instances, layout.hosts)
 
 
-def _torchrun_contract(plan: JobPlan, options: LaunchOptions, remote: list[str],
-                       callback: str | None) -> Callable[[], str]:
-    """Fill in the plan's part of torchrun's worker contract: the job's id, its restarts, the
-    directory of the error files, and MASTER_ADDR, instance 0's host as an address every host
-    reaches: poprun's callback address when instance 0 runs here (loopback for a one-host job),
-    else that host's. Returns what gives MASTER_PORT for each start: --master-port when given, else
-    a port free on MASTER_ADDR when instance 0 runs here (found anew for every start), else
-    torchrun's 29500."""
+def _torchrun_contract(hosts: list[str], remote: list[str], callback: str | None,
+                       options: LaunchOptions) -> tuple[str, Callable[[], str]]:
+    """torchrun's MASTER_ADDR for a start on ``hosts``: instance 0's host as an address every host
+    reaches, poprun's callback address when instance 0 runs here (loopback for a one-host job), else
+    that host's; and what gives MASTER_PORT for each start: --master-port when given, else a port
+    free on MASTER_ADDR when instance 0 runs here (found anew for every start), else torchrun's 29500."""
     from poprun_py.planning.plan import DEFAULT_MASTER_PORT
 
-    dry_run = options["dry_run"]
-    plan.max_restarts = options["max_restarts"]
-    plan.error_dir = f"{temporary_folder()}/poprun-{plan.run_id}"
-    first = plan.instance(0).host
-    here = not plan.hosts or first not in remote
+    dry_run, subnet = options.dry_run, options.hosts.host_subnet
+    first = hosts[0] if hosts else ""  # instance 0's host
+    here = not hosts or first not in remote
     if here:
-        plan.master_addr = callback or "127.0.0.1"
+        master_addr = callback or "127.0.0.1"
     elif dry_run:
-        plan.master_addr = f"<{first}-address>"
+        master_addr = f"<{first}-address>"
     else:
         from poprun_py.shared.network import host_address, in_subnet
 
-        plan.master_addr = host_address(first, options["host_subnet"])
-        if options["host_subnet"] and not in_subnet(plan.master_addr, options["host_subnet"]):
+        master_addr = host_address(first, subnet)
+        if subnet and not in_subnet(master_addr, subnet):
             log.warning("%s=%s, outside --host-subnet %s: instance 0's host %s resolves to no address in it, so "
                         "torch's store is reached on the address its name has", environment.MASTER_ADDR,
-                        plan.master_addr, options["host_subnet"], first)
-    chosen = options["master_port"]
+                        master_addr, subnet, first)
+    chosen = options.hosts.master_port
 
     def master_port() -> str:
         if chosen is not None:
@@ -353,10 +349,9 @@ def _torchrun_contract(plan: JobPlan, options: LaunchOptions, remote: list[str],
             return "<free-port>"
         from poprun_py.wire.control import free_port
 
-        return str(free_port(plan.master_addr))
+        return str(free_port(master_addr))
 
-    plan.master_port = master_port()
-    return master_port
+    return master_addr, master_port
 
 
 #: Where the job's directory of error files may go, in order, as ``tempfile.gettempdir`` looks
@@ -371,7 +366,7 @@ def temporary_folder() -> str:
     host's shims create it): the first of TMPDIR, TEMP, TMP, /tmp, /var/tmp, /usr/tmp that is a
     folder poprun can write to here (a read-only /tmp is passed over); /tmp when none is, so that
     the warning names it."""
-    named = [os.environ.get(name, "") for name in TEMPORARY_VARIABLES]
+    named = [settings.passed(name, "") for name in TEMPORARY_VARIABLES]
     for folder in [os.path.abspath(path) for path in named if path] + list(TEMPORARY_FOLDERS):
         if os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
             return folder
@@ -430,15 +425,6 @@ def _check_open_files(per_host: int, num_instances: int, log_files: bool) -> Non
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # mpiexec and its proxies inherit it
 
 
-#: poprun's control address where no real one is known yet (a dry run, the checks before the start).
-CONTROL_SHOWN = "<poprun-address>:<port>"
-
-
-def _with_control(spec: CommandSpec, control_address: str) -> CommandSpec:
-    spec.job_env[environment.CONTROL] = control_address
-    return spec
-
-
 def _remote_hosts(hosts: list[str], resolve: bool) -> list[str]:
     if not hosts:
         return []
@@ -494,20 +480,18 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: l
             print("  " + line)
 
 
-def _resolve_hosts(options: LaunchOptions) -> tuple[list[str], dict[str, int]]:
-    """-H or --host-file; without either, what --host-discovery-script lists (with the slots it
-    gives hosts), or inside a Slurm allocation its nodes; else none (this machine)."""
-    if options["host"] is not None and options["host_file"] is not None:
-        raise PlanError("--host and --host-file exclude each other; give only one of them")
-    if options["host"] is None and options["host_file"] is None:
-        script = options["host_discovery_script"]
+def _resolve_hosts(given: Hosts, script: str | None) -> tuple[list[str], dict[str, int]]:
+    """-H or --host-file (never both: ``LaunchOptions`` refused that); without either, what
+    --host-discovery-script ``script`` lists (with the slots it gives hosts), or inside a Slurm
+    allocation its nodes; else none (this machine)."""
+    if given.host is None and given.host_file is None:
         if script is not None:
             from poprun_py.supervision.restarts import discover
 
             found = discover(script)
             log.info("no -H/--host-file: using the %d host(s) --host-discovery-script %s lists", len(found), script)
             return [host for host, _ in found], {host: slots for host, slots in found if slots is not None}
-        nodes = os.environ.get(environment.SLURM_NODELIST)
+        nodes = settings.given(environment.SLURM_NODELIST)
         if not nodes:
             return [], {}
         from poprun_py.planning.hosts import expand_hosts
@@ -518,10 +502,10 @@ def _resolve_hosts(options: LaunchOptions) -> tuple[list[str], dict[str, int]]:
         return hosts, {}
     from poprun_py.planning.hosts import expand_hosts, read_host_file
 
-    if options["host"] is not None:
-        return expand_hosts(options["host"]), {}
-    assert options["host_file"] is not None
-    return read_host_file(options["host_file"]), {}
+    if given.host is not None:
+        return expand_hosts(given.host), {}
+    assert given.host_file is not None
+    return read_host_file(given.host_file), {}
 
 
 def _check_slots(plan: JobPlan, slots: dict[str, int], script: str | None) -> None:

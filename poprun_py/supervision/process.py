@@ -10,6 +10,10 @@ import _signal
 import os
 import select
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 
 class CannotStart(Exception):
     """``posix_spawn`` itself failed (E2BIG, EACCES, ENOENT, ...): the command never ran. Its own
@@ -22,9 +26,9 @@ class CannotStart(Exception):
 class Process:
     """``argv`` started with ``posix_spawn``: new session (so its whole tree can be found and
     signalled), stdout/stderr on pipes, stdin from /dev/null when asked, ignored signals reset;
-    CannotStart when it cannot be."""
+    ``env``: its environment (default: poprun's); CannotStart when it cannot be."""
 
-    def __init__(self, argv: list[str], stdin_devnull: bool = False) -> None:
+    def __init__(self, argv: list[str], stdin_devnull: bool = False, env: Mapping[str, str] | None = None) -> None:
         out_read, out_write = os.pipe()  # both ends close-on-exec; dup2 makes 1 and 2 inheritable
         err_read, err_write = os.pipe()
         actions: list[tuple[int | str, ...]] = [
@@ -33,8 +37,8 @@ class Process:
         if stdin_devnull:
             actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
         try:
-            self.pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=actions, setsid=True,
-                                      setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
+            self.pid = os.posix_spawn(argv[0], argv, os.environ if env is None else env, file_actions=actions,
+                                      setsid=True, setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
         except OSError as exc:
             os.close(out_read)
             os.close(err_read)

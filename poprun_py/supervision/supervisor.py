@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from popcontract import environment
 from poprun_py.planning.plan import LOCAL_HOST
 from poprun_py.shared import sweep
 from poprun_py.shared.watch import Watch
@@ -33,7 +34,7 @@ from poprun_py.wire import control, protocol
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import BinaryIO
 
     from poprun_py.supervision.report import Report
@@ -62,10 +63,13 @@ MAX_PENDING = 64
 
 
 class Supervisor:
-    """``secret``: this run's (``seal``), which the shims get in their environment from mpiexec.
-    ``program``: the program and its arguments, which each shim gets in answer to its HELLO."""
+    """``build_command``: the mpiexec command for poprun's control address, and what mpiexec needs in
+    its environment besides poprun's. ``secret``: this run's (``seal``), which mpiexec gets in its
+    environment (never on a command line) and the shims from it. ``program``: the program and its
+    arguments, which each shim gets in answer to its HELLO."""
 
-    def __init__(self, num_instances: int, hosts: list[str], build_command: Callable[[str], list[str]],
+    def __init__(self, num_instances: int, hosts: list[str],
+                 build_command: Callable[[str], tuple[list[str], Mapping[str, str]]],
                  secret: str, program: list[bytes], *, listen_address: str, start_timeout: float,
                  show_instance: int | None = None,
                  remote_hosts: frozenset[str] = frozenset(),
@@ -147,10 +151,11 @@ class Supervisor:
             # What the job orphans on this host (the shims' holders under gforker, daemons the
             # shims adopted and ended) comes to poprun, whose teardown collects their ends.
             sweep.adopt_orphans()
-            command = self.build_command(address)
+            command, env = self.build_command(address)
             log.info("running command: %s", " ".join(command))
             # A terminal stays with poprun: instances reading stdin would fight over it.
-            self.mpiexec = self.teardown.mpiexec = Process(command, stdin_devnull=os.isatty(0))
+            self.mpiexec = self.teardown.mpiexec = Process(
+                command, stdin_devnull=os.isatty(0), env={**os.environ, **env, environment.SECRET: self.secret})
             self.mpiexec_started = time.monotonic()
             log.info("waiting for mpiexec (PID %d)", self.mpiexec.pid)
             self.watch.add(server, ("listen", server))

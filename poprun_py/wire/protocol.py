@@ -252,7 +252,7 @@ def grace_seconds(text: str) -> float | None:
 def kill_grace() -> float | None:
     """``POPRUN_KILL_GRACE`` as seconds: the default when it is unset, None when it is not valid
     (set to nothing included: unlike most settings, an empty grace is refused, not a default)."""
-    if not settings.present(environment.KILL_GRACE):
+    if settings.given(environment.KILL_GRACE) is None:
         return DEFAULT_GRACE
     return grace_seconds(settings.text(environment.KILL_GRACE))
 

@@ -22,9 +22,6 @@ ALLOWED = {
     ("poprun_py/shared/paths.py", "'PATH'"): "which() searches PATH as the OS does, $PATH or os.defpath",
     ("poprun_py/shared/leftovers.py", "'TMPDIR'"): "Open MPI's own rule for where its session directory is",
 }
-#: TEMPORARY, for the merge of issue 42: these files are converted to the reader on another branch
-#: (options-plan) at the same time. Remove this list when that branch is merged.
-PENDING_CONVERSION = {"poprun_py/supervision/launch.py"}
 
 #: The variables' own names, and those popcontract.environment gives them (NUM_INSTANCES, ...).
 VARIABLE_NAMES = {v.name for v in environment.VARIABLES}
@@ -79,7 +76,7 @@ def test_every_setting_is_read_through_the_one_reader() -> None:
     wrong = []
     for path in _package_files():
         where = path.relative_to(ROOT).as_posix()
-        if where == READER or where in PENDING_CONVERSION:
+        if where == READER:
             continue
         wrong += [f"{where}:{line} reads {key} from os.environ (use popcontract.settings)"
                   for line, key in direct_reads(path.read_text()) if (where, key) not in ALLOWED]
@@ -91,8 +88,6 @@ def test_every_allowance_is_still_needed() -> None:
     reads = {(path.relative_to(ROOT).as_posix(), key) for path in _package_files()
              for _, key in direct_reads(path.read_text())}
     assert set(ALLOWED) <= reads, set(ALLOWED) - reads
-    files = {where for where, _ in reads}
-    assert not PENDING_CONVERSION - files, PENDING_CONVERSION - files
 
 
 def test_each_form_of_a_direct_read_is_found() -> None:

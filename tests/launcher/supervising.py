@@ -25,8 +25,9 @@ def supervisor(stdout: io.BytesIO, stderr: io.BytesIO, hosts: tuple[str, ...] = 
                remote: tuple[str, ...] = ()) -> Supervisor:
     """A supervisor of one instance per host in ``hosts`` (those in ``remote`` are not this
     machine) that writes to these buffers."""
-    return Supervisor(len(hosts), list(hosts), lambda address: [], new_secret(), PROGRAM, listen_address="127.0.0.1",
-                      start_timeout=START_TIMEOUT, stdout=stdout, stderr=stderr, remote_hosts=frozenset(remote))
+    return Supervisor(len(hosts), list(hosts), lambda address: ([], {}), new_secret(), PROGRAM,
+                      listen_address="127.0.0.1", start_timeout=START_TIMEOUT, stdout=stdout, stderr=stderr,
+                      remote_hosts=frozenset(remote))
 
 
 def call_in(s: Supervisor, server: socket.socket, index: int, then: tuple[bytes, ...] = ()) -> socket.socket:

@@ -114,3 +114,27 @@ def test_host_files_are_read_in_bounded_time_and_memory(tmp_path: Path) -> None:
     binary.write_bytes("a\n".encode("utf-16"))
     with pytest.raises(PlanError, match=r"is binary or UTF-16, not text"):
         read_host_file(binary)
+
+
+def test_a_plan_is_immutable_and_a_changed_plan_is_a_new_checked_one() -> None:
+    plan = JobPlan(4, 8, hosts=("h0", "h1"), run_id="r", max_restarts=2, error_dir="/tmp/e", master_port=1234)
+    before = repr(plan)
+    for name in JobPlan.__slots__:
+        with pytest.raises(AttributeError, match="immutable"):
+            setattr(plan, name, getattr(plan, name))
+        with pytest.raises(AttributeError, match="immutable"):
+            delattr(plan, name)
+    with pytest.raises(AttributeError, match="immutable"):
+        plan.instance(0).host = "h1"  # type: ignore[misc]
+    moved = plan.replace(num_instances=2, hosts=("h1",), restart=1)
+    assert moved is not plan and repr(plan) == before  # the old plan is as it was
+    assert (moved.num_instances, moved.hosts, moved.num_replicas, moved.restart) == (2, ("h1",), 8, 1)
+    assert (moved.run_id, moved.max_restarts, moved.error_dir, moved.master_port) == ("r", 2, "/tmp/e", 1234)
+    assert moved.job_env()["POPDIST_RESTART_COUNT"] == moved.job_env()["TORCHELASTIC_RESTART_COUNT"] == "1"
+    assert plan.replace() == plan and plan.replace() is not plan
+    with pytest.raises(PlanError, match="--num-replicas 8 cannot be divided evenly among --num-instances 3"):
+        plan.replace(num_instances=3)
+    with pytest.raises(PlanError, match=r"restart 3 is outside the job's restarts 0\.\.2 \(--max-restarts\)"):
+        plan.replace(restart=3)
+    with pytest.raises(TypeError, match="no field"):
+        plan.replace(instances=3)

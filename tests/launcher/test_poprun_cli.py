@@ -320,10 +320,11 @@ def test_help_groups_every_option_once_with_the_no_ops_last() -> None:
 ])
 def test_a_yes_no_option_alone_means_yes(argv: list[str], given: dict[str, object]) -> None:
     from poprun_py.cli.command import parse
+    from poprun_py.planning.options import LaunchOptions
 
     options = parse(argv)
-    assert isinstance(options, dict)
-    fields: Mapping[str, object] = options  # looked up by names built from the option names
+    assert isinstance(options, LaunchOptions)
+    fields: Mapping[str, object] = _option_values(options)  # looked up by names built from the option names
     assert {k: fields[k.replace("-", "_")] for k in given} == given
 
 
@@ -357,14 +358,93 @@ def test_verbose_logs_the_command() -> None:
     assert "POPRUN [D] instance 1 connected" in result.stderr
 
 
-def test_launch_options_name_every_option_that_reaches_launch() -> None:
-    # LaunchOptions types what command.parse gives launch: the command's options and arguments,
-    # less the V-IPU ones (warned about and dropped) and --import-config (not passed on).
-    from typing import get_type_hints
+def _option_values(options: Any) -> dict[str, object]:
+    """LaunchOptions' values by option name, its groups flattened (a name in two places fails)."""
+    from poprun_py.planning.options import GROUPS
 
+    found: dict[str, object] = {}
+    for name, value in zip(options._fields, options, strict=True):
+        pairs = zip(value._fields, value, strict=True) if name in GROUPS else [(name, value)]
+        for key, item in pairs:
+            assert key not in found, f"{key} is in LaunchOptions twice"
+            found[key] = item
+    return found
+
+
+def _other_words(param: click.Parameter, default: object, tmp_path: Path) -> list[str]:
+    """Words before the program that give ``param`` a valid value other than ``default``; or, for
+    the program and its arguments, the words that replace the program ``true``."""
     from poprun_py.cli import command
-    from poprun_py.planning.launch_options import LaunchOptions
 
-    given = {p.name for p in command.poprun.params if p.expose_value and p.name}
+    if isinstance(param, click.Argument):
+        return ["false"] if param.name == "program" else ["true", "an argument"]
+    assert isinstance(param, click.Option)
+    flag = param.opts[-1]
+    if param.is_flag or param.count:
+        return [flag]
+    kind = param.type
+    if isinstance(kind, command.YesNo):
+        return [flag, "no" if default else "yes"]
+    if isinstance(kind, command.Count):
+        assert kind.min is not None
+        return [flag, str(kind.min if default is None else int(str(default)) + 1)]
+    if isinstance(kind, command.FileName):
+        path = tmp_path / param.opts[-1].lstrip("-")
+        if kind.exists:
+            path.write_text("localhost\n")
+        return [flag, str(path)]
+    return [flag, "0:-v" if param.multiple else "x"]  # --instance-mpi-local-args takes I:ARGS
+
+
+def test_launch_options_hold_every_option_that_reaches_launch_each_in_its_own_field(tmp_path: Path) -> None:
+    """Every parameter of the click command but the V-IPU ones (warned about, dropped) and
+    --import-config (click's own) is one field of LaunchOptions, and giving it changes that field
+    alone, to the value click read: derived from the command's parameters, not a list."""
+    from poprun_py.cli import command
+    from poprun_py.planning.options import LaunchOptions
+
     vipu = {flag[2:].replace("-", "_") for flag in command.VIPU_FLAGS}
-    assert set(get_type_hints(LaunchOptions)) == given - vipu
+    params = [p for p in command.poprun.params if p.expose_value and p.name not in vipu]
+    baseline = command.parse(["true"])
+    assert isinstance(baseline, LaunchOptions)
+    assert set(_option_values(baseline)) == {p.name for p in params}
+    before = _option_values(baseline)
+    for param in params:
+        words = _other_words(param, before[str(param.name)], tmp_path)
+        given = command.parse(words if isinstance(param, click.Argument) else [*words, "true"])
+        assert isinstance(given, LaunchOptions), (param.name, words)
+        after = _option_values(given)
+        assert {name for name in after if after[name] != before[name]} == {param.name}, words
+
+
+def test_launch_options_are_frozen() -> None:
+    from poprun_py.cli import command
+    from poprun_py.planning.options import LaunchOptions
+
+    options = command.parse(["--num-instances", "2", "-H", "a,b", "true"])
+    assert isinstance(options, LaunchOptions)
+    with pytest.raises(AttributeError):
+        options.num_instances = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        options.hosts.host = "c"  # type: ignore[misc]
+    assert (options.num_instances, options.hosts.host) == (2, "a,b")
+
+
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["-H", "a", "--host-file", "{file}"], "--host and --host-file exclude each other"),
+    (["--num-instances", "2", "--only-output-from-instance", "2"], "--only-output-from-instance 2 is outside"),
+    (["--mpi-local-args", "-foo 'unbalanced"], "--mpi-local-args \"-foo 'unbalanced\" cannot be split"),
+    (["--instance-mpi-local-args", "3:-v"], "--instance-mpi-local-args '3:-v' names instance 3"),
+])
+def test_what_the_options_alone_make_wrong_is_refused_as_they_are_read(argv: list[str], said: str, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Before anything is looked up or started: parse itself gives status 2 and says it in one line."""
+    from poprun_py.cli.command import parse
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a\n")
+    assert parse([word.format(file=hosts) for word in argv] + ["true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"poprun: error: {said}") and err.count("\n") == 1, err

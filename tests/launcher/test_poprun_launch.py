@@ -452,7 +452,7 @@ def test_what_mpiexec_says_is_held_until_every_instance_has_called_in_then_passe
     # If a host cannot be reached, what mpiexec said is launcher noise around the one line poprun
     # gives instead; once every instance has called in, it is shown, and from then on as it comes.
     out, err = io.BytesIO(), io.BytesIO()
-    s = Supervisor(3, ["node"] * 3, lambda address: [], new_secret(), PROGRAM, listen_address="127.0.0.1",
+    s = Supervisor(3, ["node"] * 3, lambda address: ([], {}), new_secret(), PROGRAM, listen_address="127.0.0.1",
                    start_timeout=START_TIMEOUT, stdout=out, stderr=err)
     read, write = os.pipe()
     shims = []

@@ -19,7 +19,7 @@ from poprun_py.supervision.restarts import (
     parse_discovered,
     spread,
 )
-from tests.helpers import poprun
+from tests.helpers import PYTHON, poprun
 
 
 @pytest.mark.parametrize("replicas,per_host,hosts,slots,expected", [
@@ -196,3 +196,46 @@ def test_a_host_left_idle_and_used_later_is_neither_back_nor_discovered() -> Non
     layout, said = restarts.next_layout(layout, {"c": "lost"}, now=1)
     assert layout == Layout(3, ["d", "e", "f"])
     assert said.startswith("the restart runs on 3 host(s) without c (lost, tried again in 60 s), with f: ")
+
+
+def test_a_restart_on_other_hosts_is_a_new_plan_from_the_old_one() -> None:
+    """A restart's start keeps the job's replicas, id, restarts and error files, on the hosts left;
+    the plan it came from is unchanged."""
+    from poprun_py.cli.command import parse
+    from poprun_py.planning.options import LaunchOptions
+    from poprun_py.planning.plan import JobPlan
+    from poprun_py.supervision.launch import Start, _command_spec
+
+    options = parse(["--num-instances", "4", "--num-replicas", "8", "--max-restarts", "2", "-H", "localhost", "true"])
+    assert isinstance(options, LaunchOptions)
+    plan = JobPlan(4, 8, hosts=("localhost",), run_id="0123", max_restarts=2, error_dir="/tmp/poprun-0123",
+                   restart=1, master_port=1234)
+    before = repr(plan)
+    start = Start(plan, (), None, lambda: "1234", _command_spec(options, plan, None))
+    moved = start.moved(options, 2, ["localhost"])
+    assert moved.plan is not plan and repr(plan) == before and start.plan is plan
+    new = moved.plan
+    assert (new.num_instances, new.hosts, new.num_replicas, new.run_id, new.max_restarts, new.error_dir,
+            new.restart, new.master_addr) == (2, ("localhost",), 8, "0123", 2, "/tmp/poprun-0123", 1, "127.0.0.1")
+    assert 1 <= int(new.master_port) <= 65535
+
+
+@pytest.mark.slow  # starts a job twice
+def test_a_restart_leaves_poprun_s_own_environment_as_it_was(tmp_path: Path) -> None:
+    """Each start's secret and mpiexec's own variables go in the environment mpiexec is started
+    with, not poprun's: the discovery script poprun runs before the restart sees neither, and the
+    restarted instances see their restart's number."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    script = _script(tmp_path, f'env > "{calls}/$(ls "{calls}" | wc -l)"; echo localhost')
+    program = ("import os, sys\nprint(os.environ['POPDIST_RESTART_COUNT'], os.environ['TORCHELASTIC_RESTART_COUNT'], "
+               "flush=True)\nsys.exit(os.environ['POPDIST_RESTART_COUNT'] == '0')\n")
+    result = poprun("--host-discovery-script", script, "--max-restarts", "1", "--restart-backoff", "0",
+                    PYTHON, "-c", program)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[0] 0 0\n[0] 1 1\n"
+    seen = sorted(calls.iterdir())
+    assert [path.name for path in seen] == ["0", "1"]  # the first start's hosts, then the restart's
+    first, restart = (dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+                      for path in seen)
+    assert restart == first  # no POPRUN_SECRET, no LD_PRELOAD of the loopback library, ...

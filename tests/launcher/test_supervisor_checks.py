@@ -533,7 +533,7 @@ def test_a_shim_that_takes_none_of_its_program_is_lost(monkeypatch: pytest.Monke
     """poprun waits at most the silence limit for a shim to take the program it answers a HELLO
     with (more than a socket's buffers hold); a shim that reads none of it is lost, and ends the job."""
     monkeypatch.setattr(protocol, "SILENCE_LIMIT", 0.3)
-    s = Supervisor(1, ["a"], lambda address: [], new_secret(), [b"x" * (32 << 20)], listen_address="127.0.0.1",
+    s = Supervisor(1, ["a"], lambda address: ([], {}), new_secret(), [b"x" * (32 << 20)], listen_address="127.0.0.1",
                    start_timeout=START_TIMEOUT, stdout=io.BytesIO(), stderr=io.BytesIO())
     with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as shim:
         server.setblocking(False)

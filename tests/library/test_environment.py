@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from popcontract import environment
 from popdist_py.topology import Topology, read_topology
-from poprun_py.planning.mpi import CommandSpec, MpiLauncher, build_command
+from poprun_py.planning.mpi import CommandSpec, MpiLauncher, build_command, instance_environment
 from poprun_py.planning.plan import InstancePlan, JobPlan
 from tests.helpers import OPENMPI_LIBMPI, OPENMPI_MPIEXEC, PYTHON, ROOT, SUBPROCESS_TIMEOUT, poprun, tagged_json
 
@@ -45,11 +45,9 @@ def seen(topology: Topology) -> dict[str, object]:
     }
 
 
-def instance_environments(flavour: str, plan: JobPlan) -> list[dict[str, str]]:
+def instance_environments(flavour: str, plan: JobPlan, spec: CommandSpec) -> list[dict[str, str]]:
     """The variables the mpiexec command poprun builds gives each instance: the job-wide ones
     (``-genv`` / ``-x`` before the app contexts) overlaid with the instance's own block."""
-    spec = CommandSpec(job_env=plan.job_env(), instance_envs=[plan.instance_env(i) for i in range(plan.num_instances)],
-                       shim=["shim"], explicit_hosts=bool(plan.hosts))
     command = build_command(MpiLauncher("mpiexec", flavour, "test"), plan, spec)  # type: ignore[arg-type]
 
     def variables(tokens: list[str]) -> dict[str, str]:
@@ -86,7 +84,7 @@ def torchrun_expected(plan: JobPlan, inst: InstancePlan) -> dict[str, str]:
         "GROUP_WORLD_SIZE": str(len(plan.host_names)), "ROLE_RANK": str(inst.index),
         "ROLE_WORLD_SIZE": str(plan.num_instances), "ROLE_NAME": "default", "MASTER_ADDR": plan.master_addr,
         "MASTER_PORT": str(plan.master_port), "TORCHELASTIC_RUN_ID": plan.run_id,
-        "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts), "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts), "TORCHELASTIC_RESTART_COUNT": str(plan.restart),
         "TORCHELASTIC_USE_AGENT_STORE": "False",
     }
     if plan.error_dir is not None:
@@ -95,14 +93,19 @@ def torchrun_expected(plan: JobPlan, inst: InstancePlan) -> dict[str, str]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(plans, st.sampled_from(["mpich", "openmpi"]), st.booleans())
+@given(plans, st.sampled_from(["mpich", "openmpi"]), st.booleans(), st.integers(0, 3))
 def test_what_the_launcher_writes_reads_back_as_the_plan(shape: tuple[int, int, int, int], flavour: str,
-                                                         error_files: bool) -> None:
+                                                         error_files: bool, restart: int) -> None:
     instances, replicas, ipus, num_hosts = shape
     hosts = tuple(f"node{h}" for h in range(num_hosts)) if num_hosts > 1 else ()
     plan = JobPlan(instances, replicas, ipus, hosts=hosts, master_addr="10.1.2.3", master_port=29511,
-                   run_id="0123456789abcdef", max_restarts=3, error_dir="/tmp/poprun-0123" if error_files else None)
-    envs = instance_environments(flavour, plan)
+                   run_id="0123456789abcdef", max_restarts=3, error_dir="/tmp/poprun-0123" if error_files else None,
+                   restart=restart)
+    spec = CommandSpec(launch_env={environment.OMP_NUM_THREADS: "3"}, shim=("shim",), control_address="10.1.2.4:5",
+                       explicit_hosts=bool(plan.hosts))
+    envs = instance_environments(flavour, plan, spec)
+    # What the command gives instance i is what the plan (and the launch's own variables) computes for it.
+    assert envs == [instance_environment(plan, spec, i) for i in range(instances)]
     assert len(envs) == instances
     for inst, env in zip(plan.instances, envs, strict=True):
         assert seen(read_topology(env)) == expected(plan, inst)
@@ -113,6 +116,8 @@ def test_what_the_launcher_writes_reads_back_as_the_plan(shape: tuple[int, int, 
         torchrun = torchrun_expected(plan, inst)
         assert {name: env.get(name) for name in torchrun} == torchrun
         assert (environment.TORCHELASTIC_ERROR_FILE in env) == error_files
+        assert env[environment.RESTART_COUNT] == str(restart)
+        assert (env[environment.CONTROL], env[environment.OMP_NUM_THREADS]) == ("10.1.2.4:5", "3")
 
 
 @pytest.mark.slow

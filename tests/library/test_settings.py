@@ -43,9 +43,10 @@ def test_choice_ignores_case_and_spaces_and_names_the_choices() -> None:
     assert str(info.value) == "E='fast' is not one of auto, threads"
 
 
-def test_present_is_set_at_all_even_to_nothing() -> None:
-    assert settings.present("X", env={"X": ""}) and settings.present("X", env={"X": "0"})
-    assert not settings.present("X", env={})
+def test_given_is_the_value_even_empty_and_none_when_unset() -> None:
+    assert settings.passed("X", "d", env={"X": ""}) == "" and settings.passed("X", "d", env={}) == "d"
+    assert settings.given("X", env={"X": ""}) == "" and settings.given("X", env={"X": "0"}) == "0"
+    assert settings.given("X", env={}) is None
 
 
 @pytest.mark.parametrize("raw, expect", [(None, "d"), ("", "d"), (" a b ", " a b "), ("/p", "/p")])
