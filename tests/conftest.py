@@ -56,6 +56,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if UNDER_MUTANTS:
         _check_selection()
         _children_import_the_mutants()
+    elif not config.getoption("--with-mpi", default=False):
+        _watch_for_processes(config)
+
+
+def _watch_for_processes(config: pytest.Config) -> None:
+    """A test not marked slow starts no process (tests/process_guard.py), so ``-m "not slow"`` is
+    the fast tier (``make test-fast``)."""
+    from tests import process_guard
+
+    if not config.pluginmanager.is_registered(process_guard):
+        config.pluginmanager.register(process_guard)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

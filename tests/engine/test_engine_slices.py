@@ -123,6 +123,7 @@ def test_a_failing_slice_is_raised_once_every_slice_has_finished() -> None:
     assert [str(e) for e in outcome] == ["slice 0 failed"] and finished == [2 * ALIGN]
 
 
+@pytest.mark.slow  # forks
 def test_a_forked_child_starts_its_own_threads() -> None:
     import os
 

@@ -23,6 +23,8 @@ import pytest
 from poprun_py import environment, sweep
 from tests.helpers import BIN, OMP_SET, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state, wait_until
 
+pytestmark = pytest.mark.slow  # every test starts a child that plays the shim, or gforker
+
 GFORKER = BIN / "mpiexec.gforker"
 
 
