@@ -1,6 +1,8 @@
-"""The fast tier (``make test-fast``: every test not marked slow) starts no process: a test that
-starts one without the mark fails, however it starts it and even where it catches the failure
-(tests/process_guard.py). Each case runs in a pytest of its own, in this process."""
+"""The fast tier (``make test-fast``: every test not marked slow, with ``--fast-tier``) starts no
+process: a test that starts one without the mark fails, however it starts it and even where it
+catches the failure (tests/process_guard.py). Its shortcuts (tests/conftest.py): one executor for
+the engine's tests, fewer examples for hypothesis's. Each case runs in a pytest of its own, in
+this process."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import process_guard
+from tests import conftest, process_guard
 
 pytest_plugins = ["pytester"]
 
@@ -77,3 +79,43 @@ def test_a_test_marked_slow_may_start_processes(pytester: pytest.Pytester, tmp_p
     reports = _inner(pytester, tmp_path, mark="@pytest.mark.slow")
     assert [how for how, report in reports.items() if not report.passed] == []
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([*STARTS, "fixture"])
+
+
+def _tier(pytester: pytest.Pytester, tmp_path: Path, *options: str) -> dict[str, pytest.TestReport]:
+    """An engine test and a hypothesis test asking for 100 examples (each writes a line to a file
+    of tmp_path), run with the suite's conftest and ``options``: their call reports."""
+    pytester.makepyfile(test_inner=f"""
+import pathlib
+import pytest
+from hypothesis import given, settings, strategies as st
+
+RAN = pathlib.Path({str(tmp_path)!r})
+
+@pytest.mark.engine
+def test_engine(executor):
+    with open(RAN / "executors", "a") as ran:
+        ran.write(executor + "\\n")
+
+@settings(max_examples=100, database=None)
+@given(st.integers())
+def test_examples(n):
+    with open(RAN / "examples", "a") as ran:
+        ran.write(f"{{n}}\\n")
+""")
+    recorded = pytester.inline_run("-p", "tests.conftest", "-p", "no:cacheprovider", *options,
+                                   "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    return {report.nodeid.split("::")[-1]: report for report in recorded.getreports("pytest_runtest_logreport")
+            if report.when == "call"}
+
+
+@pytest.mark.parametrize(("options", "executors", "examples"), [
+    ((), ["threads", "cooperative"], 100),
+    (("--fast-tier",), ["cooperative"], conftest.MIN_EXAMPLES * 2),
+], ids=["full", "fast"])
+def test_the_fast_tier_runs_engine_tests_under_one_executor_and_hypothesis_tests_with_a_fifth_of_their_examples(
+        pytester: pytest.Pytester, tmp_path: Path, options: tuple[str, ...], executors: list[str],
+        examples: int) -> None:
+    reports = _tier(pytester, tmp_path, *options)
+    assert all(report.passed for report in reports.values()), reports
+    assert (tmp_path / "executors").read_text().split() == executors
+    assert len((tmp_path / "examples").read_text().split()) == examples
