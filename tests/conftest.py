@@ -60,7 +60,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _fewer_examples(items: list[pytest.Item]) -> None:
     """A fifth of each hypothesis test's examples. Its own ``@settings(max_examples=...)`` outranks
-    any profile, so the settings hypothesis reads from the test when it runs are replaced."""
+    any profile, so the settings hypothesis reads from the test's function when it runs (a private
+    attribute: tests/integration/test_fast_tier.py fails if that stops working) are replaced."""
     from hypothesis import settings
 
     tests = {id(test): test for item in items

@@ -1,8 +1,8 @@
 """The fast tier starts no process: a test not marked ``slow`` that starts one fails, naming what.
 
 ``make test-fast`` runs ``-m "not slow"`` as the tier to run after every edit; a process (poprun,
-mpiexec, a Python child, a fork) costs a tenth of a second to seconds each, and a few dozen of them
-made the tier four times its figure. Rather than trust each test's author to mark it, every test
+mpiexec, a Python child, a fork) costs a tenth of a second to seconds each, and a hundred of them
+had made the tier twice its figure. Rather than trust each test's author to mark it, every test
 outside the ``slow`` mark runs watched, in every run (``make test`` too): starting a process through
 Python (``subprocess``, ``os.fork``/``forkpty``/``posix_spawn``/``system``/``exec*``/``spawn*``,
 ``multiprocessing``, ``pty``) raises in the test and fails it, even where the test catches the
