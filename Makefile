@@ -54,9 +54,12 @@ test: lint
 	done
 	$(PY) -m tests.leftover_files check $(VENV)/.leftovers-before
 
-# The subset to iterate on: no subprocesses, no poprun, no MPI ranks (10-20 s).
+# The tier to run after every edit: the tests that start no process (tests/process_guard.py fails
+# one that does without the slow mark), each engine test under one executor and each hypothesis test
+# with a fifth of its examples (tests/conftest.py). Bytecode is kept even where
+# PYTHONDONTWRITEBYTECODE is set: compiling the tests and the packages afresh costs seconds a run.
 test-fast: install
-	$(PYTEST) -m "not slow" tests
+	PYTHONDONTWRITEBYTECODE= $(PYTEST) -m "not slow" --fast-tier tests
 
 # The compiled kernels under AddressSanitizer and UndefinedBehaviorSanitizer (docs/design.md): a
 # copy of the sources in build/sanitize, its extensions built there with -fsanitize=address,undefined

@@ -45,7 +45,37 @@ LAYERS = ("launcher", "library", "engine", "mpi", "integration")
 ENGINE_EXECUTORS = ("threads", "cooperative")
 
 
+# -- the fast tier -----------------------------------------------------------------------------------
+#: ``make test-fast`` runs the tests not marked slow, none of which starts a process
+#: (tests/process_guard.py), with ``--fast-tier``: each engine test under the cooperative executor
+#: alone, and each hypothesis test with a fifth of its examples (at least MIN_EXAMPLES). ``make
+#: test`` runs every test under both executors with all its examples.
+FAST_TIER_EXECUTORS = ("cooperative",)
+FAST_TIER_EXAMPLES, MIN_EXAMPLES = 5, 10
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast-tier", action="store_true",
+                     help="make test-fast: each engine test under one executor, hypothesis tests with fewer examples")
+
+
+def _fewer_examples(items: list[pytest.Item]) -> None:
+    """A fifth of each hypothesis test's examples. Its own ``@settings(max_examples=...)`` outranks
+    any profile, so the settings hypothesis reads from the test's function when it runs (a private
+    attribute: tests/integration/test_fast_tier.py fails if that stops working) are replaced."""
+    from hypothesis import settings
+
+    tests = {id(test): test for item in items
+             if getattr(test := getattr(item, "obj", None), "is_hypothesis_test", False)}
+    for test in tests.values():
+        given: settings = test._hypothesis_internal_use_settings  # type: ignore[union-attr]
+        fewer = max(MIN_EXAMPLES, given.max_examples // FAST_TIER_EXAMPLES)
+        test._hypothesis_internal_use_settings = settings(given, max_examples=min(fewer, given.max_examples))  # type: ignore[union-attr]
+
+
 def _layer(path: Path) -> str | None:
+    if not path.is_relative_to(ROOT / "tests"):  # a pytest run inside a test (tests/integration/test_fast_tier.py)
+        return None
     parts = path.relative_to(ROOT / "tests").parts
     return parts[0] if len(parts) > 1 and parts[0] in LAYERS else None
 
@@ -57,6 +87,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if UNDER_MUTANTS:
         _check_selection()
         _children_import_the_mutants()
+    elif not config.getoption("--with-mpi", default=False):
+        _watch_for_processes(config)
+
+
+def _watch_for_processes(config: pytest.Config) -> None:
+    """A test not marked slow starts no process (tests/process_guard.py), so ``-m "not slow"`` is
+    the fast tier (``make test-fast``)."""
+    from tests import process_guard
+
+    if not config.pluginmanager.is_registered(process_guard):
+        config.pluginmanager.register(process_guard)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,6 +109,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # run whole: the selection and its order are for mutmut's own pytest.
     if UNDER_MUTANTS and not config.getoption("--with-mpi", default=False):
         _mutmut_order(config, items)
+    if config.getoption("--fast-tier"):
+        _fewer_examples(items)
 
 
 def _mutmut_order(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -92,7 +135,8 @@ def _mutmut_order(config: pytest.Config, items: list[pytest.Item]) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     engine = _layer(metafunc.definition.path) == "engine" or metafunc.definition.get_closest_marker("engine")
     if engine and metafunc.definition.get_closest_marker("one_executor") is None:
-        metafunc.parametrize("executor", ENGINE_EXECUTORS, indirect=True, scope="module")
+        executors = FAST_TIER_EXECUTORS if metafunc.config.getoption("--fast-tier") else ENGINE_EXECUTORS
+        metafunc.parametrize("executor", executors, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,7 +12,7 @@ import pytest
 from popdist_py.engine import canonical_sum
 from popdist_py.engine.batch_invariant import ISAS, KC, matmul, outer_sum
 
-pytestmark = pytest.mark.determinism
+pytestmark = [pytest.mark.determinism, pytest.mark.one_executor]  # the kernels alone: no Runtime
 
 DTYPES = [np.float32, np.float64]
 

@@ -34,6 +34,7 @@ def configured() -> Iterator[int]:
     assert BLAS.lib_controllers, "numpy has no BLAS library threadpoolctl can see"
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_a_share_divides_each_librarys_threads_and_gives_them_back(configured: int) -> None:
     for sharers, inside in [(1, 6), (2, 3), (4, 1), (7, 1)]:
         with BlasShare(sharers).shared():
@@ -41,6 +42,7 @@ def test_a_share_divides_each_librarys_threads_and_gives_them_back(configured: i
         assert blas_threads() == configured
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_a_library_on_one_thread_stays_on_one() -> None:
     with BLAS.limit(limits=1), BlasShare(4).shared():
         assert blas_threads() == 1

@@ -26,6 +26,8 @@ from popdist_py.engine.optimizers import (
     sum_squares_parts,
 )
 
+pytestmark = pytest.mark.one_executor  # pure values: no Runtime
+
 STEPS = 6
 Lr = float | Callable[[int], float]
 

@@ -133,6 +133,7 @@ def test_replicated_slice_bad_input_is_named() -> None:
 
 
 # -- square_add, and, or ----------------------------------------------------------------------------------
+@pytest.mark.one_executor  # no Runtime
 def test_op_names_are_defined_once() -> None:
     assert ALL_OPS == ENGINE_OPS == ("add", "mean", "mul", "min", "max", "square_add", "and", "or")
 

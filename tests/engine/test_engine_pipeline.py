@@ -36,6 +36,7 @@ def train(model: Any, replicas: int, accumulation: int, opts: TrainingOptions | 
 
 
 # ------------------------------------------------------------------------------------------ schedules
+@pytest.mark.one_executor  # no Runtime
 @pytest.mark.parametrize("K,M", [(1, 1), (2, 1), (2, 8), (3, 2), (4, 16)])
 def test_schedules_run_every_op_once_in_micro_batch_order(K: int, M: int) -> None:
     for schedule in (ONE_F_ONE_B, GPIPE):
@@ -149,6 +150,7 @@ def test_a_step_trace_is_chrome_json_with_every_op_in_schedule_order(tmp_path: P
 
 
 # ------------------------------------------------------------------------------------------ bad input
+@pytest.mark.one_executor  # no Runtime
 @pytest.mark.parametrize("make,message", [
     (lambda: mlp(devices=2), r"3 pipeline stages need 3 devices per replica, but a replica has 2"),
     (lambda: mlp(placement=(0, 3, 1)), r"stage 1 \(layer 1\): device=3 is outside the valid range \[0, 2\]"),
@@ -267,6 +269,7 @@ def test_under_full_every_replica_meets_when_the_replicas_run_at_once(executor: 
             assert set(r.waited_for) == expect and all(t < r.done for t in r.waited_for.values())
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_bad_sync_patterns_and_feeds_are_named() -> None:
     with pytest.raises(ValueError, match=r"sync_pattern='ladder' is not one of full, single_pipeline, "
                                          r"replica_and_ladder"):
@@ -344,6 +347,7 @@ def rss_shmem() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssShmem:"))
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_an_off_chip_stash_keeps_values_out_of_resident_memory_and_gives_them_back() -> None:
     big = np.arange(16 << 20, dtype=np.float32)  # 64 MiB
     small = np.arange(3, dtype=np.float64)

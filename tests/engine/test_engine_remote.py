@@ -182,6 +182,7 @@ def test_a_buffer_larger_than_its_directory_is_refused_at_once(tmp_path: Path) -
         room.rmdir()
 
 
+@pytest.mark.slow  # starts a process (for a PID that has ended)
 def test_spill_directories_of_dead_processes_are_removed() -> None:
     import socket
     import subprocess

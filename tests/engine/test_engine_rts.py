@@ -38,6 +38,7 @@ def reference_shards(flat: np.ndarray, k: int) -> list[np.ndarray]:
 # -- layout ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_seed_example_30_elements_over_4() -> None:
     layout = ShardLayout(30, 4)
     assert (layout.shard_size, layout.padding, layout.full_shards) == (8, 2, 2)
@@ -48,6 +49,7 @@ def test_seed_example_30_elements_over_4() -> None:
     assert layout.join(shards).tolist() == list(range(1, 31))
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_layout_sizes_and_indices_are_checked() -> None:
     with pytest.raises(ValueError, match=r"^shard layout: n=-1 is invalid: it must be an integer >= 0$"):
         ShardLayout(-1, 2)
@@ -57,6 +59,7 @@ def test_layout_sizes_and_indices_are_checked() -> None:
         ShardLayout(30, 4).shard(np.zeros(30), 4)
 
 
+@pytest.mark.one_executor  # no Runtime
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 400), k=st.integers(1, 17))
 def test_layout_is_balanced_and_round_trips(n: int, k: int) -> None:

@@ -19,6 +19,7 @@ from tests.engine_helpers import valid_groupings
 
 
 # ------------------------------------------------------------------------------------ the sequence
+@pytest.mark.one_executor  # no Runtime
 def test_segments_read_as_their_concatenation() -> None:
     rng = np.random.default_rng(0)
     ps = pieces(rng, MIXED)
@@ -35,6 +36,7 @@ def test_segments_read_as_their_concatenation() -> None:
     assert s.reshape(-1) is s and s.reshape(packed.size) is s
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_cuts_cover_the_range_and_keep_large_pieces_whole() -> None:
     rng = np.random.default_rng(1)
     for block in (64, 1000, DIRECT, BLOCK):
@@ -51,6 +53,7 @@ def test_cuts_cover_the_range_and_keep_large_pieces_whole() -> None:
         assert whole == {k for k, n in enumerate(sizes) if DIRECT <= n <= block}
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_bad_uses_are_refused() -> None:
     s = Segments([np.zeros(3, np.float32), np.zeros(4, np.float32)], np.float32)
     with pytest.raises(TypeError, match="contiguous slices"):
@@ -63,6 +66,7 @@ def test_bad_uses_are_refused() -> None:
         Segments([np.zeros(3, np.float32)] * 2, np.float32, [3])
 
 
+@pytest.mark.one_executor  # no Runtime
 @pytest.mark.parametrize("members", [1, 2, 3, 4, 5])
 def test_program_on_pieces_equals_program_on_arrays(members: int) -> None:
     rng = np.random.default_rng(members)

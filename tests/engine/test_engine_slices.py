@@ -29,6 +29,7 @@ def small_slices(rt: Runtime) -> Slicer:
     return slicer
 
 
+@pytest.mark.one_executor  # no Runtime
 @pytest.mark.parametrize("threads", [1, 2, 3, 4, 16])
 @pytest.mark.parametrize("n", [1, ALIGN - 1, 3 * ALIGN + 5, 1 << 20, (1 << 22) + 37])
 @pytest.mark.parametrize("nbytes", [0, MIN_SLICE_BYTES, 5 * MIN_SLICE_BYTES - 1, 64 * MiB])
@@ -46,6 +47,7 @@ def test_cuts_cover_the_elements_in_aligned_slices(threads: int, n: int, nbytes:
         assert max(sizes) - min(sizes) <= 2 * ALIGN  # even shares
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_slices_run_at_once_on_their_own_threads_the_first_on_the_caller() -> None:
     slicer = Slicer(3, name="test-slice")
     seen: list[tuple[int, int, int]] = []
@@ -78,6 +80,7 @@ def test_slices_run_at_once_on_their_own_threads_the_first_on_the_caller() -> No
     assert not [t for t in threading.enumerate() if t.name.startswith("test-slice")]
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_a_slicer_needs_a_thread_and_names_its_threads() -> None:
     with pytest.raises(ValueError, match="threads=0 must be >= 1"):
         Slicer(0)
@@ -89,6 +92,7 @@ def test_a_slicer_needs_a_thread_and_names_its_threads() -> None:
         slicer.shutdown()
 
 
+@pytest.mark.one_executor  # no Runtime
 def test_a_failing_slice_is_raised_once_every_slice_has_finished() -> None:
     slicer = Slicer(2)
     started, go, raising = threading.Event(), threading.Event(), threading.Event()
@@ -123,6 +127,7 @@ def test_a_failing_slice_is_raised_once_every_slice_has_finished() -> None:
     assert [str(e) for e in outcome] == ["slice 0 failed"] and finished == [2 * ALIGN]
 
 
+@pytest.mark.slow  # forks
 def test_a_forked_child_starts_its_own_threads() -> None:
     import os
 

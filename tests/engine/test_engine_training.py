@@ -164,6 +164,7 @@ def test_gradients_that_do_not_fit_are_named() -> None:
             trainer.step(host_batch(X[0], 2, 1), host_batch(Y[0], 2, 1))
 
 
+@pytest.mark.one_executor  # no Runtime
 @pytest.mark.determinism
 def test_canonical_sum_is_the_accumulators_order() -> None:
     values = np.random.default_rng(3).standard_normal((24, 7)).astype(np.float32) * 1e3

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from tests.helpers import ROOT, SUBPROCESS_TIMEOUT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -28,6 +30,7 @@ def test_no_doc_quotes_a_test_count() -> None:
         assert not re.search(r"\b\d[\d,]* (?:tests|test cases)\b", doc.read_text()), doc.name
 
 
+@pytest.mark.slow  # starts poprun
 def test_the_open_mpi_recipe_runs_as_written() -> None:
     text = (ROOT / "docs" / "launcher.md").read_text()
     block = text.split("runs this block as written", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]

@@ -160,6 +160,7 @@ def test_devices_come_from_poprun_and_must_agree(monkeypatch: pytest.MonkeyPatch
     assert mnist_pipeline.parse_args(["--no-pipeline"]).devices == 1
 
 
+@pytest.mark.slow  # starts the example
 def test_too_few_devices_exit_2_with_one_line() -> None:
     proc = subprocess.run([PYTHON, SCRIPT, "--ipus-per-replica", "1"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)

@@ -8,6 +8,8 @@ import ast
 import subprocess
 import tomllib
 
+import pytest
+
 from tests.helpers import PYTHON, ROOT
 from tests.mutation.selection import TARGETS, target_of
 
@@ -33,6 +35,7 @@ def test_every_mutated_function_is_in_exactly_one_target() -> None:
     assert wrong == {}
 
 
+@pytest.mark.slow  # starts a shell and Python
 def test_the_makefile_reads_a_target_s_patterns_one_per_line() -> None:
     for name, patterns in TARGETS.items():
         printed = subprocess.run([PYTHON, "-m", "tests.mutation.selection", name], capture_output=True, text=True,

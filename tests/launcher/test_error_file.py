@@ -34,6 +34,7 @@ def _warning(result: subprocess.CompletedProcess[str]) -> list[str]:
     return [line.split(" POPRUN [W] ", 1)[1] for line in result.stderr.splitlines() if " POPRUN [W] " in line]
 
 
+@pytest.mark.slow  # starts poprun
 def test_a_regular_file_is_replaced_whole_and_keeps_its_permissions(tmp_path: Path) -> None:
     target = tmp_path / "error.json"
     target.write_text("old")
@@ -46,6 +47,7 @@ def test_a_regular_file_is_replaced_whole_and_keeps_its_permissions(tmp_path: Pa
     assert _warning(result) == []
 
 
+@pytest.mark.slow  # starts poprun
 def test_a_link_is_followed_not_replaced(tmp_path: Path) -> None:
     real, link = tmp_path / "real.json", tmp_path / "link.json"
     real.write_text("old")
@@ -55,6 +57,7 @@ def test_a_link_is_followed_not_replaced(tmp_path: Path) -> None:
     assert json.loads(real.read_text())[-1]["status"] == 3
 
 
+@pytest.mark.slow  # starts poprun
 def test_a_fifo_with_a_reader_gets_the_report_and_stays_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -68,6 +71,7 @@ def test_a_fifo_with_a_reader_gets_the_report_and_stays_a_fifo(tmp_path: Path) -
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
+@pytest.mark.slow  # starts poprun
 def test_stderr_that_is_a_pipe_gets_the_report_in_place() -> None:
     # /dev/stderr names a pipe here (the captured stderr): written to, as a terminal would be.
     result = subprocess.run([*POPRUN, "--error-file", "/dev/stderr", *FAIL], capture_output=True, text=True,
@@ -87,6 +91,7 @@ def _refused(error_file: str | Path, tmp_path: Path) -> str:
     return line
 
 
+@pytest.mark.slow  # starts poprun
 def test_a_fifo_no_one_reads_is_refused_before_anything_starts(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -95,11 +100,13 @@ def test_a_fifo_no_one_reads_is_refused_before_anything_starts(tmp_path: Path) -
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
+@pytest.mark.slow  # starts poprun
 def test_dev_full_is_refused_before_anything_starts(tmp_path: Path) -> None:
     assert _refused("/dev/full", tmp_path) == ("poprun: error: --error-file '/dev/full' cannot be written: "
                                                "No space left on device")
 
 
+@pytest.mark.slow  # starts poprun
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
 def test_a_device_that_refuses_writes_is_refused_and_never_replaced(tmp_path: Path) -> None:
     # A private node with /dev/full's numbers (1, 7): every write fails with ENOSPC.
@@ -110,6 +117,7 @@ def test_a_device_that_refuses_writes_is_refused_and_never_replaced(tmp_path: Pa
     assert stat.S_ISCHR(full.lstat().st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["full"]
 
 
+@pytest.mark.slow  # starts poprun
 @pytest.mark.parametrize("name, why", [
     ("{tmp}/missing/error.json", "is in a folder that does not exist ({tmp}/missing)"),
     # /proc takes no new file, whoever asks (root too).
@@ -124,6 +132,7 @@ def test_a_place_that_cannot_take_the_record_is_refused_before_anything_starts(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the check left nothing
 
 
+@pytest.mark.slow  # starts poprun
 def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path) -> None:
     target = tmp_path / "error.json"
     target.write_text("old")
@@ -133,12 +142,14 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["error.json"]
 
 
+@pytest.mark.slow  # starts poprun
 def test_a_directory_is_refused_before_anything_starts(tmp_path: Path) -> None:
     result = poprun("--error-file", str(tmp_path), *FAIL)
     assert result.returncode == 2
     assert result.stderr == f"poprun: error: Invalid value for '--error-file': File '{tmp_path}' is a directory.\n"
 
 
+@pytest.mark.slow  # starts poprun
 def test_a_launch_that_fails_is_recorded_with_the_host_that_could_not_start(tmp_path: Path) -> None:
     """A host that cannot be started on is poprun's reason, not an instance's: the record has no
     instance, says why, and lists the host lost; the restart then has no host left and says so.

@@ -10,8 +10,12 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from poprun_py.shared import leftovers
 from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, live_command_line, run, task_state
+
+pytestmark = pytest.mark.slow  # every test starts Python
 
 
 def _made(place: tuple[str, str], tag: str) -> Path:

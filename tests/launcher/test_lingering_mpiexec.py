@@ -19,8 +19,11 @@ from poprun_py.shared import sweep
 from poprun_py.supervision.supervisor import LINGER_SECONDS
 from tests.helpers import BIN, OMP_SET, POPRUN, PYTHON, SUBPROCESS_TIMEOUT, run, wait_until
 
-pytestmark = pytest.mark.skipif(not (BIN / "mpiexec.gforker").exists(),
-                                reason="needs MPICH's mpiexec.gforker (the mpich wheel)")
+pytestmark = [
+    pytest.mark.slow,  # every test starts poprun
+    pytest.mark.skipif(not (BIN / "mpiexec.gforker").exists(),
+                       reason="needs MPICH's mpiexec.gforker (the mpich wheel)"),
+]
 
 STOPPED = f"mpiexec outlived the end of every instance by {LINGER_SECONDS:g} s: stopping it"
 

@@ -141,6 +141,7 @@ def _job_sockets(path: str, tmp_path: Path) -> dict[str, list[str]]:
 OPENMPI_LAUNCHERS = ("prterun", "prted", "mpiexec", "mpirun")
 
 
+@pytest.mark.slow  # starts poprun
 @pytest.mark.parametrize("path", ["gforker", "openmpi"])
 def test_a_one_host_jobs_instances_listen_on_loopback_only(path: str, tmp_path: Path) -> None:
     opened = _job_sockets(path, tmp_path)
@@ -148,6 +149,7 @@ def test_a_one_host_jobs_instances_listen_on_loopback_only(path: str, tmp_path: 
     assert _beyond_loopback([entry for entries in instances.values() for entry in entries]) == [], opened
 
 
+@pytest.mark.slow  # starts poprun
 @pytest.mark.parametrize("path", LAUNCHER_PATHS)
 def test_a_one_host_job_listens_on_loopback_only(path: str, tmp_path: Path) -> None:
     """Every process of the job, launchers included, whichever launcher starts it: Hydra's mpiexec
@@ -156,6 +158,7 @@ def test_a_one_host_job_listens_on_loopback_only(path: str, tmp_path: Path) -> N
     assert _beyond_loopback([entry for entries in opened.values() for entry in entries]) == [], opened
 
 
+@pytest.mark.slow  # starts poprun
 @pytest.mark.parametrize("path", ["hydra --mpi", "openmpi"])
 @pytest.mark.parametrize("users", [None, "libm.so.6"])
 def test_the_launchers_library_stays_out_of_the_programs_environment(path: str, users: str | None) -> None:
@@ -172,6 +175,7 @@ def test_the_launchers_library_stays_out_of_the_programs_environment(path: str, 
     assert sorted(result.stdout.splitlines()) == [f"[{i}] {json.dumps(users)}" for i in range(2)], result.stdout
 
 
+@pytest.mark.slow  # starts poprun
 def test_hydras_proxies_call_back_on_loopback() -> None:
     """A proxy that calls Hydra's mpiexec back over TCP must find it where the library keeps it:
     on loopback, whatever this host's name resolves to (the dry run shows what will run)."""
@@ -184,6 +188,7 @@ def test_hydras_proxies_call_back_on_loopback() -> None:
     assert command[1:3] == ["-localhost", "127.0.0.1"], command
 
 
+@pytest.mark.slow  # starts poprun
 def test_the_users_own_localhost_is_the_one_hydra_gets() -> None:
     """Hydra refuses a second -localhost: one in --mpi-global-args stands alone."""
     result = subprocess.run([*POPRUN, "--mpi-global-args", "-localhost 127.0.0.1", "--num-instances", "2",
@@ -207,6 +212,7 @@ def _poprun_without_the_library(tmp_path: Path, *args: str) -> subprocess.Comple
                           env={**env, "MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)}, timeout=SUBPROCESS_TIMEOUT)
 
 
+@pytest.mark.slow  # starts poprun
 @pytest.mark.parametrize("path", [path for path in LAUNCHER_PATHS if path != "gforker"])
 def test_a_launcher_that_would_listen_everywhere_is_refused_without_the_library(path: str, tmp_path: Path) -> None:
     """Hydra and Open MPI on one host need the library to stay on loopback: without it poprun
@@ -221,6 +227,7 @@ def test_a_launcher_that_would_listen_everywhere_is_refused_without_the_library(
     assert not ran.exists()
 
 
+@pytest.mark.slow  # starts poprun
 def test_gforker_needs_no_library(tmp_path: Path) -> None:
     """poprun's own pick for one host listens on nothing, so it runs where the library is missing."""
     result = _poprun_without_the_library(tmp_path, "--num-instances", "2", PYTHON, "-c", "print('ran')")

@@ -99,6 +99,7 @@ def _script(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # starts the discovery script
 @pytest.mark.parametrize("body,said", [
     ("echo broken >&2; exit 4", "find-hosts exited with status 4 (broken)"),
     ("true", "find-hosts listed no hosts"),
@@ -110,6 +111,7 @@ def test_a_discovery_script_that_fails_is_one_line_saying_how(tmp_path: Path, bo
     assert str(raised.value).startswith("--host-discovery-script ") and said in str(raised.value)
 
 
+@pytest.mark.slow  # starts the discovery script
 def test_a_discovery_script_that_cannot_run_or_hangs_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(PlanError, match=r"missing cannot run: No such file or directory$"):
         discover(str(tmp_path / "missing"))
@@ -118,6 +120,7 @@ def test_a_discovery_script_that_cannot_run_or_hangs_is_named(tmp_path: Path, mo
         discover(_script(tmp_path, "exec sleep 30"))
 
 
+@pytest.mark.slow  # starts the discovery script
 def test_at_a_restart_a_failed_discovery_keeps_the_hosts_known(tmp_path: Path,
                                                                 capfd: pytest.CaptureFixture[str]) -> None:
     script = _script(tmp_path, "exit 3")
@@ -161,6 +164,7 @@ def test_a_job_on_this_machine_only_restarts_as_it_was() -> None:
     assert restarts.next_layout(Layout(2, []), {}, now=0) == (Layout(2, []), "")
 
 
+@pytest.mark.slow  # starts poprun
 def test_without_hosts_the_first_start_asks_the_discovery_script(tmp_path: Path) -> None:
     found = poprun("--host-discovery-script", _script(tmp_path, "echo nodeA; echo nodeB:2"), "--num-instances", "2",
                    "--dry-run", "/bin/true")
@@ -173,6 +177,7 @@ def test_without_hosts_the_first_start_asks_the_discovery_script(tmp_path: Path)
                                                        "with status 2\n"))
 
 
+@pytest.mark.slow  # starts poprun
 def test_the_first_start_fits_the_slots_the_discovery_script_gives(tmp_path: Path) -> None:
     """4 instances on 2 hosts put 2 on each: a host given 1 slot is named; 2 slots (or none said) start."""
     script = _script(tmp_path, "echo nodeA:1; echo nodeB:2")

@@ -297,6 +297,7 @@ def test_a_failure_without_an_error_file_that_ended_first_comes_before_a_later_r
                                                                           (2, "RuntimeError: second failure")]
 
 
+@pytest.mark.slow  # starts unshare
 def test_the_error_files_folder_honours_tmpdir_when_tmp_is_read_only(tmp_path: Path) -> None:
     """/tmp read-only (a bind of itself, remounted so, in a mount namespace of the job's own) and
     TMPDIR a writable folder: the job's folder of error files goes there, as tempfile.gettempdir

@@ -40,6 +40,7 @@ STUBBORN = ("import os, signal, time\n"
 GRACE = {environment.KILL_GRACE: "0.2"}
 
 
+@pytest.mark.slow  # starts a shim
 def test_terminate_stops_the_program_and_the_shim_kills_it_after_the_grace() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (_, poprun):
         poprun.output(b"ready")
@@ -49,6 +50,7 @@ def test_terminate_stops_the_program_and_the_shim_kills_it_after_the_grace() -> 
         assert poprun.exit_report(within=10) == (128 + signal.SIGKILL, signal.SIGKILL, None, 0)
 
 
+@pytest.mark.slow  # starts a shim
 def test_terminate_continues_a_stopped_program_so_that_it_acts_on_sigterm_and_says_it_was_stopped() -> None:
     program = ("import os, signal, sys\n"
                "signal.signal(signal.SIGTERM, lambda *_: (os.write(1, b'got TERM\\n'), sys.exit(5)))\n"
@@ -66,6 +68,7 @@ def test_terminate_continues_a_stopped_program_so_that_it_acts_on_sigterm_and_sa
         assert poprun.exit_report(within=10) == (5, None, None, protocol.EXIT_WAS_STOPPED)
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_signal_after_terminate_does_not_count_as_the_shim_being_signalled() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
         poprun.output(b"ready")
@@ -78,6 +81,7 @@ def test_a_signal_after_terminate_does_not_count_as_the_shim_being_signalled() -
         assert said.count(b"got TERM") == 1, said
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_signal_to_the_shim_alone_stops_the_program_and_says_so() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
         poprun.output(b"ready")
@@ -86,6 +90,7 @@ def test_a_signal_to_the_shim_alone_stops_the_program_and_says_so() -> None:
         assert poprun.exit_report() == (128 + signal.SIGKILL, signal.SIGKILL, None, protocol.EXIT_SHIM_SIGNALLED)
 
 
+@pytest.mark.slow  # starts a shim
 def test_after_its_exit_report_the_shim_waits_for_release() -> None:
     with shim_session(PYTHON, "-c", "print('done')") as (shim, poprun):
         assert poprun.exit_report() == (0, None, None, 0)
@@ -102,6 +107,7 @@ def test_after_its_exit_report_the_shim_waits_for_release() -> None:
         assert shim.wait(timeout=30) == 0
 
 
+@pytest.mark.slow  # starts a shim
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["TERM", "INT", "HUP"])
 def test_a_signal_after_the_exit_report_ends_the_wait_for_release(sig: int) -> None:
     """mpiexec ending the job's processes: the shim leaves at once, its status its program's. The
@@ -114,6 +120,7 @@ def test_a_signal_after_the_exit_report_ends_the_wait_for_release(sig: int) -> N
     assert (shim.returncode, err) == (4, "")
 
 
+@pytest.mark.slow  # starts a shim
 def test_poprun_gone_during_the_wait_for_release_ends_it() -> None:
     with shim_session(PYTHON, "-c", "import sys; sys.exit(4)") as (shim, poprun):
         assert poprun.exit_report() == (4, None, None, 0)
@@ -122,6 +129,7 @@ def test_poprun_gone_during_the_wait_for_release_ends_it() -> None:
     assert (shim.returncode, err) == (4, "")
 
 
+@pytest.mark.slow  # starts a shim
 def test_signals_after_release_do_not_change_the_shim_s_status() -> None:
     """mpiexec ends the processes of a job whose instances left without MPI_Finalize, so a shim
     may be signalled while it leaves: its status stays its program's, with nothing said."""
@@ -139,6 +147,7 @@ def test_signals_after_release_do_not_change_the_shim_s_status() -> None:
     assert (shim.returncode, err) == (0, ""), sent
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_command_that_fails_its_check_stops_the_program_and_is_named() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
         poprun.output(b"ready")
@@ -156,6 +165,7 @@ FLOOD = ("import os, signal\n"
          "while True: os.write(1, b'x' * 65536)\n")
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_shim_held_back_by_a_poprun_that_does_not_read_still_obeys_stop_cont_and_terminate() -> None:
     """poprun not reading (its own output stalled, or poprun stopped) is back-pressure: the shim's
     sends wait, its program waits on its pipe (no progress), poprun is not taken for gone, and its
@@ -173,6 +183,7 @@ def test_a_shim_held_back_by_a_poprun_that_does_not_read_still_obeys_stop_cont_a
         assert poprun.exit_report() == (3, None, None, 0)
 
 
+@pytest.mark.slow  # starts a shim
 def test_poprun_gone_stops_the_program() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
         poprun.output(b"ready")
@@ -185,6 +196,7 @@ def _shim_without_poprun(env: dict[str, str]) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_shim_without_the_secret_does_not_connect_and_starts_nothing() -> None:
     # Nothing listens at port 1: a shim that tried to connect would name the refusal instead.
     status, out, err = _shim_without_poprun({environment.CONTROL: "127.0.0.1:1"})
@@ -193,6 +205,7 @@ def test_a_shim_without_the_secret_does_not_connect_and_starts_nothing() -> None
                    "environment (was it dropped by mpiexec's options?)); the program was not started\n")
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_shim_started_without_poprun_s_address_or_secret_says_so_and_starts_nothing() -> None:
     status, out, err = _shim_without_poprun({})  # as if mpiexec's options dropped them
     assert (status, out) == (NOT_STARTED, "")
@@ -200,6 +213,7 @@ def test_a_shim_started_without_poprun_s_address_or_secret_says_so_and_starts_no
                    "its environment (was it dropped by mpiexec's options?)); the program was not started\n")
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_shim_without_a_job_address_ends_no_process_by_its_marks() -> None:
     """Without poprun's address there are no marks of a job to know its processes by: a process
     whose environment holds the instance index and a control address of "None" is left alone."""
@@ -217,6 +231,7 @@ def test_a_shim_without_a_job_address_ends_no_process_by_its_marks() -> None:
         outsider.wait(timeout=10)
 
 
+@pytest.mark.slow  # starts a shim
 def test_the_program_starts_with_sigpipe_and_sigxfsz_at_their_defaults() -> None:
     """The shim's interpreter ignores SIGPIPE (and SIGXFSZ); the program must not inherit that: a
     shell pipeline's writer would then carry on after its reader left. Read from the program's own
@@ -249,6 +264,7 @@ def _answer_hello_with(answer: Callable[[socket.socket, Seal], None]) -> tuple[i
     return result
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_poprun_that_closes_after_hello_starts_nothing() -> None:
     status, out, err = _answer_hello_with(lambda connection, _: connection.shutdown(socket.SHUT_WR))
     assert (status, out) == (NOT_STARTED, "")
@@ -256,6 +272,7 @@ def test_a_poprun_that_closes_after_hello_starts_nothing() -> None:
                    "the program was not started\n")
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_program_that_fails_its_check_is_not_started(tmp_path: Path) -> None:
     made = tmp_path / "made"
     forged = Seal(new_secret(), new_nonce(), TO_SHIM)  # sealed by someone without this run's secret
@@ -270,6 +287,7 @@ def test_a_program_that_fails_its_check_is_not_started(tmp_path: Path) -> None:
                    "authentication check); the program was not started\n")
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_program_longer_than_the_host_takes_is_refused_before_it_is_read() -> None:
     limit = os.sysconf("SC_ARG_MAX")
 
@@ -283,6 +301,7 @@ def test_a_program_longer_than_the_host_takes_is_refused_before_it_is_read() -> 
                    f"program of at most {limit} bytes); the program was not started\n")
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_poprun_that_closes_before_its_nonce_is_not_reached() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         address = f"127.0.0.1:{server.getsockname()[1]}"
@@ -378,6 +397,7 @@ def test_a_count_of_instances_that_is_no_count_is_one_warning_and_divides_nothin
                                       f"integer (use a whole number >= 0); {OMP} is left unset\n")
 
 
+@pytest.mark.slow  # starts a shim
 def test_a_reset_connection_to_poprun_stops_the_program() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
         poprun.output(b"ready")
@@ -387,6 +407,7 @@ def test_a_reset_connection_to_poprun_stops_the_program() -> None:
         assert shim.wait(timeout=30) == 128 + signal.SIGKILL
 
 
+@pytest.mark.slow  # starts a shim
 def test_an_error_file_that_cannot_be_made_is_dropped_with_a_warning(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")  # a file where the error file's directory would have to be

@@ -24,6 +24,8 @@ from popcontract import environment
 from poprun_py.shared import sweep
 from tests.helpers import BIN, OMP_SET, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state, wait_until
 
+pytestmark = pytest.mark.slow  # every test starts a child that plays the shim, or gforker
+
 GFORKER = BIN / "mpiexec.gforker"
 
 

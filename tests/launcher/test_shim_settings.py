@@ -33,6 +33,7 @@ def test_a_long_bad_grace_is_shown_cut_to_40_characters() -> None:
     assert bad_grace("x" * 41) == f"{name}={'x' * 40 + '...'!r} is not a number of seconds (>= 0)"
 
 
+@pytest.mark.slow  # starts poprun
 @pytest.mark.parametrize("grace", ["abc", "-1", "nan", ""])
 def test_a_bad_kill_grace_is_one_line_before_anything_starts(grace: str, monkeypatch: pytest.MonkeyPatch,
                                                              capfd: pytest.CaptureFixture[str]) -> None:

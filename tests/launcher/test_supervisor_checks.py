@@ -350,6 +350,7 @@ def test_a_shim_that_saw_its_daemon_die_and_reported_the_stop_names_the_daemon(
     assert s.lost_hosts() == {"b": "its daemon died"}
 
 
+@pytest.mark.slow  # starts a process to play mpiexec
 @pytest.mark.parametrize("held", [False, True])
 def test_an_instance_still_connected_without_a_report_once_mpiexec_is_gone_is_lost_with_its_host(
         job: tuple[Supervisor, socket.socket, list[socket.socket]], held: bool) -> None:

@@ -40,6 +40,7 @@ def _killed(process: subprocess.Popen[bytes]) -> bool:
     return process.wait(timeout=10) == -signal.SIGKILL
 
 
+@pytest.mark.slow  # starts processes
 def test_a_member_of_the_session_is_killed_and_nothing_outside_it(processes: list[subprocess.Popen[bytes]]) -> None:
     leader, member = _sleeper(new_session=True), _sleeper()  # member: this test's own session
     processes += [leader, member]
@@ -51,6 +52,7 @@ def test_a_member_of_the_session_is_killed_and_nothing_outside_it(processes: lis
     assert not sweep.kill_in_session(leader.pid, leader.pid)
 
 
+@pytest.mark.slow  # starts processes
 def test_neither_a_zombie_nor_the_caller_itself_counts_or_is_killed(processes: list[subprocess.Popen[bytes]]) -> None:
     leader = _sleeper(new_session=True)
     processes.append(leader)
@@ -70,6 +72,7 @@ def test_pids_below_two_are_never_signalled() -> None:
         assert not sweep.kill_marked(pid, (b"PATH=" + os.environ["PATH"].encode(),))
 
 
+@pytest.mark.slow  # starts processes
 def test_marks_are_whole_entries_of_the_environment_and_all_of_them_count(
         processes: list[subprocess.Popen[bytes]]) -> None:
     marked = _sleeper(env={"JOB": "a1", "INDEX": "3", "OTHER": "xJOB=a1"})
@@ -84,6 +87,7 @@ def test_marks_are_whole_entries_of_the_environment_and_all_of_them_count(
     assert not sweep.kill_marked(marked.pid, (b"JOB=a1",))  # gone
 
 
+@pytest.mark.slow  # starts processes
 def test_descendants_are_found_through_every_generation_and_only_they_are_killed(
         processes: list[subprocess.Popen[bytes]]) -> None:
     parent = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
@@ -104,6 +108,7 @@ def test_descendants_are_found_through_every_generation_and_only_they_are_killed
     assert sweep.descendants(parent.pid) == []
 
 
+@pytest.mark.slow  # starts processes
 def test_a_stopped_process_is_told_from_a_running_one_and_a_zombie(processes: list[subprocess.Popen[bytes]]) -> None:
     sleeper = _sleeper()
     processes.append(sleeper)
@@ -116,6 +121,7 @@ def test_a_stopped_process_is_told_from_a_running_one_and_a_zombie(processes: li
     assert not sweep.is_stopped(sleeper.pid)  # a zombie
 
 
+@pytest.mark.slow  # starts processes
 def test_a_start_time_lasts_while_the_process_is_a_zombie_and_ends_when_it_is_reaped(
         processes: list[subprocess.Popen[bytes]]) -> None:
     first = _sleeper()

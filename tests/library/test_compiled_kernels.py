@@ -94,6 +94,7 @@ def run_python(code: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # starts Python
 def test_outer_sum_refuses_a_broadcast_x_whose_packed_copy_cannot_be_addressed() -> None:
     """A stride-0 x of 2**60 rows is a view of one row; its packed copy, 2**65 bytes, overflowed
     the size computed for it: the kernel allocated a few bytes and wrote past them."""
@@ -109,6 +110,7 @@ def test_outer_sum_refuses_a_broadcast_x_whose_packed_copy_cannot_be_addressed()
     assert "refused: outer_sum: x has 1152921504606846976 rows of 1: its packed copy would not fit" in out, out
 
 
+@pytest.mark.slow  # starts Python
 def test_outer_sum_of_an_empty_result_allocates_nothing() -> None:
     """2**45 broadcast rows into an empty out: numpy's result at once, no 2**50-byte packed copy."""
     out = run_python("""
@@ -121,6 +123,7 @@ def test_outer_sum_of_an_empty_result_allocates_nothing() -> None:
     assert "shape: (8, 0) float32 (8, 0)" in out, out
 
 
+@pytest.mark.slow  # starts Python
 def test_the_reduction_kernel_refuses_a_huge_temporary_count() -> None:
     """ntemp 2**51: its scratch of ntemp x 2048 floats overflowed to an allocation of 0 bytes,
     which the program's first temporary then wrote past (a corrupted heap)."""
