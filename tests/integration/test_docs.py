@@ -37,3 +37,23 @@ def test_the_open_mpi_recipe_runs_as_written() -> None:
     done = subprocess.run(["bash", "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT)
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == ["[0] [2.]", "[1] [2.]"]
+
+
+def _design_section(start: str) -> str:
+    text = (ROOT / "docs" / "design.md").read_text()
+    begin = text.index(start)
+    return text[begin:text.index("\n## ", begin + 1) if "\n## " in text[begin + 1:] else len(text)]
+
+
+@pytest.mark.parametrize("package, section", [
+    ("poprun_py", "One job, through the sub-packages of `poprun_py`"),  # the launcher, by process
+    ("popdist_py", "## Repository layout"),
+    ("popcontract", "## Repository layout"),
+])
+def test_the_design_names_every_module_of_the_tree(package: str, section: str) -> None:
+    # docs/design.md's layout is the newcomer's map of the tree: a module it does not name is one
+    # the map leaves out (a private one too: the map says which process and level it is in).
+    text = _design_section(section)
+    missing = [str(path.relative_to(ROOT)) for path in sorted((ROOT / package).rglob("*.py"))
+               if path.name != "__init__.py" and not re.search(rf"\b{re.escape(path.stem)}\b", text)]
+    assert not missing, f"docs/design.md does not name {missing}"
