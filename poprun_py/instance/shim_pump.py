@@ -66,33 +66,38 @@ def _ignore(*_: object) -> None:
     """A signal's handler during the wait for RELEASE: the wake-up descriptor does the work."""
 
 
+def kill_grace() -> float:
+    """The program's grace between SIGTERM and SIGKILL: POPRUN_KILL_GRACE, or the default with a
+    warning when it is no number of seconds (poprun refuses such a value: a shim started by hand)."""
+    grace = protocol.kill_grace()
+    if grace is None:
+        text = settings.text(environment.KILL_GRACE)
+        os.write(2, f"poprun: warning: {protocol.bad_grace(text)}; using {protocol.DEFAULT_GRACE:g}\n".encode())
+        grace = protocol.DEFAULT_GRACE
+    return grace
+
+
 class Pump:
-    def __init__(self, index: int, connection: tuple[_socket.socket, Seal, int] | None,
+    def __init__(self, index: int, connection: tuple[_socket.socket, Seal, int],
                  error_file: str | None = None) -> None:
         self.index = index
-        #: poprun's connection (None: it cannot be reached), what seals its frames and checks its commands.
-        self.control: _socket.socket | None = connection[0] if connection is not None else None
-        seal = self.seal = connection[1] if connection is not None else None
-        self.commands = protocol.CommandReader(seal) if seal is not None else None
-        if self.control is not None:
-            # Sent data that waits is back-pressure (poprun reads slowly, or is stopped), which
-            # TCP_USER_TIMEOUT would take for a dead peer once the window has stayed shut that
-            # long: from now on poprun's liveness is judged here (``_unanswered``).
-            if hasattr(_socket, "TCP_USER_TIMEOUT"):
-                self.control.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_USER_TIMEOUT, 0)
-            self.control.setblocking(False)
+        #: poprun's connection, what seals its frames, and what checks its commands (None once one
+        #: failed its check: nothing more is read from poprun).
+        self.control, self.seal = connection[0], connection[1]
+        self.commands: protocol.CommandReader | None = protocol.CommandReader(self.seal)
+        # Sent data that waits is back-pressure (poprun reads slowly, or is stopped), which
+        # TCP_USER_TIMEOUT would take for a dead peer once the window has stayed shut that long:
+        # from now on poprun's liveness is judged here (``_unanswered``).
+        if hasattr(_socket, "TCP_USER_TIMEOUT"):
+            self.control.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_USER_TIMEOUT, 0)
+        self.control.setblocking(False)
         #: poprun is gone (its connection ended, or its host stopped answering): nothing more is sent.
         self.gone = False
         #: When poprun's host was first seen leaving data unacknowledged for SILENCE_LIMIT s.
         self.unanswered_since: float | None = None
         #: The program's TORCHELASTIC_ERROR_FILE: sent to poprun when it fails (see root_cause.py).
         self.error_file = error_file
-        grace = protocol.kill_grace()
-        if grace is None:
-            text = settings.text(environment.KILL_GRACE)
-            os.write(2, f"poprun: warning: {protocol.bad_grace(text)}; using {protocol.DEFAULT_GRACE:g}\n".encode())
-            grace = protocol.DEFAULT_GRACE
-        self.grace = grace
+        self.grace = kill_grace()
         self.pid: int | None = None
         self.kill_at: float | None = None
         #: On this host's wall clock (ns; 0: not yet), for poprun's choice of the first failure
@@ -123,7 +128,7 @@ class Pump:
     def send(self, data: bytes) -> None:
         """``data``, sealed, handed whole to the kernel, however long poprun takes to read (see the
         module's docstring); dropped once poprun is gone, so that the program is still stopped cleanly."""
-        if self.control is None or self.seal is None or self.gone:
+        if self.gone:
             return
         pending = memoryview(self.seal.seal(data))
         while pending and not self.gone:
@@ -138,7 +143,6 @@ class Pump:
     def _wait_for_room(self) -> None:
         """Wait until poprun's connection takes more (at most ROOM_WAIT s), obeying its commands,
         stopping the program on time, and noticing poprun's end, meanwhile."""
-        assert self.control is not None
         poll = select.poll()
         # (poprun's commands no longer read after one failed its check: left unread, not polled)
         poll.register(self.control, select.POLLOUT | (select.POLLIN if self.commands is not None else 0))
@@ -155,7 +159,6 @@ class Pump:
     def _hear_poprun(self) -> bool:
         """Read and obey poprun's commands; False once nothing more can come from it (the
         connection ended, or a command failed its check), and then the program is stopped."""
-        assert self.control is not None
         if self.commands is None:
             return False
         try:
@@ -186,7 +189,6 @@ class Pump:
         waits for it to (a retransmission, or a window probe: linux/tcp.h's tcpi_retransmits,
         tcpi_probes), at two looks UNANSWERED_SECONDS apart: the host died or the network to it is
         cut. A poprun that is stopped or reads slowly still has its kernel acknowledge."""
-        assert self.control is not None
         try:
             info = self.control.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_INFO, TCP_INFO_SIZE)
         except (AttributeError, OSError):
@@ -201,10 +203,7 @@ class Pump:
         return now - self.unanswered_since >= UNANSWERED_SECONDS
 
     def output(self, stream: int, data: bytes) -> None:
-        if self.control is None:
-            os.write(stream, data)  # no poprun: pass output through as it is
-        else:
-            self.send(protocol.frame(protocol.OUTPUT, data, stream))
+        self.send(protocol.frame(protocol.OUTPUT, data, stream))
 
     def spawn_failed(self, program: str, error: OSError) -> int:
         status = 127 if error.errno == 2 else 126
@@ -246,7 +245,7 @@ class Pump:
         status, signum = self._pump(stdout_fd, stderr_fd)
         recorded = 0
         if self.error_file:
-            if status and self.control is not None:
+            if status:
                 cause = root_cause.collect(self.error_file)
                 if cause is not None:
                     recorded = root_cause.written_at(self.error_file)
@@ -269,13 +268,11 @@ class Pump:
         after = oom.kills()
         return after is not None and after > self.oom_kills
 
-    def _signals_end_the_wait(self) -> int | None:
+    def _signals_end_the_wait(self) -> int:
         """From now on a signal only ends the wait for RELEASE (mpiexec ending the processes of a
         job whose instances left without MPI_Finalize): its handler does nothing, and the wake-up
         descriptor it writes to, returned, is watched by the wait. Nothing is raised, so a signal
         at any moment, during the wait or after it, leaves the shim's status its program's."""
-        if self.control is None:
-            return None
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
         _signal.set_wakeup_fd(wake_write)
@@ -283,12 +280,9 @@ class Pump:
             _signal.signal(sig, _ignore)
         return wake_read
 
-    def _await_release(self, wake: int | None) -> None:
+    def _await_release(self, wake: int) -> None:
         """Wait, idle, for poprun's RELEASE (see ``protocol.RELEASE``), poprun's end, a signal
         (``wake`` readable), or RELEASE_WAIT_SECONDS."""
-        if wake is None:  # no connection to poprun: nothing to wait for
-            return
-        assert self.control is not None
         watch = Watch()
         watch.add(self.control, CONTROL)
         watch.add(wake, SIGNALLED)
@@ -316,7 +310,7 @@ class Pump:
         while True:
             now = time.monotonic()
             self._kill_when_due(now)
-            if self.control is not None and not self.gone and self._unanswered(now):
+            if not self.gone and self._unanswered(now):
                 watch.remove(self.control)
                 self._lose_poprun()
             if self.returncode is None:
@@ -358,8 +352,7 @@ class Pump:
             watch.add(stderr_fd, STDERR)
         self.children = self._wake_on_children()
         watch.add(self.children[0], CHILDREN)
-        if self.control is not None:
-            watch.add(self.control, CONTROL)
+        watch.add(self.control, CONTROL)
         try:  # wake the moment the program exits instead of polling (Linux >= 5.3)
             self.exit_fd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
@@ -495,13 +488,12 @@ def end_escaped(index: int) -> None:
     no subreaper can be had). Repeats until none is left (each death can let more be found), for
     at most ESCAPED_SECONDS."""
     me = os.getpid()
-    control = settings.text(environment.CONTROL)
-    marks = (f"{environment.CONTROL}={control}".encode(), f"{environment.INSTANCE_INDEX}={index}".encode())
+    marks = (f"{environment.CONTROL}={settings.text(environment.CONTROL)}".encode(),
+             f"{environment.INSTANCE_INDEX}={index}".encode())
     deadline = time.monotonic() + ESCAPED_SECONDS
     while time.monotonic() < deadline:
         adopted = sweep.descendants(me)
-        # Without a job address there is nothing to tell this job's marked processes by.
-        marked = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)] if control else []
+        marked = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)]
         if not adopted and not marked:
             return
         for pid in adopted:

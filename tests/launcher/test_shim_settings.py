@@ -10,7 +10,7 @@ import pytest
 
 from popcontract import environment
 from poprun_py.instance.shim import pin_network
-from poprun_py.instance.shim_pump import Pump
+from poprun_py.instance.shim_pump import kill_grace
 from poprun_py.shared.cores import threads_per_instance
 from poprun_py.shared.network import local_addresses
 from poprun_py.wire.protocol import bad_grace, grace_seconds
@@ -42,14 +42,14 @@ def test_a_bad_kill_grace_is_one_line_before_anything_starts(grace: str, monkeyp
     assert result.stderr == f"poprun: error: {environment.KILL_GRACE}={grace!r} is not a number of seconds (>= 0)\n"
     # A shim that still gets such a value (started by hand) warns once and uses the default.
     monkeypatch.setenv(environment.KILL_GRACE, grace)
-    assert Pump(0, None).grace == 3.0
+    assert kill_grace() == 3.0
     assert capfd.readouterr().err == (f"poprun: warning: {environment.KILL_GRACE}={grace!r} is not a number of "
                                       "seconds (>= 0); using 3\n")
 
 
 def test_a_good_kill_grace_reaches_the_shim(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(environment.KILL_GRACE, "0.5")
-    assert Pump(0, None).grace == 0.5
+    assert kill_grace() == 0.5
 
 
 def loopback() -> str:
