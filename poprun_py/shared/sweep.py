@@ -150,15 +150,27 @@ def reap_adopted() -> int:
 
 def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
     """Whether ``pid`` is alive, not a zombie, not this process, and its environment holds every
-    one of ``marks`` (each a whole ``NAME=value`` entry); never true for no marks."""
-    if not marks or pid == os.getpid() or _stat(pid) is None:
+    one of ``marks`` (each a whole ``NAME=value`` entry); never true for no marks.
+
+    The environment is read first, and the process's state only for a match: a shim's end asks this
+    of every process on the host (``shim_pump.end_escaped``), nearly all of them unmarked or not
+    its user's, so one failed open or one read each is what that scan costs."""
+    if not marks or pid == os.getpid():
         return False
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            environ = b"\0" + handle.read() + b"\0"
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
     except OSError:
         return False  # gone, or not ours to read
-    return all(b"\0" + mark + b"\0" in environ for mark in marks)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return False  # gone meanwhile
+    finally:
+        os.close(fd)
+    environ = b"\0" + b"".join(chunks) + b"\0"
+    return all(b"\0" + mark + b"\0" in environ for mark in marks) and _stat(pid) is not None
 
 
 def kill_in_session(pid: int, session: int) -> bool:
