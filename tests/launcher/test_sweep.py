@@ -84,6 +84,15 @@ def test_marks_are_whole_entries_of_the_environment_and_all_of_them_count(
     assert not sweep.kill_marked(marked.pid, (b"JOB=a1",))  # gone
 
 
+def test_a_marked_zombie_holds_no_marks(processes: list[subprocess.Popen[bytes]]) -> None:
+    # Its environment is read first (holds_marks): a dead process must not pass on what /proc kept.
+    marked = _sleeper(env={"JOB": "a1"})
+    processes.append(marked)
+    os.kill(marked.pid, signal.SIGKILL)
+    os.waitid(os.P_PID, marked.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: a zombie
+    assert not sweep.holds_marks(marked.pid, (b"JOB=a1",)) and not sweep.kill_marked(marked.pid, (b"JOB=a1",))
+
+
 def test_descendants_are_found_through_every_generation_and_only_they_are_killed(
         processes: list[subprocess.Popen[bytes]]) -> None:
     parent = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
