@@ -90,7 +90,10 @@ def in_session(pid: int, session: int) -> bool:
 
 
 def descendants(root: int) -> list[int]:
-    """Live processes below ``root``: its children, theirs, and so on (one reading of /proc)."""
+    """Live processes below ``root``: its children, theirs, and so on (one reading of /proc, which
+    this process skips when it has no child: a shim's end, once its program is collected)."""
+    if root == os.getpid() and not has_children():
+        return []
     children: dict[int, list[int]] = {}
     for pid in pids():
         stat = _stat(pid)
@@ -118,6 +121,16 @@ def descends_from(pid: int, root: int) -> bool:
     return False
 
 
+def has_children() -> bool:
+    """Whether this process has a child, alive or ended and not yet collected (none is collected
+    here): one system call, where finding them in /proc reads every process on the host."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def adopt_orphans() -> None:
     """Become the subreaper of this process's descendants (``_subreaper``): an orphan among them is
     then adopted by this process, not by init. The shim ends the program's daemons it adopts
@@ -135,17 +148,16 @@ def reap_adopted() -> int:
     """Collect the end of every child of this process that is a zombie (call it once the children
     whose status it reads itself are collected); how many. An adopted orphan would otherwise stay
     a zombie for as long as this process lives, and go on to init, which in a container may reap
-    nothing."""
-    me, count = os.getpid(), 0
-    for pid in pids():
-        fields = _read_stat(pid)
-        if fields is not None and fields[0] == b"Z" and int(fields[1]) == me:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # collected meanwhile (a wait elsewhere in this process)
-                continue
-            count += 1
-    return count
+    nothing. Asked of the kernel, one ended child at a time: poprun's end waits for this, and a
+    reading of /proc would read every process on the host."""
+    count = 0
+    while True:
+        try:
+            if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG) is None:
+                return count  # children, none ended
+        except ChildProcessError:
+            return count  # no child left
+        count += 1
 
 
 def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
