@@ -131,17 +131,29 @@ def has_children() -> bool:
     return True
 
 
-def adopt_orphans() -> None:
+#: Whether :func:`adopt_orphans` made this process the subreaper of its descendants.
+_adopting = {"held": False}
+
+
+def adopt_orphans() -> bool:
     """Become the subreaper of this process's descendants (``_subreaper``): an orphan among them is
     then adopted by this process, not by init. The shim ends the program's daemons it adopts
     (``shim_pump.end_escaped``); poprun collects the ends of what the job orphans on its host
-    (:func:`reap_adopted`). Where the system does not allow it, nothing changes."""
+    (:func:`reap_adopted`). Where the system does not allow it, nothing changes. Whether it is now."""
     from poprun_py.shared import _subreaper
 
     try:
-        _subreaper.become()
+        _adopting["held"] = bool(_subreaper.become())
     except OSError:
         pass  # the shim's search by environment still finds marked daemons
+    return _adopting["held"]
+
+
+def adopts_orphans() -> bool:
+    """Whether :func:`adopt_orphans` made this process the subreaper of its descendants: then every
+    process they start stays below this one, whatever its parents do (an orphan goes to the nearest
+    subreaper above it), until it ends."""
+    return _adopting["held"]
 
 
 def reap_adopted() -> int:
