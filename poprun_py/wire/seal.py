@@ -49,8 +49,8 @@ _BLOCK = 64
 #: Each byte of the padded key XORed with HMAC's ipad and opad, as translation tables.
 _INNER, _OUTER = bytes(x ^ 0x36 for x in range(256)), bytes(x ^ 0x5C for x in range(256))
 #: Bytes a connection hashes with the interpreter's small SHA-256 before it loads OpenSSL's: on a
-#: 2-core AMD EPYC the small one took ~13 ns a byte more, and loading OpenSSL ~5 ms, as much as
-#: ~400 KB: past this, a connection that goes on hashing pays at most twice the best of the two.
+#: 2-core AMD EPYC the small one took ~14 ns a byte more, and loading OpenSSL ~5 ms, as much as
+#: ~360 KB: past this, a connection that goes on hashing pays at most twice the best of the two.
 FAST_AFTER_BYTES = 256 * 1024
 
 
