@@ -30,9 +30,9 @@ from _operator import _compare_digest as compare_digest  # what hmac.compare_dig
 from poprun_py.wire.protocol import NONCE_SIZE, TAG_SIZE
 
 try:
-    from _sha256 import sha256 as _small_sha256  # Python 3.11
-except ImportError:  # 3.12 on: one module for the SHA-2 family
-    from _sha2 import sha256 as _small_sha256
+    from _sha256 import sha256 as _small_sha256  # Python 3.11 (3.12 renamed it: there, hashlib's)
+except ImportError:
+    from hashlib import sha256 as _small_sha256
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
 if TYPE_CHECKING:
