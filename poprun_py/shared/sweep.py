@@ -176,9 +176,9 @@ def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
     """Whether ``pid`` is alive, not a zombie, not this process, and its environment holds every
     one of ``marks`` (each a whole ``NAME=value`` entry); never true for no marks.
 
-    The environment is read first, and the process's state only for a match: a shim's end asks this
-    of every process on the host (``shim_pump.end_escaped``), nearly all of them unmarked or not
-    its user's, so one failed open or one read each is what that scan costs."""
+    The environment is read first, and the process's state only for a match: a shim's search by
+    environment (``shim_pump.end_escaped``, where it is no subreaper) asks this of every process on
+    the host, nearly all of them unmarked or not its user's: one failed open or one read each."""
     if not marks or pid == os.getpid():
         return False
     try:
