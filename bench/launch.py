@@ -1,19 +1,29 @@
 """``launch``: poprun against bare mpiexec, starting 2 instances that init MPI, and that do nothing;
-and the CPU a job costs when its instances end at different times (MPICH's hydra proxy
-busy-waits from its first child's exit to its last; poprun's shims exit together)."""
+the CPU a job costs when its instances end at different times (MPICH's hydra proxy busy-waits
+from its first child's exit to its last; poprun's shims exit together); and what the instance
+side costs: 1, 32 and 128 instances of ``/bin/true`` (wall and CPU of the whole process tree),
+and each shim's own CPU and peak resident memory."""
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from bench.timing import cpu_seconds, time_commands
+from bench.timing import cpu_seconds, summarize, time_commands, time_commands_with_cpu
+from poprun_py.instance import SCRIPT
 
 BIN = Path(sys.executable).parent
 TARGET_RATIO = 1.5
 #: Instance 1 ends this long after instance 0 in the ``skewed_exit`` case.
 SKEW_SECONDS = 0.3
+#: The job sizes of the ``instances`` rows, each of ``/bin/true``.
+INSTANCE_COUNTS = (1, 32, 128)
+#: The probe's pause before it reads its shim: by then the shim has set its loop up.
+PROBE_PAUSE_SECONDS = 0.2
 
 
 def run(quick: bool) -> dict[str, object]:
@@ -28,6 +38,8 @@ def run(quick: bool) -> dict[str, object]:
         ratio = times["poprun"]["median"] / times["mpiexec"]["median"]
         result[name] = {"seconds": times, "ratio": ratio}
     result["skewed_exit"] = skewed_exit(python, rounds=3 if quick else 5)
+    result["instances"] = instances_of_true(rounds=3 if quick else 7)
+    result["shim"] = shim_cost(rounds=3 if quick else 10)
     ratio = result["mpi_init"]["ratio"]  # type: ignore[index]
     result["target"] = {"what": "poprun / mpiexec, 2 instances initialising MPI", "limit": TARGET_RATIO,
                         "value": ratio, "holds": ratio <= TARGET_RATIO}
@@ -46,3 +58,51 @@ def skewed_exit(python: str, rounds: int) -> dict[str, object]:
     medians = {name: statistics.median(values) for name, values in cpu.items()}
     return {"skew_seconds": SKEW_SECONDS, "cpu_seconds": medians, "ratio": medians["poprun"] / medians["mpiexec"]}
 
+
+
+def instances_of_true(rounds: int) -> dict[str, object]:
+    """``/bin/true`` as 1, 32 and 128 instances: wall time and the CPU of the whole process tree,
+    poprun and bare mpiexec interleaved; and the CPU each instance past the first adds under
+    poprun beyond what it adds under bare mpiexec (the instance side's cost, poprun's share of
+    each instance included)."""
+    rows: dict[str, object] = {}
+    cpu_medians: dict[int, dict[str, float]] = {}
+    for count in INSTANCE_COUNTS:
+        measured = time_commands_with_cpu({
+            "mpiexec": [str(BIN / "mpiexec"), "-n", str(count), "/bin/true"],
+            "poprun": [str(BIN / "poprun"), "--num-instances", str(count), "/bin/true"],
+        }, rounds=rounds, timeout=300)
+        seconds = {name: m["seconds"] for name, m in measured.items()}
+        cpu = {name: m["cpu_seconds"] for name, m in measured.items()}
+        cpu_medians[count] = {name: c["median"] for name, c in cpu.items()}
+        rows[str(count)] = {"seconds": seconds, "cpu_seconds": cpu,
+                            "ratio": seconds["poprun"]["median"] / seconds["mpiexec"]["median"]}
+    first, last = cpu_medians[INSTANCE_COUNTS[0]], cpu_medians[INSTANCE_COUNTS[-1]]
+    extra = INSTANCE_COUNTS[-1] - INSTANCE_COUNTS[0]
+    per_instance = ((last["poprun"] - first["poprun"]) - (last["mpiexec"] - first["mpiexec"])) / extra
+    return {"rows": rows, "cpu_seconds_per_instance": per_instance}
+
+
+def shim_cost(rounds: int) -> dict[str, object]:
+    """Each shim's own CPU (user + system, its threads only: not the program's) and peak resident
+    memory (VmHWM), read from /proc by its program (``sh``, the shim's child) as the program's last
+    act, 2 instances a job: the shim's start, the exchange with poprun, the program's start and the
+    loop's set-up, without the shim's end (its exit report and the wait for RELEASE)."""
+    cpu: list[float] = []
+    peak: list[float] = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as folder:
+            probe = (f"sleep {PROBE_PAUSE_SECONDS}; cat /proc/$PPID/schedstat > {folder}/$PMI_RANK.cpu; "
+                     f"grep VmHWM /proc/$PPID/status > {folder}/$PMI_RANK.rss; "
+                     f"cat /proc/$PPID/cmdline > {folder}/$PMI_RANK.cmdline")
+            subprocess.run([str(BIN / "poprun"), "--num-instances", "2", "sh", "-c", probe], check=True,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=60)
+            for rank in range(2):
+                parent = Path(folder, f"{rank}.cmdline").read_bytes().split(b"\0")
+                if Path(SCRIPT).name.encode() not in b" ".join(parent):
+                    raise RuntimeError(f"the probe's parent is not a shim: {parent!r}")
+                # schedstat: time on a CPU, ns; VmHWM: kB
+                cpu.append(int(Path(folder, f"{rank}.cpu").read_text().split()[0]) / 1e9)
+                peak.append(int(Path(folder, f"{rank}.rss").read_text().split()[1]) / 1024)
+    return {"cpu_seconds": summarize(cpu), "peak_rss_mib": summarize(peak), "cores": os.cpu_count()}

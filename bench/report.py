@@ -59,6 +59,7 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{_ms(skew['cpu_seconds']['mpiexec'])} | {_ms(skew['cpu_seconds']['poprun'])} | "
                          f"{skew['ratio']:.2f} |")
         lines.append("")
+        lines += _instance_side(launch)
     if "scaling" in results:
         s = results["scaling"]
         lines += [f"| scaling: {s['model']} | samples/s | speedup |", "|---|---|---|"]
@@ -86,6 +87,29 @@ def markdown(results: dict[str, Any]) -> str:
         lines += _cores(results["cores"])
     lines += _targets(results)
     return "\n".join(lines) + "\n"
+
+
+def _instance_side(launch: dict[str, Any]) -> list[str]:
+    """The launch section's instance-side rows: jobs of ``/bin/true`` by size, and one shim's cost."""
+    if "instances" not in launch:
+        return []
+    instances = launch["instances"]
+    lines = [("| `/bin/true`, instances | bare mpiexec (ms) | poprun (ms) | ratio | bare mpiexec CPU (ms) | "
+              "poprun CPU (ms) |"), "|---|---|---|---|---|---|"]
+    for count, row in instances["rows"].items():
+        seconds, cpu = row["seconds"], row["cpu_seconds"]
+        lines.append(f"| {count} | {_ms(seconds['mpiexec']['median'])} | {_ms(seconds['poprun']['median'])} | "
+                     f"{row['ratio']:.2f} | {_ms(cpu['mpiexec']['median'])} | {_ms(cpu['poprun']['median'])} |")
+    runs = next(iter(instances["rows"].values()))["seconds"]["poprun"]["runs"]
+    text = (f"CPU: the whole process tree's (user + system), medians of {runs} interleaved runs. Each instance "
+            f"past the first costs {instances['cpu_seconds_per_instance'] * 1e3:.1f} ms of CPU more under poprun "
+            "than under bare mpiexec (its shim, and poprun's share of it).")
+    if "shim" in launch:
+        shim = launch["shim"]
+        text += (f" One shim, up to its program's end (read from /proc by the program, "
+                 f"{shim['cpu_seconds']['runs']} shims): {_ms(shim['cpu_seconds']['median'])} ms of CPU, "
+                 f"{shim['peak_rss_mib']['median']:.1f} MiB peak resident.")
+    return [*lines, "", text, ""]
 
 
 def _targets(results: dict[str, Any]) -> list[str]:

@@ -44,12 +44,30 @@ def wall_time(command: Sequence[str], timeout: float) -> float:
     return elapsed
 
 
+def time_commands_with_cpu(commands: dict[str, Sequence[str]], rounds: int,
+                           timeout: float = 120) -> dict[str, dict[str, dict[str, float]]]:
+    """:func:`time_commands` with the CPU time of each command's whole process tree beside the wall
+    time: ``{name: {"seconds": summary, "cpu_seconds": summary}}``."""
+    wall: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(rounds):
+        for name, command in commands.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            wall[name].append(wall_time(command, timeout))
+            cpu[name].append(_cpu_since(before))
+    return {name: {"seconds": summarize(wall[name]), "cpu_seconds": summarize(cpu[name])} for name in commands}
+
+
+def _cpu_since(before: resource.struct_rusage) -> float:
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
 def cpu_seconds(command: Sequence[str], timeout: float) -> float:
     """CPU time (user + system) that ``command`` and all its descendants used."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall_time(command, timeout)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return _cpu_since(before)
 
 
 def summarize(values: list[float]) -> dict[str, float]:

@@ -483,17 +483,21 @@ class Pump:
 def end_escaped(index: int) -> None:
     """SIGKILL the program's descendants that left its process group (a daemon started with
     fork, setsid, fork): they still hold mpiexec's pipes, so the job would never end. They are
-    found as the shim's descendants (it adopts them as their subreaper, see shim.main), and by
-    the environment they inherited: this job's control address and this instance's index (where
-    no subreaper can be had). Repeats until none is left (each death can let more be found), for
-    at most ESCAPED_SECONDS."""
+    found as the shim's descendants (it adopts them as their subreaper, see shim.main), and, only
+    where no subreaper can be had, by the environment they inherited: this job's control address
+    and this instance's index. (With the subreaper, whatever inherited them from the program is
+    below the shim; the search by environment reads every process on the host, in every shim of
+    the job.) Repeats until none is left (each death can let more be found), for at most
+    ESCAPED_SECONDS."""
     me = os.getpid()
-    marks = (f"{environment.CONTROL}={settings.text(environment.CONTROL)}".encode(),
-             f"{environment.INSTANCE_INDEX}={index}".encode())
+    control = settings.text(environment.CONTROL)
+    marks = (f"{environment.CONTROL}={control}".encode(), f"{environment.INSTANCE_INDEX}={index}".encode())
+    # Without a job address there is nothing to tell this job's marked processes by.
+    by_marks = bool(control) and not sweep.adopts_orphans()
     deadline = time.monotonic() + ESCAPED_SECONDS
     while time.monotonic() < deadline:
         adopted = sweep.descendants(me)
-        marked = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)]
+        marked = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)] if by_marks else []
         if not adopted and not marked:
             return
         for pid in adopted:

@@ -90,7 +90,10 @@ def in_session(pid: int, session: int) -> bool:
 
 
 def descendants(root: int) -> list[int]:
-    """Live processes below ``root``: its children, theirs, and so on (one reading of /proc)."""
+    """Live processes below ``root``: its children, theirs, and so on (one reading of /proc, which
+    this process skips when it has no child: a shim's end, once its program is collected)."""
+    if root == os.getpid() and not has_children():
+        return []
     children: dict[int, list[int]] = {}
     for pid in pids():
         stat = _stat(pid)
@@ -118,47 +121,80 @@ def descends_from(pid: int, root: int) -> bool:
     return False
 
 
-def adopt_orphans() -> None:
+def has_children() -> bool:
+    """Whether this process has a child, alive or ended and not yet collected (none is collected
+    here): one system call, where finding them in /proc reads every process on the host."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+#: Whether :func:`adopt_orphans` made this process the subreaper of its descendants.
+_adopting = {"held": False}
+
+
+def adopt_orphans() -> bool:
     """Become the subreaper of this process's descendants (``_subreaper``): an orphan among them is
     then adopted by this process, not by init. The shim ends the program's daemons it adopts
     (``shim_pump.end_escaped``); poprun collects the ends of what the job orphans on its host
-    (:func:`reap_adopted`). Where the system does not allow it, nothing changes."""
+    (:func:`reap_adopted`). Where the system does not allow it, nothing changes. Whether it is now."""
     from poprun_py.shared import _subreaper
 
     try:
-        _subreaper.become()
+        _adopting["held"] = bool(_subreaper.become())
     except OSError:
         pass  # the shim's search by environment still finds marked daemons
+    return _adopting["held"]
+
+
+def adopts_orphans() -> bool:
+    """Whether :func:`adopt_orphans` made this process the subreaper of its descendants: then every
+    process they start stays below this one, whatever its parents do (an orphan goes to the nearest
+    subreaper above it), until it ends."""
+    return _adopting["held"]
 
 
 def reap_adopted() -> int:
     """Collect the end of every child of this process that is a zombie (call it once the children
     whose status it reads itself are collected); how many. An adopted orphan would otherwise stay
     a zombie for as long as this process lives, and go on to init, which in a container may reap
-    nothing."""
-    me, count = os.getpid(), 0
-    for pid in pids():
-        fields = _read_stat(pid)
-        if fields is not None and fields[0] == b"Z" and int(fields[1]) == me:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # collected meanwhile (a wait elsewhere in this process)
-                continue
-            count += 1
-    return count
+    nothing. Asked of the kernel, one ended child at a time: poprun's end waits for this, and a
+    reading of /proc would read every process on the host."""
+    count = 0
+    while True:
+        try:
+            if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG) is None:
+                return count  # children, none ended
+        except ChildProcessError:
+            return count  # no child left
+        count += 1
 
 
 def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
     """Whether ``pid`` is alive, not a zombie, not this process, and its environment holds every
-    one of ``marks`` (each a whole ``NAME=value`` entry); never true for no marks."""
-    if not marks or pid == os.getpid() or _stat(pid) is None:
+    one of ``marks`` (each a whole ``NAME=value`` entry); never true for no marks.
+
+    The environment is read first, and the process's state only for a match: a shim's search by
+    environment (``shim_pump.end_escaped``, where it is no subreaper) asks this of every process on
+    the host, nearly all of them unmarked or not its user's: one failed open or one read each."""
+    if not marks or pid == os.getpid():
         return False
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            environ = b"\0" + handle.read() + b"\0"
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
     except OSError:
         return False  # gone, or not ours to read
-    return all(b"\0" + mark + b"\0" in environ for mark in marks)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return False  # gone meanwhile
+    finally:
+        os.close(fd)
+    environ = b"\0" + b"".join(chunks) + b"\0"
+    return all(b"\0" + mark + b"\0" in environ for mark in marks) and _stat(pid) is not None
 
 
 def kill_in_session(pid: int, session: int) -> bool:

@@ -106,15 +106,18 @@ class Teardown:
             self._signal_mpiexec(_signal.SIGKILL)
             if self.mpiexec.wait(timeout=MPIEXEC_EXIT_WAIT) is None:
                 log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
+        killed = False
         for pid in session_members(self.mpiexec.pid):
             command = _command_line(pid)
-            if sweep.kill_in_session(pid, self.mpiexec.pid) and command:
-                # an empty command line: the process was already exiting
-                log.warning("killed process %d (%s) left behind in the job's session", pid, command)
+            if sweep.kill_in_session(pid, self.mpiexec.pid):
+                killed = True
+                if command:  # an empty command line: the process was already exiting
+                    log.warning("killed process %d (%s) left behind in the job's session", pid, command)
         # Until the killed are gone they still map MPICH's segments, which would then look in use
-        # to remove_files_left and stay behind.
+        # to remove_files_left and stay behind. (Nothing killed, nothing to wait for: every job's
+        # end would read /proc once more.)
         deadline = time.monotonic() + EXIT_WAIT
-        while session_members(self.mpiexec.pid) and time.monotonic() < deadline:
+        while killed and session_members(self.mpiexec.pid) and time.monotonic() < deadline:
             time.sleep(EXIT_POLL)
         for state in self.instances:
             state.output.flush()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench import pipeline, report, scaling, training
+from bench import launch, pipeline, report, scaling, training
 from bench.machine import machine_info
 from tests.helpers import PYTHON, poprun, run
 
@@ -102,6 +102,27 @@ def test_matmul_section_times_each_product_and_checks_the_invariance() -> None:
     target = {"what": "matmul", "limit": 1.3, "value": 1.0, "holds": True}
     text = report.markdown({"matmul": {"rows": [row], "rounds": 2, "target": target}})
     assert "| 16x64x32 |" in text and "Rows computed alone equal the rows of the whole call: yes" in text
+
+
+def test_the_launch_sections_instance_side_measures_jobs_of_true_and_one_shim_and_renders(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "INSTANCE_COUNTS", (1, 3))  # the shape of the rows, not 128 instances
+    instances = launch.instances_of_true(rounds=1)
+    assert list(instances["rows"]) == ["1", "3"]  # type: ignore[call-overload]
+    for row in instances["rows"].values():  # type: ignore[attr-defined]
+        assert set(row["seconds"]) == set(row["cpu_seconds"]) == {"mpiexec", "poprun"}
+        assert all(s["median"] > 0 for s in (*row["seconds"].values(), *row["cpu_seconds"].values()))
+        assert row["ratio"] == row["seconds"]["poprun"]["median"] / row["seconds"]["mpiexec"]["median"]
+    shim = launch.shim_cost(rounds=1)  # refuses a probe whose parent is not a shim
+    cpu, rss = shim["cpu_seconds"], shim["peak_rss_mib"]
+    assert cpu["runs"] == rss["runs"] == 2  # type: ignore[index]
+    # A Python interpreter's own (a shell, the program, holds about 2 MiB): less than a second and a GiB.
+    assert 0.001 < cpu["median"] < 1 and 4 < rss["median"] < 1024  # type: ignore[index]
+    section = {"mpi_init": {"seconds": {"mpiexec": {"median": 0.1}, "poprun": {"median": 0.15}}, "ratio": 1.5},
+               "pass": {"seconds": {"mpiexec": {"median": 0.01}, "poprun": {"median": 0.05}}, "ratio": 5.0},
+               "instances": instances, "shim": shim}
+    table = report.markdown({"launch": section})
+    assert "| 3 | " in table and "Each instance past the first costs" in table and "peak resident" in table, table
 
 
 def test_the_peers_sections_pieces_measure_both_sides_and_render() -> None:

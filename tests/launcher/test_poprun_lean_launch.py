@@ -18,13 +18,14 @@ from tests.launcher.shim import run_shim
 pytestmark = pytest.mark.slow  # every test starts poprun or a shim
 
 #: Modules the shim never imports: each would cost every instance a millisecond or more before its
-#: program starts (click ~30 ms, socket ~6 ms).
+#: program starts (click ~30 ms, socket ~6 ms, OpenSSL's hashes ~5 ms and 4 MB resident: the seal
+#: of a quiet connection uses the interpreter's own SHA-256).
 HEAVY = ("click", "logging", "subprocess", "dataclasses", "typing", "re", "json", "shutil", "inspect",
          "ctypes", "argparse", "pathlib", "socket", "selectors", "signal", "enum", "collections",
-         "encodings.idna")
+         "encodings.idna", "hmac", "hashlib", "_hashlib")
 #: Of those, the ones click does not bring in: poprun itself avoids them on a plain launch too.
 HEAVY_BESIDES_CLICK = ("logging", "subprocess", "dataclasses", "json", "shutil", "ctypes", "argparse", "pathlib",
-                       "socket", "selectors", "signal", "encodings.idna")
+                       "socket", "selectors", "signal", "encodings.idna", "hmac", "hashlib", "_hashlib")
 
 
 def imported(import_log: str) -> set[str]:
@@ -55,6 +56,21 @@ def test_shim_uses_only_builtin_modules() -> None:
     modules = imported(result.stderr)
     assert "poprun_py.instance.shim_pump" in modules
     assert modules.isdisjoint(HEAVY), sorted(modules & set(HEAVY))
+
+
+def test_a_connection_loads_openssls_hash_only_once_it_has_hashed_more_than_loading_costs() -> None:
+    # Under python -S, as the shim: a quiet connection's frames leave OpenSSL unloaded; past
+    # FAST_AFTER_BYTES (a chatty program's output) the seal moves to it, for its speed.
+    code = ("import sys\n"
+            "from poprun_py.wire.seal import FAST_AFTER_BYTES, TO_POPRUN, Seal, new_nonce, new_secret\n"
+            "seal = Seal(new_secret(), new_nonce(), TO_POPRUN)\n"
+            "for _ in range(100): seal.seal(b'x' * (FAST_AFTER_BYTES // 100))\n"
+            "print('_hashlib' in sys.modules)\n"
+            "seal.seal(b'x' * 100)\n"
+            "print('_hashlib' in sys.modules)\n")
+    result = run([PYTHON, "-S", "-c", code])  # from the repository root, on sys.path as the script puts it
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]
 
 
 def test_shims_wait_for_release_so_all_exit_together(tmp_path: Path) -> None:

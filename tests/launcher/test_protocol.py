@@ -3,11 +3,14 @@ reads back, and what it refuses to believe."""
 
 from __future__ import annotations
 
+import hmac
+import os
+
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from poprun_py.wire import protocol
+from poprun_py.wire import protocol, seal
 from poprun_py.wire.seal import TO_POPRUN, TO_SHIM, Seal, new_nonce, new_secret
 
 
@@ -130,6 +133,27 @@ def test_a_frame_not_sealed_by_this_connections_shim_is_refused(tamper: str) -> 
             first, second = shim.seal(heartbeat), shim.seal(heartbeat)
         wire = first[:-1] + second
     assert _refused(reader, wire) == "a frame failed its authentication check"
+
+
+@pytest.mark.parametrize("key_bytes", [0, 1, 32, 64, 65, 200])
+def test_the_seals_hmac_is_the_standard_librarys(key_bytes: int) -> None:
+    key, message = os.urandom(key_bytes), os.urandom(100)
+    assert seal.hmac_sha256(key, message) == hmac.digest(key, message, "sha256")
+
+
+def test_tags_are_hmac_sha256_of_direction_number_and_frame_before_and_after_the_move_to_openssl() -> None:
+    # The connection's first frames are hashed with the small SHA-256, those after FAST_AFTER_BYTES
+    # with OpenSSL's: each tag is still the standard HMAC, and the other end checks each.
+    secret, nonce = new_secret(), new_nonce()
+    shim, poprun = Seal(secret, nonce, TO_POPRUN), Seal(secret, nonce, TO_SHIM)
+    key = hmac.digest(secret.encode(), b"poprun control channel" + nonce, "sha256")
+    frames = [b"hello", os.urandom(seal.FAST_AFTER_BYTES // 2), os.urandom(seal.FAST_AFTER_BYTES), b"exit", b""]
+    for number, frame in enumerate(frames):
+        tag = shim.seal(frame)[len(frame):]
+        position = bytes([TO_POPRUN]) + number.to_bytes(8, "big")
+        assert tag == hmac.new(key, position + frame, "sha256").digest()[:protocol.TAG_SIZE], number
+        assert poprun.check(frame, tag), number
+    assert not poprun.check(b"exit", tag)  # checked once: the next number is expected now
 
 
 def test_a_header_that_claims_too_much_is_refused_before_anything_is_held() -> None:

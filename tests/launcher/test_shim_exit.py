@@ -287,3 +287,54 @@ def test_the_shim_collects_orphans_as_they_end(tmp_path: Path) -> None:
     assert lines[:-1] == [f"batch {batch} collected" for batch in range(batches)], (lines, result.stderr)
     assert 0 <= int(lines[-1].removeprefix("most zombies ")) <= size
     assert result.stdout.split() == ["3", "0"], (result.stdout, result.stderr)
+
+
+#: A shim's end (shim_pump.end_escaped) in a process of its own, after a program left a daemon
+#: (setsid, out of its group, orphaned at once): ``adopting``, this process is its subreaper first,
+#: as a shim is. A process that carries the job's marks but was started outside this process (its
+#: PID the second argument) shows whether the search by environment ran. The job's address is the
+#: third argument ("-": none, as if mpiexec dropped it).
+_ESCAPED = """
+import os, signal, subprocess, sys
+from popcontract import environment
+from poprun_py.instance.shim_pump import end_escaped
+from poprun_py.shared import sweep
+adopting = sys.argv[1] == "adopting"
+if adopting:
+    assert sweep.adopt_orphans()
+os.environ.pop(environment.CONTROL, None)
+if sys.argv[3] != "-":
+    os.environ[environment.CONTROL] = sys.argv[3]
+os.environ[environment.INSTANCE_INDEX] = "0"
+daemon = int(subprocess.run(["sh", "-c", "setsid sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
+                            text=True, check=True).stdout)
+assert (daemon in sweep.descendants(os.getpid())) == adopting
+end_escaped(0)
+print(sweep.has_ended(daemon), sweep.has_ended(int(sys.argv[2])))
+if not sweep.has_ended(daemon):
+    os.kill(daemon, signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize(("adopting", "address", "ended"), [
+    (True, True, ["True", "False"]),  # the daemon below the shim; the outsider left: no search by environment
+    (False, True, ["True", "True"]),  # both found by their marks
+    (False, False, ["False", "False"]),  # no job address: no marks to know the job's processes by
+])
+def test_a_shim_ends_the_daemons_its_program_left_and_searches_by_environment_only_without_a_subreaper(
+        adopting: bool, address: bool, ended: list[str]) -> None:
+    control = f"127.0.0.1:{uuid.uuid4().int % 50000 + 10000}-{uuid.uuid4().hex}"  # this test's marks alone
+    outsider = subprocess.Popen(["sleep", "60"], env={**os.environ, environment.CONTROL: control if address else "None",
+                                                      environment.INSTANCE_INDEX: "0"})
+    try:
+        wait_until(lambda: Path(f"/proc/{outsider.pid}/environ").read_bytes() != b"", "the sleep's exec")
+        result = subprocess.run([PYTHON, "-c", _ESCAPED, "adopting" if adopting else "not", str(outsider.pid),
+                                 control if address else "-"], capture_output=True, text=True,
+                                timeout=SUBPROCESS_TIMEOUT, cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+        # Daemon, then outsider: ended or not. The search by environment reads every process on the
+        # host, and is left out where everything the program started is below the shim.
+        assert result.stdout.split() == ended
+    finally:
+        outsider.kill()
+        outsider.wait(timeout=10)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,16 @@ def test_marks_are_whole_entries_of_the_environment_and_all_of_them_count(
 
 
 @pytest.mark.slow  # starts processes
+def test_a_marked_zombie_holds_no_marks(processes: list[subprocess.Popen[bytes]]) -> None:
+    # Its environment is read first (holds_marks): a dead process must not pass on what /proc kept.
+    marked = _sleeper(env={"JOB": "a1"})
+    processes.append(marked)
+    os.kill(marked.pid, signal.SIGKILL)
+    os.waitid(os.P_PID, marked.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: a zombie
+    assert not sweep.holds_marks(marked.pid, (b"JOB=a1",)) and not sweep.kill_marked(marked.pid, (b"JOB=a1",))
+
+
+@pytest.mark.slow  # starts processes
 def test_descendants_are_found_through_every_generation_and_only_they_are_killed(
         processes: list[subprocess.Popen[bytes]]) -> None:
     parent = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
@@ -134,3 +145,28 @@ def test_a_start_time_lasts_while_the_process_is_a_zombie_and_ends_when_it_is_re
     assert sweep.start_time(first.pid) == born
     assert _killed(first)  # reaped: gone
     assert sweep.start_time(first.pid) is None
+
+
+#: Run in a process of its own, whose children are only its own: the reaping collects any ended child.
+_CHILDREN_SCRIPT = """
+import os, signal, sys
+from poprun_py.shared import sweep
+me = os.getpid()
+print(sweep.has_children(), sweep.descendants(me), sweep.reap_adopted())
+ended = [os.posix_spawnp("true", ["true"], os.environ) for _ in range(2)]
+alive = os.posix_spawnp("sleep", ["sleep", "60"], os.environ)
+for pid in ended:
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, not collected: zombies
+print(sweep.has_children(), alive in sweep.descendants(me), sweep.reap_adopted(), sweep.reap_adopted())
+print(sweep.has_children(), os.waitid(os.P_PID, alive, os.WEXITED | os.WNOHANG) is None)  # the sleep is left
+os.kill(alive, signal.SIGKILL)
+os.waitid(os.P_PID, alive, os.WEXITED | os.WNOWAIT)
+print(sweep.reap_adopted(), sweep.has_children(), sweep.descendants(me))
+"""
+
+
+def test_children_ended_are_collected_and_a_process_without_children_has_no_descendants() -> None:
+    result = subprocess.run([sys.executable, "-c", _CHILDREN_SCRIPT], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["False [] 0", "True True 2 0", "True True", "1 False []"]

@@ -79,6 +79,8 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "poprun_py.instance.shim_pump": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
                             "tests/launcher/test_shim_settings.py",
                             "tests/launcher/test_shim_exit.py::test_the_shim_collects_orphans_as_they_end",
+                            ("tests/launcher/test_shim_exit.py::"
+                             "test_a_shim_ends_the_daemons_its_program_left_and_searches_by_environment_only_without_a_subreaper"),
                             ("tests/launcher/test_poprun_shared_terminal.py::"
                              "test_an_instances_two_streams_keep_the_order_it_wrote_them_in")),
     "poprun_py.wire.protocol": (
