@@ -165,6 +165,7 @@ print(sweep.reap_adopted(), sweep.has_children(), sweep.descendants(me))
 """
 
 
+@pytest.mark.slow  # starts processes
 def test_children_ended_are_collected_and_a_process_without_children_has_no_descendants() -> None:
     result = subprocess.run([sys.executable, "-c", _CHILDREN_SCRIPT], capture_output=True, text=True, timeout=60,
                             cwd=Path(__file__).resolve().parents[2])
