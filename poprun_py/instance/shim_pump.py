@@ -39,6 +39,8 @@ DRAIN_SECONDS = 1.0
 #: At most this long after its exit report, a shim waits for RELEASE: an instance that could not
 #: reach poprun can never be counted as done, and must not hold the others for ever.
 RELEASE_WAIT_SECONDS = 10.0
+#: How long a shim that had no RELEASE waits, its PMI line closed, for its launcher to end the job.
+LAUNCHER_NOTICE_SECONDS = 1.0
 #: Keys of the descriptors the loop (and the wait for RELEASE) watches.
 CONTROL, STDOUT, STDERR, EXITED, LAUNCHER, SIGNALLED, CHILDREN = 0, 1, 2, 3, 4, 5, 6
 #: How long the shim keeps ending descendants that escaped the program's process group, and how
@@ -301,6 +303,25 @@ class Pump:
                         return
         except OSError:
             return
+        self._hang_up_on_the_launcher(wake)
+
+    def _hang_up_on_the_launcher(self, wake: int) -> None:
+        """No RELEASE came: other instances still run. Close this shim's copy of MPICH's PMI line
+        (``PMI_FD``) before exiting, and give the launcher up to LAUNCHER_NOTICE_SECONDS to act on
+        it. Hydra's proxy, seeing the line end and the process exit at the same moment, at times
+        took a program that left without MPI_Finalize (``os._exit``) for one that finished, and the
+        job's other instances then waited for ever; seeing the line end first, it ends the job
+        (which signals this shim: ``wake``). After MPI_Finalize the line's end is no news to it."""
+        pmi = settings.text(environment.PMI_FD)
+        if not pmi.isdigit():
+            return
+        try:
+            os.close(int(pmi))
+        except OSError:
+            return
+        watch = Watch()
+        watch.add(wake, SIGNALLED)
+        watch.ready(LAUNCHER_NOTICE_SECONDS)
 
     def _pump(self, stdout_fd: int, stderr_fd: int | None) -> tuple[int, int | None]:
         """Pass the program's output on and poprun's TERMINATE in until the program has exited and
