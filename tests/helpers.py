@@ -127,10 +127,7 @@ def shim_of(marker: str, index: int) -> int:
     the instance, ``python -S script.py INDEX``)."""
     for line in processes_matching(marker):
         pid = int(line.split(":")[0])
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
+        environ = _environment(str(pid))
         if f"POPDIST_INSTANCE_INDEX={index}".encode() in environ and b"POPRUN_CONTROL=" in b"\0".join(environ):
             return int(stat_fields(f"/proc/{pid}")[1])
     raise AssertionError(f"no program of instance {index} carries {marker}: {processes_matching(marker)}")
