@@ -279,10 +279,11 @@ def hold_until_reaped() -> None:
     except OSError:  # no holder: gforker may wait its 2 s, nothing worse
         return
     try:
+        from poprun_py.instance.shim_pump import pmi_line
+
         keep = {0, 1, 2}
-        pmi = settings.text(environment.PMI_FD)
-        if pmi.isdigit():
-            keep.add(int(pmi))
+        if (pmi := pmi_line()) is not None:
+            keep.add(pmi)
         for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
             if fd not in keep:
                 try:

@@ -68,6 +68,12 @@ def _ignore(*_: object) -> None:
     """A signal's handler during the wait for RELEASE: the wake-up descriptor does the work."""
 
 
+def pmi_line() -> int | None:
+    """The descriptor of this process's line to MPICH's launcher (``PMI_FD``), if it has one."""
+    pmi = settings.text(environment.PMI_FD)
+    return int(pmi) if pmi.isdigit() else None
+
+
 def kill_grace() -> float:
     """The program's grace between SIGTERM and SIGKILL: POPRUN_KILL_GRACE, or the default with a
     warning when it is no number of seconds (poprun refuses such a value: a shim started by hand)."""
@@ -312,11 +318,11 @@ class Pump:
         took a program that left without MPI_Finalize (``os._exit``) for one that finished, and the
         job's other instances then waited for ever; seeing the line end first, it ends the job
         (which signals this shim: ``wake``). After MPI_Finalize the line's end is no news to it."""
-        pmi = settings.text(environment.PMI_FD)
-        if not pmi.isdigit():
+        pmi = pmi_line()
+        if pmi is None:
             return
         try:
-            os.close(int(pmi))
+            os.close(pmi)
         except OSError:
             return
         watch = Watch()

@@ -104,16 +104,19 @@ class Poprun:
 
 
 @contextmanager
-def shim_session(*argv: str, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], Poprun]]:
-    """The shim of instance 0 running ``argv`` as mpiexec would start it, and the poprun end of its
-    connection (every receive bounded by SUBPROCESS_TIMEOUT); the shim is killed if still running."""
+def shim_session(*argv: str, env: dict[str, str] | None = None,
+                 pass_fds: tuple[int, ...] = ()) -> Iterator[tuple[subprocess.Popen[str], Poprun]]:
+    """The shim of instance 0 running ``argv`` as mpiexec would start it (``pass_fds``: descriptors
+    mpiexec gives it), and the poprun end of its connection (every receive bounded by
+    SUBPROCESS_TIMEOUT); the shim is killed if still running."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(SUBPROCESS_TIMEOUT)
         port = server.getsockname()[1]
         shim = subprocess.Popen([PYTHON, "-S", SCRIPT, "0"],
                                 env={**os.environ, environment.CONTROL: f"127.0.0.1:{port}",
                                      environment.SECRET: SECRET, **(env or {})},
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                pass_fds=pass_fds)
         try:
             connection, _ = server.accept()
             with connection:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import select
 import signal
 import socket
 import struct
@@ -26,7 +27,7 @@ from poprun_py.shared import sweep
 from poprun_py.shared.cores import threads_per_instance
 from poprun_py.wire import protocol
 from poprun_py.wire.seal import TO_SHIM, Seal, new_nonce, new_secret
-from tests.helpers import PYTHON, run, wait_until
+from tests.helpers import PYTHON, SUBPROCESS_TIMEOUT, run, wait_until
 from tests.launcher.job_shell import held_back, states
 from tests.launcher.shim import SECRET, Poprun, run_shim, shim_session
 
@@ -417,3 +418,27 @@ def test_an_error_file_that_cannot_be_made_is_dropped_with_a_warning(tmp_path: P
     assert result.returncode == 5 and b"".join(p for kind, _, p in frames if kind == protocol.OUTPUT) == b"hi\n"
     assert re.fullmatch(rf"poprun: warning: on host {re.escape(os.uname().nodename)}: no "
                         rf"{environment.TORCHELASTIC_ERROR_FILE} for the program: .+\n", err.splitlines(True)[0]), err
+
+
+@pytest.mark.slow  # starts a shim
+def test_a_shim_not_released_hangs_up_its_pmi_line_before_it_exits() -> None:
+    # Hydra takes an instance's PMI line ending before its process does for one that left without
+    # MPI_Finalize, and ends the job; seeing both at the same moment it at times took it for one that
+    # finished, and the job's other instances waited for ever.
+    line_read, line_write = os.pipe()
+    try:
+        with shim_session("/bin/true", env={environment.PMI_FD: str(line_write)},
+                          pass_fds=(line_write,)) as (shim, poprun):
+            os.close(line_write)
+            line_write = -1
+            assert poprun.exit_report()[0] == 0
+            # No RELEASE: once its wait is over the shim hangs up, then waits for mpiexec to act.
+            ready, _, _ = select.select([line_read], [], [], SUBPROCESS_TIMEOUT)
+            assert ready and os.read(line_read, 1) == b""
+            assert shim.poll() is None  # the line ended while the shim still ran
+            shim.send_signal(signal.SIGTERM)  # mpiexec ending the job ends that wait
+            assert shim.wait(timeout=SUBPROCESS_TIMEOUT) == 0
+    finally:
+        os.close(line_read)
+        if line_write >= 0:
+            os.close(line_write)
