@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import ast
 import shlex
+import shutil
 import subprocess
 import tomllib
+import zipfile
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -83,6 +85,48 @@ def test_an_unknown_part_is_refused_naming_the_parts() -> None:
     with pytest.raises(ValueError, match=r"^'popdist_py\._nothing' is no compiled part of poprun-py; valid: "
                                          r"popdist_py\.engine\._batch_invariant, "):
         compiled.present("popdist_py._nothing")
+
+
+#: A program whose output takes every part with a fallback: a shuffled shard and a reduction tree.
+SHUFFLED = ("import hashlib, numpy as np\n"
+            "from popdist_py.data import shard_indices\n"
+            "from popdist_py.engine._collectives.reduce import Program\n"
+            "parts = [np.linspace(k, 1 / (k + 1), 5000, dtype=np.float32) for k in range(5)]\n"
+            "program = Program((0, 5), [(k, k + 1) for k in range(5)])\n"
+            "out = program.run_blocked(parts, np.add, np.empty(5000, np.float32))\n"
+            "print(shard_indices(50, 2, shuffle=True, seed=5).tolist(), hashlib.sha256(out.tobytes()).hexdigest())")
+
+
+@pytest.mark.slow  # builds a wheel and runs a job from its install
+@pytest.mark.timeout(240)
+def test_a_build_where_the_c_compiler_fails_completes_and_its_install_runs_a_job(tmp_path: Path) -> None:
+    # CC=false: every part fails to build, each is skipped (optional), and the wheel holds none;
+    # installed, it says so and a 2-instance job runs, with the results of this checkout's build.
+    source, wheels, site = tmp_path / "source", tmp_path / "wheels", tmp_path / "site"
+    for package in ("poprun_py", "popdist_py", "popcontract"):
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    pip = [PYTHON, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    built = run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels), str(source)],
+                env={"CC": "false"}, cwd=tmp_path, timeout=180)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [wheel] = wheels.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert [name for name in archive.namelist() if name.endswith(".so")] == []
+        assert "popcontract/compiled.py" in archive.namelist()
+    installed = run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], cwd=tmp_path,
+                    timeout=180)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    env = {"PYTHONPATH": str(site), **OMP_SET}
+    report = run([PYTHON, "-m", "popdist_py"], env=env, cwd=site)
+    assert report.stdout.splitlines()[1:] == [f"{part.module}: missing (not built) - {part.without}"
+                                              for part in compiled.PARTS], report
+    job = poprun("--num-instances", "2", PYTHON, "-c", SHUFFLED, env=env, cwd=site)
+    assert job.returncode == 0 and "Traceback" not in job.stderr, job.stderr
+    here = poprun("--num-instances", "2", PYTHON, "-c", SHUFFLED, env=OMP_SET)
+    assert here.returncode == 0, here.stderr
+    assert sorted(job.stdout.splitlines()) == sorted(here.stdout.splitlines()) and len(here.stdout.splitlines()) == 2
 
 
 @pytest.mark.slow  # starts poprun and python from a copy of the packages
