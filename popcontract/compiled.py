@@ -27,8 +27,8 @@ SWAPS = "popdist_py._swaps"
 SUBREAPER = "poprun_py.shared._subreaper"
 LOOPBACK = "poprun_py.shared._loopback"
 
-#: Where the three packages sit side by side (a source tree, site-packages): the parts' files are
-#: found from here without importing the package that holds them.
+#: Where the three packages sit side by side (a source tree, site-packages): a part's file is found
+#: from here when the package that holds it is not imported.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -98,12 +98,20 @@ def library(module: str) -> str | None:
     """The built file of compiled part ``module`` (the library to preload), or None where it was not built."""
     from importlib.machinery import EXTENSION_SUFFIXES
 
-    base = os.path.join(_ROOT, *part(module).module.split("."))
+    base = os.path.join(_folder(part(module).module), module.rpartition(".")[2])
     for suffix in EXTENSION_SUFFIXES:
         if os.path.isfile(base + suffix):
             return base + suffix
     _WHY[module] = "not built"
     return None
+
+
+def _folder(module: str) -> str:
+    """The folder that holds part ``module``'s file: its package's, where that is imported (the one
+    asking has), else the package's folder beside this one."""
+    package = module.rpartition(".")[0]
+    paths = getattr(sys.modules.get(package), "__path__", None)
+    return os.path.abspath(next(iter(paths))) if paths else os.path.join(_ROOT, *package.split("."))
 
 
 def present(module: str) -> bool:
@@ -130,7 +138,7 @@ def missing_line(module: str, feature: str) -> str:
     """The one line that says ``feature`` cannot run without compiled part ``module``, and what to do."""
     what = why_missing(module)
     reason = "not built: no C compiler at install" if what == "not built" else what
-    folder = os.path.join(_ROOT, *part(module).module.split(".")[:-1])
+    folder = _folder(part(module).module)
     return (f"{feature} needs {module}, a compiled part of poprun-py missing from {folder} ({reason}); "
             "reinstall poprun-py from its wheel, or from source where a C compiler works "
             "(python -m popdist_py lists the parts)")
