@@ -52,7 +52,7 @@ PARTS = (
     Part(BATCH_INVARIANT, "batch-invariant products, the same bits on every CPU",
          "batch_invariant.matmul and outer_sum refuse (numpy cannot promise their bits on every CPU)"),
     Part(SUBREAPER, "the shim as subreaper of its program's daemons",
-         "the same prctl call through ctypes (about 4 ms more at each instance's start)"),
+         "the same prctl call through ctypes (about 2 ms more at each instance's start)"),
     Part(TREE, "a reduction tree's additions over gradient pieces in one call",
          "numpy makes the same additions in the same order (same bits; slower over many small pieces)"),
     Part(SWAPS, "torch's randperm swap pass for the shuffled samplers",

@@ -304,7 +304,7 @@ def test_without_loopback_a_launcher_that_would_listen_everywhere_refuses_naming
 
 @pytest.mark.slow  # starts python
 def test_the_libc_subreaper_is_reached_only_where_the_part_is_missing() -> None:
-    # ctypes costs every instance's start about 4 ms: the shim imports it on the fallback's path only.
+    # ctypes costs every instance's start about 2 ms: the shim imports it on the fallback's path only.
     code = "import sys\nfrom poprun_py.shared import sweep\nprint(sweep.adopt_orphans(), 'ctypes' in sys.modules)"
     done = subprocess.run([PYTHON, "-S", "-c", code],
                           capture_output=True, text=True, cwd=ROOT, timeout=30)
