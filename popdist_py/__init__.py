@@ -6,6 +6,7 @@ Importing is cheap: MPI is initialised only by ``init()`` or the first call that
 from typing import Any
 
 from popcontract import __version__ as __version__  # the distribution's one version
+from popcontract.compiled import MissingPart
 from popcontract.settings import PopdistEnvError
 from popdist_py import failsafe as _failsafe  # noqa: F401  (registers its exit handler early)
 from popdist_py.api import (
@@ -53,6 +54,7 @@ __all__ = [
     "CollectiveError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "MissingPart",
     "PopdistEnvError",
     "allgather",
     "allreduce",

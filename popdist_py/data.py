@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar, get_args, overload
 
 import numpy as np
 
+from popcontract import compiled
 from popdist_py import validate
 from popdist_py.api import getInstanceIndex, getNumInstances, getNumLocalReplicas
 from popdist_py.topology import Topology, read_topology
@@ -137,10 +138,8 @@ def _swap_pass_in_python(order: np.ndarray, draws: np.ndarray) -> None:
     order[:] = listed
 
 
-try:
-    from popdist_py._swaps import swap_pass as _swap_pass
-except ImportError:  # built with the package; a copy of the sources alone runs without it
-    _swap_pass = _swap_pass_in_python
+_swaps = compiled.load(compiled.SWAPS)
+_swap_pass = _swap_pass_in_python if _swaps is None else _swaps.swap_pass
 
 
 def _order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:

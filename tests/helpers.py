@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,21 @@ def run(cmd: list[str], *, timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, s
 def poprun(*args: str, timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, str] | None = None,
            cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
     return run([*POPRUN, *args], timeout=timeout, env=env, cwd=cwd)
+
+
+def install_without(where: Path, *modules: str) -> dict[str, str]:
+    """A copy of the three packages in ``where`` without the built files of compiled parts
+    ``modules`` (``popcontract.compiled``'s names), as an install built without a C compiler has
+    them; the environment (PYTHONPATH first) under which poprun, its shims and their programs import
+    that copy, run from ``where`` (``python -m`` and ``-c`` put their working directory first on
+    sys.path, ahead of PYTHONPATH). Any other part keeps its build."""
+    names = [module.rpartition(".")[2] + ".*.so" for module in modules]
+    for package in ("poprun_py", "popdist_py", "popcontract"):
+        shutil.copytree(ROOT / package, where / package, ignore=shutil.ignore_patterns(*names, "__pycache__"))
+    for module in modules:
+        folder = where.joinpath(*module.split(".")[:-1])
+        assert not list(folder.glob(module.rpartition(".")[2] + ".*.so")), f"{module} is still in the copy"
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(where), os.environ.get("PYTHONPATH")]))}
 
 
 def tagged_json(stdout: str) -> dict[int, dict[str, Any]]:

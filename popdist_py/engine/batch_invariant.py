@@ -17,24 +17,46 @@ in blocks of :data:`KC`, the blocks added left to right; ``outer_sum``: rounded 
 in the tree), computed by a compiled kernel whose AVX-512, AVX2 and scalar paths give the same
 bits, so the result also does not depend on the CPU. Both release the GIL, so local replicas on
 threads compute at once.
+
+The kernels are a compiled part (``_batch_invariant``). An install built without it (no C compiler)
+has none of the two: each refuses at its first call with :class:`popcontract.compiled.MissingPart`,
+one line, rather than give bits that would depend on the CPU or on numpy's build.
 """
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
-import popdist_py.engine._batch_invariant as _kernels
+from popcontract import compiled
 
-__all__ = ["ISAS", "KC", "matmul", "outer_sum"]
+__all__ = ["ISAS", "KC", "check_kernels", "matmul", "outer_sum"]
 
-#: The width of matmul's k blocks: part of the definition of its result.
-KC: int = _kernels.KC
+_kernels = compiled.load(compiled.BATCH_INVARIANT)
 
-#: The instruction sets this CPU runs, in the kernels' numbering (0 scalar, 1 AVX2, 2 AVX-512).
-ISAS: tuple[int, ...] = tuple(range(_kernels.BEST_ISA + 1))
-_BEST: int = _kernels.BEST_ISA
+#: The width of matmul's k blocks: part of the definition of its result (the kernel's own, checked
+#: equal to this where it is built).
+KC: int = 256
+
+#: The instruction sets this CPU runs, in the kernels' numbering (0 scalar, 1 AVX2, 2 AVX-512);
+#: only the scalar one's number where the kernels were not built.
+ISAS: tuple[int, ...] = tuple(range((_kernels.BEST_ISA if _kernels is not None else 0) + 1))
+_BEST: int = ISAS[-1]
+
+
+def _compiled(feature: str) -> Any:
+    """The kernels, or :class:`~popcontract.compiled.MissingPart` saying that ``feature`` cannot run without them."""
+    if _kernels is None:
+        compiled.require(compiled.BATCH_INVARIANT, feature)
+    return _kernels
+
+
+def check_kernels() -> None:
+    """:class:`~popcontract.compiled.MissingPart` (one line) where this install lacks the kernels
+    (built without a C compiler): a program that uses them calls it first, to refuse before it
+    starts its work rather than in its first product."""
+    _compiled("the batch-invariant products (popdist_py.engine.batch_invariant)")
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -43,12 +65,13 @@ def matmul(x: np.ndarray, w: np.ndarray, *, isa: int | None = None) -> np.ndarra
     """``x @ w`` for ``x`` [..., K] and ``w`` [K, N], each output row a function of its own row of
     ``x`` and of ``w`` only: the same bits in a call of one row or of thousands, at any position,
     on any CPU. ``isa`` picks a kernel (tests compare them); by default the fastest this CPU runs."""
+    kernels = _compiled("popdist_py.engine.batch_invariant.matmul")
     x = np.asarray(x)
     w = np.asarray(w)
     rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1]) if x.ndim else x
     try:
         out = np.empty((rows.shape[0], w.shape[1]), x.dtype)
-        _kernels.matmul(rows, w, out, _BEST if isa is None else _isa(isa))
+        kernels.matmul(rows, w, out, _BEST if isa is None else _isa(isa))
     except (ValueError, TypeError, IndexError) as exc:  # checked in the kernel; explained here
         if _misaligned(x, w):
             return matmul(x.copy(), w.copy(), isa=isa)
@@ -61,11 +84,12 @@ def outer_sum(x: np.ndarray, y: np.ndarray, *, isa: int | None = None) -> np.nda
     ``x[s] (x) y[s]``, each product rounded, added in :func:`~popdist_py.engine.canonical_sum`'s
     tree. Bitwise ``canonical_sum(x[:, :, None] * y[:, None, :])`` without its B x K x N memory, so
     B rows in one call equal any power-of-two split of them summed again in the tree."""
+    kernels = _compiled("popdist_py.engine.batch_invariant.outer_sum")
     x = np.asarray(x)
     y = np.asarray(y)
     try:
         out = np.empty((x.shape[1], y.shape[1]), x.dtype)
-        _kernels.outer_sum(x, np.ascontiguousarray(y), out, _BEST if isa is None else _isa(isa))
+        kernels.outer_sum(x, np.ascontiguousarray(y), out, _BEST if isa is None else _isa(isa))
     except (ValueError, TypeError, IndexError) as exc:
         if _misaligned(x, y):
             return outer_sum(x.copy(), y.copy(), isa=isa)

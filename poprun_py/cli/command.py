@@ -251,6 +251,17 @@ def vipu_options(func: Any) -> Any:
     return func
 
 
+def _show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``poprun X``, then a line per compiled part: present, or missing and what that means
+    (asked only here: a launch imports only the parts it uses)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from popcontract import compiled
+
+    click.echo("\n".join([f"poprun {__version__}", *compiled.report()]))
+    ctx.exit()
+
+
 def import_config(ctx: click.Context, param: click.Parameter, path: str | None) -> None:
     """Eager: the file's options become click's defaults before any other option is read."""
     if path is not None:
@@ -352,7 +363,8 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               "are given; start nothing.")
 @click.option("-v", "--verbose", count=True, help="-v: progress; -vv: debug.")
 @vipu_options
-@click.version_option(__version__, "--version", prog_name="poprun", message="%(prog)s %(version)s")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+              help="Show the version, and which compiled parts this install has (missing: what that means), and exit.")
 @click.argument("program", required=False, metavar="PROGRAM")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.pass_context

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import NamedTuple
 
-from popcontract import environment, settings
+from popcontract import compiled, environment, settings
 from poprun_py.shared import loopback
 from poprun_py.shared.errors import PlanError
 from poprun_py.shared.paths import which
@@ -105,10 +105,8 @@ def loopback_library(launcher: MpiLauncher) -> str | None:
         return None
     library = loopback.library()
     if library is None:
-        raise PlanError(
-            f"{launcher.path} would listen on every interface: poprun's library that keeps it on loopback in a "
-            f"one-host job ({loopback.NAME}, built with the package) is missing from {loopback.HERE}; "
-            "reinstall poprun-py")
+        raise PlanError(compiled.missing_line(compiled.LOOPBACK, f"{launcher.path} would listen on every "
+                                              "interface: keeping it on loopback in a one-host job"))
     return library
 
 

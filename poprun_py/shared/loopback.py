@@ -14,22 +14,19 @@ Built-in modules only: the shim uses it.
 from __future__ import annotations
 
 import os
-from importlib.machinery import EXTENSION_SUFFIXES
+
+from popcontract import compiled
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: The library's name in the package: built like an extension module, but preloaded into another
 #: program, never imported (it has no Python module in it).
-NAME = "_loopback"
+NAME = compiled.LOOPBACK.rpartition(".")[2]
 
 
 def library() -> str | None:
     """The built library's path; None where it was not built (the build needs a C compiler,
     and a platform with ``LD_PRELOAD``)."""
-    for suffix in EXTENSION_SUFFIXES:
-        path = os.path.join(HERE, NAME + suffix)
-        if os.path.exists(path):
-            return path
-    return None
+    return compiled.library(compiled.LOOPBACK)
 
 
 def preloaded(value: str | None, path: str) -> str:

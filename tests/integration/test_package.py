@@ -187,8 +187,9 @@ def test_every_installed_module_imports_outside_the_checkout(built: Built) -> No
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_installed_poprun_version(built: Built) -> None:
     python, poprun = built.venv / "bin" / "python", built.venv / "bin" / "poprun"
-    assert check([poprun, "--version"], built.away, RUN_TIMEOUT, built.venv).stdout == VERSION_LINE
-    assert check([python, "-m", "poprun_py", "--version"], built.away, RUN_TIMEOUT, built.venv).stdout == VERSION_LINE
+    assert check([poprun, "--version"], built.away, RUN_TIMEOUT, built.venv).stdout.startswith(VERSION_LINE)
+    assert check([python, "-m", "poprun_py", "--version"], built.away, RUN_TIMEOUT, built.venv).stdout.startswith(
+        VERSION_LINE)
     metadata = check([python, "-c", "import importlib.metadata as m; print(m.version('poprun-py'))"], built.away,
                    RUN_TIMEOUT, built.venv)
     assert metadata.stdout == f"{__version__}\n"

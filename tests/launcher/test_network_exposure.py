@@ -9,12 +9,12 @@ import ipaddress
 import json
 import os
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from popcontract import compiled
 from poprun_py.shared import leftovers, loopback
 from tests.helpers import (
     MPICH_MPIEXEC,
@@ -25,6 +25,7 @@ from tests.helpers import (
     PYTHON,
     ROOT,
     SUBPROCESS_TIMEOUT,
+    install_without,
 )
 
 # Every instance has joined MPI (and its sockets are open) when it prints; then it waits for the file.
@@ -202,14 +203,11 @@ def _poprun_without_the_library(tmp_path: Path, *args: str) -> subprocess.Comple
     """poprun ``args`` from a copy of the package whose loopback library is missing (as where it
     was never built, or was removed), run where that copy is the one Python imports."""
     copy = tmp_path / "install"
-    for package in ("poprun_py", "popcontract"):
-        shutil.copytree(ROOT / package, copy / package,
-                        ignore=shutil.ignore_patterns(f"{loopback.NAME}*.so", "__pycache__"))
-    assert not list((copy / "poprun_py").rglob(f"{loopback.NAME}*.so"))
+    without = install_without(copy, compiled.LOOPBACK)
     # OMP_NUM_THREADS unset: a launch that went on would say so on stderr (the refusal comes first).
     env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
     return subprocess.run([PYTHON, "-m", "poprun_py", *args], capture_output=True, text=True, cwd=copy,
-                          env={**env, "MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)}, timeout=SUBPROCESS_TIMEOUT)
+                          env={**env, **without, "MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)}, timeout=SUBPROCESS_TIMEOUT)
 
 
 @pytest.mark.slow  # starts poprun

@@ -13,7 +13,7 @@ from typing import Any
 import click
 import pytest
 
-from popcontract import environment
+from popcontract import compiled, environment
 from poprun_py import __version__
 from poprun_py.instance import SCRIPT
 from tests.helpers import MPICH_MPIEXEC, OPENMPI_MPIEXEC, PYTHON, ROOT, job_marker, poprun, wait_no_processes
@@ -288,9 +288,13 @@ def test_help_lists_every_option_with_its_default() -> None:
     assert "Bind instances to NUMA nodes. [default: no]" in text
 
 
-def test_version() -> None:
+def test_version_names_each_compiled_part() -> None:
+    # This checkout's build (make install) has every part: a line each, present and what it does
+    # (tests/integration/test_compiled_parts.py checks what an install without them says).
     result = poprun("--version")
-    assert (result.returncode, result.stdout) == (0, f"poprun {__version__}\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"poprun {__version__}",
+                                          *(f"{part.module}: present - {part.role}" for part in compiled.PARTS)]
 
 
 def test_help_groups_every_option_once_with_the_no_ops_last() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from popcontract import compiled
 from popdist_py.engine._collectives.segments import Segments
 from popdist_py.op_names import ARITHMETIC, ENGINE_OPS, LOGICAL, SQUARE_ADD, TO_ENGINE
 
@@ -25,11 +26,8 @@ Node = tuple[int, int]
 
 
 def _kernel() -> Callable[[Sequence[Any], Sequence[tuple[int, int, int]], int, int, np.ndarray, float], bool] | None:
-    try:
-        from popdist_py.engine._collectives._tree import add_tree as kernel
-    except ImportError:  # built without it: numpy runs every program
-        return None
-    return kernel
+    tree = compiled.load(compiled.TREE)  # built without it: numpy runs every program, to the same bits
+    return None if tree is None else tree.add_tree
 
 
 #: The compiled runner of programs of additions (``_tree.c``), or None where it was not built.
