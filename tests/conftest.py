@@ -157,8 +157,11 @@ def executor(request: pytest.FixtureRequest) -> Iterator[str | None]:
 def leaves_no_job_files(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that leaves a file of MPI, poprun or the suite in /dev/shm or /tmp fails, named (``make
     test`` checks the whole run too, but could not say which test). Not under mpiexec's ranks or
-    mutmut's concurrent children, where another process's files come and go meanwhile."""
-    if UNDER_MUTANTS or request.config.getoption("--with-mpi", default=False):
+    mutmut's concurrent children, where another process's files come and go meanwhile, nor in the
+    fast tier: its tests start no process (tests/process_guard.py), and it is the tier run while
+    other jobs run on the host, whose files would be blamed on whichever test was running."""
+    if UNDER_MUTANTS or request.config.getoption("--with-mpi", default=False) \
+            or request.config.getoption("--fast-tier"):
         yield
         return
     before, since = leftover_files.names(), time.time()
