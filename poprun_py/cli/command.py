@@ -278,9 +278,12 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               help="Devices per replica (given to instances as POPDIST_NUM_IPUS_PER_REPLICA).")
 @click.option("-H", "--host", type=Text(), metavar="LIST",
               help="Hosts to run on: 'a,b' or ranges 'node[0-2,4]'. Instances are spread evenly. "
-                   "Default: the Slurm allocation's nodes (SLURM_JOB_NODELIST), else this machine.")
+                   "Default: the scheduler's hosts, the first set of SLURM_JOB_NODELIST, PBS_NODEFILE, "
+                   "LSB_DJOB_HOSTFILE or LSB_MCPU_HOSTS, PE_HOSTFILE, OMPI_MCA_orte_default_hostfile or "
+                   "HYDRA_HOST_FILE (their slots bound each host's instances), else this machine.")
 @click.option("--host-file", type=FileName(exists=True, dir_okay=False, readable=True), metavar="FILE",
-              help="File with one host per line (not with --host).")
+              help="File with one host per line, as 'host', 'host slots=N' or 'host:N' (N bounds the host's "
+                   "instances); not with --host.")
 @click.option("--host-subnet", type=Text(), metavar="CIDR",
               help="Network for traffic between hosts: poprun's control channel, MPI's daemons and MPI itself "
                    "use the interface whose address is in it. Default: the route towards the first remote host.")

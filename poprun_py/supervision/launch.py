@@ -44,11 +44,11 @@ def launch(options: LaunchOptions) -> int:
     from poprun_py.planning.mpi import detect_launcher, find_mpiexec
     from poprun_py.planning.plan import JobPlan
 
-    hosts, slots = _resolve_hosts(options.hosts, options.failures.host_discovery_script)
+    hosts, slots, source = _resolve_hosts(options.hosts, options.failures.host_discovery_script)
     # The layout alone, checked before any name is resolved; the plan adds torchrun's contract.
     shape = JobPlan(options.num_instances, options.replicas, options.ipus_per_replica, tuple(hosts),
                     options.executable_cache_path)
-    _check_slots(shape, slots, options.failures.host_discovery_script)
+    _check_slots(shape, slots, source)
     if options.output.log_dir is not None or not options.output.tee:
         from poprun_py.supervision.output import check_log_options
 
@@ -92,7 +92,7 @@ def launch(options: LaunchOptions) -> int:
         return 0
     _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
     _say_threads_per_instance(plan, remote)
-    return _run(options, start, launcher, grace, errors)
+    return _run(options, start, launcher, grace, errors, slots)
 
 
 def _error_file(path: str | None) -> ErrorFile | None:
@@ -210,7 +210,7 @@ class Start(NamedTuple):
 
 
 def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float,
-         errors: ErrorFile | None) -> int:
+         errors: ErrorFile | None, slots: dict[str, int]) -> int:
     """Start the job, and start it again after a failure while --max-restarts allows, without the
     hosts it lost; the last status. ``grace``: the instances' kill grace, which poprun's own
     escalation waits for too; ``errors``: --error-file, checked."""
@@ -255,7 +255,7 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
 
                 failures = options.failures
                 policy = Restarts.for_plan(plan, failures.min_hosts, failures.host_cooldown,
-                                           failures.host_discovery_script)
+                                           failures.host_discovery_script, slots)
             assert report is not None  # every way a start fails has its report (Supervisor._finish)
             moved = _restart(options, start, restart + 1, str(report["reason"]), lost, policy)
             if moved is None:
@@ -480,43 +480,44 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: l
             print("  " + line)
 
 
-def _resolve_hosts(given: Hosts, script: str | None) -> tuple[list[str], dict[str, int]]:
+def _resolve_hosts(given: Hosts, script: str | None) -> tuple[list[str], dict[str, int], str]:
     """-H or --host-file (never both: ``LaunchOptions`` refused that); without either, what
-    --host-discovery-script ``script`` lists (with the slots it gives hosts), or inside a Slurm
-    allocation its nodes; else none (this machine)."""
-    if given.host is None and given.host_file is None:
-        if script is not None:
-            from poprun_py.supervision.restarts import discover
-
-            found = discover(script)
-            log.info("no -H/--host-file: using the %d host(s) --host-discovery-script %s lists", len(found), script)
-            return [host for host, _ in found], {host: slots for host, slots in found if slots is not None}
-        nodes = settings.given(environment.SLURM_NODELIST)
-        if not nodes:
-            return [], {}
-        from poprun_py.planning.hosts import expand_hosts
-
-        hosts = expand_hosts(nodes)
-        log.info("no -H/--host-file: using the Slurm allocation's %d node(s) from %s=%s as hosts",
-                 len(hosts), environment.SLURM_NODELIST, nodes)
-        return hosts, {}
+    --host-discovery-script ``script`` lists, else what a scheduler gives (``host_sources``); else
+    none (this machine). With the slots the source gives hosts and how errors name it."""
     from poprun_py.planning.hosts import expand_hosts, read_host_file
 
     if given.host is not None:
-        return expand_hosts(given.host), {}
-    assert given.host_file is not None
-    return read_host_file(given.host_file), {}
+        return expand_hosts(given.host), {}, "-H"
+    if given.host_file is not None:
+        return *read_host_file(given.host_file), f"host file {given.host_file}"
+    if script is not None:
+        from poprun_py.supervision.restarts import discover
+
+        found = discover(script)
+        log.info("no -H/--host-file: using the %d host(s) --host-discovery-script %s lists", len(found), script)
+        return ([host for host, _ in found], {host: slots for host, slots in found if slots is not None},
+                f"--host-discovery-script {script}")
+    from poprun_py.planning.host_sources import from_environment
+
+    chosen = from_environment()
+    if chosen is None:
+        return [], {}, ""
+    if chosen.warning:
+        log.warning("%s", chosen.warning)
+    log.info("%s", chosen.said)
+    return chosen.found.hosts, chosen.found.slots, chosen.names
 
 
-def _check_slots(plan: JobPlan, slots: dict[str, int], script: str | None) -> None:
+def _check_slots(plan: JobPlan, slots: dict[str, int], source: str) -> None:
     """The first start puts the same number of instances on every host: each must have the slots
-    the discovery script gave it for them (restarts fit the slots themselves: ``restarts.spread``)."""
+    ``source`` gave it for them (restarts fit the slots themselves: ``restarts.spread``)."""
     each = plan.instances_per_host
     short = [f"{host}:{slots[host]}" for host in plan.host_names if host in slots and slots[host] < each]
     if short:
-        raise PlanError(f"--host-discovery-script {script} gives {', '.join(short)}: fewer slots than the "
-                        f"{each} instances per host that {plan.num_instances} instances on "
-                        f"{len(plan.host_names)} hosts need")
+        from poprun_py.planning.plan import elide
+
+        raise PlanError(f"{source} gives {', '.join(elide(short, 8))}: fewer slots than the {each} instances per "
+                        f"host that {plan.num_instances} instances on {len(plan.host_names)} hosts need")
 
 
 def _check_program(program: str | None, any_remote: bool) -> None:
