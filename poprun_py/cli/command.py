@@ -154,7 +154,7 @@ FOREIGN_OPTIONS = {
 HELP_SECTIONS = {
     "Launch": ("num_instances", "num_replicas", "ipus_per_replica", "executable_cache_path", "dry_run",
                "verbose", "version", "help"),
-    "Hosts": ("host", "host_file", "host_subnet", "master_port", "numa_aware"),
+    "Hosts": ("host", "host_file", "host_subnet", "launcher_agent", "master_port", "numa_aware"),
     "Output": ("only_output_from_instance", "log_dir", "tee", "prefix_timestamp", "print_topology"),
     "Failures and restarts": ("max_restarts", "restart_backoff", "min_hosts", "host_cooldown",
                               "host_discovery_script", "error_file", "start_timeout"),
@@ -287,6 +287,10 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
 @click.option("--host-subnet", type=Text(), metavar="CIDR",
               help="Network for traffic between hosts: poprun's control channel, MPI's daemons and MPI itself "
                    "use the interface whose address is in it. Default: the route towards the first remote host.")
+@click.option("--launcher-agent", type=Text(empty=False), metavar="PROGRAM",
+              help="Reach the other hosts with PROGRAM instead of ssh: mpiexec runs 'PROGRAM HOST COMMAND...' "
+                   "(a kubectl exec wrapper, blaunch, a 'qrsh -inherit' wrapper). Default: the agent "
+                   "PRTE_MCA_plm_ssh_agent, OMPI_MCA_plm_rsh_agent or HYDRA_LAUNCHER_EXEC names, else ssh.")
 @click.option("--mpi-global-args", type=Text(), metavar="ARGS", help="Extra arguments put once on the mpiexec line.")
 @click.option("--mpi-local-args", type=Text(), metavar="ARGS", help="Extra arguments for every instance's app context.")
 @click.option("--instance-mpi-local-args", multiple=True, type=Text(), metavar="I:ARGS",

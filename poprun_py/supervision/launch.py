@@ -20,6 +20,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING (typing itself comes with click)
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from poprun_py.planning.agent import Agent
     from poprun_py.planning.mpi import Command, CommandSpec, MpiLauncher
     from poprun_py.planning.options import Hosts, LaunchOptions
     from poprun_py.planning.plan import JobPlan
@@ -45,6 +46,11 @@ def launch(options: LaunchOptions) -> int:
     from poprun_py.planning.plan import JobPlan
 
     hosts, slots, source = _resolve_hosts(options.hosts, options.failures.host_discovery_script)
+    from poprun_py.planning.agent import find_agent
+
+    agent = find_agent(options.hosts.launcher_agent)
+    if agent is not None:
+        log.info("reaching other hosts with %s (%s) instead of ssh", agent.path, agent.given_by)
     # The layout alone, checked before any name is resolved; the plan adds torchrun's contract.
     shape = JobPlan(options.num_instances, options.replicas, options.ipus_per_replica, tuple(hosts),
                     options.executable_cache_path)
@@ -62,7 +68,7 @@ def launch(options: LaunchOptions) -> int:
     plan = shape.replace(run_id=run_id, max_restarts=options.failures.max_restarts,
                          error_dir=f"{temporary_folder()}/poprun-{run_id}", master_addr=master_addr,
                          master_port=master_port())
-    start = Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback))
+    start = Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback, agent), agent)
     _check_program(options.program, bool(remote))
     launcher = detect_launcher(find_mpiexec(options.mpi.mpi), need_version=options.dry_run or options.verbose > 0)
     if not options.mpi.speaks_to_an_mpiexec() and not hosts:
@@ -121,9 +127,10 @@ def _kill_grace() -> float:
     return grace
 
 
-def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -> CommandSpec:
+def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, agent: Agent | None) -> CommandSpec:
     """What the mpiexec command is built from besides the plan: what every instance gets from poprun's
-    environment and options, the shim and the user's MPI arguments."""
+    environment and options, the shim, the user's MPI arguments and what reaches the hosts (``agent``,
+    None: ssh)."""
     from poprun_py.instance import SCRIPT
     from poprun_py.planning.mpi import CommandSpec, parse_instance_local_args, split_args
     from poprun_py.supervision.output import one_stream
@@ -155,6 +162,7 @@ def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -
         explicit_hosts=bool(plan.hosts),
         callback_address=callback,
         host_subnet=subnet,
+        launcher_agent=agent.path if agent is not None else None,
     )
 
 
@@ -194,6 +202,8 @@ class Start(NamedTuple):
     callback: str | None
     master_port: Callable[[], str]
     spec: CommandSpec
+    #: What reaches the other hosts; None: ssh.
+    agent: Agent | None
 
     def moved(self, options: LaunchOptions, num_instances: int, hosts: list[str]) -> Start:
         """This start's job with ``num_instances`` instances on ``hosts`` (a restart without lost
@@ -206,7 +216,8 @@ class Start(NamedTuple):
         plan = self.plan.replace(num_instances=num_instances, hosts=tuple(hosts), master_addr=master_addr,
                                  master_port=master_port())
         _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
-        return Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback))
+        return Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback, self.agent),
+                     self.agent)
 
 
 def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float,
@@ -239,7 +250,8 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
                                     _command(launcher, plan, start.spec, written), new_secret(), program_argv(options),
                                     show_instance=shown.only_output_from_instance,
                                     listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
-                                    grace=grace, start_timeout=options.failures.start_timeout, output=output)
+                                    grace=grace, start_timeout=options.failures.start_timeout, output=output,
+                                    remote_launcher=start.agent.name if start.agent is not None else "ssh")
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
             lost = supervisor.lost_hosts() if status else {}
