@@ -39,9 +39,10 @@ AGENT = """#!{python}
 # netns-agent HOST COMMAND...: run COMMAND on HOST, a namespace of the test cluster (kubectl exec's stand-in).
 import os, subprocess, sys
 
-# Like ssh (closefrom), keep nothing of mpiexec's but the standard streams: its listening socket,
-# held open here, would take the connection of a proxy that starts after mpiexec has gone.
-os.closerange(3, 1 << 16)
+# Like ssh (closefrom), keep nothing of mpiexec's but the standard streams, unless told to keep all
+# as a Go program such as kubectl does: the proxies there must not inherit mpiexec's listening socket.
+if os.environ.get("NETNS_AGENT_KEEPS_FDS") != "1":
+    os.closerange(3, 1 << 16)
 host, command = sys.argv[1], " ".join(sys.argv[2:])
 with open(os.environ["NETNS_AGENT_LOG"], "a") as log:
     log.write(host + "\\n")
@@ -57,7 +58,7 @@ for pid in pids:
     except OSError:
         continue
     # stays here, the local end, as kubectl does; the command runs by a shell there, as ssh runs it
-    status = subprocess.call(["nsenter", "-t", pid, "-n", "-m", "-u", "--", "sh", "-c", command])
+    status = subprocess.call(["nsenter", "-t", pid, "-n", "-m", "-u", "--", "sh", "-c", command])  # closes fds
     sys.exit(status if status >= 0 else 128 - status)  # killed there: as a shell says it
 sys.exit(f"netns-agent: {{host}}: the host is down (nothing runs in its namespace)")
 """
@@ -161,12 +162,15 @@ def test_a_host_lost_under_an_agent_is_left_out_of_the_restart(cluster: Cluster,
     assert {name: job_files(cluster, name) for name in ("node0", "node1")} == {"node0": [], "node1": []}
 
 
-@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
-def test_a_host_the_agent_cannot_reach_is_named_with_the_agents_words(cluster: Cluster, mpi: str,
+@pytest.mark.parametrize("mpi,keeps_fds", [("mpich", False), ("openmpi", False), ("mpich", True)])
+def test_a_host_the_agent_cannot_reach_is_named_with_the_agents_words(cluster: Cluster, mpi: str, keeps_fds: bool,
                                                                       agent: tuple[str, Path, dict[str, str]]) -> None:
     """node1 is down before the job starts: the agent says so, and poprun's one line quotes it,
-    naming the agent, not ssh."""
+    naming the agent, not ssh. Hydra has started node0's proxy by then, which calls back after
+    mpiexec has gone; an agent that keeps what it inherits (as kubectl does) holds mpiexec's
+    listening socket, where that proxy would wait for ever, but not past poprun, which ends it."""
     path, _, env = agent
+    env = {**env, "NETNS_AGENT_KEEPS_FDS": "1"} if keeps_fds else env
     marker = job_marker()
     cluster.kill_host(cluster.host("node1"))
     result = poprun(*mpi_args(mpi), "--launcher-agent", path, "--num-instances", "2", "-H", "node0,node1", PYTHON,
