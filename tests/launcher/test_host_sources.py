@@ -212,3 +212,18 @@ def test_instances_that_do_not_fit_the_slots_are_one_line(tmp_path: Path) -> Non
     assert (refused.returncode, refused.stderr) == (2, (
         f"poprun: error: PBS_NODEFILE file '{bad}' line 2: 'n0 n1' is not one host name; each line is one host name, "
         "a host's name once per slot\n"))
+
+
+@pytest.mark.slow  # starts poprun
+@pytest.mark.parametrize("variable,file_text,value", [("LSB_DJOB_HOSTFILE", "hA\nhA\nhB\nhB\n", None),
+                                                      ("LSB_MCPU_HOSTS", None, "hA 2 hB 2")])
+def test_lsfs_hosts_reach_the_plan(tmp_path: Path, variable: str, file_text: str | None, value: str | None) -> None:
+    """LSF's allocation, not on the namespace cluster: the plan and the mpiexec command it gives."""
+    given = _file(tmp_path, file_text) if file_text is not None else value
+    assert given is not None
+    result = poprun("-v", "--num-instances", "4", "--dry-run", "/bin/true", env={variable: given})
+    assert result.returncode == 0, result.stderr
+    assert f"using the 2 host(s) LSF gives in {variable}={given} (slots: hA:2, hB:2)" in result.stderr
+    assert "-hosts hA:2,hB:2" in result.stdout
+    refused = poprun("--num-instances", "6", "--dry-run", "/bin/true", env={variable: given})
+    assert refused.returncode == 2 and "gives hA:2, hB:2: fewer slots than the 3 instances per host" in refused.stderr
