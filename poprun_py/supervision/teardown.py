@@ -117,7 +117,8 @@ class Teardown:
         # session of its own by Hydra and prterun, and comes to poprun once mpiexec has gone (it is
         # their subreaper). Such a client may hold mpiexec's listening socket, inherited, on which a
         # proxy there that started after mpiexec ended would wait for ever: it ends with the job.
-        for pid in sweep.descendants(os.getpid()):
+        # Only the client itself, a child of poprun's now: what it started is on another host.
+        for pid in sweep.children(os.getpid()):
             command = _command_line(pid)
             if sweep.kill_descendant(pid, os.getpid()):
                 log.debug("killed process %d (%s), which mpiexec left", pid, command)
