@@ -48,7 +48,8 @@ def launch(options: LaunchOptions) -> int:
     hosts, slots, source = _resolve_hosts(options.hosts, options.failures.host_discovery_script)
     from poprun_py.planning.agent import find_agent
 
-    agent = find_agent(options.hosts.launcher_agent)
+    # The variables that name an agent are read where there are hosts to reach; the option always.
+    agent = find_agent(options.hosts.launcher_agent) if hosts or options.hosts.launcher_agent else None
     if agent is not None:
         log.info("reaching other hosts with %s (%s) instead of ssh", agent.path, agent.given_by)
     # The layout alone, checked before any name is resolved; the plan adds torchrun's contract.

@@ -163,7 +163,13 @@ def test_dry_run_shows_the_agent_handed_to_mpiexec(agent: str) -> None:
     assert result.returncode == 0, result.stderr
     assert f"reaching other hosts with {agent} (--launcher-agent) instead of ssh" in result.stderr
     assert f" -launcher rsh -launcher-exec {agent} " in result.stdout
-    refused = poprun("--dry-run", "--launcher-agent", "/no/agent", "--num-instances", "2", "-H", "node0,node1",
-                     "/bin/true")
-    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    refused = poprun("--dry-run", "--launcher-agent", "/no/agent", "--num-instances", "2", "/bin/true")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1  # the option: even on one host
     assert refused.stderr.startswith("poprun: error: --launcher-agent '/no/agent' does not exist; ")
+    # A variable that names an agent is read only where there are hosts to reach: a profile's setting
+    # does not stop a job on this machine.
+    unset = {"PRTE_MCA_plm_ssh_agent": "ssh -x"}
+    assert poprun("--dry-run", "--num-instances", "2", "/bin/true", env=unset).returncode == 0
+    refused = poprun("--dry-run", "--num-instances", "2", "-H", "node0,node1", "/bin/true", env=unset)
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        "poprun: error: PRTE_MCA_plm_ssh_agent='ssh -x' is not on PATH: put its options in a wrapper script; ")
