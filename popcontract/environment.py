@@ -130,7 +130,29 @@ ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the shim",
                      "its lines keep the order it wrote them in; the shim removes it before it starts the program")
 
 # ------------------------------------------------------------------- the MPI and ssh layer
-SLURM_NODELIST = _define("SLURM_JOB_NODELIST", "Slurm", "poprun", "the hosts, when no -H/--host is given")
+SLURM_NODELIST = _define("SLURM_JOB_NODELIST", "Slurm", "poprun",
+                         "the hosts, when no -H/--host-file is given (of these host sources, the first set wins)")
+PBS_NODEFILE = _define("PBS_NODEFILE", "PBS/Torque", "poprun",
+                       "a file of the hosts, one line per slot, when no -H/--host-file is given")
+LSB_DJOB_HOSTFILE = _define("LSB_DJOB_HOSTFILE", "LSF", "poprun",
+                            "a file of the hosts, one line per slot, when no -H/--host-file is given")
+LSB_MCPU_HOSTS = _define("LSB_MCPU_HOSTS", "LSF", "poprun",
+                         "'host1 n1 host2 n2 ...': the hosts and their slots, without LSB_DJOB_HOSTFILE")
+PE_HOSTFILE = _define("PE_HOSTFILE", "Grid Engine", "poprun",
+                      "a file of 'host slots queue processor-range' lines, when no -H/--host-file is given")
+OMPI_DEFAULT_HOSTFILE = _define("OMPI_MCA_orte_default_hostfile", "the Kubernetes MPI Operator (Open MPI jobs)",
+                                "poprun", "a host file of 'host slots=N' lines, when no -H/--host-file is given")
+HYDRA_HOST_FILE = _define("HYDRA_HOST_FILE", "the Kubernetes MPI Operator (MPICH jobs)", "poprun",
+                          "a host file of 'host:N' lines, when no -H/--host-file is given")
+LAUNCHER_AGENT_PRTE = _define("PRTE_MCA_plm_ssh_agent", "the user, a scheduler", "poprun",
+                              "the program that starts processes on other hosts, without --launcher-agent")
+LAUNCHER_AGENT_OMPI = _define("OMPI_MCA_plm_rsh_agent", "the Kubernetes MPI Operator (v1), the user", "poprun",
+                              "the same, by Open MPI's older name (Open MPI 5's mpirun no longer reads it: poprun "
+                              "passes it on)")
+LAUNCHER_AGENT_HYDRA = _define("HYDRA_LAUNCHER_EXEC", "the user, a scheduler", "poprun",
+                               "the same, by Hydra's name")
+HYDRA_LAUNCHER = _define("HYDRA_LAUNCHER", "the user, a scheduler", "poprun, MPICH's mpiexec",
+                         "Hydra's launcher: poprun adds its ssh options only where it is ssh (or unset)")
 HYDRA_SSH_ARGS = _define("HYDRA_LAUNCHER_EXTRA_ARGS", "poprun, unless set", "MPICH's mpiexec",
                          "ssh options for remote hosts (batch mode, connect timeout, keep-alives)")
 PRTE_SSH_ARGS = _define("PRTE_MCA_plm_ssh_args", "poprun, unless set", "Open MPI's mpirun",

@@ -154,7 +154,7 @@ FOREIGN_OPTIONS = {
 HELP_SECTIONS = {
     "Launch": ("num_instances", "num_replicas", "ipus_per_replica", "executable_cache_path", "dry_run",
                "verbose", "version", "help"),
-    "Hosts": ("host", "host_file", "host_subnet", "master_port", "numa_aware"),
+    "Hosts": ("host", "host_file", "host_subnet", "launcher_agent", "master_port", "numa_aware"),
     "Output": ("only_output_from_instance", "log_dir", "tee", "prefix_timestamp", "print_topology"),
     "Failures and restarts": ("max_restarts", "restart_backoff", "min_hosts", "host_cooldown",
                               "host_discovery_script", "error_file", "start_timeout"),
@@ -289,12 +289,19 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               help="Devices per replica (given to instances as POPDIST_NUM_IPUS_PER_REPLICA).")
 @click.option("-H", "--host", type=Text(), metavar="LIST",
               help="Hosts to run on: 'a,b' or ranges 'node[0-2,4]'. Instances are spread evenly. "
-                   "Default: the Slurm allocation's nodes (SLURM_JOB_NODELIST), else this machine.")
+                   "Default: the scheduler's hosts, the first set of SLURM_JOB_NODELIST, PBS_NODEFILE, "
+                   "LSB_DJOB_HOSTFILE or LSB_MCPU_HOSTS, PE_HOSTFILE, OMPI_MCA_orte_default_hostfile or "
+                   "HYDRA_HOST_FILE (their slots bound each host's instances), else this machine.")
 @click.option("--host-file", type=FileName(exists=True, dir_okay=False, readable=True), metavar="FILE",
-              help="File with one host per line (not with --host).")
+              help="File with one host per line, as 'host', 'host slots=N' or 'host:N' (N bounds the host's "
+                   "instances); not with --host.")
 @click.option("--host-subnet", type=Text(), metavar="CIDR",
               help="Network for traffic between hosts: poprun's control channel, MPI's daemons and MPI itself "
                    "use the interface whose address is in it. Default: the route towards the first remote host.")
+@click.option("--launcher-agent", type=Text(empty=False), metavar="PROGRAM",
+              help="Reach the other hosts with PROGRAM instead of ssh: mpiexec runs 'PROGRAM HOST COMMAND...' "
+                   "(a kubectl exec wrapper, blaunch, a 'qrsh -inherit' wrapper). Default: the agent "
+                   "PRTE_MCA_plm_ssh_agent, OMPI_MCA_plm_rsh_agent or HYDRA_LAUNCHER_EXEC names, else ssh.")
 @click.option("--mpi-global-args", type=Text(), metavar="ARGS", help="Extra arguments put once on the mpiexec line.")
 @click.option("--mpi-local-args", type=Text(), metavar="ARGS", help="Extra arguments for every instance's app context.")
 @click.option("--instance-mpi-local-args", multiple=True, type=Text(), metavar="I:ARGS",

@@ -1,5 +1,5 @@
 """Host lists: ``a,b``, range form ``node[0-2,4]`` (zero padding kept; Slurm's node lists, as in
-``SLURM_JOB_NODELIST``, read the same), and host files."""
+``SLURM_JOB_NODELIST``, read the same), and host files with the slots they give hosts."""
 
 from __future__ import annotations
 
@@ -118,30 +118,81 @@ def _expand(spec: str) -> list[str]:
     return hosts
 
 
-def read_host_file(path: str | Path) -> list[str]:
-    """One host (or host pattern) per line; blank lines and ``#`` comments are ignored.
+def read_host_file(path: str | Path, shown: str | None = None) -> tuple[list[str], dict[str, int]]:
+    """The hosts of a host file and the slots it gives them: one host (or host pattern) per line,
+    optionally with its slots as Open MPI's ``host slots=N`` (the Kubernetes MPI Operator's form)
+    or Hydra's ``host:N``; blank lines and ``#`` comments are ignored, and so are other words
+    after the host (Open MPI's ``max_slots=N``). Slots bound the instances a host gets.
 
-    A trailing ``slots=N`` (Open MPI hostfile style) is tolerated and ignored. The file is read
-    in bounded time and memory (see ``user_files.read_text``), its hosts counted before any is expanded.
-    """
+    The file is read in bounded time and memory (see ``user_files.read_text``), its hosts counted
+    before any is expanded; a malformed line is a PlanError naming the file (as ``shown`` says,
+    e.g. by the variable that gave it) and the line."""
+    shown = shown or f"host file {str(path)!r}"
+    text = read_bounded(path, shown, "one host name per line")
+    entries: list[tuple[str, int | None]] = []
+    for number, line in lines_of(text):
+        words = line.split()
+        pattern, slots = words[0], None
+        name, colon, after = pattern.rpartition(":")
+        if colon and "[" not in after and ":" not in name:
+            pattern, slots = name, slot_count(after, shown, number, line, HOST_FILE_FORM)
+        for word in words[1:]:
+            key, equals, value = word.partition("=")
+            if equals and key == "slots":
+                slots = slot_count(value, shown, number, line, HOST_FILE_FORM)
+        entries.append((pattern, slots))
+    count = sum(count_hosts(pattern) for pattern, _ in entries)
+    if count > MAX_HOSTS:
+        raise PlanError(f"{shown} names {count} hosts, more than poprun runs on "
+                        f"(at most {MAX_HOSTS}, one instance per host at least)")
+    hosts: list[str] = []
+    slots_of: dict[str, int] = {}
+    for pattern, slots in entries:
+        for host in _expand(pattern):
+            hosts.append(host)
+            if slots is not None:
+                slots_of[host] = slots
+    if not hosts:
+        raise PlanError(f"{shown} lists no hosts; put one host name per line")
+    return checked(hosts, shown), slots_of
+
+
+#: What a line of a host file may be.
+HOST_FILE_FORM = "'host', 'host slots=N' or 'host:N', with N a whole number from 1"
+#: The most slots one host may have (as many as instances poprun starts).
+MAX_SLOTS = 65536
+
+
+def read_bounded(path: str | Path, shown: str, holds: str) -> str:
+    """The text of the host file ``path`` (``shown``: how errors name it; ``holds``: what its lines
+    are), read in bounded time and memory; a PlanError naming it when it cannot be read, is too
+    large or has too many lines."""
     from poprun_py.planning.user_files import read_text
 
     try:
-        text = read_text(str(path), MAX_HOST_FILE_BYTES, "16 MiB; a host file holds one host name per line")
+        text = read_text(str(path), MAX_HOST_FILE_BYTES, f"16 MiB; a host file holds {holds}")
     except ValueError as exc:
-        raise PlanError(f"host file {str(path)!r} {exc}") from None
+        raise PlanError(f"{shown} {exc}") from None
     if text.count("\n") > MAX_HOST_FILE_LINES:
-        raise PlanError(f"host file {str(path)!r} has more than {MAX_HOST_FILE_LINES} lines; "
-                        "it holds one host name per line")
-    patterns = [line.split()[0] for line in (raw.split("#", 1)[0].strip() for raw in text.splitlines()) if line]
-    count = sum(count_hosts(pattern) for pattern in patterns)
-    if count > MAX_HOSTS:
-        raise PlanError(f"host file {str(path)!r} names {count} hosts, more than poprun runs on "
-                        f"(at most {MAX_HOSTS}, one instance per host at least)")
-    hosts = [host for pattern in patterns for host in _expand(pattern)]
-    if not hosts:
-        raise PlanError(f"host file {str(path)!r} lists no hosts; put one host name per line")
-    return checked(hosts, f"host file {str(path)!r}")
+        raise PlanError(f"{shown} has more than {MAX_HOST_FILE_LINES} lines; it holds {holds}")
+    return text
+
+
+def lines_of(text: str) -> list[tuple[int, str]]:
+    """``(line number, line)`` of each line that holds more than a ``#`` comment, stripped."""
+    stripped = ((number, raw.split("#", 1)[0].strip()) for number, raw in enumerate(text.splitlines(), 1))
+    return [(number, line) for number, line in stripped if line]
+
+
+def slot_count(value: str, shown: str, number: int, line: str, form: str) -> int:
+    """``value`` as a number of slots: a whole number from 1 to MAX_SLOTS; else a PlanError
+    naming ``shown``'s line ``number`` (0: a variable, which has no lines) and what its lines may
+    be (``form``)."""
+    if value.isascii() and value.isdigit() and 0 < int(value) <= MAX_SLOTS:
+        return int(value)
+    where = f"{shown} line {number}: {_shown(line)!r}" if number else f"{shown} {_shown(line)!r}"
+    each = "each line is" if number else "it is"
+    raise PlanError(f"{where} gives {_shown(value, 20)!r} slots; {each} {form} (at most {MAX_SLOTS})")
 
 
 def checked(hosts: list[str], source: str) -> list[str]:

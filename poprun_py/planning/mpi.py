@@ -15,6 +15,7 @@ import sys
 from typing import NamedTuple
 
 from popcontract import compiled, environment, settings
+from poprun_py.planning.agent import hydra_uses_ssh
 from poprun_py.shared import loopback
 from poprun_py.shared.errors import PlanError
 from poprun_py.shared.paths import which
@@ -167,6 +168,7 @@ class CommandSpec(NamedTuple):
     ``control_address``: where poprun listens for this start's shims (``POPRUN_CONTROL``).
     ``callback_address``: the local address remote hosts reach this one on (None: one-host job).
     ``host_subnet``: ``--host-subnet``'s CIDR, which MPI's own traffic is kept to as well.
+    ``launcher_agent``: the program that reaches the other hosts instead of ssh (``agent``).
     """
 
     launch_env: Mapping[str, str]
@@ -180,6 +182,7 @@ class CommandSpec(NamedTuple):
     explicit_hosts: bool = False
     callback_address: str | None = None
     host_subnet: str | None = None
+    launcher_agent: str | None = None
 
 
 def job_env(plan: JobPlan, spec: CommandSpec) -> dict[str, str]:
@@ -311,7 +314,10 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> C
     tail, env = [], _loopback_env(launcher, spec)
     if spec.callback_address:
         tail += ["-localhost", spec.callback_address]  # where the remote proxies call back
-        if settings.given(environment.HYDRA_SSH_ARGS) is None:
+        if spec.launcher_agent:
+            # Hydra's rsh launcher runs 'AGENT HOST COMMAND...', as ssh's would with '-x' first.
+            tail += ["-launcher", "rsh", "-launcher-exec", spec.launcher_agent]
+        elif settings.given(environment.HYDRA_SSH_ARGS) is None and hydra_uses_ssh(spec.global_args):
             env[environment.HYDRA_SSH_ARGS] = SSH_ARGS
     elif environment.LD_PRELOAD in env and "-localhost" not in spec.global_args:
         # Hydra on one host: its mpiexec listens on loopback, so that is where a proxy that calls
@@ -364,8 +370,12 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) ->
                  spec.host_subnet]
     if spec.callback_address:
         tail += [arg for name, value in DAEMON_KEEPALIVE for arg in ("--prtemca", name, value)]
+        if spec.launcher_agent:
+            # Every daemon is started from here, through the agent: with a tree, daemons would start
+            # others from their hosts, where the agent may not be (kubectl in the launcher's pod alone).
+            tail += ["--prtemca", "plm_ssh_agent", spec.launcher_agent, "--prtemca", "plm_ssh_no_tree_spawn", "1"]
     env = _loopback_env(launcher, spec)
-    if spec.callback_address and settings.given(environment.PRTE_SSH_ARGS) is None:
+    if spec.callback_address and not spec.launcher_agent and settings.given(environment.PRTE_SSH_ARGS) is None:
         env[environment.PRTE_SSH_ARGS] = SSH_ARGS
     # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
     common = job_env(plan, spec)

@@ -15,12 +15,14 @@ from poprun_py.shared.errors import PlanError
 
 
 class Hosts(NamedTuple):
-    """Where the job runs: ``-H``, ``--host-file``, ``--host-subnet``, ``--master-port``."""
+    """Where the job runs and how its hosts are reached: ``-H``, ``--host-file``, ``--host-subnet``,
+    ``--master-port``, ``--launcher-agent``."""
 
     host: str | None
     host_file: str | None
     host_subnet: str | None
     master_port: int | None
+    launcher_agent: str | None
 
 
 class Mpi(NamedTuple):

@@ -62,7 +62,7 @@ def is_local(host: str, addresses: dict[str, str] | None = None) -> bool:
         return True
     resolved = _resolve(host)
     if not resolved:
-        return False  # unknown here: treated as remote, and its launcher (ssh) names the problem
+        return False  # unknown here: treated as remote, and its launcher (ssh, an agent) names the problem
     addresses = local_addresses() if addresses is None else addresses
     return all(ipaddress.ip_address(a).is_loopback or a in addresses for a in resolved)
 
@@ -117,7 +117,7 @@ def remote_hosts(hosts: list[str], resolve: bool = True) -> list[str]:
 def host_address(host: str, subnet: str | None) -> str:
     """An address of the remote ``host`` that every host reaches (torch's MASTER_ADDR when instance
     0 runs there): the one its name resolves to here, in ``subnet`` when given and one is; its
-    name when it does not resolve (ssh then names the problem)."""
+    name when it does not resolve (ssh or the launcher agent then names the problem)."""
     resolved = _resolve(host)
     if subnet:
         network = parse_subnet(subnet)
@@ -142,7 +142,7 @@ def callback_address(remote: list[str], subnet: str | None) -> str | None:
         return None
     address = address_towards(remote[0])
     if address is None:
-        # Unknown or unreachable: mpiexec's launcher (ssh) names the host when it fails; if
+        # Unknown or unreachable: mpiexec's launcher (ssh, an agent) names the host when it fails; if
         # instances do start, they can only call back on a routable address, so give one.
         address = next((a for a in local_addresses() if not ipaddress.ip_address(a).is_loopback), "127.0.0.1")
     return address

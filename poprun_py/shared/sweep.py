@@ -1,9 +1,10 @@
 """What the sweeps of leftover processes share: finding a process in /proc, and killing only it.
 
 Two sweeps kill processes poprun did not start itself: the teardown's (whatever is left in
-mpiexec's session, ``teardown.Teardown.kill_leftovers``) and the shim's (daemons that left the
-program's process group, ``shim_pump.end_escaped``: the shim's descendants, which it adopts as
-their subreaper, and processes that carry the job's marks in their environment). Each finds its
+mpiexec's session, and the launcher clients mpiexec left to poprun,
+``teardown.Teardown.kill_leftovers``) and the shim's (daemons that left the program's process
+group, ``shim_pump.end_escaped``: the shim's descendants, which it adopts as their subreaper, and
+processes that carry the job's marks in their environment). Each finds its
 targets by reading /proc;
 between that read and the kill, a target may exit and its PID go to an unrelated process. So each
 kill here pins the process first (a pidfd), checks it again through /proc, and signals it through
@@ -108,6 +109,14 @@ def descendants(root: int) -> list[int]:
         found.append(pid)
         below += children.get(pid, ())
     return found
+
+
+def children(root: int) -> list[int]:
+    """Live children of ``root``, not theirs (one reading of /proc, which this process skips when it
+    has no child)."""
+    if root == os.getpid() and not has_children():
+        return []
+    return [pid for pid in pids() if (stat := _stat(pid)) is not None and stat[0] == root]
 
 
 def descends_from(pid: int, root: int) -> bool:

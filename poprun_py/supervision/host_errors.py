@@ -36,10 +36,12 @@ def launcher_text(chunks: list[bytes]) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def host_failures(output: str, hosts: list[str], unstarted: list[str] | None = None) -> dict[str, str]:
+def host_failures(output: str, hosts: list[str], unstarted: list[str] | None = None,
+                  launcher: str = "ssh") -> dict[str, str]:
     """``{host: what went wrong}`` for each of ``hosts`` that the launcher's ``output`` blames; when
     it names none, an ssh message that names no host is put down to each of ``unstarted`` (hosts
-    whose instances never started)."""
+    whose instances never started). ``launcher``: what reached the hosts (ssh, or a launcher
+    agent's name), as the messages name it."""
     by_lower = {host.lower(): host for host in hosts}
     found: dict[str, str] = {}
     anonymous: str | None = None
@@ -52,7 +54,15 @@ def host_failures(output: str, hosts: list[str], unstarted: list[str] | None = N
                 break
         else:
             if anonymous is None and any(pattern.fullmatch(line) for pattern in _SSH_ANONYMOUS):
-                anonymous = f"ssh: {line}"
+                anonymous = f"{launcher}: {line}"
+    if launcher != "ssh":
+        # An agent's words are its own: a line of it that names one host is that host's failure.
+        for line in agent_lines(output):
+            named = [host for host in hosts if _names(line, host)]
+            if len(named) == 1:
+                found.setdefault(named[0], f"{launcher}: {line}")
+            elif not named and anonymous is None:
+                anonymous = f"{launcher}: {line}"
     for match in _OPENMPI_REMOTE.finditer(output):
         host = by_lower.get(match.group("host").lower())
         if host and host not in found:
@@ -63,6 +73,24 @@ def host_failures(output: str, hosts: list[str], unstarted: list[str] | None = N
         for host in unstarted or []:
             found[host] = anonymous
     return found
+
+
+def agent_lines(output: str) -> list[str]:
+    """The lines of ``output`` that a launcher agent wrote: not mpiexec's own (Hydra's start with
+    ``[``, Open MPI's messages sit between lines of dashes)."""
+    lines, in_box = [], False
+    for raw in output.splitlines():
+        line = raw.strip()
+        if line.startswith("-----"):
+            in_box = not in_box
+        elif line and not in_box and not line.startswith("["):
+            lines.append(line)
+    return lines
+
+
+def _names(line: str, host: str) -> bool:
+    """Whether ``line`` names ``host`` as a word of its own (``node1`` is not in ``node10``)."""
+    return re.search(rf"(?<![\w.-]){re.escape(host)}(?![\w-]|\.\w)", line, re.IGNORECASE) is not None
 
 
 def describe(failures: dict[str, str]) -> str:

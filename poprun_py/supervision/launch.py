@@ -20,6 +20,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING (typing itself comes with click)
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from poprun_py.planning.agent import Agent
     from poprun_py.planning.mpi import Command, CommandSpec, MpiLauncher
     from poprun_py.planning.options import Hosts, LaunchOptions
     from poprun_py.planning.plan import JobPlan
@@ -44,11 +45,17 @@ def launch(options: LaunchOptions) -> int:
     from poprun_py.planning.mpi import detect_launcher, find_mpiexec
     from poprun_py.planning.plan import JobPlan
 
-    hosts, slots = _resolve_hosts(options.hosts, options.failures.host_discovery_script)
+    hosts, slots, source = _resolve_hosts(options.hosts, options.failures.host_discovery_script)
+    from poprun_py.planning.agent import find_agent
+
+    # The variables that name an agent are read where there are hosts to reach; the option always.
+    agent = find_agent(options.hosts.launcher_agent) if hosts or options.hosts.launcher_agent else None
+    if agent is not None:
+        log.info("reaching other hosts with %s (%s) instead of ssh", agent.path, agent.given_by)
     # The layout alone, checked before any name is resolved; the plan adds torchrun's contract.
     shape = JobPlan(options.num_instances, options.replicas, options.ipus_per_replica, tuple(hosts),
                     options.executable_cache_path)
-    _check_slots(shape, slots, options.failures.host_discovery_script)
+    _check_slots(shape, slots, source)
     if options.output.log_dir is not None or not options.output.tee:
         from poprun_py.supervision.output import check_log_options
 
@@ -62,7 +69,7 @@ def launch(options: LaunchOptions) -> int:
     plan = shape.replace(run_id=run_id, max_restarts=options.failures.max_restarts,
                          error_dir=f"{temporary_folder()}/poprun-{run_id}", master_addr=master_addr,
                          master_port=master_port())
-    start = Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback))
+    start = Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback, agent), agent)
     _check_program(options.program, bool(remote))
     launcher = detect_launcher(find_mpiexec(options.mpi.mpi), need_version=options.dry_run or options.verbose > 0)
     if not options.mpi.speaks_to_an_mpiexec() and not hosts:
@@ -92,7 +99,7 @@ def launch(options: LaunchOptions) -> int:
         return 0
     _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
     _say_threads_per_instance(plan, remote)
-    return _run(options, start, launcher, grace, errors)
+    return _run(options, start, launcher, grace, errors, slots)
 
 
 def _error_file(path: str | None) -> ErrorFile | None:
@@ -121,9 +128,10 @@ def _kill_grace() -> float:
     return grace
 
 
-def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -> CommandSpec:
+def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, agent: Agent | None) -> CommandSpec:
     """What the mpiexec command is built from besides the plan: what every instance gets from poprun's
-    environment and options, the shim and the user's MPI arguments."""
+    environment and options, the shim, the user's MPI arguments and what reaches the hosts (``agent``,
+    None: ssh)."""
     from poprun_py.instance import SCRIPT
     from poprun_py.planning.mpi import CommandSpec, parse_instance_local_args, split_args
     from poprun_py.supervision.output import one_stream
@@ -155,6 +163,7 @@ def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None) -
         explicit_hosts=bool(plan.hosts),
         callback_address=callback,
         host_subnet=subnet,
+        launcher_agent=agent.path if agent is not None else None,
     )
 
 
@@ -194,6 +203,8 @@ class Start(NamedTuple):
     callback: str | None
     master_port: Callable[[], str]
     spec: CommandSpec
+    #: What reaches the other hosts; None: ssh.
+    agent: Agent | None
 
     def moved(self, options: LaunchOptions, num_instances: int, hosts: list[str]) -> Start:
         """This start's job with ``num_instances`` instances on ``hosts`` (a restart without lost
@@ -206,11 +217,12 @@ class Start(NamedTuple):
         plan = self.plan.replace(num_instances=num_instances, hosts=tuple(hosts), master_addr=master_addr,
                                  master_port=master_port())
         _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
-        return Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback))
+        return Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback, self.agent),
+                     self.agent)
 
 
 def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float,
-         errors: ErrorFile | None) -> int:
+         errors: ErrorFile | None, slots: dict[str, int]) -> int:
     """Start the job, and start it again after a failure while --max-restarts allows, without the
     hosts it lost; the last status. ``grace``: the instances' kill grace, which poprun's own
     escalation waits for too; ``errors``: --error-file, checked."""
@@ -239,7 +251,8 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
                                     _command(launcher, plan, start.spec, written), new_secret(), program_argv(options),
                                     show_instance=shown.only_output_from_instance,
                                     listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
-                                    grace=grace, start_timeout=options.failures.start_timeout, output=output)
+                                    grace=grace, start_timeout=options.failures.start_timeout, output=output,
+                                    remote_launcher=start.agent.name if start.agent is not None else "ssh")
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
             lost = supervisor.lost_hosts() if status else {}
@@ -255,7 +268,7 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
 
                 failures = options.failures
                 policy = Restarts.for_plan(plan, failures.min_hosts, failures.host_cooldown,
-                                           failures.host_discovery_script)
+                                           failures.host_discovery_script, slots)
             assert report is not None  # every way a start fails has its report (Supervisor._finish)
             moved = _restart(options, start, restart + 1, str(report["reason"]), lost, policy)
             if moved is None:
@@ -480,43 +493,44 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: l
             print("  " + line)
 
 
-def _resolve_hosts(given: Hosts, script: str | None) -> tuple[list[str], dict[str, int]]:
+def _resolve_hosts(given: Hosts, script: str | None) -> tuple[list[str], dict[str, int], str]:
     """-H or --host-file (never both: ``LaunchOptions`` refused that); without either, what
-    --host-discovery-script ``script`` lists (with the slots it gives hosts), or inside a Slurm
-    allocation its nodes; else none (this machine)."""
-    if given.host is None and given.host_file is None:
-        if script is not None:
-            from poprun_py.supervision.restarts import discover
-
-            found = discover(script)
-            log.info("no -H/--host-file: using the %d host(s) --host-discovery-script %s lists", len(found), script)
-            return [host for host, _ in found], {host: slots for host, slots in found if slots is not None}
-        nodes = settings.given(environment.SLURM_NODELIST)
-        if not nodes:
-            return [], {}
-        from poprun_py.planning.hosts import expand_hosts
-
-        hosts = expand_hosts(nodes)
-        log.info("no -H/--host-file: using the Slurm allocation's %d node(s) from %s=%s as hosts",
-                 len(hosts), environment.SLURM_NODELIST, nodes)
-        return hosts, {}
+    --host-discovery-script ``script`` lists, else what a scheduler gives (``host_sources``); else
+    none (this machine). With the slots the source gives hosts and how errors name it."""
     from poprun_py.planning.hosts import expand_hosts, read_host_file
 
     if given.host is not None:
-        return expand_hosts(given.host), {}
-    assert given.host_file is not None
-    return read_host_file(given.host_file), {}
+        return expand_hosts(given.host), {}, "-H"
+    if given.host_file is not None:
+        return *read_host_file(given.host_file), f"host file {given.host_file}"
+    if script is not None:
+        from poprun_py.supervision.restarts import discover
+
+        found = discover(script)
+        log.info("no -H/--host-file: using the %d host(s) --host-discovery-script %s lists", len(found), script)
+        return ([host for host, _ in found], {host: slots for host, slots in found if slots is not None},
+                f"--host-discovery-script {script}")
+    from poprun_py.planning.host_sources import from_environment
+
+    chosen = from_environment()
+    if chosen is None:
+        return [], {}, ""
+    if chosen.warning:
+        log.warning("%s", chosen.warning)
+    log.info("%s", chosen.said)
+    return chosen.found.hosts, chosen.found.slots, chosen.names
 
 
-def _check_slots(plan: JobPlan, slots: dict[str, int], script: str | None) -> None:
+def _check_slots(plan: JobPlan, slots: dict[str, int], source: str) -> None:
     """The first start puts the same number of instances on every host: each must have the slots
-    the discovery script gave it for them (restarts fit the slots themselves: ``restarts.spread``)."""
+    ``source`` gave it for them (restarts fit the slots themselves: ``restarts.spread``)."""
     each = plan.instances_per_host
     short = [f"{host}:{slots[host]}" for host in plan.host_names if host in slots and slots[host] < each]
     if short:
-        raise PlanError(f"--host-discovery-script {script} gives {', '.join(short)}: fewer slots than the "
-                        f"{each} instances per host that {plan.num_instances} instances on "
-                        f"{len(plan.host_names)} hosts need")
+        from poprun_py.planning.plan import elide
+
+        raise PlanError(f"{source} gives {', '.join(elide(short, 8))}: fewer slots than the {each} instances per "
+                        f"host that {plan.num_instances} instances on {len(plan.host_names)} hosts need")
 
 
 def _check_program(program: str | None, any_remote: bool) -> None:

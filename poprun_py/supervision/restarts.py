@@ -64,7 +64,8 @@ class HostPool:
     hosts: list[str]
     cooldown: float
     size: int = 0
-    #: Instances a host can take, from the discovery script's ``host:slots``.
+    #: Instances a host can take: the slots its source gave (a host file, a scheduler, the
+    #: discovery script's ``host:slots``).
     slots: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
     #: When (time.monotonic) each failed host's cooldown ends.
@@ -147,16 +148,17 @@ class Restarts:
     """The hosts of each start after the first: the failed ones left out, a discovery script's asked."""
 
     @classmethod
-    def for_plan(cls, plan: JobPlan, min_hosts: int, cooldown: float, discovery_script: str | None) -> Restarts:
-        """The restarts of the job whose first start ran ``plan``."""
+    def for_plan(cls, plan: JobPlan, min_hosts: int, cooldown: float, discovery_script: str | None,
+                 slots: dict[str, int] | None = None) -> Restarts:
+        """The restarts of the job whose first start ran ``plan`` on hosts with ``slots``."""
         return cls(Layout(plan.num_instances, list(plan.hosts)), plan.num_replicas, min_hosts=min_hosts,
-                   cooldown=cooldown, discovery_script=discovery_script)
+                   cooldown=cooldown, discovery_script=discovery_script, slots=slots)
 
     def __init__(self, layout: Layout, replicas: int, *, min_hosts: int, cooldown: float,
-                 discovery_script: str | None) -> None:
+                 discovery_script: str | None, slots: dict[str, int] | None = None) -> None:
         self.replicas = replicas
         self.per_host = layout.num_instances // max(len(layout.hosts), 1)
-        self.pool = HostPool(list(layout.hosts), cooldown)
+        self.pool = HostPool(list(layout.hosts), cooldown, slots=dict(slots or {}))
         self.first_hosts = set(layout.hosts)
         self.min_hosts = min_hosts
         self.discovery_script = discovery_script

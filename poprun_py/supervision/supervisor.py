@@ -74,7 +74,8 @@ class Supervisor:
                  show_instance: int | None = None,
                  remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
-                 output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE) -> None:
+                 output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE,
+                 remote_launcher: str = "ssh") -> None:
         # Shared by every instance: who owns the current line of each, one line for both when they
         # are the same file or terminal (see poprun_py.supervision.output).
         self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
@@ -87,6 +88,8 @@ class Supervisor:
         self.program = protocol.encode_program(program)
         self.listen_address = listen_address
         self.remote_hosts = remote_hosts
+        #: What reaches the remote hosts (ssh, or the launcher agent's name), as messages name it.
+        self.remote_launcher = remote_launcher
         self.watch = Watch()
         self.failure: Failure | None = None
         self.interrupted: int | None = None
@@ -353,7 +356,7 @@ class Supervisor:
         hosts = list(dict.fromkeys(state.host for state in self.instances))
         started = {state.host for state in self.instances if state.pid is not None}
         unstarted = [h for h in hosts if h in self.remote_hosts and h not in started]
-        return host_failures(launcher_text(self.mpiexec_output), hosts, unstarted)
+        return host_failures(launcher_text(self.mpiexec_output), hosts, unstarted, self.remote_launcher)
 
     def _say_what_was_left_open(self) -> None:
         """-v: what was still open when poprun stopped waiting after mpiexec's exit."""

@@ -113,6 +113,15 @@ class Teardown:
                 killed = True
                 if command:  # an empty command line: the process was already exiting
                     log.warning("killed process %d (%s) left behind in the job's session", pid, command)
+        # What started the remote hosts' side (ssh, a launcher agent such as kubectl) is put in a
+        # session of its own by Hydra and prterun, and comes to poprun once mpiexec has gone (it is
+        # their subreaper). Such a client may hold mpiexec's listening socket, inherited, on which a
+        # proxy there that started after mpiexec ended would wait for ever: it ends with the job.
+        # Only the client itself, a child of poprun's now: what it started is on another host.
+        for pid in sweep.children(os.getpid()):
+            command = _command_line(pid)
+            if sweep.kill_descendant(pid, os.getpid()):
+                log.debug("killed process %d (%s), which mpiexec left", pid, command)
         # Until the killed are gone they still map MPICH's segments, which would then look in use
         # to remove_files_left and stay behind. (Nothing killed, nothing to wait for: every job's
         # end would read /proc once more.)

@@ -109,9 +109,37 @@ def test_slurm_allocation_gives_the_hosts(cluster: Cluster) -> None:
     result = poprun("-v", "--num-instances", "2", PYTHON, WHERE,
                     env={**NETWORK_ENV, "SLURM_JOB_NODELIST": f"{cluster.name_prefix}[0-1]"})
     assert result.returncode == 0, result.stderr
-    assert f"using the Slurm allocation's 2 node(s) from SLURM_JOB_NODELIST={cluster.name_prefix}[0-1]" \
+    assert f"using the 2 host(s) Slurm gives in SLURM_JOB_NODELIST={cluster.name_prefix}[0-1]" \
         in result.stderr
     assert {i: r["host"] for i, r in tagged_json(result.stdout).items()} == {0: "node0", 1: "node1"}
+
+
+#: Each file-based scheduler's host file, in its real format, for node0 and node1 with 2 slots each.
+SCHEDULER_FILES = {
+    "PBS_NODEFILE": "node0\nnode1\nnode0\nnode1\n",  # one line per slot (PBS lists them round-robin too)
+    "PE_HOSTFILE": "node0 2 all.q@node0 UNDEFINED\nnode1 2 all.q@node1 UNDEFINED\n",  # Grid Engine
+    "OMPI_MCA_orte_default_hostfile": "node0 slots=2\nnode1 slots=2\n",  # the MPI Operator, Open MPI jobs
+    "HYDRA_HOST_FILE": "node0:2\nnode1:2\n",  # the MPI Operator, MPICH jobs
+}
+
+
+@pytest.mark.parametrize("variable,mpi", [("PBS_NODEFILE", "mpich"), ("PE_HOSTFILE", "mpich"),
+                                          ("OMPI_MCA_orte_default_hostfile", "openmpi"), ("HYDRA_HOST_FILE", "mpich")])
+def test_a_schedulers_host_file_gives_the_hosts_and_their_slots(cluster: Cluster, tmp_path: Path, variable: str,
+                                                                mpi: str) -> None:
+    """4 instances on the 2 hosts the file names, 2 on each as its slots allow; 6 do not fit."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(SCHEDULER_FILES[variable])
+    env = job_env(mpi, **{variable: str(hosts)})
+    result = poprun(*mpi_args(mpi), "-v", "--num-instances", "4", PYTHON, WHERE, env=env)
+    assert result.returncode == 0, result.stderr
+    said = f"in {variable}={hosts} (slots: node0:2, node1:2)"
+    assert "no -H/--host-file: using the 2 host(s) " in result.stderr and said in result.stderr, result.stderr
+    assert {i: r["host"] for i, r in tagged_json(result.stdout).items()} == {0: "node0", 1: "node0", 2: "node1",
+                                                                              3: "node1"}
+    refused = poprun(*mpi_args(mpi), "--num-instances", "6", PYTHON, WHERE, env=env)
+    fewer = "node0:2, node1:2: fewer slots than the 3 instances per host that 6 instances on 2 hosts need\n"
+    assert refused.returncode == 2 and refused.stderr.endswith(fewer), refused.stderr
 
 
 # ------------------------------------------------------------------ torchrun's contract across hosts

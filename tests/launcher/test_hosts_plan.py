@@ -29,7 +29,7 @@ def test_expand_hosts(spec: str, hosts: list[str]) -> None:
 def test_host_file_with_comments_and_slots(tmp_path: Path) -> None:
     path = tmp_path / "hosts"
     path.write_text("# cluster\nnode[0-1] slots=4\n\nhead  # login\n")
-    assert read_host_file(path) == ["node0", "node1", "head"]
+    assert read_host_file(path) == (["node0", "node1", "head"], {"node0": 4, "node1": 4})
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -48,7 +48,7 @@ def test_a_host_listed_twice_or_that_cannot_be_a_name_is_refused(spec: str, mess
 def test_a_host_file_with_crlf_lines_and_a_host_twice(tmp_path: Path) -> None:
     path = tmp_path / "hosts"
     path.write_bytes(b"node0\r\nnode1\r\n")
-    assert read_host_file(path) == ["node0", "node1"]
+    assert read_host_file(path) == (["node0", "node1"], {})
     path.write_bytes(b"localhost\r\nlocalhost\r\n")
     with pytest.raises(PlanError, match=r"lists the host 'localhost' twice \(hosts 0 and 1\)"):
         read_host_file(path)

@@ -216,7 +216,7 @@ def test_a_restart_on_other_hosts_is_a_new_plan_from_the_old_one() -> None:
     plan = JobPlan(4, 8, hosts=("localhost",), run_id="0123", max_restarts=2, error_dir="/tmp/poprun-0123",
                    restart=1, master_port=1234)
     before = repr(plan)
-    start = Start(plan, (), None, lambda: "1234", _command_spec(options, plan, None))
+    start = Start(plan, (), None, lambda: "1234", _command_spec(options, plan, None, None), None)
     moved = start.moved(options, 2, ["localhost"])
     assert moved.plan is not plan and repr(plan) == before and start.plan is plan
     new = moved.plan

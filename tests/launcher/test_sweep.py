@@ -110,6 +110,8 @@ def test_descendants_are_found_through_every_generation_and_only_they_are_killed
     me = os.getpid()
     assert {parent.pid, grandchild} <= set(sweep.descendants(me)) and outsider.pid in sweep.descendants(me)
     assert sweep.descendants(parent.pid) == [grandchild]
+    assert {parent.pid, outsider.pid} <= set(sweep.children(me)) and grandchild not in sweep.children(me)
+    assert sweep.children(parent.pid) == [grandchild] and sweep.children(grandchild) == []
     assert sweep.descends_from(grandchild, parent.pid) and sweep.descends_from(grandchild, me)
     assert not sweep.descends_from(parent.pid, grandchild) and not sweep.descends_from(outsider.pid, parent.pid)
     assert not sweep.kill_descendant(outsider.pid, parent.pid) and outsider.poll() is None
