@@ -170,4 +170,4 @@ if __name__ == "__main__":
     for path in sys.argv[1:]:
         if missing := missing_parts(Path(path)):
             sys.exit(f"make dist: {path} lacks the compiled part(s) {', '.join(missing)}: their build failed "
-                     "(see the build's log above)")
+                     f"({Path(path).parent / 'build.log'} says why)")
