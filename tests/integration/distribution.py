@@ -140,12 +140,12 @@ def compiler_free_env(top: Path, venv: Path) -> dict[str, str]:
     return env
 
 
-def install_command(venv: Path, archive: Path, wheelhouse: Path) -> list[str | Path]:
-    """pip (this venv's, for the fresh ``venv``) installing ``archive`` with the examples extra,
-    everything else from ``wheelhouse`` alone, no wheel of an earlier build reused."""
+def install_command(venv: Path, archive: Path, wheelhouse: Path, extras: str = "") -> list[str | Path]:
+    """pip (this venv's, for the fresh ``venv``) installing ``archive`` (with ``extras``, e.g.
+    "[examples]"), everything else from ``wheelhouse`` alone, no wheel of an earlier build reused."""
     return [sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet",
             "--disable-pip-version-check", "--no-cache-dir", "--no-index", "--find-links", wheelhouse,
-            f"poprun-py[examples] @ {archive.as_uri()}"]
+            f"poprun-py{extras} @ {archive.as_uri()}"]
 
 
 def reported_parts(version_output: str) -> dict[str, str]:
