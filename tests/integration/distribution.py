@@ -34,7 +34,8 @@ WHEELHOUSE = BIN.parent / "wheelhouse"
 DIST_TOOLS = BIN.parent / "dist" / "bin"
 #: A C or C++ compiler or a driver of one, by its name on PATH: cc, c++, gcc-12, x86_64-linux-gnu-gcc,
 #: clang++, c99, cpp, zig, MPICH's mpicc and mpicxx. None of them is reachable in a fresh venv here.
-COMPILER = re.compile(r"(?:[\w.+]+-)?(?:cc|c\+\+|gcc|g\+\+|cpp|clang(?:\+\+)?|c89|c99|tcc|icx|zig|mpic(?:c|xx|\+\+)\w*)"
+COMPILER = re.compile(r"(?:[\w.+-]+-)?"  # a target's triplet: x86_64-linux-gnu-
+                      r"(?:cc|c\+\+|gcc|g\+\+|cpp|clang(?:\+\+)?|c89|c99|tcc|icx|zig|mpic(?:c|xx|\+\+)\w*)"
                       r"(?:-[\d.]+)?(?:-gcc)?")
 #: What the program that stands in for CC and CXX says: the build fails where it would compile.
 NO_COMPILER = "no C compiler on this machine"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -114,7 +115,11 @@ def test_the_wheel_installed_without_a_compiler_has_every_compiled_part(wheel_in
 
 def test_the_sdist_installed_without_a_compiler_has_none_and_says_so(sdist_install: Installed,
                                                                       dist_top: Path) -> None:
-    """The build asked the failing CC for every part (nothing else compiled one), and went on."""
+    """No compiler on its PATH; the build asked the failing CC for every part (nothing else
+    compiled one), and went on."""
+    triplet = f"{platform.machine()}-linux-gnu"
+    for name in ("cc", "gcc", "c++", "g++", "clang", "cpp", f"{triplet}-gcc", f"{triplet}-gcc-12", "zig"):
+        assert shutil.which(name, path=sdist_install.env["PATH"]) is None, name
     assert (dist_top / "cc.log").exists(), "the sdist's build never asked the failing CC"
     asked = (dist_top / "cc.log").read_text()
     for name, sources in EXTENSIONS:
