@@ -11,7 +11,6 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
@@ -21,6 +20,7 @@ from tests.helpers import MPICH_MPIEXEC, OPENMPI_LIBMPI, OPENMPI_MPIEXEC, POPRUN
 from tests.integration.distribution import (
     INSTALL_TIMEOUT,
     Dist,
+    Installed,
     compiler_free_env,
     fill_wheelhouse,
     install_command,
@@ -94,12 +94,6 @@ def job_files(cluster: Cluster, name: str) -> list[str]:
 
 
 # -- the distribution ----------------------------------------------------------------------------------
-class Installed(NamedTuple):
-    venv: Path
-    env: dict[str, str]  # the venv's bin first on PATH, no compiler reachable (distribution.compiler_free_env)
-    log: str  # what pip said while it installed
-
-
 @pytest.fixture(scope="session")
 def dist_top() -> Iterator[Path]:
     """The session's folder of ``make dist``'s output and the fresh venvs, removed at its end;

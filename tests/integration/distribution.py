@@ -76,6 +76,12 @@ class Dist(NamedTuple):
     folder: Path  # make dist's DIST_DIR
 
 
+class Installed(NamedTuple):
+    venv: Path
+    env: dict[str, str]  # the venv's bin first on PATH, no compiler reachable (compiler_free_env)
+    log: str  # what pip said while it installed
+
+
 def make_dist(folder: Path) -> Dist:
     """``make dist`` into ``folder``: exactly one sdist and one wheel."""
     check(["make", "--no-print-directory", "dist", f"DIST_DIR={folder}"], ROOT, MAKE_TIMEOUT)

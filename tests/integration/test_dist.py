@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import BIN, OMP_SET, PYTHON, ROOT
-from tests.integration.conftest import Installed
 from tests.integration.distribution import (
     DIST_TOOLS,
     EXTENSIONS,
     RUN_TIMEOUT,
     Dist,
+    Installed,
     check,
     outside_env,
     reported_parts,

@@ -28,8 +28,7 @@ from poprun_py.cli import main as cli
 from poprun_py.shared import loopback
 from tests.helpers import ROOT
 from tests.integration import distribution
-from tests.integration.conftest import Installed
-from tests.integration.distribution import Dist, check, pyproject
+from tests.integration.distribution import Dist, Installed, check, pyproject
 
 PACKAGES = ("poprun_py", "popdist_py", "popcontract")
 SMOKE = ROOT / "tests" / "scripts"
