@@ -113,6 +113,16 @@ def test_the_wheel_installed_without_a_compiler_has_every_compiled_part(wheel_in
     assert reported_parts(out) == {name: "present" for name, _ in EXTENSIONS}, out
 
 
+def test_the_wheels_kernels_run_the_instruction_sets_of_the_compiled_install(wheel_install: Installed,
+                                                                             dist_top: Path) -> None:
+    """zig's runtime has no CPU model for ``__builtin_cpu_supports``: the kernels ask CPUID
+    themselves, or the wheel's would take the scalar path on every CPU (60 times slower)."""
+    ask = ["-c", "from popdist_py.engine.batch_invariant import ISAS; print(ISAS)"]
+    wheel = check([wheel_install.venv / "bin" / "python", *ask], dist_top / "away", RUN_TIMEOUT, env=wheel_install.env)
+    here = check([PYTHON, *ask], dist_top / "away", RUN_TIMEOUT, env=compiled_install_env())
+    assert wheel.stdout == here.stdout, (wheel.stdout, here.stdout)
+
+
 def test_the_sdist_installed_without_a_compiler_has_none_and_says_so(sdist_install: Installed,
                                                                       dist_top: Path) -> None:
     """No compiler on its PATH; the build asked the failing CC for every part (nothing else
