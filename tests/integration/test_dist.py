@@ -2,8 +2,8 @@
 manylinux_2_17 by auditwheel's own check and holds no path of the machine that built it; the wheel
 and the sdist each install into a fresh venv where no compiler is reachable (PATH without one, CC
 and CXX a program that fails); from there the MNIST demo and a 2-instance job give the weights of
-the compiled install this suite runs in, or, where the sdist had to leave out the compiled part a
-promise needs, refuse in one line.
+the compiled install this suite runs in, the wheel's kernels and loopback library do their work,
+and where the sdist had to leave out the compiled part a promise needs, the job refuses in one line.
 
 ``make dist`` runs once per session, both installs at once (tests/integration/conftest.py), their
 dependencies from a wheelhouse at this venv's versions (tests/integration/distribution.py).
@@ -34,6 +34,7 @@ from tests.integration.distribution import (
 )
 from tests.integration.mnist_output import finals
 from tests.integration.test_mnist_train import DEMO
+from tests.launcher.test_network_exposure import PROGRAM, _beyond_loopback, _descendants, _open_to, _socket_inodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test waits for make dist and the installs
 #: The policy make dist promises (the Makefile's DIST_PLAT on this machine).
@@ -189,3 +190,33 @@ def test_a_hydra_job_from_the_sdist_without_a_compiler_refuses_in_one_line(sdist
                           sdist_install.env)
     assert status == 2, out
     assert len(out.splitlines()) == 1 and LOOPBACK in out and "started" not in out, out
+
+
+def test_a_hydra_job_from_the_wheel_listens_on_loopback_only(wheel_install: Installed, dist_top: Path) -> None:
+    """The wheel's loopback library (built by zig against glibc 2.17), preloaded into Hydra's
+    mpiexec, keeps every process of a one-host job on loopback (tests/launcher/test_network_exposure.py
+    holds the compiled install to the same)."""
+    python, go = wheel_install.venv / "bin" / "python", dist_top / "away" / "go-hydra"
+    proc = subprocess.Popen([str(c) for c in (python.parent / "poprun", "--mpi", python.parent / "mpiexec.hydra",
+                                              "--num-instances", "2", python, "-c", PROGRAM, go)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=dist_top / "away",
+                            env={**wheel_install.env, **OMP_SET})
+    try:
+        assert proc.stdout is not None
+        ready = [proc.stdout.readline(), proc.stdout.readline()]
+        assert sorted(ready) == ["[0] ready\n", "[1] ready\n"], proc.communicate(timeout=RUN_TIMEOUT)
+        opened = {}
+        for pid in _descendants(proc.pid):
+            try:
+                opened[f"{pid} {Path(f'/proc/{pid}/comm').read_text().strip()}"] = _open_to(_socket_inodes(pid))
+            except OSError:
+                continue  # gone
+        go.touch()
+        _, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert {"mpiexec.hydra", "hydra_pmi_proxy"} <= {who.split(" ", 1)[1] for who in opened}, opened
+    assert any(opened.values()), opened  # Hydra's own ports were seen
+    assert _beyond_loopback([entry for entries in opened.values() for entry in entries]) == [], opened
