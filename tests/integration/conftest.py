@@ -1,17 +1,31 @@
 """What the multi-host tests share: the cluster (``tests/cluster.py``), built once per test module,
-and the check after each test that nothing of the job is left on any host."""
+and the check after each test that nothing of the job is left on any host. What the distribution's
+tests share: ``make dist``'s output and the fresh venvs that install it, made once per session
+(``tests/integration/distribution.py``)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.cluster import NETWORK_ENV, Cluster, unavailable_reason
 from tests.conftest import LOUD
 from tests.helpers import MPICH_MPIEXEC, OPENMPI_LIBMPI, OPENMPI_MPIEXEC, POPRUN, ROOT
+from tests.integration.distribution import (
+    INSTALL_TIMEOUT,
+    Dist,
+    Installed,
+    compiler_free_env,
+    fill_wheelhouse,
+    install_command,
+    make_dist,
+)
 
 MPIEXEC = {"mpich": MPICH_MPIEXEC, "openmpi": OPENMPI_MPIEXEC}
 #: A host failure must end the job within this bound (ssh's ConnectTimeout is 10 s).
@@ -77,3 +91,68 @@ def job_files(cluster: Cluster, name: str) -> list[str]:
     there is in the host's mount namespace)."""
     listed = cluster.ssh(cluster.host(name), "ls -A /tmp /dev/shm").stdout.split()
     return sorted(entry for entry in listed if entry.startswith(JOB_FILE_PREFIXES))
+
+
+# -- the distribution ----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def dist_top() -> Iterator[Path]:
+    """The session's folder of ``make dist``'s output and the fresh venvs, removed at its end;
+    ``away`` in it is a working directory outside the checkout, and ``cc.log`` what the failing
+    CC was asked to compile."""
+    with tempfile.TemporaryDirectory(prefix="poprun-dist-") as top:
+        assert not Path(top).is_relative_to(ROOT)
+        (Path(top) / "away").mkdir()
+        yield Path(top)
+
+
+@pytest.fixture(scope="session")
+def dist(dist_top: Path) -> Dist:
+    return make_dist(dist_top / "dist")
+
+
+@pytest.fixture(scope="session")
+def installing(dist: Dist, dist_top: Path) -> dict[str, tuple[Installed, int]]:
+    """The wheel with the examples extra (the MNIST demo trains from it) and the sdist without
+    (the demo refuses before it reads its data), each into a fresh venv with no compiler reachable,
+    at once (two pip processes on two cores), their dependencies from the wheelhouse alone:
+    ``{"wheel" | "sdist": (the install, pip's exit status)}``."""
+    wheelhouse = fill_wheelhouse(dist_top)
+    venvs = {kind: dist_top / f"venv-{kind}" for kind in ("wheel", "sdist")}
+    envs = {kind: compiler_free_env(dist_top, venv) for kind, venv in venvs.items()}
+    for venv in venvs.values():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=INSTALL_TIMEOUT)
+    extras = {"wheel": "[examples]", "sdist": ""}
+    procs = {kind: subprocess.Popen([str(c) for c in install_command(venv, getattr(dist, kind), wheelhouse,
+                                                                     extras[kind])],
+                                    cwd=dist_top / "away", env=envs[kind], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+             for kind, venv in venvs.items()}
+    done = {}
+    try:
+        for kind, proc in procs.items():
+            log = proc.communicate(timeout=INSTALL_TIMEOUT)[0]
+            done[kind] = (Installed(venvs[kind], envs[kind], log), proc.returncode)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
+
+
+def _installed(installing: dict[str, tuple[Installed, int]], kind: str) -> Installed:
+    installed, status = installing[kind]
+    assert status == 0, f"installing the {kind} with no compiler exited {status}:\n{installed.log[-3000:]}"
+    return installed
+
+
+@pytest.fixture(scope="session")
+def wheel_install(installing: dict[str, tuple[Installed, int]]) -> Installed:
+    """``make dist``'s wheel installed where no compiler is."""
+    return _installed(installing, "wheel")
+
+
+@pytest.fixture(scope="session")
+def sdist_install(installing: dict[str, tuple[Installed, int]]) -> Installed:
+    """``make dist``'s sdist installed where no compiler is: built without its compiled parts."""
+    return _installed(installing, "sdist")

@@ -1,28 +1,22 @@
-"""The distribution as users get it: the sdist and the wheel built from this checkout (the wheel
-from the sdist), the wheel installed into a fresh venv outside the checkout, its modules imported
-and its ``poprun`` launching a pipelined engine job from a directory elsewhere.
+"""The distribution as users get it: ``make dist``'s sdist and wheel (the wheel built from the sdist;
+tests/integration/distribution.py), each listed file by file, and the wheel installed into a fresh
+venv outside the checkout, its modules imported and its ``poprun`` launching a pipelined engine job
+from a directory elsewhere (test_dist.py runs the installs without a compiler).
 
-The build runs in a venv of its own holding only pyproject's [build-system] requirements and
-``build``; the fresh venv gets the wheel and its dependencies from the package index. Both live in
-a temporary directory, removed afterwards (about 15 s in all; the first run fetches from the index).
+``make dist`` and the install run once per session (tests/integration/conftest.py), in a temporary
+directory removed afterwards.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
+import sysconfig
 import tarfile
-import tempfile
-import tomllib
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import pytest
 
@@ -33,26 +27,26 @@ from popcontract import __version__
 from poprun_py.cli import main as cli
 from poprun_py.shared import loopback
 from tests.helpers import ROOT
+from tests.integration import distribution
+from tests.integration.distribution import Dist, Installed, check, pyproject
 
 PACKAGES = ("poprun_py", "popdist_py", "popcontract")
 SMOKE = ROOT / "tests" / "scripts"
-#: Bounds on each step (building and installing may fetch from the package index), and on a test
-#: with the build and the installs it waits for (about 15 s here).
-BUILD_TIMEOUT, INSTALL_TIMEOUT, RUN_TIMEOUT, TEST_TIMEOUT = 120, 150, 60, 240
+#: Bounds on each command of the installed wheel, and on a test with make dist and the installs it
+#: may wait for (the first test of the session).
+RUN_TIMEOUT, TEST_TIMEOUT = 60, 900
 #: What `poprun --version` prints (click's version_option in poprun_py/cli/command.py).
 VERSION_LINE = f"poprun {__version__}\n"
 
-
-def pyproject() -> dict[str, Any]:
-    with (ROOT / "pyproject.toml").open("rb") as f:
-        return tomllib.load(f)
-
-
 #: The compiled extensions, as pyproject.toml builds them ("popdist_py.engine._batch_invariant").
-EXTENSIONS = tuple(module["name"] for module in pyproject()["tool"]["setuptools"]["ext-modules"])
+EXTENSIONS = tuple(name for name, _ in distribution.EXTENSIONS)
 #: Those that Python imports, each with its stub; the other is the library poprun preloads into
 #: Open MPI's launcher, which is no Python module.
 IMPORTED = tuple(name for name in EXTENSIONS if name != f"poprun_py.shared.{loopback.NAME}")
+#: The files setuptools writes next to the sources in an sdist, and into a wheel's .dist-info.
+SDIST_METADATA = ("PKG-INFO", "setup.cfg", *(f"poprun_py.egg-info/{name}" for name in (
+    "PKG-INFO", "SOURCES.txt", "dependency_links.txt", "entry_points.txt", "requires.txt", "top_level.txt")))
+WHEEL_METADATA = ("METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt")
 
 
 def checkout_modules() -> set[str]:
@@ -73,22 +67,10 @@ def checkout_files() -> set[str]:
             if "__pycache__" not in p.parts}
 
 
-def outside_env(venv: Path | None = None) -> dict[str, str]:
-    """This environment without Python's or PopDist's variables (no PYTHONPATH into the checkout),
-    ``venv``'s bin first on PATH."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "POPDIST_", "POPRUN_")) and k != "VIRTUAL_ENV"}
-    if venv is not None:
-        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
-def check(cmd: list[str | Path], cwd: Path, timeout: float,
-          venv: Path | None = None) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([str(c) for c in cmd], cwd=cwd, env=outside_env(venv), capture_output=True, text=True,
-                            timeout=timeout)
-    assert result.returncode == 0, f"{cmd} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
+def package_files() -> set[str]:
+    """Every file of the packages in the checkout but what git ignores there (bytecode, in-place builds)."""
+    return {str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".so"}
 
 
 class Built(NamedTuple):
@@ -99,31 +81,8 @@ class Built(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def built() -> Iterator[Built]:
-    with tempfile.TemporaryDirectory(prefix="poprun-package-") as tmp:
-        top = Path(tmp)
-        assert not top.is_relative_to(ROOT)
-        # The sources only: no build/, egg-info, bytecode or in-place extension from the checkout.
-        src = top / "src"
-        src.mkdir()
-        for path in ROOT.iterdir():
-            if path.is_file():
-                shutil.copy2(path, src)
-        for package in PACKAGES:
-            shutil.copytree(ROOT / package, src / package,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info", "build"))
-        tools, venv, dist, away = top / "tools", top / "venv", top / "dist", top / "away"
-        away.mkdir()
-        pip = [sys.executable, "-m", "pip", "--python"]
-        check([sys.executable, "-m", "venv", "--without-pip", tools], top, BUILD_TIMEOUT)
-        check([*pip, tools / "bin" / "python", "install", "--quiet", *pyproject()["build-system"]["requires"], "build"],
-            top, INSTALL_TIMEOUT)
-        # The sdist, then the wheel from the sdist: a source the sdist lacks fails the build.
-        check([tools / "bin" / "python", "-m", "build", "--no-isolation", "--outdir", dist, src], top, BUILD_TIMEOUT)
-        (sdist,), (wheel,) = dist.glob("*.tar.gz"), dist.glob("*.whl")
-        check([sys.executable, "-m", "venv", "--without-pip", venv], top, BUILD_TIMEOUT)
-        check([*pip, venv / "bin" / "python", "install", "--quiet", wheel], top, INSTALL_TIMEOUT)
-        yield Built(sdist, wheel, venv, away)
+def built(dist: Dist, wheel_install: Installed, dist_top: Path) -> Built:
+    return Built(dist.sdist, dist.wheel, wheel_install.venv, dist_top / "away")
 
 
 # ------------------------------------------------------------------------------------------ metadata
@@ -140,31 +99,32 @@ def test_one_version_and_the_entry_point() -> None:
 # ------------------------------------------------------------------------------------------ artifacts
 @pytest.mark.slow
 @pytest.mark.timeout(TEST_TIMEOUT)
-def test_sdist_has_every_source(built: Built) -> None:
+def test_the_sdist_holds_the_sources_and_nothing_else(built: Built) -> None:
+    """Every file of the packages (the C sources and their headers, the stubs, py.typed), the
+    project's files and setuptools' metadata: no bytecode, no in-place build, no build folder."""
     with tarfile.open(built.sdist) as tar:
-        top = tar.getnames()[0].split("/")[0]
-        names = {name.removeprefix(top + "/") for name in tar.getnames()}
-    extensions = {f"{name.replace('.', '/')}.c" for name in EXTENSIONS} | {f"{name.replace('.', '/')}.pyi"
-                                                                         for name in IMPORTED}
-    wanted = checkout_files() | extensions | {"poprun_py/py.typed", "popdist_py/py.typed", "pyproject.toml",
-                                              "README.md"}
-    assert wanted <= names, sorted(wanted - names)
+        members = tar.getmembers()
+    top = members[0].name.split("/")[0]
+    names = {m.name.removeprefix(top + "/") for m in members if m.isfile()}
+    assert all(m.name == top or m.name.startswith(top + "/") for m in members)
+    expected = package_files() | {"pyproject.toml", "README.md", *SDIST_METADATA}
+    assert names == expected, sorted(names ^ expected)
+    assert {source for _, sources in distribution.EXTENSIONS for source in sources} <= names
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(TEST_TIMEOUT)
-def test_wheel_has_every_module_the_extension_and_py_typed(built: Built) -> None:
+def test_the_wheel_holds_the_modules_the_compiled_parts_and_stubs_and_nothing_else(built: Built) -> None:
     with zipfile.ZipFile(built.wheel) as whl:
-        names = set(whl.namelist())
+        names = {n for n in whl.namelist() if not n.endswith("/")}  # auditwheel adds the folders
         entry_points = "".join(whl.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
-    stubs = {f"{name.replace('.', '/')}.pyi" for name in IMPORTED}
-    assert {"popdist_py/engine/__init__.py", "popdist_py/engine/pipeline/__init__.py", "poprun_py/py.typed",
-            "popdist_py/py.typed", *stubs} <= names
-    assert checkout_files() <= names, sorted(checkout_files() - names)
-    for name in EXTENSIONS:
-        assert [n for n in names if re.fullmatch(rf"{re.escape(name.replace('.', '/'))}\.[^/]+\.so", n)], name
-    assert not [n for n in names if n.endswith(".c")], "the C source belongs in the sdist only"
-    assert not [n for n in names if n.startswith(("tests/", "bin/"))]
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")  # .cpython-311-x86_64-linux-gnu.so
+    compiled = {name.replace(".", "/") + suffix for name in EXTENSIONS}
+    sources = {name for name in package_files() if name.endswith((".c", ".h"))}
+    metadata = {f"poprun_py-{__version__}.dist-info/{name}" for name in WHEEL_METADATA}
+    expected = (package_files() - sources) | compiled | metadata
+    assert names == expected, sorted(names ^ expected)
+    assert {f"{name.replace('.', '/')}.pyi" for name in IMPORTED} | {f"{p}/py.typed" for p in PACKAGES} <= names
     assert re.search(r"^poprun = poprun_py\.cli\.main:main$", entry_points, re.M), entry_points
 
 
@@ -203,7 +163,7 @@ def test_installed_poprun_runs_a_pipelined_engine_job(built: Built) -> None:
     result = check([poprun, "--num-instances", "2", "--num-replicas", "4", "--ipus-per-replica", "2", *job],
                  built.away, RUN_TIMEOUT, built.venv)
     line = re.compile(r"\[(\d)\] smoke-job instance=(\d) of=2 replicas=4 devices=2 weights-sha256 ([0-9a-f]{64}) "
-                      r"trained=True popdist_py=(\S+)")
+                      r"order-sha256 [0-9a-f]{64} trained=True popdist_py=(\S+)")
     found = [m.groups() for m in map(line.fullmatch, result.stdout.splitlines()) if m]
     assert sorted((tag, index) for tag, index, _, _ in found) == [("0", "0"), ("1", "1")], result.stdout
     hashes = {digest for _, _, digest, _ in found}
