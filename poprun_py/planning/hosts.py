@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from poprun_py.shared.errors import PlanError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING; pathlib (with urllib and ipaddress, ~3 ms) stays off the launch path
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _BRACKET = re.compile(r"^([^\[\]]*)\[([^\[\]]*)\](.*)$")
 _RANGE = re.compile(r"^([0-9]{1,18})(?:-([0-9]{1,18}))?$")
