@@ -24,7 +24,13 @@ DRY_RUN_TIMEOUT, INSTALL_TIMEOUT = 30, 120
 VALUED = {"--config-settings"}
 
 
+#: What a make that runs these tests (``make test``) passes to the makes they start: without them
+#: the make under test is a user's, not a sub-make (no inherited flags, its messages unnumbered).
+SUB_MAKE = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+
+
 def make(*args: str, env: dict[str, str] | None = None, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {name: value for name, value in (os.environ if env is None else env).items() if name not in SUB_MAKE}
     return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), f"PYTHON={sys.executable}", *args],
                           capture_output=True, text=True, env=env, timeout=timeout)
 
