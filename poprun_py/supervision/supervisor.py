@@ -93,7 +93,7 @@ class Supervisor:
         self.watch = Watch()
         self.failure: Failure | None = None
         self.interrupted: int | None = None
-        self.teardown = Teardown(self.instances, grace)
+        self.teardown = Teardown(self.instances, grace, through_agent=remote_launcher != "ssh")
         self.next_silence_check = 0.0
         #: Connections accepted that have not yet said HELLO: when each was accepted (monotonic), from
         #: where, and when its nonce was sent (wall clock, ns: see ``clocks``).

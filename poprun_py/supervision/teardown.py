@@ -38,9 +38,13 @@ EXIT_POLL = 0.01
 class Teardown:
     """The teardown of one run of mpiexec: when it started, and each step of it."""
 
-    def __init__(self, instances: list[InstanceState], grace: float = protocol.DEFAULT_GRACE) -> None:
-        """``grace``: the instances' own, so that a program given longer to end is not cut short."""
+    def __init__(self, instances: list[InstanceState], grace: float = protocol.DEFAULT_GRACE,
+                 through_agent: bool = False) -> None:
+        """``grace``: the instances' own, so that a program given longer to end is not cut short;
+        ``through_agent``: the remote hosts are reached by a launcher agent, not ssh (see
+        ``kill_leftovers``)."""
         self.instances = instances
+        self.through_agent = through_agent
         self.term_after = grace + TERM_MPIEXEC_MARGIN
         self.kill_after = grace + KILL_MPIEXEC_MARGIN
         self.mpiexec: Process | None = None
@@ -113,12 +117,14 @@ class Teardown:
                 killed = True
                 if command:  # an empty command line: the process was already exiting
                     log.warning("killed process %d (%s) left behind in the job's session", pid, command)
-        # What started the remote hosts' side (ssh, a launcher agent such as kubectl) is put in a
+        # What started the remote hosts' side (a launcher agent such as kubectl, as ssh) is put in a
         # session of its own by Hydra and prterun, and comes to poprun once mpiexec has gone (it is
-        # their subreaper). Such a client may hold mpiexec's listening socket, inherited, on which a
+        # their subreaper). An agent may hold mpiexec's listening socket, inherited, on which a
         # proxy there that started after mpiexec ended would wait for ever: it ends with the job.
-        # Only the client itself, a child of poprun's now: what it started is on another host.
-        for pid in sweep.children(os.getpid()):
+        # Only the agent itself, a child of poprun's now: what it started is on another host. ssh
+        # closes what it inherits, and is left to end as the remote side does: killed early, it
+        # left Open MPI's daemon on a host cut off from the job running after the host came back.
+        for pid in sweep.children(os.getpid()) if self.through_agent else ():
             command = _command_line(pid)
             if sweep.kill_descendant(pid, os.getpid()):
                 log.debug("killed process %d (%s), which mpiexec left", pid, command)
