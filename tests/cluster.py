@@ -100,6 +100,8 @@ class Host:
         self.addresses = addresses
         self.veths = [f"{tag}n{n}v{index}" for n in range(len(addresses))]
         self.sshd: subprocess.Popen[bytes] | None = None
+        #: Taken off the network since the last test's end (``Cluster.set_link``).
+        self.was_cut = False
 
     @property
     def address(self) -> str:
@@ -341,6 +343,7 @@ class Cluster:
 
     def set_link(self, host: Host, up: bool) -> None:
         """Take the host off every network (nothing answers, not even a refusal) or back on."""
+        host.was_cut = host.was_cut or not up
         for n in range(len(self.bridges)):
             _run(["ip", "netns", "exec", host.namespace, "ip", "link", "set", f"eth{n}", "up" if up else "down"])
 
