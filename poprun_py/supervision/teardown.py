@@ -122,8 +122,8 @@ class Teardown:
         # their subreaper). An agent may hold mpiexec's listening socket, inherited, on which a
         # proxy there that started after mpiexec ended would wait for ever: it ends with the job.
         # Only the agent itself, a child of poprun's now: what it started is on another host. ssh
-        # closes what it inherits, and is left to end as the remote side does: killed early, it
-        # left Open MPI's daemon on a host cut off from the job running after the host came back.
+        # closes what it inherits, so no such wait can hang on it: ssh clients are left to end with
+        # their remote side, as before agents came.
         for pid in sweep.children(os.getpid()) if self.through_agent else ():
             command = _command_line(pid)
             if sweep.kill_descendant(pid, os.getpid()):
