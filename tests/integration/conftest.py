@@ -165,3 +165,15 @@ def wheel_install(installing: dict[str, tuple[Installed, int]]) -> Installed:
 def sdist_install(installing: dict[str, tuple[Installed, int]]) -> Installed:
     """``make dist``'s sdist installed where no compiler is: built without its compiled parts."""
     return _installed(installing, "sdist")
+
+
+def lines_with(proc: subprocess.Popen[str], prefix: str, count: int) -> list[str]:
+    """The next ``count`` lines of poprun's stdout that hold ``prefix`` (ordered by the messages)."""
+    assert proc.stdout is not None
+    found: list[str] = []
+    while len(found) < count:
+        line = proc.stdout.readline()
+        assert line, f"poprun ended before {count} lines with {prefix!r}: {found} {proc.communicate(timeout=30)}"
+        if prefix in line:
+            found.append(line.rstrip("\n"))
+    return sorted(found)

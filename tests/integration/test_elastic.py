@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from poprun_py.wire.protocol import DEFAULT_GRACE, SILENCE_LIMIT
 from tests.cluster import Cluster
 from tests.helpers import PYTHON, ROOT, job_marker, run, tagged_json, wait_no_processes
-from tests.integration.conftest import FAILURE_BOUND, job_env, job_files, mpi_args, start_poprun
+from tests.integration.conftest import FAILURE_BOUND, job_env, job_files, lines_with, mpi_args, start_poprun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
 
@@ -42,18 +41,6 @@ PROGRAM = ("import os, sys, time\n"
            "    sys.exit(7)\n")
 
 
-def _lines(proc: subprocess.Popen[str], prefix: str, count: int) -> list[str]:
-    """The next ``count`` lines of poprun's stdout that hold ``prefix`` (ordered by the messages)."""
-    assert proc.stdout is not None
-    found: list[str] = []
-    while len(found) < count:
-        line = proc.stdout.readline()
-        assert line, f"poprun ended before {count} lines with {prefix!r}: {found} {proc.communicate(timeout=30)}"
-        if prefix in line:
-            found.append(line.rstrip("\n"))
-    return sorted(found)
-
-
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster: Cluster, mpi: str,
                                                                          tmp_path: Path) -> None:
@@ -63,7 +50,7 @@ def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster
                         "--num-instances", "3", "--num-replicas", "6", "-H", "node0,node1,node2",
                         PYTHON, "-c", PROGRAM, marker, env=job_env(mpi))
     try:
-        assert _lines(proc, "start 0:", 3) == [f"[{i}] start 0: node{i} instance {i} of 3, replicas {2 * i}+2 of 6"
+        assert lines_with(proc, "start 0:", 3) == [f"[{i}] start 0: node{i} instance {i} of 3, replicas {2 * i}+2 of 6"
                                                for i in range(3)]
         cluster.kill_host(cluster.host("node2"))  # its sshd, MPI daemon, shims and programs
         out, err = proc.communicate(timeout=FAILURE_BOUND + 60)
@@ -96,10 +83,10 @@ def test_a_host_that_comes_back_is_used_again_after_its_cooldown(cluster: Cluste
                         "--num-instances", "3", "--num-replicas", "6", "-H", "node0,node1,node2",
                         PYTHON, "-c", PROGRAM, marker, str(fail), env=job_env("mpich"))
     try:
-        _lines(proc, "start 0:", 3)
+        lines_with(proc, "start 0:", 3)
         node2 = cluster.host("node2")
         cluster.kill_host(node2)
-        _lines(proc, "start 1:", 2)
+        lines_with(proc, "start 1:", 2)
         cluster.restore(node2)
         time.sleep(1.5)  # past the 1 s cooldown, which started before start 1 did: a bound, not a race
         fail.touch()  # start 1 fails now
@@ -128,7 +115,7 @@ def test_a_new_host_the_discovery_script_lists_takes_the_place_of_a_lost_one(clu
                         "--num-instances", "2", "--num-replicas", "4", PYTHON, "-c", PROGRAM, marker,
                         env=job_env("mpich"))
     try:
-        assert _lines(proc, "start 0:", 2) == [f"[{i}] start 0: node{i} instance {i} of 2, replicas {2 * i}+2 of 4"
+        assert lines_with(proc, "start 0:", 2) == [f"[{i}] start 0: node{i} instance {i} of 2, replicas {2 * i}+2 of 4"
                                                for i in range(2)]
         listed.write_text("node0\nnode2\n")
         cluster.kill_host(cluster.host("node1"))
@@ -152,7 +139,7 @@ def test_too_few_hosts_left_stops_the_job_saying_why(cluster: Cluster, tmp_path:
                         str(report), "--num-instances", "2", "-H", "node0,node1", PYTHON, "-c", PROGRAM, marker,
                         env=job_env("mpich"))
     try:
-        _lines(proc, "start 0:", 2)
+        lines_with(proc, "start 0:", 2)
         cluster.kill_host(cluster.host("node1"))
         _, err = proc.communicate(timeout=FAILURE_BOUND + 60)
     finally:
@@ -178,7 +165,7 @@ def test_mnist_resumes_on_the_hosts_left_with_the_bits_of_a_run_that_never_faile
                         "--checkpoint", str(checkpoint),
                         env=job_env("mpich", MNIST_FAIL_INSTANCE="2", MNIST_FAIL_HOW="pause"))
     try:
-        assert _lines(proc, "pausing mid-epoch", 1) == ["[2] pausing mid-epoch"]
+        assert lines_with(proc, "pausing mid-epoch", 1) == ["[2] pausing mid-epoch"]
         cluster.kill_host(cluster.host("node2"))
         out, err = proc.communicate(timeout=FAILURE_BOUND + 120)
     finally:
@@ -275,7 +262,7 @@ def test_the_host_that_failed_is_named_and_left_out(cluster: Cluster, mpi: str, 
                         PYTHON, "-c", PROGRAM, marker, env=job_env(mpi))
     try:
         if mid_job:
-            _lines(proc, "start 0:", 3)
+            lines_with(proc, "start 0:", 3)
             brk(cluster, "node1")
         out, err = proc.communicate(timeout=3 * FAILURE_BOUND + 60)
     finally:

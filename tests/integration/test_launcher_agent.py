@@ -21,7 +21,7 @@ import pytest
 
 from tests.cluster import Cluster
 from tests.helpers import PYTHON, ROOT, job_marker, poprun, run, tagged_json, wait_no_processes
-from tests.integration.conftest import FAILURE_BOUND, job_env, job_files, mpi_args, start_poprun
+from tests.integration.conftest import FAILURE_BOUND, job_env, job_files, lines_with, mpi_args, start_poprun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
 
@@ -137,12 +137,7 @@ def test_a_host_lost_under_an_agent_is_left_out_of_the_restart(cluster: Cluster,
                         "--error-file", str(report), "--num-instances", "3", "--num-replicas", "6",
                         "-H", "node0,node1,node2", PYTHON, "-c", PROGRAM, marker, env=job_env(mpi, **env))
     try:
-        assert proc.stdout is not None
-        started: list[str] = []
-        while len(started) < 3:
-            line = proc.stdout.readline()
-            assert line, proc.communicate(timeout=30)
-            started += [line] if "start 0:" in line else []
+        lines_with(proc, "start 0:", 3)
         assert sorted(_calls(log)) == ["node0", "node1", "node2"]
         cluster.kill_host(cluster.host("node2"))
         out, err = proc.communicate(timeout=FAILURE_BOUND + 60)
