@@ -1,8 +1,10 @@
-"""``launch``: poprun against bare mpiexec, starting 2 instances that init MPI, and that do nothing;
-the CPU a job costs when its instances end at different times (MPICH's hydra proxy busy-waits
-from its first child's exit to its last; poprun's shims exit together); and what the instance
-side costs: 1, 32 and 128 instances of ``/bin/true`` (wall and CPU of the whole process tree),
-and each shim's own CPU and peak resident memory."""
+"""``launch``: poprun against bare mpiexec, starting 2 instances that init MPI, and that do nothing,
+with the floor of a launcher shaped like poprun beside them (``launch_floor``: its interpreter,
+click's import, gforker and a ``python -S`` hop per instance, and nothing else); the CPU a job
+costs when its instances end at different times (MPICH's hydra proxy busy-waits from its first
+child's exit to its last; poprun's shims exit together); and what the instance side costs: 1, 32
+and 128 instances of ``/bin/true`` (wall and CPU of the whole process tree), and each shim's own
+CPU and peak resident memory."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ TARGET_RATIO = 1.5
 SKEW_SECONDS = 0.3
 #: The job sizes of the ``instances`` rows, each of ``/bin/true``.
 INSTANCE_COUNTS = (1, 32, 128)
+#: The floor's script, timed without and with click's import beside bare mpiexec and poprun.
+FLOOR = str(Path(__file__).with_name("launch_floor.py"))
 #: The probe's pause before it reads its shim: by then the shim has set its loop up.
 PROBE_PAUSE_SECONDS = 0.2
 
@@ -34,9 +38,10 @@ def run(quick: bool) -> dict[str, object]:
         times = time_commands({
             "mpiexec": [str(BIN / "mpiexec"), "-n", "2", *program],
             "poprun": [str(BIN / "poprun"), "--num-instances", "2", *program],
+            "floor": [python, FLOOR, "2", *program],
+            "floor_click": [python, FLOOR, "--click", "2", *program],
         }, rounds=5 if quick else 15)
-        ratio = times["poprun"]["median"] / times["mpiexec"]["median"]
-        result[name] = {"seconds": times, "ratio": ratio}
+        result[name] = {"seconds": times, "ratio": times["poprun"]["median"] / times["mpiexec"]["median"]}
     result["skewed_exit"] = skewed_exit(python, rounds=3 if quick else 5)
     result["instances"] = instances_of_true(rounds=3 if quick else 7)
     result["shim"] = shim_cost(rounds=3 if quick else 10)

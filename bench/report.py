@@ -59,6 +59,7 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{_ms(skew['cpu_seconds']['mpiexec'])} | {_ms(skew['cpu_seconds']['poprun'])} | "
                          f"{skew['ratio']:.2f} |")
         lines.append("")
+        lines += _launch_floor(launch)
         lines += _instance_side(launch)
     if "scaling" in results:
         s = results["scaling"]
@@ -87,6 +88,35 @@ def markdown(results: dict[str, Any]) -> str:
         lines += _cores(results["cores"])
     lines += _targets(results)
     return "\n".join(lines) + "\n"
+
+
+#: The launch floor's rows: what each runs, and its key in a launch row's seconds.
+FLOOR_ROWS = (("floor", "interpreter, gforker, a `python -S` hop per instance"),
+              ("floor_click", "the same, after click's import"), ("poprun", "poprun"))
+
+
+def _launch_floor(launch: dict[str, Any]) -> list[str]:
+    """The floor of a launcher shaped like poprun beside poprun (``bench/launch_floor.py``), and how
+    poprun's time over bare mpiexec divides between that floor, click's import and its own work."""
+    rows = [name for name in ("mpi_init", "pass") if "floor" in launch[name]["seconds"]]
+    if not rows:
+        return []
+    labels = {"mpi_init": "`from mpi4py import MPI`", "pass": "`pass`"}
+    lines = ["| launch, 2 instances (ms, and / bare mpiexec) | " + " | ".join(labels[n] for n in rows) + " |",
+             "|---|" + "---|" * len(rows)]
+    for key, label in FLOOR_ROWS:
+        cells = []
+        for name in rows:
+            seconds = launch[name]["seconds"]
+            cells.append(f"{_ms(seconds[key]['median'])} ({seconds[key]['median'] / seconds['mpiexec']['median']:.2f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    median = {key: value["median"] for key, value in launch[rows[0]]["seconds"].items()}
+    text = (f"For {labels[rows[0]]}, poprun adds {_ms(median['poprun'] - median['mpiexec'])} ms to bare mpiexec: "
+            f"{_ms(median['floor'] - median['mpiexec'])} ms are the floor's interpreters, "
+            f"{_ms(median['floor_click'] - median['floor'])} ms click's import, and "
+            f"{_ms(median['poprun'] - median['floor_click'])} ms poprun's own work (its modules, the plan, the control "
+            "channel and each shim's exchange with it, the output, the supervision and the end).")
+    return [*lines, "", text, ""]
 
 
 def _instance_side(launch: dict[str, Any]) -> list[str]:
@@ -332,10 +362,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
             ax.legend()
         elif key == "launch":
             names = ["mpi_init", "pass"]
-            for i, who in enumerate(("mpiexec", "poprun")):
-                ax.bar([j + 0.4 * i for j in range(2)], [section[n]["seconds"][who]["median"] * 1e3 for n in names],
-                       0.4, label=who)
-            ax.set_xticks([0.2, 1.2], ["MPI init", "pass"])
+            shown = [(who, label) for who, label in (("mpiexec", "bare mpiexec"), ("floor_click", "floor with click"),
+                                                     ("poprun", "poprun")) if who in section[names[0]]["seconds"]]
+            width = 0.8 / len(shown)
+            for i, (who, label) in enumerate(shown):
+                ax.bar([j + width * i for j in range(2)], [section[n]["seconds"][who]["median"] * 1e3 for n in names],
+                       width, label=label)
+            ax.set_xticks([0.4 - width / 2, 1.4 - width / 2], ["MPI init", "pass"])
             ax.set_ylabel("ms to run 2 instances")
             ax.legend()
         elif key == "peers":

@@ -10,6 +10,7 @@ import pytest
 
 from bench import launch, pipeline, report, scaling, training
 from bench.machine import machine_info
+from bench.timing import time_commands
 from tests.helpers import PYTHON, poprun, run
 
 pytestmark = pytest.mark.slow  # every test starts the workers (under poprun or alone)
@@ -123,6 +124,34 @@ def test_the_launch_sections_instance_side_measures_jobs_of_true_and_one_shim_an
                "instances": instances, "shim": shim}
     table = report.markdown({"launch": section})
     assert "| 3 | " in table and "Each instance past the first costs" in table and "peak resident" in table, table
+
+
+@pytest.mark.parametrize("click", [False, True], ids=["floor", "floor_click"])
+def test_the_launch_floor_starts_each_program_from_gforker_through_a_python_hop(click: bool) -> None:
+    """The floor runs what its docstring says: N programs, each the child of mpiexec.gforker (the
+    ``python -S`` hop exec'd itself away), with MPICH's rank variables."""
+    probe = ("import os; parent = open(f'/proc/{os.getppid()}/comm').read().strip(); "
+             "os.write(1, f\"{os.environ['PMI_RANK']} {os.environ['PMI_SIZE']} {parent}\\n\".encode())")
+    out = run([PYTHON, launch.FLOOR, *(["--click"] if click else []), "3", PYTHON, "-c", probe])
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == ["0 3 mpiexec.gforker", "1 3 mpiexec.gforker",
+                                                       "2 3 mpiexec.gforker"], out.stdout
+
+
+def test_the_launch_floor_renders_beside_bare_mpiexec_and_poprun() -> None:
+    """The floor's rows and how poprun's time over bare mpiexec divides, from one measured round."""
+    program = [PYTHON, "-c", "pass"]
+    times = time_commands({
+        "mpiexec": [str(launch.BIN / "mpiexec"), "-n", "2", *program],
+        "poprun": [str(launch.BIN / "poprun"), "--num-instances", "2", *program],
+        "floor": [PYTHON, launch.FLOOR, "2", *program],
+        "floor_click": [PYTHON, launch.FLOOR, "--click", "2", *program]}, rounds=1)
+    row = {"seconds": times, "ratio": times["poprun"]["median"] / times["mpiexec"]["median"]}
+    table = report.markdown({"launch": {"mpi_init": row, "pass": row}})
+    assert "| the same, after click's import | " in table and "ms click's import, and" in table, table
+    floor = times["floor"]["median"] / times["mpiexec"]["median"]
+    shown = f"{report._ms(times['floor']['median'])} ({floor:.2f})"
+    assert f"| interpreter, gforker, a `python -S` hop per instance | {shown} |" in table, table
 
 
 def test_the_peers_sections_pieces_measure_both_sides_and_render() -> None:
