@@ -234,7 +234,7 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
     policy: Restarts | None = None
     restarts = options.failures.max_restarts
     shown = options.output
-    output = OutputOptions(shown.log_dir, shown.tee, shown.prefix_timestamp)  # for every start
+    said: set[str] = set()  # of logs that could not be written, once for the job (see InstanceOutput)
     records: list[dict[str, object]] = []  # --error-file: each start's end, once one has failed
     status = 1
     error_dir: str | None = None  # made by the first start, it serves every start
@@ -244,7 +244,8 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
         for restart in range(restarts + 1):
             # Each start is a plan of its own: its number, and a free MASTER_PORT for it.
             plan = start.plan.replace(restart=restart, master_port=start.master_port())
-            output.append, output.one_stream = restart > 0, one_stream(shown.tee)
+            output = OutputOptions(shown.log_dir, shown.tee, shown.prefix_timestamp, append=restart > 0,
+                                   one_stream=one_stream(shown.tee))
             # A new secret for every start, which mpiexec gets in its environment and passes on
             # (Open MPI by name, as it does every POPRUN_ variable), so it is on no command line.
             supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances],
@@ -252,6 +253,7 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
                                     show_instance=shown.only_output_from_instance,
                                     listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
                                     grace=grace, start_timeout=options.failures.start_timeout, output=output,
+                                    log_failures_said=said,
                                     remote_launcher=start.agent.name if start.agent is not None else "ssh")
             status = supervisor.run()
             report = supervisor.failure_report() if status else None

@@ -44,8 +44,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, NamedTuple  # (typing comes with click on every launch)
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
     from typing import BinaryIO
 
@@ -71,23 +71,17 @@ OPEN = 1  # the tag and some of the line written
 REDRAW = 2  # a carriage return written: the tag is due again before the next printable byte
 
 
-class OutputOptions:
-    """How instances' output is shown and kept: ``--log-dir``, ``--tee``, ``--prefix-timestamp``;
-    ``append``: log files are added to (a restarted job) rather than started afresh; ``one_stream``:
-    each instance's stdout and stderr come as one stream (see :func:`one_stream`)."""
+class OutputOptions(NamedTuple):
+    """How one start's instances' output is shown and kept: ``--log-dir``, ``--tee``,
+    ``--prefix-timestamp``; ``append``: log files are added to (a restarted job) rather than started
+    afresh; ``one_stream``: each instance's stdout and stderr come as one stream (see
+    :func:`one_stream`). Built for each start, read-only."""
 
-    def __init__(self, log_dir: str | None = None, tee: bool = True, timestamps: bool | str = False,
-                 append: bool = False, one_stream: bool = False) -> None:
-        self.log_dir = log_dir
-        self.one_stream = one_stream
-        self.tee = tee
-        self.timestamps = timestamps
-        self.append = append
-        #: What has been said of logs that could not be written, once for the whole job (a full
-        #: disk fails every instance at every start): what became of their output ("shown",
-        #: "dropped", "" for shown already); the same again is said with -v. The options serve
-        #: every start of a job (``append`` and ``one_stream`` set anew for each).
-        self.log_failures_said: set[str] = set()
+    log_dir: str | None = None
+    tee: bool = True
+    timestamps: bool | str = False
+    append: bool = False
+    one_stream: bool = False
 
 
 class Stream:
@@ -366,10 +360,14 @@ class InstanceOutput:
     log files (raw), and the tail of its stderr (of its one stream) for the failure summary."""
 
     def __init__(self, index: int, show: bool, sinks: dict[int, Sink],
-                 options: OutputOptions | None = None) -> None:
+                 options: OutputOptions | None = None, log_failures_said: set[str] | None = None) -> None:
         options = options or OutputOptions()
         self.index = index
         self.options = options
+        #: What has been said of logs that could not be written, once for the whole job (a full disk
+        #: fails every instance at every start): what became of their output ("shown", "dropped", ""
+        #: for shown already); the same again is said with -v. One set serves every start of a job.
+        self.log_failures_said = set() if log_failures_said is None else log_failures_said
         self.selected = show  # not left out by --only-output-from-instance
         self.show = show and options.tee
         self.sinks = sinks
@@ -436,7 +434,7 @@ class InstanceOutput:
 
     def _log_failed(self, exc: OSError) -> None:
         """The logs are closed; with --tee no, the output is shown from now on (the data whose
-        write failed too), so that nothing is lost. Said once for the job (see OutputOptions)."""
+        write failed too), so that nothing is lost. Said once for the job (``log_failures_said``)."""
         from poprun_py.supervision import log
 
         for fd in self.logs.values():
@@ -450,8 +448,8 @@ class InstanceOutput:
             said += "; it is shown here instead (--tee no)"
         elif outcome == "dropped":
             said += "; it is dropped from now on (--tee no, and --only-output-from-instance leaves it out)"
-        (log.info if outcome in self.options.log_failures_said else log.warning)("%s", said)
-        self.options.log_failures_said.add(outcome)
+        (log.info if outcome in self.log_failures_said else log.warning)("%s", said)
+        self.log_failures_said.add(outcome)
 
 
 def _utc_offset(local: time.struct_time) -> str:

@@ -66,7 +66,8 @@ class Supervisor:
     """``build_command``: the mpiexec command for poprun's control address, and what mpiexec needs in
     its environment besides poprun's. ``secret``: this run's (``seal``), which mpiexec gets in its
     environment (never on a command line) and the shims from it. ``program``: the program and its
-    arguments, which each shim gets in answer to its HELLO."""
+    arguments, which each shim gets in answer to its HELLO. ``log_failures_said``: what the job has
+    said of logs that could not be written (see ``InstanceOutput``), shared by its starts."""
 
     def __init__(self, num_instances: int, hosts: list[str],
                  build_command: Callable[[str], tuple[list[str], Mapping[str, str]]],
@@ -74,13 +75,14 @@ class Supervisor:
                  show_instance: int | None = None,
                  remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
-                 output: OutputOptions | None = None, grace: float = protocol.DEFAULT_GRACE,
-                 remote_launcher: str = "ssh") -> None:
+                 output: OutputOptions | None = None, log_failures_said: set[str] | None = None,
+                 grace: float = protocol.DEFAULT_GRACE, remote_launcher: str = "ssh") -> None:
         # Shared by every instance: who owns the current line of each, one line for both when they
         # are the same file or terminal (see poprun_py.supervision.output).
         self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
+        said = set() if log_failures_said is None else log_failures_said  # one for every instance
         self.instances = [
-            InstanceState(i, hosts[i], InstanceOutput(i, show_instance in (None, i), self.sinks, output))
+            InstanceState(i, hosts[i], InstanceOutput(i, show_instance in (None, i), self.sinks, output, said))
             for i in range(num_instances)
         ]
         self.build_command = build_command
