@@ -132,6 +132,8 @@ ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the shim",
 # ------------------------------------------------------------------- the MPI and ssh layer
 SLURM_NODELIST = _define("SLURM_JOB_NODELIST", "Slurm", "poprun",
                          "the hosts, when no -H/--host-file is given (of these host sources, the first set wins)")
+SLURM_TASKS_PER_NODE = _define("SLURM_TASKS_PER_NODE", "Slurm", "poprun",
+                               "the tasks of each host of SLURM_JOB_NODELIST, in its order ('2(x3),1'): their slots")
 PBS_NODEFILE = _define("PBS_NODEFILE", "PBS/Torque", "poprun",
                        "a file of the hosts, one line per slot, when no -H/--host-file is given")
 LSB_DJOB_HOSTFILE = _define("LSB_DJOB_HOSTFILE", "LSF", "poprun",

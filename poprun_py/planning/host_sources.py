@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from popcontract import environment, settings
 from poprun_py.planning.hosts import (
-    _shown,
+    abridged,
     checked,
     expand_hosts,
     lines_of,
@@ -33,12 +33,13 @@ class Found(NamedTuple):
 
 
 class Source(NamedTuple):
-    """One way a scheduler names the job's hosts: its name, the variable, and whether the
-    variable names a file (else it holds the list itself)."""
+    """One way a scheduler names the job's hosts: its name, the variable, whether the variable names
+    a file (else it holds the list itself), and the variable that gives the hosts' slots apart, if any."""
 
     scheduler: str
     variable: str
     is_file: bool
+    slots_variable: str | None = None
 
     def read(self, value: str) -> Found:
         """The hosts ``value`` (the variable's) gives; a PlanError naming the variable, the file and
@@ -52,7 +53,7 @@ def _per_slot_lines(path: str, shown: str) -> Found:
     slots: dict[str, int] = {}
     for number, line in lines_of(read_bounded(path, shown, "one host name per line, one line per slot")):
         if len(line.split()) != 1:
-            raise PlanError(f"{shown} line {number}: {_shown(line)!r} is not one host name; each line is one host "
+            raise PlanError(f"{shown} line {number}: {abridged(line)!r} is not one host name; each line is one host "
                             "name, a host's name once per slot")
         slots[line] = slots.get(line, 0) + 1
     return _found(slots, shown)
@@ -63,7 +64,7 @@ def _mcpu_hosts(value: str, shown: str) -> Found:
     words = value.split()
     form = "'host1 n1 host2 n2 ...', each n the host's slots, a whole number from 1"
     if len(words) % 2:
-        raise PlanError(f"{shown} {_shown(value)!r} has {len(words)} words; it is {form}")
+        raise PlanError(f"{shown} {abridged(value)!r} has {len(words)} words; it is {form}")
     slots: dict[str, int] = {}
     for pair in range(0, len(words), 2):
         host, count = words[pair], words[pair + 1]
@@ -78,7 +79,7 @@ def _pe_hostfile(path: str, shown: str) -> Found:
     for number, line in lines_of(read_bounded(path, shown, "'host slots queue processor-range' lines")):
         words = line.split()
         if len(words) < 2:
-            raise PlanError(f"{shown} line {number}: {_shown(line)!r} has no slots; each line is {form}")
+            raise PlanError(f"{shown} line {number}: {abridged(line)!r} has no slots; each line is {form}")
         slots[words[0]] = slots.get(words[0], 0) + slot_count(words[1], shown, number, line, form)
     return _found(slots, shown)
 
@@ -90,8 +91,42 @@ def _host_file(path: str, shown: str) -> Found:
 
 
 def _node_list(value: str, shown: str) -> Found:
-    """Slurm's node list (``node[01-04,07]``), which gives no slots."""
-    return Found(expand_hosts(value), {})
+    """Slurm's node list (``node[01-04,07]``) and, when set, ``SLURM_TASKS_PER_NODE``: the tasks
+    Slurm gives each of those hosts, in their order, which are their slots (as mpirun takes them)."""
+    hosts = expand_hosts(value)
+    tasks = settings.given(environment.SLURM_TASKS_PER_NODE)
+    if not tasks:
+        return Found(hosts, {})
+    return Found(hosts, dict(zip(hosts, _tasks_per_node(tasks, len(hosts)), strict=True)))
+
+
+#: What ``SLURM_TASKS_PER_NODE`` may be.
+TASKS_FORM = ("'N' or 'N(xM)' items joined by commas in the order of SLURM_JOB_NODELIST's hosts, N a host's tasks "
+              "(a whole number from 1), M how many hosts in a row have N (e.g. '2(x3),1')")
+
+
+def _tasks_per_node(value: str, hosts: int) -> list[int]:
+    """``SLURM_TASKS_PER_NODE`` (``2(x3),1``) as one count per host, for ``hosts`` hosts; a PlanError
+    naming the variable and its value when it is malformed or counts other hosts than the list."""
+    shown = environment.SLURM_TASKS_PER_NODE
+    counts: list[int] = []
+    for item in value.split(","):
+        number, bracket, rest = item.strip().partition("(x")
+        repeat = rest[:-1] if rest.endswith(")") else ""
+        if bracket and not (repeat.isascii() and repeat.isdigit() and repeat.lstrip("0")):
+            raise PlanError(f"{shown} {abridged(value)!r}: {abridged(item, 20)!r} is not 'N' or 'N(xM)'; it is "
+                            f"{TASKS_FORM}")
+        # A count past the hosts left is cut before a list is built from it (it is refused below).
+        digits = repeat.lstrip("0")
+        times = (hosts + 1 if len(digits) > len(str(hosts)) else int(digits)) if bracket else 1
+        counts += [slot_count(number, shown, 0, value, TASKS_FORM)] * min(times, hosts + 1 - len(counts))
+        if len(counts) > hosts:
+            break
+    if len(counts) != hosts:
+        more = "more" if len(counts) > hosts else "fewer"
+        raise PlanError(f"{shown} {abridged(value)!r} gives the tasks of {more} hosts than the {hosts} of "
+                        f"{environment.SLURM_NODELIST}; it is {TASKS_FORM}")
+    return counts
 
 
 def _found(slots: dict[str, int], shown: str) -> Found:
@@ -102,7 +137,7 @@ def _found(slots: dict[str, int], shown: str) -> Found:
 
 #: Where the hosts come from, the first set one winning.
 PRECEDENCE = (
-    Source("Slurm", environment.SLURM_NODELIST, is_file=False),
+    Source("Slurm", environment.SLURM_NODELIST, is_file=False, slots_variable=environment.SLURM_TASKS_PER_NODE),
     Source("PBS", environment.PBS_NODEFILE, is_file=True),
     Source("LSF", environment.LSB_DJOB_HOSTFILE, is_file=True),
     Source("LSF", environment.LSB_MCPU_HOSTS, is_file=False),
@@ -129,8 +164,12 @@ class Chosen(NamedTuple):
 
 
 def _describe(source: Source, value: str) -> str:
-    """``VARIABLE=value``: a file's path whole, a list's start."""
-    return f"{source.variable}={value if source.is_file else _shown(value, 200)}"
+    """``VARIABLE=value``: a file's path whole, a list's start; and the variable of its slots with its
+    value, when that is set."""
+    described = f"{source.variable}={value if source.is_file else abridged(value, 200)}"
+    if source.slots_variable and (slots := settings.given(source.slots_variable)):
+        described += f" and {source.slots_variable}={abridged(slots, 200)}"
+    return described
 
 
 def from_environment() -> Chosen | None:
@@ -153,13 +192,13 @@ def from_environment() -> Chosen | None:
             continue
         if theirs.hosts != found.hosts:
             differ.append(f"{other.scheduler}'s {_describe(other, other_value)} gives "
-                          f"{_shown(','.join(theirs.hosts))}")
-    slots = f" (slots: {_shown(', '.join(f'{h}:{n}' for h, n in found.slots.items()))})" if found.slots else ""
+                          f"{abridged(','.join(theirs.hosts))}")
+    slots = f" (slots: {abridged(', '.join(f'{h}:{n}' for h, n in found.slots.items()))})" if found.slots else ""
     said = (f"no -H/--host-file: using the {len(found.hosts)} host(s) {source.scheduler} gives in "
             f"{_describe(source, value)}{slots}")
     warning = ""
     if differ:
         order = ", ".join(dict.fromkeys(f"{s.scheduler}" for s in PRECEDENCE))
-        warning = (f"{source.scheduler}'s {_describe(source, value)} gives {_shown(','.join(found.hosts))}, but "
+        warning = (f"{source.scheduler}'s {_describe(source, value)} gives {abridged(','.join(found.hosts))}, but "
                    f"{'; '.join(differ)}: using {source.scheduler}'s (the first of {order})")
     return Chosen(found, source, said, warning, f"{_describe(source, value)} ({source.scheduler})")

@@ -22,7 +22,8 @@ MAX_HOST_FILE_LINES = 1 << 20
 MAX_NAME = 253
 
 
-def _shown(text: str, keep: int = 60) -> str:
+def abridged(text: str, keep: int = 60) -> str:
+    """``text`` as an error line shows it: its first ``keep`` characters and "..." when longer."""
     return text if len(text) <= keep else text[:keep] + "..."
 
 
@@ -52,7 +53,7 @@ def _groups(item: str, whole: str) -> tuple[str, list[tuple[int, int, int]], str
         return None
     match = _BRACKET.match(item)
     if not match:
-        raise PlanError(f"host pattern {_shown(whole)!r} is malformed; valid forms are 'name' or "
+        raise PlanError(f"host pattern {abridged(whole)!r} is malformed; valid forms are 'name' or "
                         "'prefix[0-3,5]suffix'")
     prefix, ranges, suffix = match.groups()
     parsed = []
@@ -60,13 +61,13 @@ def _groups(item: str, whole: str) -> tuple[str, list[tuple[int, int, int]], str
         part = part.strip()
         range_match = _RANGE.match(part)
         if not range_match:
-            raise PlanError(f"host range {_shown(part)!r} in {_shown(whole)!r} is not 'N' or 'N-M' with "
+            raise PlanError(f"host range {abridged(part)!r} in {abridged(whole)!r} is not 'N' or 'N-M' with "
                             "non-negative integers (at most 18 digits)")
         low_text, high_text = range_match.groups()
         high_text = high_text if high_text is not None else low_text
         low, high = int(low_text), int(high_text)
         if high < low:
-            raise PlanError(f"host range {part!r} in {_shown(whole)!r} runs backwards; write it as {high}-{low}")
+            raise PlanError(f"host range {part!r} in {abridged(whole)!r} runs backwards; write it as {high}-{low}")
         # Slurm's rule: a range written with leading zeros keeps the width of its first number.
         width = len(low_text) if low_text.startswith("0") and len(low_text) > 1 else 0
         parsed.append((low, high, width))
@@ -95,7 +96,7 @@ def _expand_one(item: str, whole: str) -> list[str]:
 
 def _items(spec: str) -> list[str]:
     if spec.count("[") != spec.count("]"):
-        raise PlanError(f"host list {_shown(spec)!r} has unbalanced brackets")
+        raise PlanError(f"host list {abridged(spec)!r} has unbalanced brackets")
     return [item.strip() for item in _split_top_level(spec) if item.strip()]
 
 
@@ -107,17 +108,17 @@ def count_hosts(spec: str) -> int:
 def expand_hosts(spec: str) -> list[str]:
     """Expand ``"node[0-2],gpu7"`` into ``["node0", "node1", "node2", "gpu7"]``; a list of more
     than MAX_HOSTS is refused before it is built, and so is one with a host twice or a bad name."""
-    return checked(_expand(spec), f"host list {_shown(spec)!r}")
+    return checked(_expand(spec), f"host list {abridged(spec)!r}")
 
 
 def _expand(spec: str) -> list[str]:
     count = count_hosts(spec)
     if count > MAX_HOSTS:
-        raise PlanError(f"host list {_shown(spec)!r} names {count} hosts, more than poprun runs on "
+        raise PlanError(f"host list {abridged(spec)!r} names {count} hosts, more than poprun runs on "
                         f"(at most {MAX_HOSTS}, one instance per host at least)")
     hosts = [host for item in _items(spec) for host in _expand_one(item, item)]
     if not hosts:
-        raise PlanError(f"host list {_shown(spec)!r} names no hosts; give e.g. 'host0,host1' or 'node[0-3]'")
+        raise PlanError(f"host list {abridged(spec)!r} names no hosts; give e.g. 'host0,host1' or 'node[0-3]'")
     return hosts
 
 
@@ -193,9 +194,9 @@ def slot_count(value: str, shown: str, number: int, line: str, form: str) -> int
     be (``form``)."""
     if value.isascii() and value.isdigit() and 0 < int(value) <= MAX_SLOTS:
         return int(value)
-    where = f"{shown} line {number}: {_shown(line)!r}" if number else f"{shown} {_shown(line)!r}"
+    where = f"{shown} line {number}: {abridged(line)!r}" if number else f"{shown} {abridged(line)!r}"
     each = "each line is" if number else "it is"
-    raise PlanError(f"{where} gives {_shown(value, 20)!r} slots; {each} {form} (at most {MAX_SLOTS})")
+    raise PlanError(f"{where} gives {abridged(value, 20)!r} slots; {each} {form} (at most {MAX_SLOTS})")
 
 
 def checked(hosts: list[str], source: str) -> list[str]:
@@ -205,10 +206,10 @@ def checked(hosts: list[str], source: str) -> list[str]:
     first: dict[str, int] = {}
     for position, host in enumerate(hosts):
         if len(host) > MAX_NAME:
-            raise PlanError(f"{source} names a host of {len(host)} characters ({_shown(host)!r}); "
+            raise PlanError(f"{source} names a host of {len(host)} characters ({abridged(host)!r}); "
                             f"a host name has at most {MAX_NAME}")
         if not host.isprintable() or any(c.isspace() for c in host):
-            raise PlanError(f"{source} names the host {_shown(host)!r}, which holds a space or a control character")
+            raise PlanError(f"{source} names the host {abridged(host)!r}, which holds a space or a control character")
         if host in first:
             raise PlanError(f"{source} lists the host {host!r} twice (hosts {first[host]} and {position}); list each "
                             "host once: poprun spreads the instances evenly over the hosts")

@@ -15,7 +15,7 @@ from poprun_py.shared.errors import PlanError
 from poprun_py.supervision.restarts import Layout, Restarts
 from tests.helpers import poprun
 
-VARIABLES = [source.variable for source in PRECEDENCE]
+VARIABLES = [name for source in PRECEDENCE for name in (source.variable, source.slots_variable) if name]
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +64,45 @@ def test_each_source_is_read_from_its_variable(monkeypatch: pytest.MonkeyPatch, 
     assert chosen.found == found
     assert chosen.warning == ""
     assert f"using the {len(found.hosts)} host(s) {chosen.source.scheduler} gives in {variable}={given}" in chosen.said
+
+
+@pytest.mark.parametrize("tasks,slots", [("2(x2),1", [2, 2, 1]), ("1(x3)", [1, 1, 1]), ("1,4,2", [1, 4, 2]),
+                                         (" 3(x03)", [3, 3, 3])])
+def test_slurms_tasks_per_node_are_its_hosts_slots(monkeypatch: pytest.MonkeyPatch, tasks: str,
+                                                   slots: list[int]) -> None:
+    """``SLURM_TASKS_PER_NODE`` counts the tasks of each host of the node list in its order (what
+    ``sbatch -N3 -n5`` or ``--ntasks-per-node`` give), the form mpirun reads its slots from under Slurm."""
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-3]")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", tasks)
+    chosen = from_environment()
+    assert chosen is not None and chosen.found == Found(["n1", "n2", "n3"], dict(zip(["n1", "n2", "n3"], slots,
+                                                                                     strict=True)))
+    shown = ", ".join(f"n{i + 1}:{n}" for i, n in enumerate(slots))
+    assert chosen.said == (f"no -H/--host-file: using the 3 host(s) Slurm gives in SLURM_JOB_NODELIST=n[1-3] and "
+                           f"SLURM_TASKS_PER_NODE={tasks} (slots: {shown})")
+
+
+#: SLURM_TASKS_PER_NODE's one line for each way it can be wrong, with 3 hosts in the node list.
+FORM = ("it is 'N' or 'N(xM)' items joined by commas in the order of SLURM_JOB_NODELIST's hosts, N a host's tasks "
+        "(a whole number from 1), M how many hosts in a row have N (e.g. '2(x3),1')")
+BAD_TASKS = [
+    ("2(x2)", "SLURM_TASKS_PER_NODE '2(x2)' gives the tasks of fewer hosts than the 3 of SLURM_JOB_NODELIST; " + FORM),
+    ("1,1,1,1", "SLURM_TASKS_PER_NODE '1,1,1,1' gives the tasks of more hosts than the 3 of SLURM_JOB_NODELIST"),
+    ("1(x" + "9" * 5000 + ")", "gives the tasks of more hosts than the 3 of SLURM_JOB_NODELIST"),
+    ("2(x", "SLURM_TASKS_PER_NODE '2(x': '2(x' is not 'N' or 'N(xM)'; " + FORM),
+    ("1(x0),1,1", "SLURM_TASKS_PER_NODE '1(x0),1,1': '1(x0)' is not 'N' or 'N(xM)'"),
+    ("0(x3)", "SLURM_TASKS_PER_NODE '0(x3)' gives '0' slots; " + FORM),
+    ("two,1,1", "SLURM_TASKS_PER_NODE 'two,1,1' gives 'two' slots"),
+]
+
+
+@pytest.mark.parametrize("tasks,message", BAD_TASKS, ids=[bad[0][:10] for bad in BAD_TASKS])
+def test_a_bad_slurm_tasks_per_node_is_one_line(monkeypatch: pytest.MonkeyPatch, tasks: str, message: str) -> None:
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-3]")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", tasks)
+    with pytest.raises(PlanError) as refused:
+        from_environment()
+    assert message in str(refused.value) and "\n" not in str(refused.value) and len(str(refused.value)) < 600
 
 
 def test_no_source_set_is_this_machine() -> None:
@@ -212,6 +251,20 @@ def test_instances_that_do_not_fit_the_slots_are_one_line(tmp_path: Path) -> Non
     assert (refused.returncode, refused.stderr) == (2, (
         f"poprun: error: PBS_NODEFILE file '{bad}' line 2: 'n0 n1' is not one host name; each line is one host name, "
         "a host's name once per slot\n"))
+
+
+@pytest.mark.slow  # starts poprun
+def test_slurms_tasks_bound_the_instances_of_each_host() -> None:
+    """``salloc -N2`` (one task per node) refuses 4 instances in one line naming Slurm's variables;
+    ``--ntasks-per-node=2`` places them 2 a host."""
+    one = {"SLURM_JOB_NODELIST": "n[0-1]", "SLURM_TASKS_PER_NODE": "1(x2)"}
+    refused = poprun("--num-instances", "4", "--dry-run", "/bin/true", env=one)
+    assert (refused.returncode, refused.stderr) == (2, (
+        "poprun: error: SLURM_JOB_NODELIST=n[0-1] and SLURM_TASKS_PER_NODE=1(x2) (Slurm) gives n0:1, n1:1: fewer "
+        "slots than the 2 instances per host that 4 instances on 2 hosts need\n"))
+    result = poprun("--num-instances", "4", "--dry-run", "/bin/true", env={**one, "SLURM_TASKS_PER_NODE": "2(x2)"})
+    assert result.returncode == 0, result.stderr
+    assert "-hosts n0:2,n1:2" in result.stdout
 
 
 @pytest.mark.slow  # starts poprun
