@@ -112,6 +112,12 @@ def test_slurm_allocation_gives_the_hosts(cluster: Cluster) -> None:
     assert f"using the 2 host(s) Slurm gives in SLURM_JOB_NODELIST={cluster.name_prefix}[0-1]" \
         in result.stderr
     assert {i: r["host"] for i, r in tagged_json(result.stdout).items()} == {0: "node0", 1: "node1"}
+    # sbatch -N2 --ntasks-per-node=2: 4 instances, 2 on each host, as Slurm's tasks allow.
+    tasks = {**NETWORK_ENV, "SLURM_JOB_NODELIST": f"{cluster.name_prefix}[0-1]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    result = poprun("--num-instances", "4", PYTHON, WHERE, env=tasks)
+    assert result.returncode == 0, result.stderr
+    assert {i: r["host"] for i, r in tagged_json(result.stdout).items()} == {0: "node0", 1: "node0", 2: "node1",
+                                                                            3: "node1"}
 
 
 #: Each file-based scheduler's host file, in its real format, for node0 and node1 with 2 slots each.
