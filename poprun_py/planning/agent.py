@@ -42,9 +42,10 @@ def find_agent(option: str | None) -> Agent | None:
     """``--launcher-agent``'s program, else the first agent a variable names (Open MPI's
     ``PRTE_MCA_plm_ssh_agent``, its older ``OMPI_MCA_plm_rsh_agent``, which the MPI Operator sets and
     Open MPI 5 no longer reads, Hydra's ``HYDRA_LAUNCHER_EXEC`` for its ssh or rsh launcher); None:
-    ssh. A PlanError in one line when it is not an executable file."""
+    ssh, also where the first set of them names ssh itself (``_names_ssh``). A PlanError in one line
+    when it is not an executable file."""
     if option is not None:
-        return Agent(_executable(option, "--launcher-agent"), "--launcher-agent")
+        return None if _names_ssh(option) else Agent(_executable(option, "--launcher-agent"), "--launcher-agent")
     for variable in (environment.LAUNCHER_AGENT_PRTE, environment.LAUNCHER_AGENT_OMPI,
                      environment.LAUNCHER_AGENT_HYDRA):
         value = settings.given(variable)
@@ -52,8 +53,17 @@ def find_agent(option: str | None) -> Agent | None:
             continue
         if variable == environment.LAUNCHER_AGENT_HYDRA and settings.text(environment.HYDRA_LAUNCHER) not in _SSH_LIKE:
             continue  # the program of another of Hydra's launchers (srun, blaunch): Hydra's own business
-        return Agent(_executable(value, variable), variable)
+        return None if _names_ssh(value) else Agent(_executable(value, variable), variable)
     return None
+
+
+def _names_ssh(value: str) -> bool:
+    """Whether ``value`` is ssh itself, alone, with options, or first of Open MPI's alternatives
+    (``ssh``, ``/usr/bin/ssh``, ``ssh -x``, ``ssh : rsh``, as profiles set them): that is how poprun
+    reaches the hosts anyway, with the options it needs (BatchMode, its timeouts) rather than
+    those."""
+    words = value.split()
+    return bool(words) and os.path.basename(words[0]) == "ssh"
 
 
 def _executable(value: str, given_by: str) -> str:

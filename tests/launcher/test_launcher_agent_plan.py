@@ -60,6 +60,31 @@ def test_hydras_other_launchers_keep_their_program(monkeypatch: pytest.MonkeyPat
     assert find_agent(None) == Agent(agent, "HYDRA_LAUNCHER_EXEC")
 
 
+@pytest.mark.parametrize("value", ["ssh", "/usr/bin/ssh", "ssh -x", "ssh -o LogLevel=ERROR", "ssh : rsh"])
+@pytest.mark.parametrize("variable", ["PRTE_MCA_plm_ssh_agent", "OMPI_MCA_plm_rsh_agent", "HYDRA_LAUNCHER_EXEC",
+                                      "--launcher-agent"])
+def test_an_agent_that_is_ssh_itself_is_poprun_s_ssh(monkeypatch: pytest.MonkeyPatch, agent: str, variable: str,
+                                                   value: str) -> None:
+    """A profile's ``OMPI_MCA_plm_rsh_agent='ssh -x'`` (or Open MPI's default list, 'ssh : rsh') is
+    no agent: the hosts are reached with ssh and poprun's options for it, not refused for its spaces.
+    It names ssh for the variables after it too."""
+    if variable == "--launcher-agent":
+        assert find_agent(value) is None
+        return
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("HYDRA_LAUNCHER_EXEC" if variable != "HYDRA_LAUNCHER_EXEC" else "OMPI_MCA_plm_rsh_agent", agent)
+    first = variable if variable != "HYDRA_LAUNCHER_EXEC" else "OMPI_MCA_plm_rsh_agent"
+    assert find_agent(None) == (None if first == variable else Agent(agent, first))
+
+
+@pytest.mark.slow  # starts poprun
+def test_a_profiles_ssh_agent_with_options_gives_a_multi_host_plan_with_poprun_s_ssh() -> None:
+    result = poprun("--num-instances", "2", "-H", "n0,n1", "--dry-run", "/bin/true",
+                    env={"OMPI_MCA_plm_rsh_agent": "ssh -x"})
+    assert result.returncode == 0, result.stderr
+    assert "-launcher-exec" not in result.stdout and "BatchMode=yes" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("value,why", [
     ("/no/such/agent", "does not exist"), ("no-such-agent-on-path", "is not on PATH"), ("/tmp", "is not a file"),
     ("kubectl exec", "is not on PATH: put its options in a wrapper script")])
@@ -168,8 +193,9 @@ def test_dry_run_shows_the_agent_handed_to_mpiexec(agent: str) -> None:
     assert refused.stderr.startswith("poprun: error: --launcher-agent '/no/agent' does not exist; ")
     # A variable that names an agent is read only where there are hosts to reach: a profile's setting
     # does not stop a job on this machine.
-    unset = {"PRTE_MCA_plm_ssh_agent": "ssh -x"}
+    unset = {"PRTE_MCA_plm_ssh_agent": "kubexec.sh --namespace ml"}
     assert poprun("--dry-run", "--num-instances", "2", "/bin/true", env=unset).returncode == 0
     refused = poprun("--dry-run", "--num-instances", "2", "-H", "node0,node1", "/bin/true", env=unset)
     assert refused.returncode == 2 and refused.stderr.startswith(
-        "poprun: error: PRTE_MCA_plm_ssh_agent='ssh -x' is not on PATH: put its options in a wrapper script; ")
+        "poprun: error: PRTE_MCA_plm_ssh_agent='kubexec.sh --namespace ml' is not on PATH: put its options in a "
+        "wrapper script; ")
