@@ -6,6 +6,7 @@ from __future__ import annotations
 import compileall
 import os
 import shutil
+import signal
 import sysconfig
 import tempfile
 import time
@@ -177,6 +178,17 @@ def no_marker_after_the_test() -> Iterator[None]:
     """A test's job marker (helpers.job_marker) stays out of the processes later tests start."""
     yield
     os.environ.pop(MARKER_VARIABLE, None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def jobs_take_sigint() -> None:
+    """The jobs the tests start get SIGINT's default action, as a terminal's jobs do. A suite started
+    as a background job of a non-interactive shell (``make test &`` in a script) inherits SIGINT
+    ignored, and so would every poprun it starts, which keeps an ignored SIGINT ignored as shells and
+    Python do: each test that interrupts a job would then wait for ever (seen running two halves of
+    the suite at once). A handler here becomes the default action in every program it starts."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
