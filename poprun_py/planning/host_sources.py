@@ -113,11 +113,11 @@ def _tasks_per_node(value: str, hosts: int) -> list[int]:
     for item in value.split(","):
         number, bracket, rest = item.strip().partition("(x")
         repeat = rest[:-1] if rest.endswith(")") else ""
-        if bracket and not (repeat.isascii() and repeat.isdigit() and repeat.lstrip("0")):
+        digits = repeat.lstrip("0")  # M, from 1
+        if bracket and not (repeat.isascii() and repeat.isdigit() and digits):
             raise PlanError(f"{shown} {abridged(value)!r}: {abridged(item, 20)!r} is not 'N' or 'N(xM)'; it is "
                             f"{TASKS_FORM}")
         # A count past the hosts left is cut before a list is built from it (it is refused below).
-        digits = repeat.lstrip("0")
         times = (hosts + 1 if len(digits) > len(str(hosts)) else int(digits)) if bracket else 1
         counts += [slot_count(number, shown, 0, value, TASKS_FORM)] * min(times, hosts + 1 - len(counts))
         if len(counts) > hosts:

@@ -60,21 +60,26 @@ def test_hydras_other_launchers_keep_their_program(monkeypatch: pytest.MonkeyPat
     assert find_agent(None) == Agent(agent, "HYDRA_LAUNCHER_EXEC")
 
 
+#: The variables that name an agent, first to last in find_agent's precedence.
+AGENT_VARIABLES = ("PRTE_MCA_plm_ssh_agent", "OMPI_MCA_plm_rsh_agent", "HYDRA_LAUNCHER_EXEC")
+
+
 @pytest.mark.parametrize("value", ["ssh", "/usr/bin/ssh", "ssh -x", "ssh -o LogLevel=ERROR", "ssh : rsh"])
-@pytest.mark.parametrize("variable", ["PRTE_MCA_plm_ssh_agent", "OMPI_MCA_plm_rsh_agent", "HYDRA_LAUNCHER_EXEC",
-                                      "--launcher-agent"])
+@pytest.mark.parametrize("variable", [*AGENT_VARIABLES, "--launcher-agent"])
 def test_an_agent_that_is_ssh_itself_is_poprun_s_ssh(monkeypatch: pytest.MonkeyPatch, agent: str, variable: str,
                                                    value: str) -> None:
     """A profile's ``OMPI_MCA_plm_rsh_agent='ssh -x'`` (or Open MPI's default list, 'ssh : rsh') is
-    no agent: the hosts are reached with ssh and poprun's options for it, not refused for its spaces.
-    It names ssh for the variables after it too."""
+    no agent: the hosts are reached with ssh and poprun's options for it, not refused for its spaces;
+    and an agent that a variable after it names is not taken instead."""
     if variable == "--launcher-agent":
+        for name in AGENT_VARIABLES:  # the option wins over them all
+            monkeypatch.setenv(name, agent)
         assert find_agent(value) is None
         return
     monkeypatch.setenv(variable, value)
-    monkeypatch.setenv("HYDRA_LAUNCHER_EXEC" if variable != "HYDRA_LAUNCHER_EXEC" else "OMPI_MCA_plm_rsh_agent", agent)
-    first = variable if variable != "HYDRA_LAUNCHER_EXEC" else "OMPI_MCA_plm_rsh_agent"
-    assert find_agent(None) == (None if first == variable else Agent(agent, first))
+    for later in AGENT_VARIABLES[AGENT_VARIABLES.index(variable) + 1:]:
+        monkeypatch.setenv(later, agent)
+    assert find_agent(None) is None
 
 
 @pytest.mark.slow  # starts poprun
