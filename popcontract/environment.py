@@ -116,6 +116,11 @@ SECRET = _define("POPRUN_SECRET", "poprun", "the shim",
 KILL_GRACE = _define("POPRUN_KILL_GRACE", "the user", "the shim, poprun",
                      "seconds between SIGTERM and SIGKILL when an instance is stopped (3); poprun's "
                      "own escalation waits for it too")
+SILENCE_LIMIT = _define("POPRUN_SILENCE_LIMIT", "the user", "poprun, the shim",
+                        "seconds an instance on another host may say nothing before poprun counts it lost "
+                        "(its host down, the network cut), and a shim may go unanswered by poprun's host "
+                        "before it stops its program (20; at least 5; inf: never); shims say something every "
+                        "quarter of it, at least every 5 s; ssh gets half of it to connect")
 HOST_SUBNET = _define("POPRUN_HOST_SUBNET", "poprun", "the shim",
                       "--host-subnet: each host's shim keeps MPI on its interface in it")
 RESTART_COUNT = _define("POPDIST_RESTART_COUNT", "poprun", "the program",

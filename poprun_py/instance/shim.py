@@ -143,12 +143,24 @@ def prepare_error_file() -> str | None:
     return None
 
 
-def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, Seal, int] | None:
+def silence_limit() -> float:
+    """``POPRUN_SILENCE_LIMIT``, or the default with a warning when it is no number of seconds
+    (poprun refuses such a value: a shim started by hand)."""
+    from poprun_py.wire import protocol
+
+    try:
+        return protocol.silence_limit()
+    except settings.PopdistEnvError as exc:
+        os.write(2, f"poprun: warning: {exc}; using {protocol.DEFAULT_SILENCE_LIMIT:g}\n".encode())
+        return protocol.DEFAULT_SILENCE_LIMIT
+
+
+def connect_to_poprun(index: int, secret: str | None, limit: float) -> tuple[_socket.socket, Seal, int] | None:
     """The control connection, its seal, and when poprun's nonce arrived (this host's wall clock,
     ns: half of the measure of the clocks' offset, see ``protocol.CLOCK``); None, said on stderr,
-    when poprun cannot be reached, or its address or the secret is missing."""
+    when poprun cannot be reached within the silence limit (``limit``), or its address or the
+    secret is missing."""
     from poprun_py.wire.control import connect
-    from poprun_py.wire.protocol import SILENCE_LIMIT
 
     address = settings.text(environment.CONTROL)
     missing = " or ".join(name for name, value in ((environment.CONTROL, address), (environment.SECRET, secret))
@@ -156,9 +168,9 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
     problem = f"no {missing} in its environment (was it dropped by mpiexec's options?)"
     if address and secret:
         try:
-            control = connect(address, give_up_after=SILENCE_LIMIT)
+            control = connect(address, give_up_after=limit)
             try:
-                nonce = _read_nonce(control, SILENCE_LIMIT)
+                nonce = _read_nonce(control, limit)
                 arrived = time.time_ns()
             except OSError:
                 control.close()
@@ -309,7 +321,8 @@ def main() -> int:
     divide_cores()
     error_file = prepare_error_file()
     sweep.adopt_orphans()
-    connection = connect_to_poprun(index, secret)
+    limit = silence_limit()
+    connection = connect_to_poprun(index, secret, limit)
     argv = receive_program(index, *connection) if connection is not None else None
     if connection is None or argv is None:
         if connection is not None:
@@ -322,7 +335,7 @@ def main() -> int:
 
     from poprun_py.instance.shim_pump import Pump
 
-    pump = Pump(index, connection, error_file)
+    pump = Pump(index, connection, limit, error_file)
     if isinstance(spawned, OSError):
         _remove_error_file(error_file)
         return pump.spawn_failed(os.fsdecode(argv[0]), spawned)

@@ -6,7 +6,7 @@ all (stopped: a debugger, Ctrl-Z) is back-pressure, not death: a send waits unti
 takes it, and meanwhile the program's pipes are not read, so the program waits on them, as in a
 shell pipeline; commands are still obeyed while it waits. poprun is gone when its connection ends
 (its process died: its kernel closes it at once) or when its host acknowledges nothing for
-``protocol.SILENCE_LIMIT`` seconds (``_unanswered``); a stopped poprun's kernel still acknowledges.
+the silence limit (``POPRUN_SILENCE_LIMIT``, ``_unanswered``); a stopped poprun's kernel still acknowledges.
 
 Built on the interpreter's own C modules (``_socket``, ``select``, ``_signal``, ``time``): see
 ``script.py`` for why.
@@ -86,9 +86,13 @@ def kill_grace() -> float:
 
 
 class Pump:
-    def __init__(self, index: int, connection: tuple[_socket.socket, Seal, int],
+    def __init__(self, index: int, connection: tuple[_socket.socket, Seal, int], silence_limit: float,
                  error_file: str | None = None) -> None:
         self.index = index
+        #: ``POPRUN_SILENCE_LIMIT``: how long poprun's host may leave frames unacknowledged, and how
+        #: often the shim says something (``protocol.heartbeat_seconds``).
+        self.silence_limit = silence_limit
+        self.heartbeat = protocol.heartbeat_seconds(silence_limit)
         #: poprun's connection, what seals its frames, and what checks its commands (None once one
         #: failed its check: nothing more is read from poprun).
         self.control, self.seal = connection[0], connection[1]
@@ -101,7 +105,7 @@ class Pump:
         self.control.setblocking(False)
         #: poprun is gone (its connection ended, or its host stopped answering): nothing more is sent.
         self.gone = False
-        #: When poprun's host was first seen leaving data unacknowledged for SILENCE_LIMIT s.
+        #: When poprun's host was first seen leaving data unacknowledged for the silence limit.
         self.unanswered_since: float | None = None
         #: The program's TORCHELASTIC_ERROR_FILE: sent to poprun when it fails (see root_cause.py).
         self.error_file = error_file
@@ -193,7 +197,7 @@ class Pump:
         self.stop_program()
 
     def _unanswered(self, now: float) -> bool:
-        """Whether poprun's host has acknowledged nothing for SILENCE_LIMIT seconds while the shim
+        """Whether poprun's host has acknowledged nothing for the silence limit while the shim
         waits for it to (a retransmission, or a window probe: linux/tcp.h's tcpi_retransmits,
         tcpi_probes), at two looks UNANSWERED_SECONDS apart: the host died or the network to it is
         cut. A poprun that is stopped or reads slowly still has its kernel acknowledge."""
@@ -203,7 +207,7 @@ class Pump:
             return False
         waiting = info[TCPI_RETRANSMITS] or info[TCPI_PROBES]
         since_ack = int.from_bytes(info[TCPI_LAST_ACK_RECV], sys.byteorder) / 1000
-        if not waiting or since_ack < protocol.SILENCE_LIMIT:
+        if not waiting or since_ack < self.silence_limit:
             self.unanswered_since = None
             return False
         if self.unanswered_since is None:
@@ -346,7 +350,7 @@ class Pump:
                     self._exited(wait_status, now)
             if self.drain_until is not None and (self.open_streams == 0 or now >= self.drain_until):
                 break
-            if now - self.last_sent >= protocol.HEARTBEAT_SECONDS:
+            if now - self.last_sent >= self.heartbeat:
                 self.send(protocol.HEARTBEAT_FRAME)
             for fd, key in watch.ready(self._timeout(now)):
                 self._ready(watch, fd, key)
@@ -447,7 +451,7 @@ class Pump:
             return max(0.0, self.kill_at - now) if self.kill_at != KILLED else POLL_WAIT
         if self.drain_until is not None:
             return max(0.0, self.drain_until - now)
-        return IDLE_WAIT if self.exit_fd is not None or self.open_streams else POLL_WAIT
+        return min(IDLE_WAIT, self.heartbeat) if self.exit_fd is not None or self.open_streams else POLL_WAIT
 
     def _ready(self, watch: Watch, fd: int, key: int) -> None:
         """One descriptor that woke the loop."""

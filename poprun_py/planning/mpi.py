@@ -169,11 +169,14 @@ class CommandSpec(NamedTuple):
     ``callback_address``: the local address remote hosts reach this one on (None: one-host job).
     ``host_subnet``: ``--host-subnet``'s CIDR, which MPI's own traffic is kept to as well.
     ``launcher_agent``: the program that reaches the other hosts instead of ssh (``agent``).
+    ``silence_limit``: ``POPRUN_SILENCE_LIMIT``, which bounds how long ssh and Open MPI's daemons
+    wait for a host that does not answer (``ssh_args``, ``daemon_keepalive``).
     """
 
     launch_env: Mapping[str, str]
     #: Each instance runs ``shim + [index]``.
     shim: tuple[str, ...]
+    silence_limit: float
     control_address: str = CONTROL_SHOWN
     global_args: tuple[str, ...] = ()
     local_args: tuple[str, ...] = ()
@@ -201,10 +204,17 @@ def instance_environment(plan: JobPlan, spec: CommandSpec, index: int) -> dict[s
 #: argument over 128 KiB and a whole command line near 2 MiB, and a dry run of such a line is
 #: unreadable.
 MAX_COMMAND_BYTES = 64 * 1024
-#: ssh options for reaching hosts: fail within a bound instead of hanging on a dead host or a
-#: password prompt. Users' own HYDRA_LAUNCHER_EXTRA_ARGS / plm_ssh_args win.
-SSH_CONNECT_TIMEOUT = 10
-SSH_ARGS = f"-o ConnectTimeout={SSH_CONNECT_TIMEOUT} -o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+
+
+def ssh_args(silence_limit: float) -> str:
+    """ssh's options for reaching hosts: fail within a bound instead of hanging on a dead host or a
+    password prompt. A host may take half the silence limit to answer a connection (10 s under the
+    default 20 s), and one that stops answering is given up after three keep-alives a quarter of
+    the limit apart (at most 5 s); ``inf`` leaves ssh's own connect timeout. Users' own
+    HYDRA_LAUNCHER_EXTRA_ARGS / plm_ssh_args win."""
+    connect = "" if silence_limit == float("inf") else f"-o ConnectTimeout={max(1, round(silence_limit / 2))} "
+    alive = max(1, round(min(5.0, silence_limit / 4)))
+    return f"{connect}-o BatchMode=yes -o ServerAliveInterval={alive} -o ServerAliveCountMax=3"
 
 
 class Command:
@@ -318,7 +328,7 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> C
             # Hydra's rsh launcher runs 'AGENT HOST COMMAND...', as ssh's would with '-x' first.
             tail += ["-launcher", "rsh", "-launcher-exec", spec.launcher_agent]
         elif settings.given(environment.HYDRA_SSH_ARGS) is None and hydra_uses_ssh(spec.global_args):
-            env[environment.HYDRA_SSH_ARGS] = SSH_ARGS
+            env[environment.HYDRA_SSH_ARGS] = ssh_args(spec.silence_limit)
     elif environment.LD_PRELOAD in env and "-localhost" not in spec.global_args:
         # Hydra on one host: its mpiexec listens on loopback, so that is where a proxy that calls
         # back over TCP must go, whatever this host's name resolves to (Hydra takes one -localhost).
@@ -340,11 +350,18 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> C
 #: Open MPI's daemons on other hosts notice within about 8 s that their launcher can no longer be
 #: reached (TCP keep-alives on its connection; by default 8 minutes) and end: a host cut off from
 #: the job keeps none of them while it stays cut off. Well before the shims there stop their
-#: programs (``protocol.SILENCE_LIMIT``): the daemon then reports those exits to its launcher, and
-#: the kernel sends no keep-alive while data waits unacknowledged, so a daemon that had not given
-#: up by then would wait for TCP's retransmissions to give up (15 minutes).
-DAEMON_KEEPALIVE = (("oob_tcp_keepalive_time", "2"), ("oob_tcp_keepalive_intvl", "2"),
-                    ("oob_tcp_keepalive_probes", "3"))
+#: programs (the silence limit): the daemon then reports those exits to its launcher, and the
+#: kernel sends no keep-alive while data waits unacknowledged, so a daemon that had not given up by
+#: then would wait for TCP's retransmissions to give up (15 minutes). Idle time and interval are
+#: ``daemon_keepalive`` seconds each, ``DAEMON_PROBES`` probes: 8 s under the default 20 s limit.
+DAEMON_PROBES = 3
+
+
+def daemon_keepalive(silence_limit: float) -> int:
+    """Seconds of idle time, and between probes, for Open MPI's daemons' keep-alives under a silence
+    limit (``POPRUN_SILENCE_LIMIT``) of ``silence_limit`` seconds: 2 from 20 s up, 1 below, so
+    that a daemon gives up on an unreachable launcher well before the limit (4 s, 8 s)."""
+    return 2 if silence_limit >= 20 else 1
 
 
 def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Command:
@@ -369,14 +386,17 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) ->
         tail += ["--mca", "btl_tcp_if_include", spec.host_subnet, "--prtemca", "oob_tcp_if_include",
                  spec.host_subnet]
     if spec.callback_address:
-        tail += [arg for name, value in DAEMON_KEEPALIVE for arg in ("--prtemca", name, value)]
+        step = daemon_keepalive(spec.silence_limit)
+        keepalive = (("oob_tcp_keepalive_time", step), ("oob_tcp_keepalive_intvl", step),
+                     ("oob_tcp_keepalive_probes", DAEMON_PROBES))
+        tail += [arg for name, value in keepalive for arg in ("--prtemca", name, str(value))]
         if spec.launcher_agent:
             # Every daemon is started from here, through the agent: with a tree, daemons would start
             # others from their hosts, where the agent may not be (kubectl in the launcher's pod alone).
             tail += ["--prtemca", "plm_ssh_agent", spec.launcher_agent, "--prtemca", "plm_ssh_no_tree_spawn", "1"]
     env = _loopback_env(launcher, spec)
     if spec.callback_address and not spec.launcher_agent and settings.given(environment.PRTE_SSH_ARGS) is None:
-        env[environment.PRTE_SSH_ARGS] = SSH_ARGS
+        env[environment.PRTE_SSH_ARGS] = ssh_args(spec.silence_limit)
     # Open MPI forwards no environment unless told: the job's values, then the caller's by name.
     common = job_env(plan, spec)
     for name, value in common.items():

@@ -41,7 +41,7 @@ def launch(options: LaunchOptions) -> int:
     if not options.dry_run:  # the job is what poprun is for now, not its own output
         own_output.job_runs()
     log.configure(options.verbose)
-    grace = _kill_grace()
+    grace, silence = _kill_grace(), _silence_limit()
     from poprun_py.planning.mpi import detect_launcher, find_mpiexec
     from poprun_py.planning.plan import JobPlan
 
@@ -99,7 +99,7 @@ def launch(options: LaunchOptions) -> int:
         return 0
     _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
     _say_threads_per_instance(plan, remote)
-    return _run(options, start, launcher, grace, errors, slots)
+    return _run(options, start, launcher, (grace, silence), errors, slots)
 
 
 def _error_file(path: str | None) -> ErrorFile | None:
@@ -126,6 +126,16 @@ def _kill_grace() -> float:
     if grace is None:
         raise PlanError(protocol.bad_grace(settings.passed(environment.KILL_GRACE, "")))
     return grace
+
+
+def _silence_limit() -> float:
+    """$POPRUN_SILENCE_LIMIT, which every shim reads too: one line here rather than a warning from each."""
+    from poprun_py.wire import protocol
+
+    try:
+        return protocol.silence_limit()
+    except settings.PopdistEnvError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, agent: Agent | None) -> CommandSpec:
@@ -156,6 +166,7 @@ def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, a
     return CommandSpec(
         launch_env=MappingProxyType(launch_env),  # read-only, as the spec is
         shim=(sys.executable, "-S", SCRIPT),
+        silence_limit=_silence_limit(),
         global_args=tuple(split_args(mpi.mpi_global_args, "--mpi-global-args")),
         local_args=tuple(split_args(mpi.mpi_local_args, "--mpi-local-args")),
         instance_local_args=parse_instance_local_args(mpi.instance_mpi_local_args, plan.num_instances),
@@ -221,11 +232,11 @@ class Start(NamedTuple):
                      self.agent)
 
 
-def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: float,
+def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, limits: tuple[float, float],
          errors: ErrorFile | None, slots: dict[str, int]) -> int:
     """Start the job, and start it again after a failure while --max-restarts allows, without the
-    hosts it lost; the last status. ``grace``: the instances' kill grace, which poprun's own
-    escalation waits for too; ``errors``: --error-file, checked."""
+    hosts it lost; the last status. ``limits``: the instances' kill grace, which poprun's own
+    escalation waits for too, and the silence limit; ``errors``: --error-file, checked."""
     from poprun_py.supervision.output import OutputOptions, one_stream
     from poprun_py.supervision.supervisor import Supervisor
     from poprun_py.wire.seal import new_secret
@@ -252,9 +263,10 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, grace: flo
                                     _command(launcher, plan, start.spec, written), new_secret(), program_argv(options),
                                     show_instance=shown.only_output_from_instance,
                                     listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
-                                    grace=grace, start_timeout=options.failures.start_timeout, output=output,
+                                    grace=limits[0], start_timeout=options.failures.start_timeout, output=output,
                                     log_failures_said=said,
-                                    remote_launcher=start.agent.name if start.agent is not None else "ssh")
+                                    remote_launcher=start.agent.name if start.agent is not None else "ssh",
+                                    silence_limit=limits[1])
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
             lost = supervisor.lost_hosts() if status else {}

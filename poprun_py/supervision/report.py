@@ -8,7 +8,6 @@ import time
 from functools import cached_property
 
 from poprun_py.supervision.states import Failure, InstanceState, describe_status, signal_name
-from poprun_py.wire import protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -293,7 +292,7 @@ def root_cause(state: InstanceState) -> dict[str, str | None] | None:
 def loss(state: InstanceState) -> str:
     """Why an instance went without an exit report, as far as poprun can tell."""
     if state.silent:
-        return f"no word from it for {protocol.SILENCE_LIMIT:.0f} s: its host or the network to it is down"
+        return f"no word from it for {state.silent:g} s: its host or the network to it is down"
     return "its launcher process died without reporting"
 
 

@@ -57,7 +57,7 @@ SILENCE_CHECK_SECONDS = 1.0
 #: stopped, or blocked writing output no one read): it counts as no one's silence (_discount_stall).
 STALL_SECONDS = 1.0
 #: Connections that have not yet said who they are, at most: beyond it the oldest is dropped, so
-#: that strays cannot use up poprun's descriptors (each also gets SILENCE_LIMIT seconds); a shim
+#: that strays cannot use up poprun's descriptors (each also gets the silence limit); a shim
 #: whose HELLO has come is taken first (see _make_room).
 MAX_PENDING = 64
 
@@ -76,7 +76,8 @@ class Supervisor:
                  remote_hosts: frozenset[str] = frozenset(),
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
                  output: OutputOptions | None = None, log_failures_said: set[str] | None = None,
-                 grace: float = protocol.DEFAULT_GRACE, remote_launcher: str = "ssh") -> None:
+                 grace: float = protocol.DEFAULT_GRACE, remote_launcher: str = "ssh",
+                 silence_limit: float = protocol.DEFAULT_SILENCE_LIMIT) -> None:
         # Shared by every instance: who owns the current line of each, one line for both when they
         # are the same file or terminal (see poprun_py.supervision.output).
         self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
@@ -97,6 +98,8 @@ class Supervisor:
         self.interrupted: int | None = None
         self.teardown = Teardown(self.instances, grace, through_agent=remote_launcher != "ssh")
         self.next_silence_check = 0.0
+        #: ``POPRUN_SILENCE_LIMIT``: how long an instance on another host may say nothing.
+        self.silence_limit = silence_limit
         #: Connections accepted that have not yet said HELLO: when each was accepted (monotonic), from
         #: where, and when its nonce was sent (wall clock, ns: see ``clocks``).
         self.pending: dict[_socket.socket, tuple[float, str, int]] = {}
@@ -457,7 +460,7 @@ class Supervisor:
             state.host = host  # no host list: name the machine; otherwise keep the user's name for it
         self.watch.relabel(conn, ("instance", index))
         log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
-        if not state.send(self.program, within=protocol.SILENCE_LIMIT):
+        if not state.send(self.program, within=self.silence_limit):
             log.error("instance %d on %s: could not send it the program", index, state.host)
             self._disconnect(state)
             return
@@ -562,7 +565,7 @@ class Supervisor:
                 state.send(protocol.RELEASE)
 
     def _check_silence(self) -> None:
-        """An instance on another host still running that has said nothing for SILENCE_LIMIT seconds
+        """An instance on another host still running that has said nothing for the silence limit
         is lost: its host died or the network to it is cut (neither closes the connection). On this
         host neither can happen, and a shim that ends closes its connection: one silent here is only
         waiting for a core (a thousand instances on two cores wait that long to start), not lost. A
@@ -573,14 +576,14 @@ class Supervisor:
         self.next_silence_check = now + SILENCE_CHECK_SECONDS
         self.strays.tick()
         for conn, (accepted, _, _) in list(self.pending.items()):
-            if now - accepted > protocol.SILENCE_LIMIT:
-                self._drop_pending(conn, f"it said nothing for {protocol.SILENCE_LIMIT:g} s")
+            if now - accepted > self.silence_limit:
+                self._drop_pending(conn, f"it said nothing for {self.silence_limit:g} s")
         for state in self.instances:
             if state.connection is not None and not state.finished and state.host in self.remote_hosts \
-                    and now - state.last_heard > protocol.SILENCE_LIMIT:
+                    and now - state.last_heard > self.silence_limit:
                 log.warning("no word from instance %d on %s for %.0f s", state.index, state.host,
                             now - state.last_heard)
-                state.silent = True
+                state.silent = self.silence_limit
                 self._disconnect(state)
 
     def _check_start(self) -> None:

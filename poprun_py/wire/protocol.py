@@ -79,8 +79,13 @@ CONT = b"C"
 #: writing its own output (a slow reader), it reads nothing, and that is no one's silence. A shim
 #: whose frames poprun's host has not acknowledged for SILENCE_LIMIT seconds (its kernel still
 #: acknowledges while poprun is stopped or reads slowly) stops its program: cut off, it stops too.
+#: The limit is a setting (``environment.SILENCE_LIMIT``): a slow network or a busy cluster wants
+#: more, a test of what happens at the limit less.
 HEARTBEAT_SECONDS = 5.0
-SILENCE_LIMIT = 20.0
+DEFAULT_SILENCE_LIMIT = 20.0
+#: The shortest limit: silence is judged once a second, and Open MPI's daemons need 4 s to give up
+#: on an unreachable launcher (``planning.mpi.daemon_keepalive``) before the shims stop their programs.
+MIN_SILENCE_LIMIT = 5.0
 HEARTBEAT_FRAME = HEADER.pack(HEARTBEAT, 0, 0)
 
 #: Seconds between SIGTERM and SIGKILL when a shim stops its program (``environment.KILL_GRACE``).
@@ -236,6 +241,26 @@ class CommandReader:
                 raise ProtocolError("a command failed its authentication check")
             commands.append(command)
         return commands
+
+
+def silence_limit() -> float:
+    """``POPRUN_SILENCE_LIMIT`` as seconds (the default when unset or empty; ``inf``: never);
+    ``settings.PopdistEnvError``, one line naming it, when it is not a number of seconds from
+    MIN_SILENCE_LIMIT. poprun refuses a bad value before starting anything; a shim started some
+    other way warns."""
+    limit = settings.seconds(environment.SILENCE_LIMIT, DEFAULT_SILENCE_LIMIT)
+    if limit < MIN_SILENCE_LIMIT:
+        shown = settings.text(environment.SILENCE_LIMIT)
+        raise settings.PopdistEnvError(f"{environment.SILENCE_LIMIT}={shown!r} must be at least "
+                                       f"{MIN_SILENCE_LIMIT:g} seconds (or inf)")
+    return limit
+
+
+def heartbeat_seconds(limit: float) -> float:
+    """How often a running shim says something under a silence limit of ``limit`` seconds: a
+    quarter of it, at least every HEARTBEAT_SECONDS, so that a few frames late or lost on a busy
+    host still leave the limit unreached."""
+    return min(HEARTBEAT_SECONDS, limit / 4)
 
 
 def grace_seconds(text: str) -> float | None:

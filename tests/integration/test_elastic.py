@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.wire.protocol import DEFAULT_GRACE, SILENCE_LIMIT
+from poprun_py.wire.protocol import DEFAULT_GRACE
 from tests.cluster import Cluster
-from tests.helpers import PYTHON, ROOT, job_marker, run, tagged_json, wait_no_processes
+from tests.helpers import PYTHON, ROOT, SHORT_SILENCE, SILENCE_LIMIT, job_marker, run, tagged_json, wait_no_processes
 from tests.integration.conftest import FAILURE_BOUND, job_env, job_files, lines_with, mpi_args, start_poprun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
@@ -259,7 +259,7 @@ def test_the_host_that_failed_is_named_and_left_out(cluster: Cluster, mpi: str, 
         brk(cluster, "node1")
     proc = start_poprun(*mpi_args(mpi), "--max-restarts", "2", "--restart-backoff", "0", "--error-file", str(report),
                         "--num-instances", "3", "--num-replicas", "6", "-H", "node0,node1,node2",
-                        PYTHON, "-c", PROGRAM, marker, env=job_env(mpi))
+                        PYTHON, "-c", PROGRAM, marker, env=job_env(mpi, **SHORT_SILENCE))
     try:
         if mid_job:
             lines_with(proc, "start 0:", 3)
@@ -282,5 +282,5 @@ def test_the_host_that_failed_is_named_and_left_out(cluster: Cluster, mpi: str, 
     assert sorted(line for line in out.splitlines() if f"start {last}:" in line) == [
         f"[{i}] start {last}: node{2 * i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)]
     # Cut off, node1's shims stop their programs by themselves once their frames have gone
-    # unacknowledged for SILENCE_LIMIT seconds; the restart elsewhere may well end before that.
+    # unacknowledged for the silence limit; the restart elsewhere may well end before that.
     assert wait_no_processes(marker, within=SILENCE_LIMIT + DEFAULT_GRACE + 5 if case == "partition" else 5) == []

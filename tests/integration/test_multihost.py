@@ -25,6 +25,8 @@ from tests.helpers import (
     POPRUN,
     PYTHON,
     ROOT,
+    SHORT_SILENCE,
+    SILENCE_LIMIT,
     SUBPROCESS_TIMEOUT,
     job_marker,
     poprun,
@@ -365,7 +367,7 @@ def test_host_that_cannot_be_reached(cluster: Cluster, mpi: str, failure: str, s
         cluster.set_link(node1, up=False)
     start = time.monotonic()
     result = poprun(*mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, BEHAVE, marker,
-                    env=job_env(mpi), timeout=FAILURE_BOUND + 30)
+                    env=job_env(mpi, **SHORT_SILENCE), timeout=FAILURE_BOUND + 30)  # ssh waits half of it
     assert result.returncode == 255 and time.monotonic() - start < FAILURE_BOUND
     assert re.fullmatch(r"poprun: error: instance\(s\) [0-9, -]+ could not be started: host node1: "
                         rf"ssh: connect to host node1 port 22: {said}\n", result.stderr), result.stderr
@@ -400,7 +402,7 @@ def test_host_cut_off_mid_job(cluster: Cluster, mpi: str) -> None:
     marker = job_marker()
     node1 = cluster.host("node1")
     proc = start_poprun(*mpi_args(mpi), "--num-instances", "4", "-H", "node0,node1", PYTHON, BEHAVE, marker,
-                        env=job_env(mpi))
+                        env=job_env(mpi, **SHORT_SILENCE))
     try:
         wait_started(proc, 4)
         start = time.monotonic()
@@ -411,7 +413,7 @@ def test_host_cut_off_mid_job(cluster: Cluster, mpi: str) -> None:
         proc.kill()
     # Open MPI's launcher may give up on node1 first, ending instances 0-1 with SIGTERM, and says why.
     assert proc.returncode in ((1,) if mpi == "mpich" else (1, 143)) and took < FAILURE_BOUND, stderr
-    why = "no word from it for 20 s: its host or the network to it is down" if mpi == "mpich" else ".+"
+    why = f"no word from it for {SILENCE_LIMIT:g} s: its host or the network to it is down" if mpi == "mpich" else ".+"
     assert re.search(rf"^poprun: host node1 was lost: instance\(s\) 2-3 there ended without an exit report \({why}\)$",
                      stderr, re.MULTILINE), stderr
 
@@ -419,7 +421,7 @@ def test_host_cut_off_mid_job(cluster: Cluster, mpi: str) -> None:
         return [line for line in cluster.processes(node1)
                 if marker in line or any(daemon in line for daemon in ("hydra_pmi_proxy", "prted"))]
 
-    deadline = time.monotonic() + 30  # the shims' own 20 s without an acknowledgement (Open MPI's
+    deadline = time.monotonic() + SILENCE_LIMIT + 10  # the shims' own limit without an acknowledgement (Open MPI's
     # launcher may give up on node1 well before poprun does), and some
     while of_the_job() and time.monotonic() < deadline:
         time.sleep(0.2)

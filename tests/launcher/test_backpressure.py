@@ -1,8 +1,8 @@
 """A reader that does not keep up with poprun's output, and a poprun that is stopped, are
 back-pressure, not lost hosts: the job is held back, every line arrives, and it ends with status 0.
 
-Real pipes, real signals, and pauses longer than ``protocol.SILENCE_LIMIT`` (nothing shortens it
-for a job started from the command line), so these tests take half a minute each.
+Real pipes, real signals, and pauses longer than the jobs' silence limit (``POPRUN_SILENCE_LIMIT``,
+set to ``helpers.SILENCE_LIMIT`` as a user could: the default 20 s would only make them longer).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typing import BinaryIO
 
 import pytest
 
-from poprun_py.wire import protocol
 from tests.helpers import (
     OMP_SET,
     POPRUN,
     PYTHON,
     ROOT,
+    SHORT_SILENCE,
+    SILENCE_LIMIT,
     SUBPROCESS_TIMEOUT,
     live_command_line,
     processes_matching,
@@ -32,16 +33,17 @@ from tests.helpers import (
 )
 from tests.launcher.job_shell import held_back, written
 
-pytestmark = pytest.mark.slow  # every test starts poprun; two pause it for half a minute
+pytestmark = pytest.mark.slow  # every test starts poprun; two pause it past the silence limit
 PRINTER = str(ROOT / "tests" / "scripts" / "printer.py")
 #: Longer than poprun's and the shims' silence limit: what used to count as a lost host.
-PAUSE = protocol.SILENCE_LIMIT + 5
+PAUSE = SILENCE_LIMIT + 5
 
 
 def start(folder: Path, instances: int = 2, stdout: int | BinaryIO = subprocess.PIPE) -> subprocess.Popen[bytes]:
     """poprun running the printer (its folder on its command line marks the job's processes)."""
     return subprocess.Popen([*POPRUN, "--num-instances", str(instances), PYTHON, PRINTER, str(folder)],
-                            stdout=stdout, stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, **OMP_SET})
+                            stdout=stdout, stderr=subprocess.PIPE, cwd=ROOT,
+                            env={**os.environ, **OMP_SET, **SHORT_SILENCE})
 
 
 def programs(folder: Path) -> list[int]:
@@ -76,7 +78,7 @@ def check_every_line(stdout: bytes, folder: Path, instances: int = 2) -> None:
 
 
 def test_a_reader_that_pauses_longer_than_the_silence_limit_holds_the_job_back(tmp_path: Path) -> None:
-    """``poprun ... | (sleep 25; cat)``: while nothing reads poprun's output, the programs wait on
+    """``poprun ... | (sleep 13; cat)``: while nothing reads poprun's output, the programs wait on
     their pipes (no progress), nothing is lost, and the job then ends with status 0."""
     proc = start(tmp_path)
     try:

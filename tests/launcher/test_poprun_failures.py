@@ -107,10 +107,10 @@ def test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once(mpi: str) -> N
     finally:
         proc.kill()
     # Measured from the kill: ended at once (well under a second) vs noticed only when the shims'
-    # silence limit (protocol.SILENCE_LIMIT, 20 s) runs out or the instances' 120 s sleep ends;
+    # silence limit (protocol.DEFAULT_SILENCE_LIMIT, 20 s) runs out or the instances' 120 s sleep ends;
     # half the silence limit separates the two even on a loaded 2-core host.
     # The shim saw its launcher die and stopped the program (SIGTERM: status 143).
-    assert proc.returncode == 143 and took < protocol.SILENCE_LIMIT / 2, (took, stderr)
+    assert proc.returncode == 143 and took < protocol.DEFAULT_SILENCE_LIMIT / 2, (took, stderr)
     # Both instances of this host were started by that process; either may report it first.
     assert re.search(rf"^poprun: instance [01] on {socket.gethostname()} failed: .*\n.*\n    the MPI launcher's "
                      rf"process that started instance [01] on {socket.gethostname()} \(PID {launcher}\) died; the "

@@ -1,5 +1,6 @@
 """What the instance shim takes from its environment before it starts the program: the kill grace
-(``POPRUN_KILL_GRACE``) and, with ``--host-subnet``, the network interface MPI is kept on."""
+(``POPRUN_KILL_GRACE``), the silence limit (``POPRUN_SILENCE_LIMIT``) and, with ``--host-subnet``,
+the network interface MPI is kept on."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import os
 import pytest
 
 from popcontract import environment
-from poprun_py.instance.shim import pin_network
+from poprun_py.instance.shim import pin_network, silence_limit
 from poprun_py.instance.shim_pump import kill_grace
 from poprun_py.shared.cores import threads_per_instance
 from poprun_py.shared.network import local_addresses
-from poprun_py.wire.protocol import bad_grace, grace_seconds
-from tests.helpers import poprun
+from poprun_py.planning.mpi import daemon_keepalive, ssh_args
+from poprun_py.wire.protocol import bad_grace, grace_seconds, heartbeat_seconds
+from tests.helpers import MPICH_MPIEXEC, poprun
 
 
 @pytest.mark.parametrize("text, seconds", [("0", 0.0), ("2.5", 2.5), ("30", 30.0), ("1e3", 1000.0)])
@@ -50,6 +52,50 @@ def test_a_bad_kill_grace_is_one_line_before_anything_starts(grace: str, monkeyp
 def test_a_good_kill_grace_reaches_the_shim(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(environment.KILL_GRACE, "0.5")
     assert kill_grace() == 0.5
+
+
+@pytest.mark.slow  # starts poprun
+@pytest.mark.parametrize("limit", ["abc", "0", "-1", "nan", "4.9"])
+def test_a_bad_silence_limit_is_one_line_before_anything_starts(limit: str, monkeypatch: pytest.MonkeyPatch,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    result = poprun("/bin/true", env={environment.SILENCE_LIMIT: limit})
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"poprun: error: {environment.SILENCE_LIMIT}={limit!r} ")
+    assert result.stderr.endswith("or inf)\n") and result.stderr.count("\n") == 1, result.stderr
+    # A shim that still gets such a value (started by hand) warns once and uses the default.
+    monkeypatch.setenv(environment.SILENCE_LIMIT, limit)
+    assert silence_limit() == 20.0
+    said = capfd.readouterr().err
+    assert said.startswith(f"poprun: warning: {environment.SILENCE_LIMIT}={limit!r} ") and said.endswith("; using 20\n")
+
+
+@pytest.mark.parametrize("text, seconds", [("", 20.0), ("8", 8.0), ("300", 300.0), ("inf", float("inf"))])
+def test_a_silence_limit_reaches_the_shim(text: str, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(environment.SILENCE_LIMIT, text)
+    assert silence_limit() == seconds
+
+
+@pytest.mark.parametrize("limit, beat, ssh, keepalive", [
+    (20.0, 5.0, "-o ConnectTimeout=10 -o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3", 2),
+    (300.0, 5.0, "-o ConnectTimeout=150 -o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3", 2),
+    (8.0, 2.0, "-o ConnectTimeout=4 -o BatchMode=yes -o ServerAliveInterval=2 -o ServerAliveCountMax=3", 1),
+    (5.0, 1.25, "-o ConnectTimeout=2 -o BatchMode=yes -o ServerAliveInterval=1 -o ServerAliveCountMax=3", 1),
+    (float("inf"), 5.0, "-o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3", 2),
+])
+def test_the_silence_limit_bounds_every_wait_for_a_host(limit: float, beat: float, ssh: str, keepalive: int) -> None:
+    """Shims say something every quarter of the limit (at least every 5 s); ssh gives a host half
+    the limit to answer; Open MPI's daemons give up on their launcher (3 probes) well within it."""
+    assert heartbeat_seconds(limit) == beat
+    assert ssh_args(limit) == ssh
+    assert daemon_keepalive(limit) == keepalive and keepalive * 4 < limit
+
+
+@pytest.mark.slow  # starts poprun
+def test_the_silence_limit_reaches_the_ssh_options_of_a_job() -> None:
+    result = poprun("--dry-run", "--num-instances", "2", "-H", "node0,node1", "--mpi", str(MPICH_MPIEXEC), "/bin/true",
+                    env={environment.SILENCE_LIMIT: "8"})
+    assert result.returncode == 0, result.stderr
+    assert "environment: HYDRA_LAUNCHER_EXTRA_ARGS='-o ConnectTimeout=4 -o BatchMode=yes" in result.stdout
 
 
 def loopback() -> str:

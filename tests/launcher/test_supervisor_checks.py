@@ -39,15 +39,15 @@ def test_an_instance_silent_past_the_limit_is_lost_and_ends_the_job(
     shims += [call_in(s, server, index) for index in range(3)]
     now = time.monotonic()
     quiet, silent, finished = s.instances
-    quiet.last_heard = now - protocol.SILENCE_LIMIT + 10  # quiet, within the limit
-    silent.last_heard = now - protocol.SILENCE_LIMIT - 1
+    quiet.last_heard = now - s.silence_limit + 10  # quiet, within the limit
+    silent.last_heard = now - s.silence_limit - 1
     finished.status, finished.last_heard = 0, now - 3600  # exited: no word is expected from it
     with poprun_log(1) as said:
         s._check_silence()
     lines = [line.split(" POPRUN ", 1)[1] for line in said.getvalue().splitlines()]
     assert lines[:2] == ["[W] no word from instance 1 on b for 21 s",
                          "[I] instance 1 on b was lost without an exit report"], lines
-    assert (silent.silent, silent.lost, silent.connection) == (True, True, None)
+    assert (silent.silent, silent.lost, silent.connection) == (s.silence_limit, True, None)
     assert s.failure is not None and (s.failure.index, s.failure.status) == (1, 1)
     assert s.failure.description.startswith("lost: ")
     assert s.teardown.started is not None and quiet.stopped_by_poprun  # the others are told to stop
@@ -65,7 +65,7 @@ def test_an_instance_on_this_host_silent_past_the_limit_is_not_lost() -> None:
     shims = [call_in(s, server, index) for index in range(2)]
     try:
         here, there = s.instances
-        here.last_heard = there.last_heard = time.monotonic() - protocol.SILENCE_LIMIT - 1
+        here.last_heard = there.last_heard = time.monotonic() - s.silence_limit - 1
         s._check_silence()
         assert not here.silent and here.connection is not None
         assert there.silent and s.failure is not None and s.failure.index == 1
@@ -108,7 +108,7 @@ def test_silence_is_checked_once_a_second(job: tuple[Supervisor, socket.socket, 
         state.last_heard = time.monotonic()
     s._check_silence()
     assert s.next_silence_check > time.monotonic() + 0.5
-    s.instances[2].last_heard = time.monotonic() - protocol.SILENCE_LIMIT - 1
+    s.instances[2].last_heard = time.monotonic() - s.silence_limit - 1
     s._check_silence()  # within the second: not checked
     assert not s.instances[2].silent
     s.next_silence_check = time.monotonic()  # the second is over
@@ -183,7 +183,7 @@ def test_a_connection_that_never_says_who_it_is_is_dropped_at_the_silence_limit(
     s, server, shims = job
     shims += [_stray(s, server), _stray(s, server)]
     old, new = s.pending  # in the order they came
-    s.pending[old] = (time.monotonic() - protocol.SILENCE_LIMIT - 1, *s.pending[old][1:])
+    s.pending[old] = (time.monotonic() - s.silence_limit - 1, *s.pending[old][1:])
     with poprun_log() as said:
         s._check_silence()
     assert list(s.pending) == [new] and shims[0].recv(1) == b""
@@ -530,12 +530,11 @@ def test_a_connection_dropped_earlier_in_the_same_round_is_not_read_again(
     assert len(s.pending) == MAX_PENDING
 
 
-def test_a_shim_that_takes_none_of_its_program_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shim_that_takes_none_of_its_program_is_lost() -> None:
     """poprun waits at most the silence limit for a shim to take the program it answers a HELLO
     with (more than a socket's buffers hold); a shim that reads none of it is lost, and ends the job."""
-    monkeypatch.setattr(protocol, "SILENCE_LIMIT", 0.3)
     s = Supervisor(1, ["a"], lambda address: ([], {}), new_secret(), [b"x" * (32 << 20)], listen_address="127.0.0.1",
-                   start_timeout=START_TIMEOUT, stdout=io.BytesIO(), stderr=io.BytesIO())
+                   start_timeout=START_TIMEOUT, stdout=io.BytesIO(), stderr=io.BytesIO(), silence_limit=0.3)
     with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as shim:
         server.setblocking(False)
         shim.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
