@@ -60,20 +60,15 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# Nothing a test's job makes may stay in /dev/shm or /tmp (tests/leftover_files.py).
+# The suite in parts run at once (tests/parts.py, docs/testing.md): each in a sandbox of its own (its
+# own PID namespace, /tmp, /dev/shm and, but for the multi-host cluster's part, network), each
+# checking that its jobs left nothing in its /tmp and /dev/shm (tests/leftover_files.py). Together:
+# every test; tests/mpi under mpiexec at 2, 3 and 4 ranks; the determinism tests again under every
+# other OpenBLAS kernel this CPU runs (bits promised equal must not depend on the one it picked);
+# `make sanitize`. A failed part is named with the tests that failed in it; its log is in
+# .venv/test-parts/.
 test: lint
-	$(PY) -m tests.leftover_files snapshot $(VENV)/.leftovers-before
-	$(PYTEST) tests
-	$(MPIEXEC) -n 2 $(PYTEST) --with-mpi tests/mpi
-	$(MPIEXEC) -n 3 $(PYTEST) --with-mpi tests/mpi
-	$(MPIEXEC) -n 4 $(PYTEST) --with-mpi tests/mpi
-	@# Bits promised equal must not depend on the BLAS kernel this CPU picked: the determinism
-	@# tests again under every other OpenBLAS kernel it runs, each in its own process.
-	@for k in $$($(PY) -m tests.blas_kernels); do \
-		echo "determinism tests under OPENBLAS_CORETYPE=$$k"; \
-		OPENBLAS_CORETYPE=$$k $(PYTEST) -m determinism tests || exit 1; \
-	done
-	$(PY) -m tests.leftover_files check $(VENV)/.leftovers-before
+	$(PY) -m tests.parts
 
 # The tier to run after every edit: the tests that start no process (tests/process_guard.py fails
 # one that does without the slow mark), each engine test under one executor and each hypothesis test
@@ -87,8 +82,8 @@ test-fast: install
 # (the venv's in-place builds are untouched), and the kernels' tests run in that copy with the
 # sanitizers' runtime preloaded (Python itself is not built with it). A report stops the process
 # that made it, which fails the run; pytest captures sys.stdout and sys.stderr only (--capture=sys),
-# so a report from the test process itself reaches the terminal. Not part of `make test` (about a
-# minute of its own). Leaks are not checked: CPython keeps objects until exit by design.
+# so a report from the test process itself reaches the terminal. A part of `make test`
+# (tests/parts.py). Leaks are not checked: CPython keeps objects until exit by design.
 # Huge allocations fail as MemoryError, as they do unsanitized (ASan warns that it could not make them).
 SANITIZE_DIR   := build/sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g
@@ -166,11 +161,11 @@ mutants: install
 	$(MAKE) --no-print-directory mutmut-run MUTMUT_TARGET=library
 
 # The launcher's mutants include sweeps that kill processes, and its tests check what jobs leave in
-# /tmp and /dev/shm: tests/mutation/sandbox runs mutmut in a PID namespace of its own, where a
+# /tmp and /dev/shm: tests/sandbox runs mutmut in a PID namespace of its own, where a
 # mutant can kill only the run, with /tmp and /dev/shm of its own.
 $(MUTMUT_LAUNCHER): install
-	@tests/mutation/sandbox true || { echo "$@ needs a PID namespace (unshare): its mutants can kill any process of yours"; exit 1; }
-	$(MAKE) --no-print-directory mutmut-run MUTMUT_TARGET=$(@:mutants-%=%) MUTMUT_WRAP=tests/mutation/sandbox
+	@tests/sandbox true || { echo "$@ needs a PID namespace (unshare): its mutants can kill any process of yours"; exit 1; }
+	$(MAKE) --no-print-directory mutmut-run MUTMUT_TARGET=$(@:mutants-%=%) MUTMUT_WRAP=tests/sandbox
 
 mutmut-run:
 	$(PY) -m pip install --quiet --disable-pip-version-check \

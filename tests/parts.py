@@ -1,0 +1,249 @@
+"""``make test``'s parts, run at once: ``python -m tests.parts [PART ...]``.
+
+The suite's parts share nothing but the machine's cores: each runs in a sandbox of its own
+(``tests/sandbox``: a PID namespace, its own /tmp and /dev/shm and, but for the part that builds
+the multi-host cluster, its own network namespace with loopback alone, so its own ports), checks
+that its jobs left nothing in its /tmp and /dev/shm, and writes its output to a log of its own. Most
+of the suite waits (for processes, signals, protocol limits), so parts that wait overlap on two
+cores; each is bounded, and a failed part is reported by name with the tests that failed in it.
+
+    python -m tests.parts                 # every part; status 1 if any failed
+    python -m tests.parts mpi sanitize    # those parts only
+    python -m tests.parts --list          # the parts and their commands
+    python -m tests.parts --doc FILE      # FILE's generated section from the last run's results
+
+Each pytest command writes a JUnit XML file next to the part's log; ``--doc`` reads them (and the
+run's record, ``RESULTS``) to regenerate docs/testing.md's table of the parts and the slowest
+tests, so the figures a doc quotes come from the run it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from tests import blas_kernels
+from tests.helpers import ROOT
+
+#: Where each part's log, JUnit files and leftover snapshot go (not /tmp: each part has its own).
+OUT = ROOT / ".venv" / "test-parts"
+RESULTS = OUT / "results.json"
+SANDBOX = str(ROOT / "tests" / "sandbox")
+#: The bound of every part: well inside CI's limit, far beyond a part's usual time.
+PART_TIMEOUT = 25 * 60
+PY = sys.executable
+PYTEST = (PY, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider")
+MPIEXEC = str(Path(PY).parent / "mpiexec")
+
+
+class Part(NamedTuple):
+    """One part: its commands, run in order (the first failure ends it), and whether it keeps the
+    machine's network (the cluster's part) instead of a network namespace of its own."""
+
+    name: str
+    commands: tuple[tuple[str, ...], ...]
+    own_network: bool = True
+
+
+def _pytest(part: str, step: str, *args: str) -> tuple[str, ...]:
+    return (*PYTEST, f"--junitxml={OUT / f'{part}.{step}.xml'}", *args)
+
+
+def parts() -> list[Part]:
+    """The parts of ``make test``, the longest first. Together they run every test once under
+    both engine executors with all hypothesis examples, tests/mpi under mpiexec at 2, 3 and 4 ranks,
+    the determinism tests again under every other OpenBLAS kernel this CPU runs, and the compiled
+    parts under AddressSanitizer and UndefinedBehaviorSanitizer (``make sanitize``)."""
+    kernels = blas_kernels.kernels()
+    return [
+        Part("hosts", (_pytest("hosts", "pytest", "tests/integration"),), own_network=False),
+        Part("launcher", (_pytest("launcher", "pytest", "tests/launcher"),)),
+        Part("library", (_pytest("library", "pytest", "tests/library", "tests/engine"),)),
+        Part("mpi", (
+            # No JUnit file here: every rank would write the same one.
+            *((MPIEXEC, "-n", str(n), *PYTEST, "--with-mpi", "tests/mpi") for n in (2, 3, 4)),
+            # Bits promised equal must not depend on the BLAS kernel this CPU picked.
+            *(("env", f"OPENBLAS_CORETYPE={k}", *_pytest("mpi", f"blas-{k}", "-m", "determinism", "tests"))
+              for k in kernels),
+        )),
+        Part("sanitize", (("make", "--no-print-directory", "sanitize"),)),
+    ]
+
+
+def _script(part: Part) -> str:
+    """The shell script a part runs in its sandbox: a snapshot of its /tmp and /dev/shm, its
+    commands in order, then the check that its jobs left nothing there."""
+    snapshot = str(OUT / f"{part.name}.before")
+    steps = [(PY, "-m", "tests.leftover_files", "snapshot", snapshot), *part.commands,
+             (PY, "-m", "tests.leftover_files", "check", snapshot)]
+    return " && ".join(shlex.join(step) for step in steps)
+
+
+class Running(NamedTuple):
+    part: Part
+    proc: subprocess.Popen[bytes]
+    started: float
+    log: Path
+
+
+def sandboxes() -> bool:
+    """Whether this machine gives a part a sandbox (namespaces: as root, or unprivileged users')."""
+    return subprocess.run([SANDBOX, "--net", "true"], stdin=subprocess.DEVNULL, capture_output=True).returncode == 0
+
+
+def _start(part: Part, sandboxed: bool) -> Running:
+    log = OUT / f"{part.name}.log"
+    command = ["sh", "-c", _script(part)]
+    if sandboxed:
+        command = [SANDBOX, *(["--net"] if part.own_network else []), *command]
+    with open(log, "wb") as out:
+        # A session of its own: a part that runs past its bound is killed whole (in a sandbox, its
+        # first process is its PID namespace's init: the kernel ends the rest with it).
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=ROOT, start_new_session=True)
+    return Running(part, proc, time.monotonic(), log)
+
+
+def _say(item: Running, status: int, took: float) -> None:
+    """A part's end: passed, or failed with the tests that failed in it (its log's last lines where
+    pytest named none: a command that is no test failed)."""
+    if status == 0:
+        print(f"tests.parts: part {item.part.name} passed in {_minutes(took)}", flush=True)
+        return
+    print(f"tests.parts: part {item.part.name} FAILED (status {status}) in {_minutes(took)}; "
+          f"log: {item.log.relative_to(ROOT)}", flush=True)
+    for line in failed_tests(item.log) or item.log.read_text(errors="replace").splitlines()[-40:]:
+        print(f"    {item.part.name}: {line}", flush=True)
+
+
+def failed_tests(log: Path) -> list[str]:
+    """The tests pytest's short summary lists as failed or in error, in the order it lists them."""
+    lines = log.read_text(errors="replace").splitlines()
+    return [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
+
+
+def run(chosen: Sequence[Part]) -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for stale in OUT.glob("*.xml"):
+        stale.unlink()
+    began = time.monotonic()
+    sandboxed = sandboxes()
+    names = ", ".join(part.name for part in chosen)
+    if sandboxed:
+        print(f"tests.parts: {len(chosen)} parts at once ({names}); logs in {OUT.relative_to(ROOT)}/", flush=True)
+    else:  # they would share /tmp, /dev/shm and ports, and blame each other's files
+        print(f"tests.parts: no namespaces here (tests/sandbox): the parts run one after another ({names})",
+              flush=True)
+    queue = list(chosen)
+    results: dict[str, dict[str, object]] = {}
+    waiting: list[Running] = []
+    while queue or waiting:
+        while queue and (sandboxed or not waiting):
+            waiting.append(_start(queue.pop(0), sandboxed))
+        for item in list(waiting):
+            status = item.proc.poll()
+            took = time.monotonic() - item.started
+            if status is None and took > PART_TIMEOUT:
+                os.killpg(item.proc.pid, signal.SIGKILL)
+                status = item.proc.wait()
+                with open(item.log, "a") as log:
+                    log.write(f"\ntests.parts: part {item.part.name} ran past {PART_TIMEOUT} s and was killed\n")
+            if status is None:
+                continue
+            waiting.remove(item)
+            results[item.part.name] = {"status": status, "seconds": round(took, 1)}
+            _say(item, status, took)
+        time.sleep(0.5)
+    total = time.monotonic() - began
+    failed = [name for name, result in results.items() if result["status"] != 0]
+    RESULTS.write_text(json.dumps({
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": _commit(), "cores": os.cpu_count(), "seconds": round(total, 1), "parts": results}, indent=1))
+    verdict = f"{len(failed)} FAILED: {', '.join(failed)}" if failed else "all passed"
+    print(f"tests.parts: {verdict}, {_minutes(total)} in all", flush=True)
+    return 1 if failed else 0
+
+
+def _commit() -> str:
+    described = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT)
+    return described.stdout.strip() or "unknown"
+
+
+# -- docs/testing.md ------------------------------------------------------------------------------
+BEGIN, END = "<!-- tests.parts: begin -->", "<!-- tests.parts: end -->"
+SLOWEST = 25
+
+
+def _cases() -> list[tuple[float, str, str]]:
+    """Every test case of the last run's JUnit files: its seconds, its part, its id."""
+    cases = []
+    for path in sorted(OUT.glob("*.xml")):
+        part = path.name.split(".", 1)[0]
+        for case in ET.parse(path).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+            cases.append((float(case.get("time", "0")), part, name))
+    return cases
+
+
+def section() -> str:
+    """docs/testing.md's generated section: the last run's parts and its slowest tests."""
+    record = json.loads(RESULTS.read_text())
+    heading = (f"Generated by `python -m tests.parts --doc docs/testing.md` from the run of {record['date']} "
+               f"at {record['commit']} ({record['cores']} cores): {_minutes(record['seconds'])} in all, "
+               "after the lint step.")
+    lines = [BEGIN, "", heading, "", "| part | status | time |", "|---|---|---|"]
+    for name, result in record["parts"].items():
+        lines.append(f"| {name} | {'passed' if result['status'] == 0 else 'FAILED'} | {_minutes(result['seconds'])} |")
+    cases = sorted(_cases(), reverse=True)
+    lines += ["", f"The {SLOWEST} slowest tests (`--durations`: setup, call and teardown):", "",
+              "| seconds | part | test |", "|---:|---|---|"]
+    lines += [f"| {seconds:.1f} | {part} | `{name}` |" for seconds, part, name in cases[:SLOWEST]]
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def write_doc(path: Path) -> None:
+    text = path.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    path.write_text(head + section() + tail)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.parts", description=__doc__.split("\n\n")[0])
+    parser.add_argument("parts", nargs="*", help="the parts to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the parts and their commands")
+    parser.add_argument("--doc", type=Path, help="regenerate this file's section from the last run")
+    args = parser.parse_args(argv)
+    every = {part.name: part for part in parts()}
+    if args.doc:
+        write_doc(args.doc)
+        return 0
+    unknown = [name for name in args.parts if name not in every]
+    if unknown:
+        parser.error(f"no part named {', '.join(unknown)} (parts: {', '.join(every)})")
+    chosen = [every[name] for name in args.parts] if args.parts else list(every.values())
+    if args.list:
+        for part in chosen:
+            print(f"{part.name}:\n" + "".join(f"    {' '.join(command)}\n" for command in part.commands))
+        return 0
+    return run(chosen)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
