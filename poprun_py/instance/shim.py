@@ -158,7 +158,7 @@ def connect_to_poprun(index: int, secret: str | None) -> tuple[_socket.socket, S
         try:
             control = connect(address, give_up_after=SILENCE_LIMIT)
             try:
-                nonce = _read_nonce(control, SILENCE_LIMIT)
+                nonce = read_nonce(control, SILENCE_LIMIT)
                 arrived = time.time_ns()
             except OSError:
                 control.close()
@@ -230,7 +230,7 @@ def _read_exactly(control: _socket.socket, size: int, closed: str = "poprun clos
     return b"".join(chunks)
 
 
-def _read_nonce(control: _socket.socket, timeout: float) -> bytes:
+def read_nonce(control: _socket.socket, timeout: float) -> bytes:
     """The nonce poprun sends first on a connection (OSError if it does not come whole)."""
     from poprun_py.wire.protocol import NONCE_SIZE
 
