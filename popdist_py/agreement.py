@@ -119,14 +119,14 @@ def encode_signature(what: str, signature: Any) -> bytearray:
         digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
         keep = SLOT // 5
         short = text if len(text) <= 2 * keep else f"{text[:keep]}...{text[-keep:]}"
-        payload = pickle.dumps((what[:keep], _Opaque(f"{short} #{digest}")), protocol=5)
+        payload = pickle.dumps((what[:keep], Opaque(f"{short} #{digest}")), protocol=5)
     buf = bytearray(SLOT)
     buf[:4] = len(payload).to_bytes(4, "little")
     buf[4 : 4 + len(payload)] = payload
     return buf
 
 
-class _Opaque(str):
+class Opaque(str):
     """A signature too long to send whole: the head and tail of its repr plus a digest."""
 
     def __repr__(self) -> str:

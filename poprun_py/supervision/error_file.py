@@ -85,7 +85,7 @@ class ErrorFile:
         text = (json.dumps(records, indent=2) + "\n").encode()
         try:
             if self.fd is not None:
-                _write_within(self.fd, text, IN_PLACE_LIMIT)
+                write_within(self.fd, text, IN_PLACE_LIMIT)
                 return
             target = os.path.realpath(self.path)
             try:
@@ -103,7 +103,7 @@ class ErrorFile:
             self.fd = None
 
 
-def _write_within(fd: int, text: bytes, limit: float) -> None:
+def write_within(fd: int, text: bytes, limit: float) -> None:
     """All of ``text`` to the non-blocking ``fd``, waiting for a slow reader at most ``limit``
     seconds in all: a reader that holds a FIFO open but never reads cannot keep poprun from ending
     (TimeoutError, which the caller's warning names)."""

@@ -69,7 +69,7 @@ def launch(options: LaunchOptions) -> int:
     plan = shape.replace(run_id=run_id, max_restarts=options.failures.max_restarts,
                          error_dir=f"{temporary_folder()}/poprun-{run_id}", master_addr=master_addr,
                          master_port=master_port())
-    start = Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback, agent), agent)
+    start = Start(plan, tuple(remote), callback, master_port, command_spec(options, plan, callback, agent), agent)
     _check_program(options.program, bool(remote))
     launcher = detect_launcher(find_mpiexec(options.mpi.mpi), need_version=options.dry_run or options.verbose > 0)
     if not options.mpi.speaks_to_an_mpiexec() and not hosts:
@@ -138,7 +138,7 @@ def _silence_limit() -> float:
         raise PlanError(str(exc)) from None
 
 
-def _command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, agent: Agent | None) -> CommandSpec:
+def command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, agent: Agent | None) -> CommandSpec:
     """What the mpiexec command is built from besides the plan: what every instance gets from poprun's
     environment and options, the shim, the user's MPI arguments and what reaches the hosts (``agent``,
     None: ssh)."""
@@ -228,7 +228,7 @@ class Start(NamedTuple):
         plan = self.plan.replace(num_instances=num_instances, hosts=tuple(hosts), master_addr=master_addr,
                                  master_port=master_port())
         _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
-        return Start(plan, tuple(remote), callback, master_port, _command_spec(options, plan, callback, self.agent),
+        return Start(plan, tuple(remote), callback, master_port, command_spec(options, plan, callback, self.agent),
                      self.agent)
 
 

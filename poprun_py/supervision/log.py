@@ -27,7 +27,9 @@ def configure(verbosity: int) -> None:
         _logger.setLevel(_level)
 
 
-def _get() -> logging.Logger:
+def logger() -> logging.Logger:
+    """poprun's logger (``NAME``) with its handler, made on the first call (the first message's):
+    what a caller redirects to have poprun's diagnostics elsewhere."""
     global _logger
     if _logger is None:
         import logging
@@ -58,17 +60,17 @@ def _get() -> logging.Logger:
 
 def debug(message: str, *args: object) -> None:
     if _level <= DEBUG:
-        _get().debug(message, *args)
+        logger().debug(message, *args)
 
 
 def info(message: str, *args: object) -> None:
     if _level <= INFO:
-        _get().info(message, *args)
+        logger().info(message, *args)
 
 
 def warning(message: str, *args: object) -> None:
-    _get().warning(message, *args)
+    logger().warning(message, *args)
 
 
 def error(message: str, *args: object) -> None:
-    _get().error(message, *args)
+    logger().error(message, *args)

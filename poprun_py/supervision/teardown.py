@@ -112,7 +112,7 @@ class Teardown:
                 log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
         killed = False
         for pid in session_members(self.mpiexec.pid):
-            command = _command_line(pid)
+            command = command_line(pid)
             if sweep.kill_in_session(pid, self.mpiexec.pid):
                 killed = True
                 if command:  # an empty command line: the process was already exiting
@@ -125,7 +125,7 @@ class Teardown:
         # closes what it inherits, so no such wait can hang on it: ssh clients are left to end with
         # their remote side, as before agents came.
         for pid in sweep.children(os.getpid()) if self.through_agent else ():
-            command = _command_line(pid)
+            command = command_line(pid)
             if sweep.kill_descendant(pid, os.getpid()):
                 log.debug("killed process %d (%s), which mpiexec left", pid, command)
         # Until the killed are gone they still map MPICH's segments, which would then look in use
@@ -154,7 +154,9 @@ def remove_files_left(since: float, launcher_pid: int | None = None) -> None:
         log.debug("removed %s, left by the job's killed processes", path)
 
 
-def _command_line(pid: int) -> str:
+def command_line(pid: int) -> str:
+    """How a process the sweep kills is named: the first 200 bytes of its command line, as text
+    (any bytes that are not UTF-8 replaced); "" once it is gone."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             return handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip()

@@ -73,11 +73,11 @@ RELEASE = b"R"
 STOP = b"S"
 CONT = b"C"
 
-#: A running shim says something at least this often; after SILENCE_LIMIT seconds without a word
+#: A running shim says something at least this often; after the silence limit without a word
 #: from an instance that has not exited, poprun counts it lost: its host died or the network to it
 #: is cut, and neither sends a FIN. Only time poprun listened counts: while it is stopped or blocked
 #: writing its own output (a slow reader), it reads nothing, and that is no one's silence. A shim
-#: whose frames poprun's host has not acknowledged for SILENCE_LIMIT seconds (its kernel still
+#: whose frames poprun's host has not acknowledged for the silence limit (its kernel still
 #: acknowledges while poprun is stopped or reads slowly) stops its program: cut off, it stops too.
 #: The limit is a setting (``environment.SILENCE_LIMIT``): a slow network or a busy cluster wants
 #: more, a test of what happens at the limit less.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, poprun, tagged_json, wait_no_processes
+from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, job_marker, poprun, tagged_json, wait_no_processes
 from tests.integration.cascade import CASCADE, check_cascade
 
 pytestmark = pytest.mark.slow
@@ -73,8 +73,9 @@ def _wait_for(paths: list[Path], proc: subprocess.Popen[str]) -> None:
 
 @pytest.mark.timeout(TORCH_TIMEOUT + 60)
 def test_a_rank_killed_mid_run_ends_the_job_at_once(tmp_path: Path) -> None:
-    markers = tmp_path / "markers"  # unique: also how this job's processes are found afterwards
+    markers = tmp_path / "markers"
     markers.mkdir()
+    marker = job_marker()  # in every process of the job's environment: poprun, mpiexec, shims, programs
     proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, DDP, "--steps", "4", "--hold-at-step", "2",
                              "--marker-dir", str(markers)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -93,7 +94,7 @@ def test_a_rank_killed_mid_run_ends_the_job_at_once(tmp_path: Path) -> None:
     assert any(line.startswith("poprun: instance 1 on ") and line.endswith(" failed: killed by SIGKILL (status 137)")
                for line in lines), stderr
     assert "poprun: stopped instance(s) 0 (1 of 2)" in lines
-    assert wait_no_processes(str(markers)) == []
+    assert wait_no_processes(marker) == []
 
 
 @pytest.mark.timeout(2 * TORCH_TIMEOUT + 60)

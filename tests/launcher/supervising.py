@@ -71,7 +71,7 @@ def read_program(shim: socket.socket, seal: Seal) -> list[bytes]:
 def poprun_log(verbosity: int = 0) -> Iterator[io.StringIO]:
     """poprun's diagnostics (``poprun_py.supervision.log``) written to a buffer while the block runs."""
     log.configure(verbosity)
-    logger = log._get()
+    logger = log.logger()
     previous = logger.handlers[:]
     buffer = io.StringIO()
     handler = logging.StreamHandler(buffer)  # its own: the one poprun made may hold a closed stream

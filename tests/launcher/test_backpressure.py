@@ -25,9 +25,8 @@ from tests.helpers import (
     SHORT_SILENCE,
     SILENCE_LIMIT,
     SUBPROCESS_TIMEOUT,
-    live_command_line,
+    job_marker,
     processes_matching,
-    shim_of,
     wait_no_processes,
     wait_until,
 )
@@ -138,15 +137,15 @@ def test_ctrl_c_while_the_reader_is_paused_stops_the_programs_at_once(tmp_path: 
 def test_a_killed_poprun_is_noticed_at_once_by_shims_that_wait_to_send(tmp_path: Path) -> None:
     """A dead poprun is not a paused one: its kernel resets the connections, and shims held back
     by its unread output stop their programs at once."""
+    marker = job_marker()  # in the environment of the job's every process: mpiexec and the shims too
     proc = start(tmp_path)
     try:
         read_until_each_has_printed(proc)
         held_back(programs(tmp_path))
-        shims = [shim_of(str(tmp_path), index) for index in range(2)]  # (they do not carry the marker)
         proc.kill()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
-        assert wait_no_processes(str(tmp_path), within=5) == []
-        # ... and the shims end after them, having removed what they made (the job's error folder)
-        wait_until(lambda: all(live_command_line(shim) is None for shim in shims), "the shims ended", within=5)
+        wait_until(lambda: programs(tmp_path) == [], "the programs stopped", within=5)
+        # ... and the shims and mpiexec end after them, the shims having removed what they made
+        assert wait_no_processes(marker, within=5) == []
     finally:
         proc.kill()

@@ -172,7 +172,7 @@ def test_a_launch_that_fails_is_recorded_with_the_host_that_could_not_start(tmp_
 def test_a_fifo_reader_that_never_reads_cannot_hold_poprun(tmp_path: Path) -> None:
     # A reader holds the FIFO open and reads nothing: once its one-page pipe is full, the record's
     # writer waits at most its limit, then gives up with TimeoutError (the caller's warning).
-    from poprun_py.supervision.error_file import _write_within
+    from poprun_py.supervision.error_file import write_within
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -183,7 +183,7 @@ def test_a_fifo_reader_that_never_reads_cannot_hold_poprun(tmp_path: Path) -> No
 
         fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, 4096)
         with pytest.raises(TimeoutError, match=r"took none of it for 0\.2 s"):
-            _write_within(writer, b"x" * 3 * 4096, 0.2)
+            write_within(writer, b"x" * 3 * 4096, 0.2)
         assert len(os.read(reader, 1 << 16)) == 4096  # what fitted, and no more
     finally:
         os.close(writer)
@@ -194,7 +194,7 @@ def test_a_slow_fifo_reader_gets_the_whole_record(tmp_path: Path) -> None:
     import fcntl
     import threading
 
-    from poprun_py.supervision.error_file import _write_within
+    from poprun_py.supervision.error_file import write_within
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -212,7 +212,7 @@ def test_a_slow_fifo_reader_gets_the_whole_record(tmp_path: Path) -> None:
     thread = threading.Thread(target=read_all)
     thread.start()
     try:
-        _write_within(writer, text, 30.0)
+        write_within(writer, text, 30.0)
     finally:
         os.close(writer)
         thread.join(timeout=30)

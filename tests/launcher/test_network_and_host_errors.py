@@ -7,10 +7,11 @@ import socket
 
 import pytest
 
+from poprun_py.planning.mpi import MAX_COMMAND_BYTES, OPENMPI_APP_LINE
 from poprun_py.shared.errors import PlanError
 from poprun_py.shared.network import address_in_subnet, callback_address, is_local_name, local_addresses, remote_hosts
 from poprun_py.supervision.host_errors import describe, host_failures, launcher_text
-from tests.helpers import poprun
+from tests.helpers import OPENMPI_MPIEXEC, poprun
 
 
 def test_loopback_is_found_by_subnet() -> None:
@@ -97,6 +98,27 @@ def test_local_args_with_spaces_cannot_go_in_a_config_file() -> None:
     assert result.stderr == ("poprun: error: 'two words' cannot go in mpiexec's config file, which a job this "
                              "large needs (its lines are split at white space, without quoting); use arguments "
                              "without spaces or quotes in --mpi-local-args / --instance-mpi-local-args\n")
+
+
+@pytest.mark.slow  # starts poprun
+def test_an_app_context_longer_than_open_mpi_reads_of_a_line_cannot_go_in_its_app_file() -> None:
+    """Open MPI 5's prterun reads a line of its app file in 1024 bytes (newline and NUL included):
+    a longer line was cut in two, and the job never started or prterun crashed. 1022 bytes pass."""
+    def dry_run(value: str) -> tuple[int, list[str], str]:
+        result = poprun("--dry-run", "--mpi", str(OPENMPI_MPIEXEC), "--num-instances", "2",
+                        "--mpi-global-args", f"-x PADDING={'x' * MAX_COMMAND_BYTES}",
+                        "--instance-mpi-local-args", f"1:-x LONG={value}", "/bin/true")
+        lines = [line[2:] for line in result.stdout.splitlines() if " -x LONG=" in line]
+        return result.returncode, lines, result.stderr
+
+    _, [line], _ = dry_run("")
+    fits = "y" * (OPENMPI_APP_LINE - len(line))
+    status, [line], _ = dry_run(fits)
+    assert status == 0 and len(line) == OPENMPI_APP_LINE
+    refused = (f"poprun: error: an instance's app context is {OPENMPI_APP_LINE + 1} bytes, and Open MPI reads at "
+               f"most {OPENMPI_APP_LINE} of a line of its app file, which a job this large needs; shorten "
+               "--mpi-local-args / --instance-mpi-local-args\n")
+    assert dry_run(fits + "y") == (2, [], refused)
 
 
 def test_launcher_output_in_another_encoding_is_read_not_refused() -> None:

@@ -179,16 +179,25 @@ def test_poprun_s_own_line_ends_an_open_line_and_lets_the_waiting_instance_go_ne
     assert sink.getvalue() == b"[0] partial\npoprun: note\n[1] waiting\n[0]  rest\n"
 
 
-@pytest.mark.parametrize("data, end", [
-    (b"abc", -1), (b"a\nb", 1), (b"\n\r", 0), (b"a\rb\n", 1), (b"a\r\nb", 2), (b"a\rb\rc", 1), (b"\r", 0),
-    (b"a\r", 1), (b"\r\n", 1),
+@pytest.mark.parametrize("data, shown", [
+    (b"abc", b"[0] xabc"),  # no break: instance 0 keeps the line
+    (b"a\nb", b"[0] xa\n[1] waiting\n[0] b"),
+    (b"\n\r", b"[0] x\n[1] waiting\n"),  # the newline comes first; the carriage return then moves nothing
+    (b"a\rb\n", b"[0] xa\r\n[1] waiting\n[0] b\n"),  # a carriage return is a break: poprun ends the line
+    (b"a\r\nb", b"[0] xa\r\n[1] waiting\n[0] b"),  # CR LF is one break, ended at the LF: no empty line after
+    (b"a\rb\rc", b"[0] xa\r\n[1] waiting\n[0] b\r[0] c"),  # only the first break lets the other in
+    (b"\r", b"[0] x\r\n[1] waiting\n"),
+    (b"a\r", b"[0] xa\r\n[1] waiting\n"),
+    (b"\r\n", b"[0] x\r\n[1] waiting\n"),
 ])
-def test_a_waiting_instance_is_let_in_after_the_first_line_break(data: bytes, end: int) -> None:
+def test_a_waiting_instance_is_let_in_after_the_first_line_break(data: bytes, shown: bytes) -> None:
     # Where an owner with others waiting stops: the end of its first newline or carriage return,
     # a CR LF counting as one break that ends at the LF.
-    from poprun_py.supervision.output import _first_break
-
-    assert _first_break(data) == end
+    sink, first, second = two_instances()
+    first.feed(1, b"x")  # instance 0 owns the line, unfinished
+    second.feed(1, b"waiting\n")  # instance 1 waits for it
+    first.feed(1, data)
+    assert sink.getvalue() == shown
 
 
 def test_log_files_are_appended_to_after_a_restart_and_are_not_executable(tmp_path: Path) -> None:

@@ -180,11 +180,11 @@ def test_a_process_left_behind_is_named_by_the_first_200_bytes_of_its_command_li
         assert process.stdout is not None
         assert process.stdout.readline() == b"running\n", process.communicate(timeout=30)
         head = f"{PYTHON} -c {code} \ufffd"
-        assert teardown._command_line(process.pid) == head + "x" * (200 - len(head.encode()) + 2)
+        assert teardown.command_line(process.pid) == head + "x" * (200 - len(head.encode()) + 2)
     finally:
         process.kill()
         process.wait()
-    assert teardown._command_line(process.pid) == ""  # gone: nothing to name
+    assert teardown.command_line(process.pid) == ""  # gone: nothing to name
 
 
 def test_daemons_end_when_poprun_is_interrupted() -> None:

@@ -5,6 +5,7 @@ compared byte for byte with what it receives run directly (``tests/scripts/show_
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shlex
@@ -108,6 +109,45 @@ def test_arguments_with_white_space_arrive_whole_from_a_job_in_mpiexecs_config_f
     padding = "x" * (MAX_COMMAND_BYTES // 5 + 2000)
     received = received_under_poprun("hydra", args, "--mpi-local-args", f"-env PADDING {padding}", instances=5)
     assert received == {f"[{i}]": expected for i in range(5)}
+
+
+#: What a job puts in its config file beside each instance's own variables, in each MPI's syntax:
+#: a variable for every instance and one for instance 1, values with characters a shell would quote.
+LOCAL_ARGS = {"hydra": ("-env EVERY (x);<y>|~#", "1:-env ODD a&b*$c!"),
+              "openmpi": ("-x EVERY=(x);<y>|~#", "1:-x ODD=a&b*$c!")}
+#: A variable of MPI's global options long enough that the command needs the config file; those
+#: options stay on mpiexec's command line, with the file.
+GLOBAL_PADDING = {"hydra": "-genv GLOBAL_PADDING ", "openmpi": "-x GLOBAL_PADDING="}
+SHOW_ENVIRONMENT = ("import json, os, sys\n"
+                    "e = os.environ\n"
+                    "print(json.dumps([e['POPDIST_INSTANCE_INDEX'], e['RANK'], e.get('EVERY'), e.get('ODD'), "
+                    "len(e.get('GLOBAL_PADDING', '')), [os.fsencode(a).hex() for a in sys.argv[1:]]]))\n")
+
+
+@pytest.mark.parametrize("mpi", ["hydra", "openmpi"])
+def test_a_job_in_mpiexecs_config_file_gives_each_instance_its_environment_and_arguments_exactly(mpi: str) -> None:
+    """A job whose command would be longer than 64 KiB gives mpiexec its app contexts in a file
+    (Hydra's -configfile, Open MPI's --app) with short lines, which Open MPI reads in 1 KiB: each
+    instance gets its own variables from there, the local arguments' values arrive unquoted (the
+    file once had them shell-quoted, and the quotes stayed in the value, or set no variable), the
+    global options still apply, and the program's arguments come over the control channel."""
+    every, odd = LOCAL_ARGS[mpi]
+    options = [*MPIS[mpi], "--mpi-global-args", GLOBAL_PADDING[mpi] + "x" * MAX_COMMAND_BYTES,
+               "--mpi-local-args", every, "--instance-mpi-local-args", odd, "--num-instances", "3"]
+    args = [b"a b", b"", b"x\ny", b":", b"caf\xe9", b"'q'"]
+    dry = run_bytes([*POPRUN, "--dry-run", *options, PYTHON, "-c", SHOW_ENVIRONMENT, *args])
+    assert dry.returncode == 0, dry.stderr
+    shown = dry.stdout.decode(errors="surrogateescape").splitlines()
+    command = next(line for line in shown if line.startswith("command: "))
+    assert command.endswith(" --app '<config-file>'" if mpi == "openmpi" else " -configfile '<config-file>'")
+    assert "<config-file>: 3 lines (the command line would be too long)" in shown
+    assert sum(line.endswith(f" {every} {odd[2:]} {PYTHON} -S {SCRIPT} 1") for line in shown) == 1
+    result = run_bytes([*POPRUN, *options, PYTHON, "-c", SHOW_ENVIRONMENT, *args], env=MPI_ENV.get(mpi))
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    received = sorted(line.split(" ", 1) for line in result.stdout.decode().splitlines())
+    hexed = [arg.hex() for arg in args]
+    assert received == [[f"[{i}]", json.dumps([str(i), str(i), "(x);<y>|~#", "a&b*$c!" if i == 1 else None,
+                                               MAX_COMMAND_BYTES, hexed])] for i in range(3)]
 
 
 @pytest.mark.parametrize("mpi", ["gforker", "openmpi"])

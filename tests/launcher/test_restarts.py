@@ -209,14 +209,14 @@ def test_a_restart_on_other_hosts_is_a_new_plan_from_the_old_one() -> None:
     from poprun_py.cli.command import parse
     from poprun_py.planning.options import LaunchOptions
     from poprun_py.planning.plan import JobPlan
-    from poprun_py.supervision.launch import Start, _command_spec
+    from poprun_py.supervision.launch import Start, command_spec
 
     options = parse(["--num-instances", "4", "--num-replicas", "8", "--max-restarts", "2", "-H", "localhost", "true"])
     assert isinstance(options, LaunchOptions)
     plan = JobPlan(4, 8, hosts=("localhost",), run_id="0123", max_restarts=2, error_dir="/tmp/poprun-0123",
                    restart=1, master_port=1234)
     before = repr(plan)
-    start = Start(plan, (), None, lambda: "1234", _command_spec(options, plan, None, None), None)
+    start = Start(plan, (), None, lambda: "1234", command_spec(options, plan, None, None), None)
     moved = start.moved(options, 2, ["localhost"])
     assert moved.plan is not plan and repr(plan) == before and start.plan is plan
     new = moved.plan

@@ -21,7 +21,7 @@ import pytest
 
 from popcontract import environment
 from poprun_py.instance import SCRIPT
-from poprun_py.instance.shim import NOT_STARTED, _read_nonce, divide_cores, spawn
+from poprun_py.instance.shim import NOT_STARTED, divide_cores, read_nonce, spawn
 from poprun_py.instance.shim_pump import RELEASE_WAIT_SECONDS
 from poprun_py.shared import sweep
 from poprun_py.shared.cores import threads_per_instance
@@ -339,20 +339,20 @@ class _Pieces:
 def test_the_nonce_is_read_whole_from_its_pieces_and_nothing_after_it() -> None:
     nonce = bytes(range(protocol.NONCE_SIZE))
     connection = _Pieces(nonce[:5], nonce[5:11], nonce[11:])
-    assert _read_nonce(connection, 7.0) == nonce  # type: ignore[arg-type]
+    assert read_nonce(connection, 7.0) == nonce  # type: ignore[arg-type]
     assert connection.timeouts == [7.0, None]  # bounded while it waits, not after
     assert connection.asked == [16, 11, 5]  # never more than the rest of the nonce
     poprun_end, shim_end = socket.socketpair()
     with poprun_end, shim_end:
         poprun_end.sendall(nonce + protocol.TERMINATE)  # a command right behind it
-        assert _read_nonce(shim_end, 10) == nonce
+        assert read_nonce(shim_end, 10) == nonce
         assert shim_end.recv(64) == protocol.TERMINATE
 
 
 def test_a_nonce_that_never_comes_is_given_up_on() -> None:
     poprun_end, shim_end = socket.socketpair()
     with poprun_end, shim_end, pytest.raises(TimeoutError):
-        _read_nonce(shim_end, 0.1)
+        read_nonce(shim_end, 0.1)
 
 
 def test_a_program_that_cannot_start_is_named_not_found_or_not_executable(tmp_path: Path,

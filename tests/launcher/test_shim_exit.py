@@ -194,8 +194,14 @@ import os, subprocess, sys
 from poprun_py.shared import sweep
 sweep.adopt_orphans()
 status = subprocess.call(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+def parent(pid):  # from /proc/PID/stat, zombie or not; None once it is gone
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[1])
+    except OSError:
+        return None
 me = os.getpid()
-left = [pid for pid in sweep.pids() if (fields := sweep._read_stat(pid)) is not None and int(fields[1]) == me]
+left = [pid for pid in sweep.pids() if parent(pid) == me]
 print(status, len(left))
 """
 

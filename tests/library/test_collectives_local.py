@@ -152,7 +152,7 @@ def shortened(what: str, text: str) -> bytes:
     keep = agreement.SLOT // 5
     short = text if len(text) <= 2 * keep else f"{text[:keep]}...{text[-keep:]}"
     digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-    return slot(pickle.dumps((what[:keep], agreement._Opaque(f"{short} #{digest}")), protocol=5))
+    return slot(pickle.dumps((what[:keep], agreement.Opaque(f"{short} #{digest}")), protocol=5))
 
 
 def test_a_long_signature_is_sent_as_its_head_tail_and_digest() -> None:

@@ -62,11 +62,11 @@ def test_it_spins_then_yields_then_sleeps_doubling_up_to_the_limit_and_stops_at_
     # then only sleeps.
     assert yields == [start + k * TICK for k in range(6, 11)]
     assert kinds == ["yield"] * len(yields) + ["sleep"] * len(sleeps)
-    # The sleeps double from first_sleep up to _MAX_SLEEP, and the last one ends at the deadline.
+    # The sleeps double from first_sleep up to MAX_SLEEP, and the last one ends at the deadline.
     doubling = [first * 2**k for k in range(6)]
-    assert sleeps[:6] == doubling and doubling[-1] < deadline._MAX_SLEEP < 2 * doubling[-1]
-    assert set(sleeps[6:-1]) == {deadline._MAX_SLEEP}
-    assert 0 < sleeps[-1] <= deadline._MAX_SLEEP
+    assert sleeps[:6] == doubling and doubling[-1] < deadline.MAX_SLEEP < 2 * doubling[-1]
+    assert set(sleeps[6:-1]) == {deadline.MAX_SLEEP}
+    assert 0 < sleeps[-1] <= deadline.MAX_SLEEP
     assert clock.now == end + TICK  # one last test at the deadline, then it gave up
 
 
@@ -87,9 +87,9 @@ def test_the_defaults_yield_at_once_and_sleep_after_the_yield_time(clock: Clock)
     assert deadline.poll(never(clock), start + 0.003) is False
     assert clock.actions[0] == ("yield", start + 2 * TICK)  # no spin by default
     first_sleep = next(i for i, (kind, _) in enumerate(clock.actions) if kind == "sleep")
-    assert clock.actions[first_sleep] == ("sleep", deadline._FIRST_SLEEP)
-    last_yield = clock.actions[first_sleep - 1][1]  # yields for _SPIN after the first test (one tick)
-    assert last_yield < start + TICK + deadline._SPIN <= last_yield + TICK
+    assert clock.actions[first_sleep] == ("sleep", deadline.FIRST_SLEEP)
+    last_yield = clock.actions[first_sleep - 1][1]  # yields for SPIN after the first test (one tick)
+    assert last_yield < start + TICK + deadline.SPIN <= last_yield + TICK
 
 
 def test_a_condition_that_becomes_true_ends_the_wait_at_once(clock: Clock) -> None:

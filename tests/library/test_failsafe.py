@@ -11,14 +11,13 @@ import re
 import signal
 import subprocess
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from poprun_py.shared import leftovers
-from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, wait_no_processes
+from tests.helpers import BIN, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, job_marker, wait_no_processes
 
 MPIEXEC = str(BIN / "mpiexec")
 SCRIPT = ROOT / "tests" / "scripts" / "failsafe_job.py"
@@ -52,10 +51,10 @@ JOB_BOUND = 10 if UNDER_MUTANTS else SUBPROCESS_TIMEOUT
 def run_job(mode: str, n: int = 2, *, env: dict[str, str] | None = None, timeout: float = JOB_BOUND,
             program: list[str] | None = None) -> Job:
     """Run ``mpiexec -n N python failsafe_job.py MODE`` and check that it leaves no process behind."""
-    marker = f"--marker={uuid.uuid4().hex}"
+    marker = job_marker()  # in the environment of mpiexec, its proxies and the instances
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
     child_env.update(env or {})
-    command = [MPIEXEC, "-n", str(n), *(program or [PYTHON, str(SCRIPT), mode]), marker]
+    command = [MPIEXEC, "-n", str(n), *(program or [PYTHON, str(SCRIPT), mode]), f"--marker={marker}"]
     start, started_at = time.monotonic(), time.time()
     # A session of its own, so that a hung job can be killed whole (mpiexec, proxies, instances).
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
@@ -248,14 +247,15 @@ def test_plain_mpi4py_without_popdist_init_hangs_for_comparison(tmp_path: Path) 
     The clock starts only once both instances have reached that state (each writes a file: instance 0
     just before its barrier, instance 1 just before it raises), so mpiexec's start-up, however slow,
     is not counted in the 3 s the job must go on hanging for."""
-    marker = f"--marker={uuid.uuid4().hex}"
+    marker = job_marker()
     code = ("import os, sys\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
             "open(os.path.join(sys.argv[1], f'reached-{c.rank}'), 'w').close()\n"
             "if c.rank == 1:\n    raise RuntimeError('boom')\nc.Barrier()\n")
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
     started_at = time.time()
-    proc = subprocess.Popen([MPIEXEC, "-n", "2", PYTHON, "-c", code, str(tmp_path), marker], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=child_env, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen([MPIEXEC, "-n", "2", PYTHON, "-c", code, str(tmp_path), f"--marker={marker}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env, cwd=ROOT,
+                            start_new_session=True)
     try:
         give_up = time.monotonic() + 60
         while not all((tmp_path / f"reached-{rank}").exists() for rank in (0, 1)):

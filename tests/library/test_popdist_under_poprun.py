@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
 
 import pytest
 
-from tests.helpers import PYTHON, ROOT, poprun, wait_no_processes
+from tests.helpers import PYTHON, ROOT, job_marker, poprun, wait_no_processes
 
 pytestmark = pytest.mark.slow  # every test launches poprun
 
@@ -34,9 +33,9 @@ def test_popdist_api_values_per_instance() -> None:
     ("raise_exit3", 3, "exit status 3"),
 ])
 def test_failures_end_the_job_fast_with_their_status(mode: str, status: int, evidence: str) -> None:
-    marker = f"--marker={uuid.uuid4().hex}"
+    marker = job_marker()  # in every process of the job's environment: poprun, mpiexec, shims, programs
     start = time.monotonic()
-    result = poprun("--num-instances", "3", PYTHON, JOB, mode, marker)
+    result = poprun("--num-instances", "3", PYTHON, JOB, mode, f"--marker={marker}")
     elapsed = time.monotonic() - start
     assert result.returncode == status, result.stderr
     # Stopped at once (about a second with mpiexec's start-up, a few on a loaded 2-core host) vs hung:
@@ -68,9 +67,10 @@ def test_mismatched_shapes_are_named_on_every_instance() -> None:
 
 
 def test_a_peer_that_never_arrives_is_named_after_the_timeout() -> None:
-    marker = f"--marker={uuid.uuid4().hex}"
+    marker = job_marker()
     start = time.monotonic()
-    result = poprun("--num-instances", "3", PYTHON, JOB, "late", marker, env={"POPDIST_COLLECTIVE_TIMEOUT": "1"})
+    result = poprun("--num-instances", "3", PYTHON, JOB, "late", f"--marker={marker}",
+                    env={"POPDIST_COLLECTIVE_TIMEOUT": "1"})
     elapsed = time.monotonic() - start
     assert result.returncode == 1
     assert elapsed < 10
