@@ -12,9 +12,9 @@ import pytest
 from popcontract import environment
 from poprun_py.instance.shim import pin_network, silence_limit
 from poprun_py.instance.shim_pump import kill_grace
+from poprun_py.planning.mpi import daemon_keepalive, ssh_args
 from poprun_py.shared.cores import threads_per_instance
 from poprun_py.shared.network import local_addresses
-from poprun_py.planning.mpi import daemon_keepalive, ssh_args
 from poprun_py.wire.protocol import bad_grace, grace_seconds, heartbeat_seconds
 from tests.helpers import MPICH_MPIEXEC, poprun
 
