@@ -65,9 +65,9 @@ lint: install
 # checking that its jobs left nothing in its /tmp and /dev/shm (tests/leftover_files.py). Together:
 # every test; tests/mpi under mpiexec at 2, 3 and 4 ranks; the determinism tests again under every
 # other OpenBLAS kernel this CPU runs (bits promised equal must not depend on the one it picked);
-# `make sanitize`. A failed part is named with the tests that failed in it; its log is in
-# .venv/test-parts/.
-test: lint
+# `make sanitize`; `make lint`, which ends first and names the line. A failed part is named with the
+# tests that failed in it; its log is in .venv/test-parts/.
+test: install
 	$(PY) -m tests.parts
 
 # The tier to run after every edit: the tests that start no process (tests/process_guard.py fails

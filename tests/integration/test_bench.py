@@ -153,27 +153,46 @@ def test_the_launch_floor_renders_beside_bare_mpiexec_and_poprun() -> None:
     assert f"| interpreter, gforker, a `python -S` hop per instance | {shown} |" in table, table
 
 
-def test_the_peers_sections_pieces_measure_both_sides_and_render() -> None:
-    """torch 2.13.0 and this project side by side, at the smallest sizes (the figures are `make bench`'s)."""
+# The peers section's pieces, torch 2.13.0 and this project side by side at the smallest sizes (the
+# figures are `make bench`'s), each a test of its own: each starts 4-process torch jobs, and each is
+# bounded on its own.
+def test_the_peers_sampler_piece_compares_both_samplers_and_renders() -> None:
     pytest.importorskip("torch")
     from bench import peers
 
-    section: dict[str, Any] = {
-        "sampler": peers.sampler([1000, 1001], rounds=1),  # lists asserted identical inside
-        "launch": peers.launch(rounds=1),
-        "collectives": peers.collectives([1 << 20], rounds=1, ops=("allreduce", "broadcast")),  # few iterations
-        "training": peers.training(rounds=1, steps=1, global_batch=64),
-    }
+    section: dict[str, Any] = {"sampler": peers.sampler([1000, 1001], rounds=1)}  # lists asserted identical inside
     assert [row["n"] for row in section["sampler"]] == [1000, 1001]
+    assert "| n = 1,001 |" in report.markdown({"peers": section})
+
+
+def test_the_peers_launch_piece_times_all_three_launchers_and_renders() -> None:
+    pytest.importorskip("torch")
+    from bench import peers
+
+    section: dict[str, Any] = {"launch": peers.launch(rounds=1)}
     assert set(section["launch"]["seconds"]) == {"mpiexec", "poprun", "torchrun"}
+    assert "torchrun 2.13.0 |" in report.markdown({"peers": section})
+
+
+def test_the_peers_collectives_piece_measures_both_sides_and_renders() -> None:
+    pytest.importorskip("torch")
+    from bench import peers
+
+    section: dict[str, Any] = {"collectives": peers.collectives([1 << 20], rounds=1, ops=("allreduce", "broadcast"))}
     [reduced] = section["collectives"]["allreduce"]
     assert {"gloo_4", "engine_4x1", "engine_2x2", "mpi4py_4"} <= set(reduced) and reduced["gloo_4"] > 0
     [broadcast] = section["collectives"]["broadcast"]
     assert "engine_4x1" not in broadcast and broadcast["mpi4py_4_over_gloo"] > 0
+    assert "| 1 MiB |" in report.markdown({"peers": section})
+
+
+def test_the_peers_training_piece_measures_both_sides_and_renders() -> None:
+    pytest.importorskip("torch")
+    from bench import peers
+
+    section: dict[str, Any] = {"training": peers.training(rounds=1, steps=1, global_batch=64)}
     assert all(v > 0 for by_n in section["training"]["samples_per_s"].values() for v in by_n.values())
-    table = report.markdown({"peers": section})
-    assert "| n = 1,001 |" in table and "| 1 MiB |" in table and "| 2 process(es) |" in table, table
-    assert "torchrun 2.13.0 |" in table
+    assert "| 2 process(es) |" in report.markdown({"peers": section})
 
 
 def test_the_cores_section_measures_threads_splits_and_training_and_renders() -> None:

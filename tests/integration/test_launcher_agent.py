@@ -149,7 +149,10 @@ def test_a_host_lost_under_an_agent_is_left_out_of_the_restart(cluster: Cluster,
     restarting = r"^poprun: restarting the job \(1 of 1 restart\(s\)\): host node2 was lost"
     assert re.search(restarting, err, re.MULTILINE), err
     assert "poprun: the restart runs on 2 host(s) without node2 (lost, tried again in 60 s)" in err
-    assert "ssh" not in err, err  # nothing poprun says names ssh, which did not run
+    # Nothing poprun says names ssh, which did not run. (Open MPI's launcher component is named ssh
+    # whatever it runs, and under load says that a race with its child's exec failed a setpgid.)
+    said = [line for line in err.splitlines() if not re.fullmatch(r"\[[^]]+\] plm:ssh: Warning: setpgid\(.*", line)]
+    assert not any("ssh" in line for line in said), err
     failed, ended = json.loads(report.read_text())
     assert list(failed["lost_hosts"]) == ["node2"] and ended["status"] == 0
     assert sorted(_calls(log)) == ["node0", "node0", "node1", "node1", "node2"]  # the restart's through it too

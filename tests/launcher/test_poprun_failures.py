@@ -411,6 +411,9 @@ def test_a_process_limit_that_stops_mpiexec_starting_instances_ends_the_job() ->
                       "--start-timeout", "2", "--mpi", str(BIN / "mpiexec"), "--num-instances", "2", "/bin/true"],
                      env=OMP_SET)
     finally:
+        # A process killed a moment ago leaves the group once its parent (or, orphaned, the init of
+        # its PID namespace) has collected it.
+        wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), "the group emptied")
         group.rmdir()
     assert result.returncode == 1, result.stderr
     assert result.stderr.endswith("poprun: instance(s) 0-1 on localhost had not started 2 s after mpiexec did "

@@ -333,7 +333,10 @@ def test_a_shim_ends_the_daemons_its_program_left_and_searches_by_environment_on
     outsider = subprocess.Popen(["sleep", "60"], env={**os.environ, environment.CONTROL: control if address else "None",
                                                       environment.INSTANCE_INDEX: "0"})
     try:
-        wait_until(lambda: Path(f"/proc/{outsider.pid}/environ").read_bytes() != b"", "the sleep's exec")
+        # Its exec, not its fork: until then /proc shows the environment of the test, without the marks.
+        marked = f"{environment.CONTROL}={control if address else 'None'}".encode()
+        environ = Path(f"/proc/{outsider.pid}/environ")
+        wait_until(lambda: marked in environ.read_bytes().split(b"\0"), "the sleep's exec")
         result = subprocess.run([PYTHON, "-c", _ESCAPED, "adopting" if adopting else "not", str(outsider.pid),
                                  control if address else "-"], capture_output=True, text=True,
                                 timeout=SUBPROCESS_TIMEOUT, cwd=ROOT)
