@@ -25,7 +25,7 @@ import datetime
 from functools import cached_property
 
 from poprun_py.shared.root_cause import describe
-from poprun_py.supervision.states import InstanceState, describe_status
+from poprun_py.supervision.states import InstanceState
 
 #: Words (compared in lower case) of a recorded error that say a peer went away: gloo's and torch's
 #: ("Connection closed by peer", "Read error ...: Connection reset by peer", "This is typically
@@ -115,7 +115,7 @@ class Failed:
     def how(self) -> str:
         """How it failed: its status, or that it recorded its error and then ended as it was stopped."""
         state = self.state
-        status = describe_status(state.status or 0, state.signal, state.oom_killed)
+        status = state.how()
         if state.failed_by_itself or not self.first_hand:
             return status
         by = "poprun" if state.stopped_by_poprun else "its shim"
