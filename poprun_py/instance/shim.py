@@ -27,6 +27,7 @@ import sys
 import time
 
 from popcontract import environment, settings
+from poprun_py.instance.pmi_relay import open_relay
 from poprun_py.shared import sweep
 from poprun_py.shared.cores import threads_per_instance
 from poprun_py.shared.paths import which
@@ -35,17 +36,19 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under py
 if TYPE_CHECKING:
     from typing import NoReturn
 
+    from poprun_py.instance.pmi_relay import PmiRelay
     from poprun_py.wire.seal import Seal
 
 
-def spawn(argv: list[bytes], *, no_stdin: bool, one_stream: bool = False) -> tuple[int, int, int | None] | OSError:
+def spawn(argv: list[bytes], *, no_stdin: bool, one_stream: bool = False,
+          pmi: PmiRelay | None = None) -> tuple[int, int, int | None] | OSError:
     """Start ``argv`` in its own process group with stdout/stderr on pipes (with ``one_stream``, one
     pipe for both, as ``2>&1`` makes them: only then does the order of its writes survive), and
     stdin from /dev/null when ``no_stdin``.
 
     Returns ``(pid, stdout_fd, stderr_fd)`` (``stderr_fd`` None for one stream), or the OSError
-    saying why it cannot start. What mpiexec gave us (e.g. MPICH's PMI_FD) stays inherited; our own
-    descriptors are close-on-exec.
+    saying why it cannot start. What mpiexec gave us stays inherited, but MPICH's PMI_FD, which
+    ``pmi`` takes the place of (``pmi_relay``); our own descriptors are close-on-exec.
     """
     program = os.fsdecode(argv[0])
     if which(program) is None:
@@ -60,6 +63,8 @@ def spawn(argv: list[bytes], *, no_stdin: bool, one_stream: bool = False) -> tup
         actions: list[tuple[int | str, ...]] = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
         if no_stdin:
             actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
+        if pmi is not None:
+            actions.append(pmi.spawn_action())
         pid = os.posix_spawnp(command[0], command, os.environ, setpgroup=0, file_actions=actions,
                               # Python ignores these; programs expect the defaults.
                               setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
@@ -72,6 +77,8 @@ def spawn(argv: list[bytes], *, no_stdin: bool, one_stream: bool = False) -> tup
         os.close(out_w)
         if err_w != out_w:
             os.close(err_w)
+        if pmi is not None:
+            pmi.spawned()
     return pid, out_r, err_r
 
 
@@ -291,7 +298,7 @@ def hold_until_reaped() -> None:
     except OSError:  # no holder: gforker may wait its 2 s, nothing worse
         return
     try:
-        from poprun_py.instance.shim_pump import pmi_line
+        from poprun_py.instance.pmi_relay import pmi_line
 
         keep = {0, 1, 2}
         if (pmi := pmi_line()) is not None:
@@ -331,12 +338,15 @@ def main() -> int:
         return NOT_STARTED
     # The program starts first; the loop is imported while it does. mpiexec passes its stdin to
     # instance 0 only; Hydra gives the others a pipe that never ends, where a read would wait for ever.
-    spawned = spawn(argv, no_stdin=index > 0, one_stream=one_stream)
+    pmi = open_relay()
+    spawned = spawn(argv, no_stdin=index > 0, one_stream=one_stream, pmi=pmi)
 
     from poprun_py.instance.shim_pump import Pump
 
-    pump = Pump(index, connection, limit, error_file)
+    pump = Pump(index, connection, limit, error_file, pmi)
     if isinstance(spawned, OSError):
+        if pmi is not None:
+            pmi.close()
         _remove_error_file(error_file)
         return pump.spawn_failed(os.fsdecode(argv[0]), spawned)
     return pump.run(*spawned)

@@ -23,12 +23,14 @@ import time
 
 from popcontract import environment, settings
 from poprun_py.instance import oom
+from poprun_py.instance.pmi_relay import abort_status, pmi_line
 from poprun_py.shared import root_cause, sweep
 from poprun_py.shared.watch import Watch
 from poprun_py.wire import protocol
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
 if TYPE_CHECKING:
+    from poprun_py.instance.pmi_relay import PmiRelay
     from poprun_py.wire.seal import Seal
 
 READ_SIZE = 65536
@@ -42,7 +44,7 @@ RELEASE_WAIT_SECONDS = 10.0
 #: How long a shim that had no RELEASE waits, its PMI line closed, for its launcher to end the job.
 LAUNCHER_NOTICE_SECONDS = 1.0
 #: Keys of the descriptors the loop (and the wait for RELEASE) watches.
-CONTROL, STDOUT, STDERR, EXITED, LAUNCHER, SIGNALLED, CHILDREN = 0, 1, 2, 3, 4, 5, 6
+CONTROL, STDOUT, STDERR, EXITED, LAUNCHER, SIGNALLED, CHILDREN, PMI_PROGRAM, PMI_LAUNCHER = range(9)
 #: How long the shim keeps ending descendants that escaped the program's process group, and how
 #: long it lets each round of deaths settle before it looks again.
 ESCAPED_SECONDS = 2.0
@@ -68,12 +70,6 @@ def _ignore(*_: object) -> None:
     """A signal's handler during the wait for RELEASE: the wake-up descriptor does the work."""
 
 
-def pmi_line() -> int | None:
-    """The descriptor of this process's line to MPICH's launcher (``PMI_FD``), if it has one."""
-    pmi = settings.text(environment.PMI_FD)
-    return int(pmi) if pmi.isdigit() else None
-
-
 def kill_grace() -> float:
     """The program's grace between SIGTERM and SIGKILL: POPRUN_KILL_GRACE, or the default with a
     warning when it is no number of seconds (poprun refuses such a value: a shim started by hand)."""
@@ -87,12 +83,16 @@ def kill_grace() -> float:
 
 class Pump:
     def __init__(self, index: int, connection: tuple[_socket.socket, Seal, int], silence_limit: float,
-                 error_file: str | None = None) -> None:
+                 error_file: str | None = None, pmi: PmiRelay | None = None) -> None:
         self.index = index
         #: ``POPRUN_SILENCE_LIMIT``: how long poprun's host may leave frames unacknowledged, and how
         #: often the shim says something (``protocol.heartbeat_seconds``).
         self.silence_limit = silence_limit
         self.heartbeat = protocol.heartbeat_seconds(silence_limit)
+        #: The program's PMI line through the shim (``pmi_relay``), and the code of the MPI_Abort
+        #: it asked for there (None: it did not).
+        self.pmi = pmi
+        self.aborted: int | None = None
         #: poprun's connection, what seals its frames, and what checks its commands (None once one
         #: failed its check: nothing more is read from poprun).
         self.control, self.seal = connection[0], connection[1]
@@ -266,7 +266,8 @@ class Pump:
         self.send(protocol.times(self.ended_ns, self.stopped_ns, recorded))
         flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
             (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0) | \
-            (protocol.EXIT_OOM_KILLED if self._oom_killed(signum) else 0)
+            (protocol.EXIT_OOM_KILLED if self._oom_killed(signum) else 0) | \
+            (protocol.EXIT_MPI_ABORT if self.aborted is not None else 0)
         wake = self._signals_end_the_wait()  # before the report: poprun may stop the job on it
         self.send(protocol.exit_report(status, signum, self.reason, flags))
         self._await_release(wake)
@@ -357,10 +358,14 @@ class Pump:
         for watched in (self.exit_fd, self.launcher_fd):
             if watched is not None:
                 os.close(watched)
+        if self.pmi is not None:
+            self.pmi.close()
         self._stop_waking_on_children()
         self._end_descendants()
         self._collect(now)  # what it just killed: on a remote host no poprun above would collect them
         assert self.returncode is not None
+        if self.aborted is not None:
+            return abort_status(self.aborted), None
         if self.returncode < 0:
             return 128 - self.returncode, -self.returncode
         return self.returncode, None
@@ -400,6 +405,9 @@ class Pump:
             self.launcher_fd = None
         if self.launcher_fd is not None:
             watch.add(self.launcher_fd, LAUNCHER)
+        if self.pmi is not None:
+            watch.add(self.pmi.shim_end, PMI_PROGRAM)
+            watch.add(self.pmi.launcher, PMI_LAUNCHER)
         return watch
 
     def _wake_on_children(self) -> tuple[int, int]:
@@ -441,7 +449,8 @@ class Pump:
     def _exited(self, wait_status: int, now: float) -> None:
         """The program has exited: its status; its pipes may stay open DRAIN_SECONDS longer."""
         self.returncode = os.waitstatus_to_exitcode(wait_status)
-        self.ended_ns = time.time_ns()
+        if self.aborted is None:  # (an abort's time is when it was asked)
+            self.ended_ns = time.time_ns()
         self.drain_until = now + DRAIN_SECONDS
 
     def _timeout(self, now: float) -> float:
@@ -478,6 +487,12 @@ class Pump:
         elif key == CONTROL:
             if not self._hear_poprun():
                 watch.remove(fd)
+        elif key == PMI_PROGRAM:
+            self._hear_program_on_pmi(watch)
+        elif key == PMI_LAUNCHER:
+            assert self.pmi is not None
+            if not self.pmi.from_launcher():
+                watch.remove(fd)
         else:
             data = os.read(fd, READ_SIZE)
             if data:
@@ -486,6 +501,21 @@ class Pump:
                 watch.remove(fd)
                 os.close(fd)
                 self.open_streams -= 1
+
+    def _hear_program_on_pmi(self, watch: Watch) -> None:
+        """What the program sent on its PMI line: passed on, but an MPI_Abort, which ends it here
+        (see ``pmi_relay``): SIGKILL, as the launchers end an aborted job, and its exit status is
+        then the abort's. When it asked is its failure's time."""
+        assert self.pmi is not None
+        code = self.pmi.from_program()
+        if not self.pmi.program_open:
+            watch.remove(self.pmi.shim_end)
+        if code is None or self.aborted is not None or self.returncode is not None or self.kill_at is not None:
+            return  # (an abort asked once poprun's stop had begun is the stop's: it ends as that goes)
+        self.aborted = code
+        self.ended_ns = time.time_ns()
+        self._signal_group(_signal.SIGKILL)
+        self.kill_at = KILLED
 
     def _commands(self, data: bytes) -> list[bytes]:
         """poprun's commands in ``data``; one that fails its check counts as TERMINATE (the

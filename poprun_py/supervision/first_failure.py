@@ -13,10 +13,16 @@ then exits with a status of its own failed too, but only after poprun's stop.
 One refinement makes the usual torch failure come out right. The program that fails destroys its
 process group in a ``finally``, which closes its connections, and records its error only after
 that; its peers fail at once on the closed connections ("Connection closed by peer") and record
-theirs first (by 10 to 40 ms with torch 2.13's gloo on one host). An error whose message says that
-a peer went away (PEER_LOST) is a consequence of another failure, so it counts AFTERMATH_SECONDS
-later than it was recorded: a failure of another kind recorded up to that much later came first.
-Imported only when a job has failed.
+theirs first (by 10 to 40 ms with torch 2.13's gloo on one host). An error that came out of the
+collectives (its traceback's innermost frame is in torch.distributed, COLLECTIVES) and whose message
+says that a peer went away (PEER_LOST) is a consequence of another failure, so it counts
+AFTERMATH_SECONDS later than it was recorded: a failure of another kind recorded up to that much
+later came first. The words alone are not enough: a program's own code that raises on a connection
+of its own (a data loader's socket reset by its server: ``ConnectionResetError``, "reset by peer")
+failed by itself, and its peers' errors, recorded before its own, are the consequences. The root
+cause's failure came before those it caused, so the time given for it is no later than theirs
+(``Failed.no_later_than``): the failures' times run in their order. Imported only when a job has
+failed.
 """
 
 from __future__ import annotations
@@ -25,13 +31,16 @@ import datetime
 from functools import cached_property
 
 from poprun_py.shared.root_cause import describe
-from poprun_py.supervision.states import InstanceState, describe_status
+from poprun_py.supervision.states import InstanceState
 
 #: Words (compared in lower case) of a recorded error that say a peer went away: gloo's and torch's
 #: ("Connection closed by peer", "Read error ...: Connection reset by peer", "This is typically
 #: caused by a remote worker crashing"), a write to a closed connection, NCCL's "remote process
 #: exited or there was a network error".
 PEER_LOST = ("closed by peer", "reset by peer", "broken pipe", "remote worker", "remote process")
+#: Where the innermost frame of an error raised in the collectives is (see above): torch.distributed,
+#: whose calls gloo's and NCCL's errors come out of.
+COLLECTIVES = ("/torch/distributed/",)
 #: How much later than recorded an error that says a peer went away counts (see above): the program
 #: that failed records its error after its clean-up, which took its peers down.
 AFTERMATH_SECONDS = 1.0
@@ -45,6 +54,9 @@ class Failed:
 
     def __init__(self, state: InstanceState) -> None:
         self.state = state
+        #: For the root cause: the earliest time among the other failures, when it is earlier than
+        #: its own (they were recorded before it: see the module's docstring).
+        self.no_later_than: float | None = None
 
     def _before_stop(self, ns: int) -> bool:
         """Whether ``ns`` (its shim's clock) came before its shim began to stop it; without its
@@ -94,10 +106,19 @@ class Failed:
         return None if written is None else written - state.clock_offset / 1e9
 
     @property
+    def reported_at(self) -> float:
+        """When it failed, as ``failures`` gives it: for the root cause, no later than the others."""
+        return self.at if self.no_later_than is None else min(self.at, self.no_later_than)
+
+    @property
     def peer_lost(self) -> bool:
-        """Its recorded error says that a peer went away (a consequence of another failure)."""
-        message = (self.recorded or {}).get("message") or ""
-        return any(words in message.lower() for words in PEER_LOST)
+        """Its recorded error came out of the collectives and says that a peer went away (a
+        consequence of another failure); without a traceback, its words say so."""
+        recorded = self.recorded or {}
+        message = recorded.get("message") or ""
+        if not any(words in message.lower() for words in PEER_LOST):
+            return False
+        return recorded.get("traceback") is None or raised_in_collectives(recorded["traceback"] or "")
 
     @property
     def rank(self) -> float:
@@ -115,7 +136,7 @@ class Failed:
     def how(self) -> str:
         """How it failed: its status, or that it recorded its error and then ended as it was stopped."""
         state = self.state
-        status = describe_status(state.status or 0, state.signal, state.oom_killed)
+        status = state.how()
         if state.failed_by_itself or not self.first_hand:
             return status
         by = "poprun" if state.stopped_by_poprun else "its shim"
@@ -127,17 +148,32 @@ class Failed:
 
         state = self.state
         return {"instance": state.index, "host": state.host, "status": state.status,
-                "signal": signal_name(state.signal) if state.signal else None, "time": iso(self.at),
+                "signal": signal_name(state.signal) if state.signal else None, "time": iso(self.reported_at),
                 "error": self.error}
 
 
 def failures(instances: list[InstanceState]) -> list[Failed]:
-    """Every instance that failed, the first first (see the module's docstring); on a tie, the
-    lower index. Those that failed only after they were told to stop (a program that ignores
-    SIGTERM and then exits with a status of its own) come last: they are never the root cause."""
+    """Every instance that failed: the first (see the module's docstring; on a tie, the lower
+    index), then the others in the order they failed. One that failed only after it was told to
+    stop (a program that ignores SIGTERM and then exits with a status of its own) is never the
+    first. The first's time is bounded by the others' (``Failed.no_later_than``)."""
     found = [Failed(state) for state in instances if state.status]
     found = [failed for failed in found if failed.state.failed_by_itself or failed.recorded is not None]
-    return sorted(found, key=lambda failed: (not failed.first_hand, failed.rank, failed.state.index))
+    if not found:
+        return []
+    first = min(found, key=lambda failed: (not failed.first_hand, failed.rank, failed.state.index))
+    others = sorted((failed for failed in found if failed is not first),
+                    key=lambda failed: (failed.at, failed.state.index))
+    if others and others[0].at < first.at:
+        first.no_later_than = others[0].at
+    return [first, *others]
+
+
+def raised_in_collectives(traceback: str) -> bool:
+    """Whether a traceback's innermost frame (its last ``File "...", line N, in f``) is in the
+    collectives' code (COLLECTIVES)."""
+    frames = [line for line in traceback.splitlines() if line.lstrip().startswith('File "')]
+    return bool(frames) and any(place in frames[-1] for place in COLLECTIVES)
 
 
 def _whole(text: str | None) -> int | None:

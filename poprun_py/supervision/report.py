@@ -142,7 +142,7 @@ class Report:
             "host": cause.host,
             "status": self.status,
             "signal": signal_name(cause.signal) if cause.signal else None,
-            "time": iso(first.at if first is not None else self.failure.at),
+            "time": iso(first.reported_at if first is not None else self.failure.at),
             "reason": self._reason(state),
             "stderr_tail": [line.decode(errors="replace") for line in cause.output.stderr_tail],
             "root_cause": root_cause(cause),

@@ -32,6 +32,7 @@ class InstanceState:
         self.shim_signalled = False  # its shim was signalled (not told by poprun) and stopped the program
         self.was_stopped = False  # its program was stopped (SIGSTOP, a debugger) when its shim came to end it
         self.oom_killed = False  # its program died of SIGKILL as the kernel's out-of-memory killer ran (oom)
+        self.mpi_abort = False  # its program called MPI_Abort, and its status is the abort's (pmi_relay)
         self.launcher_lost: str | None = None  # its shim saw its host's MPI daemon die: why (protocol.LAUNCHER_LOST)
         self.last_heard = 0.0  # time.monotonic() of its last frame
         self.silent = 0.0  # lost because nothing came from it for this many seconds (the silence limit)
@@ -73,6 +74,10 @@ class InstanceState:
     def done(self) -> bool:
         return self.finished or self.lost
 
+    def how(self) -> str:
+        """Its end as the summary tells it: its status, and what it says of it."""
+        return describe_status(self.status or 0, self.signal, self.oom_killed, self.mpi_abort)
+
     @property
     def failed_by_itself(self) -> bool:
         """It reported a failure of its own: a non-zero status that is not what stopping it gives
@@ -108,7 +113,9 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def describe_status(status: int, signum: int | None, oom_killed: bool = False) -> str:
+def describe_status(status: int, signum: int | None, oom_killed: bool = False, mpi_abort: bool = False) -> str:
+    if mpi_abort:
+        return f"called MPI_Abort (exit status {status})"
     if oom_killed:
         return f"killed by {signal_name(signum or _signal.SIGKILL)} (status {status}) {OOM_KILLED}"
     if signum:

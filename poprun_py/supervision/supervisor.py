@@ -27,7 +27,7 @@ from poprun_py.shared.watch import Watch
 from poprun_py.supervision import interrupts, log
 from poprun_py.supervision.output import InstanceOutput, OutputOptions, sinks_for
 from poprun_py.supervision.process import Process
-from poprun_py.supervision.states import Failure, InstanceState, describe_status, signal_name
+from poprun_py.supervision.states import Failure, InstanceState, signal_name
 from poprun_py.supervision.strays import Strays
 from poprun_py.supervision.teardown import AT_ONCE, Teardown, remove_files_left
 from poprun_py.wire import control, protocol
@@ -529,11 +529,12 @@ class Supervisor:
                 state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
                 state.was_stopped = bool(flags & protocol.EXIT_WAS_STOPPED)
                 state.oom_killed = bool(flags & protocol.EXIT_OOM_KILLED)
+                state.mpi_abort = bool(flags & protocol.EXIT_MPI_ABORT)
                 state.ended_at = time.monotonic()
                 state.seen_at = time.time()
                 if state.error:
                     state.output.stderr_tail.append(state.error.encode())
-                how = describe_status(state.status, state.signal, state.oom_killed)
+                how = state.how()
                 if self.failure is not None and self.failure.index == state.index and state.launcher_lost:
                     self.failure.status = state.status  # what its shim's stop gave, as for any failure
                 fails = state.status != 0 and self.failure is None and not state.stopped_by_poprun \

@@ -60,6 +60,9 @@ EXIT_WAS_STOPPED = 2
 #: EXIT flag: the program died of a SIGKILL its shim did not send while the kernel's out-of-memory
 #: killer ran in its memory cgroup (``oom``).
 EXIT_OOM_KILLED = 4
+#: EXIT flag: the program called MPI_Abort (MPICH's PMI line, ``pmi_relay``) and its shim ended it;
+#: the status is the abort's (its code's low byte, 1 for 0).
+EXIT_MPI_ABORT = 8
 
 #: poprun -> shim, one byte and its tag each: stop the program (SIGTERM to its process group,
 #: SIGKILL after the grace period).

@@ -147,3 +147,15 @@ def test_the_rank_that_raised_is_the_root_cause_not_the_first_to_exit(tmp_path: 
     result = poprun("--error-file", str(error_file), "--num-instances", str(instances), PYTHON, CASCADE,
                     "--linger", str(linger), env=OMP_SET, timeout=TORCH_TIMEOUT)
     check_cascade(result, error_file, instances, 1, [socket.gethostname()] * instances)
+
+
+@pytest.mark.timeout(TORCH_TIMEOUT + 30)
+def test_the_rank_that_raised_is_the_root_cause_when_its_own_words_say_reset_by_peer(tmp_path: Path) -> None:
+    """tests/scripts/cascade.py --error reset: rank 1's own ConnectionResetError ("reset by peer",
+    raised in its own code) came first; its peers' gloo errors, recorded before it, are its
+    consequences."""
+    error_file = tmp_path / "failure.json"
+    result = poprun("--error-file", str(error_file), "--num-instances", "3", PYTHON, CASCADE, "--linger", "0.5",
+                    "--error", "reset", env=OMP_SET, timeout=TORCH_TIMEOUT)
+    check_cascade(result, error_file, 3, 1, [socket.gethostname()] * 3,
+                  "ConnectionResetError: [Errno 104] Connection reset by peer while loading batch 7")

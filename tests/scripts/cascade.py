@@ -2,7 +2,9 @@
 often fail: gloo, env:// initialisation, torch's ``@record``, the process group destroyed in a
 ``finally``.
 
-Rank ``--fail-rank`` raises ``ValueError`` where the others wait for it in an all_reduce. Its
+Rank ``--fail-rank`` raises ``ValueError`` where the others wait for it in an all_reduce (with
+``--error reset``, ``ConnectionResetError``, as code of its own whose connection was reset: its
+words then say "reset by peer" too). Its
 ``finally`` destroys its process group, which closes its connections, and only then does ``@record``
 write its error file: the others fail at once on the closed connections ("Connection closed by
 peer", "Connection reset by peer"), and record that (often before it has recorded its own), and
@@ -19,7 +21,9 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 
-def load_batch(step: int) -> None:
+def load_batch(step: int, error: str) -> None:
+    if error == "reset":
+        raise ConnectionResetError(f"[Errno 104] Connection reset by peer while loading batch {step}")
     raise ValueError(f"bad batch {step}")
 
 
@@ -28,6 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fail-rank", type=int, default=1)
     parser.add_argument("--linger", type=float, default=3.0)
+    parser.add_argument("--error", choices=["value", "reset"], default="value")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -37,7 +42,7 @@ def main() -> None:
         dist.all_reduce(total)  # every rank has joined
         if dist.get_rank() == args.fail_rank:
             atexit.register(time.sleep, args.linger)
-            load_batch(7)
+            load_batch(7, args.error)
         dist.all_reduce(total)  # waits for the failing rank, whose connections close
     finally:
         dist.destroy_process_group()
