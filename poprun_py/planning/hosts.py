@@ -105,10 +105,11 @@ def count_hosts(spec: str) -> int:
     return sum(_count_one(item, item) for item in _items(spec))
 
 
-def expand_hosts(spec: str) -> list[str]:
+def expand_hosts(spec: str, shown: str | None = None) -> list[str]:
     """Expand ``"node[0-2],gpu7"`` into ``["node0", "node1", "node2", "gpu7"]``; a list of more
-    than MAX_HOSTS is refused before it is built, and so is one with a host twice or a bad name."""
-    return checked(_expand(spec), f"host list {abridged(spec)!r}")
+    than MAX_HOSTS is refused before it is built, and so is one with a host twice or a bad name
+    (``shown``: how that error names the list, e.g. by the variable that gave it)."""
+    return checked(_expand(spec), shown or f"host list {abridged(spec)!r}")
 
 
 def _expand(spec: str) -> list[str]:
@@ -199,17 +200,51 @@ def slot_count(value: str, shown: str, number: int, line: str, form: str) -> int
     raise PlanError(f"{where} gives {abridged(value, 20)!r} slots; {each} {form} (at most {MAX_SLOTS})")
 
 
+#: What a host may be, said when one is refused.
+HOST_FORM = ("a host is a name of ASCII letters, digits, '-' and '_' in labels joined by '.' (RFC 1123: no label "
+             "begins or ends with '-'; at most 63 characters each) or an IPv4 address, optionally after 'user@'")
+_NAME_CHARACTERS = re.compile(r"[A-Za-z0-9_.@-]*")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def _not_a_host(host: str) -> str | None:
+    """Why ``host`` cannot be a host's name (None: it can). Every source's hosts reach ssh, a
+    launcher agent and mpiexec's command line and host files, which read a leading '-' as an
+    option and hand the name to a shell on the other side: only :data:`HOST_FORM` gets there."""
+    if host.startswith("-"):
+        return "begins with '-' (ssh and mpiexec would read it as an option)"
+    if not _NAME_CHARACTERS.fullmatch(host):
+        bad = next(c for c in host if not _NAME_CHARACTERS.fullmatch(c))
+        if bad == ":":
+            return ("holds ':' (a host file gives a host's slots as 'host:N'; an IPv6 address cannot be given, "
+                    "mpiexec's host lists read its ':' as slots: give the host's name)")
+        return f"holds {bad!r}"
+    user, at, name = host.rpartition("@")
+    if at and not _USER.fullmatch(user):
+        return f"has {user!r} before '@', not a user name (letters, digits, '_', '.' and '-', not first)"
+    for label in name.removesuffix(".").split("."):
+        if not label:
+            return "has an empty label (a '.' at its start, or two in a row)"
+        if label.startswith("-") or label.endswith("-"):
+            return f"has the label {label!r}, which begins or ends with '-'"
+        if len(label) > 63:
+            return f"has a label of {len(label)} characters"
+    return None
+
+
 def checked(hosts: list[str], source: str) -> list[str]:
-    """``hosts``, given by ``source``, when each could be a host's name and none is listed twice:
-    poprun spreads the instances evenly over the hosts, so a host listed twice would get two shares
-    and each would be told it is alone there (LOCAL_RANK 0, LOCAL_WORLD_SIZE 1)."""
+    """``hosts``, given by ``source``, when each is a host's name (``_not_a_host``) and none is
+    listed twice: poprun spreads the instances evenly over the hosts, so a host listed twice would
+    get two shares and each would be told it is alone there (LOCAL_RANK 0, LOCAL_WORLD_SIZE 1).
+    The one check of every source's hosts (-H, host files, schedulers, the discovery script)."""
     first: dict[str, int] = {}
     for position, host in enumerate(hosts):
         if len(host) > MAX_NAME:
             raise PlanError(f"{source} names a host of {len(host)} characters ({abridged(host)!r}); "
                             f"a host name has at most {MAX_NAME}")
-        if not host.isprintable() or any(c.isspace() for c in host):
-            raise PlanError(f"{source} names the host {abridged(host)!r}, which holds a space or a control character")
+        why = _not_a_host(host)
+        if why:
+            raise PlanError(f"{source} names the host {abridged(host)!r}, which {why}; {HOST_FORM}")
         if host in first:
             raise PlanError(f"{source} lists the host {host!r} twice (hosts {first[host]} and {position}); list each "
                             "host once: poprun spreads the instances evenly over the hosts")
