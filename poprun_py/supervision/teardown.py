@@ -12,6 +12,7 @@ import os
 import time
 
 from poprun_py.shared import sweep
+from poprun_py.shared.errors import printable
 from poprun_py.supervision import log
 from poprun_py.supervision.states import signal_name
 from poprun_py.wire import protocol
@@ -157,7 +158,7 @@ def remove_files_left(since: float, launcher_pid: int | None = None) -> None:
 def _command_line(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
+            return printable(handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip())
     except OSError:
         return ""
 
