@@ -9,7 +9,11 @@ from poprun_py.shared.errors import PlanError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING; pathlib (with urllib and ipaddress, ~3 ms) stays off the launch path
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 _BRACKET = re.compile(r"^([^\[\]]*)\[([^\[\]]*)\](.*)$")
 _RANGE = re.compile(r"^([0-9]{1,18})(?:-([0-9]{1,18}))?$")
@@ -134,7 +138,7 @@ def read_host_file(path: str | Path, shown: str | None = None) -> tuple[list[str
     e.g. by the variable that gave it) and the line."""
     shown = shown or f"host file {str(path)!r}"
     text = read_bounded(path, shown, "one host name per line")
-    entries: list[tuple[str, int | None]] = []
+    entries: list[tuple[int, str, int | None]] = []
     for number, line in lines_of(text):
         words = line.split()
         pattern, slots = words[0], None
@@ -145,21 +149,29 @@ def read_host_file(path: str | Path, shown: str | None = None) -> tuple[list[str
             key, equals, value = word.partition("=")
             if equals and key == "slots":
                 slots = slot_count(value, shown, number, line, HOST_FILE_FORM)
-        entries.append((pattern, slots))
-    count = sum(count_hosts(pattern) for pattern, _ in entries)
+        entries.append((number, pattern, slots))
+    count = sum(_on_line(count_hosts, pattern, shown, number) for number, pattern, _ in entries)
     if count > MAX_HOSTS:
         raise PlanError(f"{shown} names {count} hosts, more than poprun runs on "
                         f"(at most {MAX_HOSTS}, one instance per host at least)")
     hosts: list[str] = []
     slots_of: dict[str, int] = {}
-    for pattern, slots in entries:
-        for host in _expand(pattern):
+    for number, pattern, slots in entries:
+        for host in _on_line(_expand, pattern, shown, number):
             hosts.append(host)
             if slots is not None:
                 slots_of[host] = slots
     if not hosts:
         raise PlanError(f"{shown} lists no hosts; put one host name per line")
     return checked(hosts, shown), slots_of
+
+
+def _on_line(read: Callable[[str], T], pattern: str, shown: str, number: int) -> T:
+    """``read(pattern)``, a host file's line ``number``; its PlanError names the file and the line."""
+    try:
+        return read(pattern)
+    except PlanError as exc:
+        raise PlanError(f"{shown} line {number}: {exc}") from None
 
 
 #: What a line of a host file may be.

@@ -119,3 +119,11 @@ def test_host_names_are_still_given_to_mpiexec(given: str, hosts: str) -> None:
     result = poprun("-H", given, "--num-instances", str(hosts.count(",") + 1), "--dry-run", "/bin/true")
     assert result.returncode == 0, result.stderr
     assert f" -hosts {hosts}:1 " in result.stdout
+
+
+def test_a_host_files_bad_pattern_names_the_file_and_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("n0\n\x1b]0;title\x07n1\n")
+    result = poprun("--host-file", str(path), "--num-instances", "2", "/bin/true")
+    assert (result.returncode, result.stderr) == (2, (
+        f"poprun: error: host file '{path}' line 2: host list '\\x1b]0;title\\x07n1' has unbalanced brackets\n"))
