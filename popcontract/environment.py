@@ -112,7 +112,9 @@ REMOTE_DIR = _define("POPDIST_REMOTE_DIR", "the user", "popdist_py.engine",
 CONTROL = _define("POPRUN_CONTROL", "poprun", "the shim", "address:port where the shim reports to poprun")
 SECRET = _define("POPRUN_SECRET", "poprun", "the shim",
                  "this run's secret, which every frame between the shim and poprun is sealed with; in the "
-                 "environment, never on a command line; the shim removes it before it starts the program")
+                 "environment, never on a command line; the shim removes it before it starts the program; "
+                 "where poprun cannot be their subreaper, what a launcher agent leaves on poprun's host is "
+                 "found by it")
 KILL_GRACE = _define("POPRUN_KILL_GRACE", "the user", "the shim, poprun",
                      "seconds between SIGTERM and SIGKILL when an instance is stopped (3); poprun's "
                      "own escalation waits for it too")

@@ -552,17 +552,14 @@ def end_escaped(index: int) -> None:
     ESCAPED_SECONDS."""
     me = os.getpid()
     control = settings.text(environment.CONTROL)
-    marks = (f"{environment.CONTROL}={control}".encode(), f"{environment.INSTANCE_INDEX}={index}".encode())
     # Without a job address there is nothing to tell this job's marked processes by.
-    by_marks = bool(control) and not sweep.adopts_orphans()
+    marks = (f"{environment.CONTROL}={control}".encode(), f"{environment.INSTANCE_INDEX}={index}".encode()) \
+        if control and not sweep.adopts_orphans() else ()
     deadline = time.monotonic() + ESCAPED_SECONDS
     while time.monotonic() < deadline:
-        adopted = sweep.descendants(me)
-        marked = [pid for pid in sweep.pids() if sweep.holds_marks(pid, marks)] if by_marks else []
-        if not adopted and not marked:
+        found = sweep.leftovers(me, marks)
+        if not found:
             return
-        for pid in adopted:
-            sweep.kill_descendant(pid, me)
-        for pid in marked:
-            sweep.kill_marked(pid, marks)
+        for pid in found:
+            sweep.kill_leftover(pid, me, marks)
         time.sleep(ESCAPED_PAUSE)

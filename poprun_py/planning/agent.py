@@ -15,7 +15,7 @@ import os
 from typing import NamedTuple
 
 from popcontract import environment, settings
-from poprun_py.shared.errors import PlanError
+from poprun_py.shared.errors import PlanError, printable
 from poprun_py.shared.paths import which
 
 #: What an agent must do, said when one is refused.
@@ -34,8 +34,8 @@ class Agent(NamedTuple):
 
     @property
     def name(self) -> str:
-        """How poprun's messages name it: its file name."""
-        return os.path.basename(self.path)
+        """How poprun's messages name it: its file name (``printable``)."""
+        return printable(os.path.basename(self.path))
 
 
 def find_agent(option: str | None) -> Agent | None:

@@ -93,7 +93,7 @@ def _host_file(path: str, shown: str) -> Found:
 def _node_list(value: str, shown: str) -> Found:
     """Slurm's node list (``node[01-04,07]``) and, when set, ``SLURM_TASKS_PER_NODE``: the tasks
     Slurm gives each of those hosts, in their order, which are their slots (as mpirun takes them)."""
-    hosts = expand_hosts(value)
+    hosts = expand_hosts(value, f"{shown} {abridged(value)!r}")
     tasks = settings.given(environment.SLURM_TASKS_PER_NODE)
     if not tasks:
         return Found(hosts, {})

@@ -9,7 +9,11 @@ from poprun_py.shared.errors import PlanError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING; pathlib (with urllib and ipaddress, ~3 ms) stays off the launch path
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 _BRACKET = re.compile(r"^([^\[\]]*)\[([^\[\]]*)\](.*)$")
 _RANGE = re.compile(r"^([0-9]{1,18})(?:-([0-9]{1,18}))?$")
@@ -105,10 +109,11 @@ def count_hosts(spec: str) -> int:
     return sum(_count_one(item, item) for item in _items(spec))
 
 
-def expand_hosts(spec: str) -> list[str]:
+def expand_hosts(spec: str, shown: str | None = None) -> list[str]:
     """Expand ``"node[0-2],gpu7"`` into ``["node0", "node1", "node2", "gpu7"]``; a list of more
-    than MAX_HOSTS is refused before it is built, and so is one with a host twice or a bad name."""
-    return checked(_expand(spec), f"host list {abridged(spec)!r}")
+    than MAX_HOSTS is refused before it is built, and so is one with a host twice or a bad name
+    (``shown``: how that error names the list, e.g. by the variable that gave it)."""
+    return checked(_expand(spec), shown or f"host list {abridged(spec)!r}")
 
 
 def _expand(spec: str) -> list[str]:
@@ -133,7 +138,7 @@ def read_host_file(path: str | Path, shown: str | None = None) -> tuple[list[str
     e.g. by the variable that gave it) and the line."""
     shown = shown or f"host file {str(path)!r}"
     text = read_bounded(path, shown, "one host name per line")
-    entries: list[tuple[str, int | None]] = []
+    entries: list[tuple[int, str, int | None]] = []
     for number, line in lines_of(text):
         words = line.split()
         pattern, slots = words[0], None
@@ -144,21 +149,29 @@ def read_host_file(path: str | Path, shown: str | None = None) -> tuple[list[str
             key, equals, value = word.partition("=")
             if equals and key == "slots":
                 slots = slot_count(value, shown, number, line, HOST_FILE_FORM)
-        entries.append((pattern, slots))
-    count = sum(count_hosts(pattern) for pattern, _ in entries)
+        entries.append((number, pattern, slots))
+    count = sum(_on_line(count_hosts, pattern, shown, number) for number, pattern, _ in entries)
     if count > MAX_HOSTS:
         raise PlanError(f"{shown} names {count} hosts, more than poprun runs on "
                         f"(at most {MAX_HOSTS}, one instance per host at least)")
     hosts: list[str] = []
     slots_of: dict[str, int] = {}
-    for pattern, slots in entries:
-        for host in _expand(pattern):
+    for number, pattern, slots in entries:
+        for host in _on_line(_expand, pattern, shown, number):
             hosts.append(host)
             if slots is not None:
                 slots_of[host] = slots
     if not hosts:
         raise PlanError(f"{shown} lists no hosts; put one host name per line")
     return checked(hosts, shown), slots_of
+
+
+def _on_line(read: Callable[[str], T], pattern: str, shown: str, number: int) -> T:
+    """``read(pattern)``, a host file's line ``number``; its PlanError names the file and the line."""
+    try:
+        return read(pattern)
+    except PlanError as exc:
+        raise PlanError(f"{shown} line {number}: {exc}") from None
 
 
 #: What a line of a host file may be.
@@ -199,17 +212,51 @@ def slot_count(value: str, shown: str, number: int, line: str, form: str) -> int
     raise PlanError(f"{where} gives {abridged(value, 20)!r} slots; {each} {form} (at most {MAX_SLOTS})")
 
 
+#: What a host may be, said when one is refused.
+HOST_FORM = ("a host is a name of ASCII letters, digits, '-' and '_' in labels joined by '.' (RFC 1123: no label "
+             "begins or ends with '-'; at most 63 characters each) or an IPv4 address, optionally after 'user@'")
+_NAME_CHARACTERS = re.compile(r"[A-Za-z0-9_.@-]*")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def _not_a_host(host: str) -> str | None:
+    """Why ``host`` cannot be a host's name (None: it can). Every source's hosts reach ssh, a
+    launcher agent and mpiexec's command line and host files, which read a leading '-' as an
+    option and hand the name to a shell on the other side: only :data:`HOST_FORM` gets there."""
+    if host.startswith("-"):
+        return "begins with '-' (ssh and mpiexec would read it as an option)"
+    if not _NAME_CHARACTERS.fullmatch(host):
+        bad = next(c for c in host if not _NAME_CHARACTERS.fullmatch(c))
+        if bad == ":":
+            return ("holds ':' (a host file gives a host's slots as 'host:N'; an IPv6 address cannot be given, "
+                    "mpiexec's host lists read its ':' as slots: give the host's name)")
+        return f"holds {bad!r}"
+    user, at, name = host.rpartition("@")
+    if at and not _USER.fullmatch(user):
+        return f"has {user!r} before '@', not a user name (letters, digits, '_', '.' and '-', not first)"
+    for label in name.removesuffix(".").split("."):
+        if not label:
+            return "has an empty label (a '.' at its start, or two in a row)"
+        if label.startswith("-") or label.endswith("-"):
+            return f"has the label {label!r}, which begins or ends with '-'"
+        if len(label) > 63:
+            return f"has a label of {len(label)} characters"
+    return None
+
+
 def checked(hosts: list[str], source: str) -> list[str]:
-    """``hosts``, given by ``source``, when each could be a host's name and none is listed twice:
-    poprun spreads the instances evenly over the hosts, so a host listed twice would get two shares
-    and each would be told it is alone there (LOCAL_RANK 0, LOCAL_WORLD_SIZE 1)."""
+    """``hosts``, given by ``source``, when each is a host's name (``_not_a_host``) and none is
+    listed twice: poprun spreads the instances evenly over the hosts, so a host listed twice would
+    get two shares and each would be told it is alone there (LOCAL_RANK 0, LOCAL_WORLD_SIZE 1).
+    The one check of every source's hosts (-H, host files, schedulers, the discovery script)."""
     first: dict[str, int] = {}
     for position, host in enumerate(hosts):
         if len(host) > MAX_NAME:
             raise PlanError(f"{source} names a host of {len(host)} characters ({abridged(host)!r}); "
                             f"a host name has at most {MAX_NAME}")
-        if not host.isprintable() or any(c.isspace() for c in host):
-            raise PlanError(f"{source} names the host {abridged(host)!r}, which holds a space or a control character")
+        why = _not_a_host(host)
+        if why:
+            raise PlanError(f"{source} names the host {abridged(host)!r}, which {why}; {HOST_FORM}")
         if host in first:
             raise PlanError(f"{source} lists the host {host!r} twice (hosts {first[host]} and {position}); list each "
                             "host once: poprun spreads the instances evenly over the hosts")

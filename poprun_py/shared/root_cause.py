@@ -140,14 +140,17 @@ def describe(data: bytes) -> dict[str, str | None]:
 
 def summary_lines(index: int, cause: dict[str, str | None]) -> list[str]:
     """The failure summary's lines for instance ``index``'s root cause: the message, then the end of
-    the traceback."""
+    the traceback, each ``printable``."""
+    from poprun_py.shared.errors import printable_lines
+
     message = (cause["message"] or "").strip() or "(no message)"
-    first, *rest = message.splitlines() or [""]
+    first, *rest = printable_lines(message)
     lines = [f"poprun: root cause (instance {index}'s error file): {first}"]
     lines += [f"    {line}" for line in rest[:SHOWN_TRACEBACK_LINES]]
-    traceback = (cause["traceback"] or "").rstrip().splitlines()
-    if traceback:
-        shown = traceback[-SHOWN_TRACEBACK_LINES:]
-        lines.append(f"poprun: its traceback{'' if len(shown) == len(traceback) else ' (its end)'}:")
+    traceback = (cause["traceback"] or "").rstrip()
+    traceback_lines = printable_lines(traceback) if traceback else []
+    if traceback_lines:
+        shown = traceback_lines[-SHOWN_TRACEBACK_LINES:]
+        lines.append(f"poprun: its traceback{'' if len(shown) == len(traceback_lines) else ' (its end)'}:")
         lines += [f"    {line}" for line in shown]
     return lines

@@ -1,11 +1,11 @@
 """What the sweeps of leftover processes share: finding a process in /proc, and killing only it.
 
 Two sweeps kill processes poprun did not start itself: the teardown's (whatever is left in
-mpiexec's session, and the launcher clients mpiexec left to poprun,
-``teardown.Teardown.kill_leftovers``) and the shim's (daemons that left the program's process
-group, ``shim_pump.end_escaped``: the shim's descendants, which it adopts as their subreaper, and
-processes that carry the job's marks in their environment). Each finds its
-targets by reading /proc;
+mpiexec's session, and the launcher agents mpiexec left to poprun with what they started here,
+``teardown.Teardown.kill_leftovers`` and ``end_what_agents_left``) and the shim's (daemons that
+left the program's process group, ``shim_pump.end_escaped``); both end :func:`leftovers`: the
+sweeper's descendants, which it adopts as their subreaper, and processes that carry the job's
+marks in their environment. Each finds its targets by reading /proc;
 between that read and the kill, a target may exit and its PID go to an unrelated process. So each
 kill here pins the process first (a pidfd), checks it again through /proc, and signals it through
 the pin: the signal reaches the process that passed the check, or none. Because the check is
@@ -109,14 +109,6 @@ def descendants(root: int) -> list[int]:
         found.append(pid)
         below += children.get(pid, ())
     return found
-
-
-def children(root: int) -> list[int]:
-    """Live children of ``root``, not theirs (one reading of /proc, which this process skips when it
-    has no child)."""
-    if root == os.getpid() and not has_children():
-        return []
-    return [pid for pid in pids() if (stat := _stat(pid)) is not None and stat[0] == root]
 
 
 def descends_from(pid: int, root: int) -> bool:
@@ -227,19 +219,27 @@ def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
     return all(b"\0" + mark + b"\0" in environ for mark in marks) and _stat(pid) is not None
 
 
+def leftovers(root: int, marks: tuple[bytes, ...] = (), spare: int = 0) -> list[int]:
+    """What a sweep ends: the live processes below ``root`` (whatever they orphaned too, where ``root``
+    is their subreaper) and, given ``marks`` (where it is none), every process whose environment
+    holds them; never ``spare`` (a PID, 0: none) nor what is below it."""
+    found = descendants(root) + ([pid for pid in pids() if holds_marks(pid, marks)] if marks else [])
+    spared = {spare, *descendants(spare)} if spare else set()
+    return [pid for pid in dict.fromkeys(found) if pid not in spared]
+
+
+def kill_leftover(pid: int, root: int, marks: tuple[bytes, ...] = (), spare: int = 0) -> bool:
+    """SIGKILL ``pid`` if, once pinned, it is still one of :func:`leftovers`' (below ``root``, or
+    holding ``marks``; not ``spare`` nor below it) and not this process."""
+    return _kill_checked(pid, lambda: pid != os.getpid() and (descends_from(pid, root) or holds_marks(pid, marks))
+                         and not (spare and (pid == spare or descends_from(pid, spare))))
+
+
 def kill_in_session(pid: int, session: int) -> bool:
     """SIGKILL ``pid`` if, once pinned, it is still in ``session``; whether it was signalled."""
     return _kill_checked(pid, lambda: in_session(pid, session))
 
 
-def kill_descendant(pid: int, root: int) -> bool:
-    """SIGKILL ``pid`` if, once pinned, it is still below ``root`` and is not this process."""
-    return _kill_checked(pid, lambda: pid != os.getpid() and descends_from(pid, root))
-
-
-def kill_marked(pid: int, marks: tuple[bytes, ...]) -> bool:
-    """SIGKILL ``pid`` if, once pinned, its environment still holds every one of ``marks``."""
-    return _kill_checked(pid, lambda: holds_marks(pid, marks))
 
 
 def _kill_checked(pid: int, check: Callable[[], bool]) -> bool:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime
 from functools import cached_property
 
+from poprun_py.shared.errors import printable_lines
 from poprun_py.shared.root_cause import describe
 from poprun_py.supervision.states import InstanceState
 
@@ -126,11 +127,10 @@ class Failed:
 
     @property
     def error(self) -> str | None:
-        """The first line of its recorded error, cut to SHOWN_ERROR_CHARS."""
+        """The first line of its recorded error, cut to SHOWN_ERROR_CHARS, ``printable``."""
         if self.recorded is None:
             return None
-        lines = (self.recorded["message"] or "").strip().splitlines()
-        first = lines[0] if lines else "(no message)"
+        first = printable_lines((self.recorded["message"] or "").strip())[0] or "(no message)"
         return first if len(first) <= SHOWN_ERROR_CHARS else first[:SHOWN_ERROR_CHARS] + "..."
 
     def how(self) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from poprun_py.shared.errors import printable_lines
+
 #: ssh's own messages, each naming the host (ssh writes names in lower case).
 _SSH_PATTERNS = (
     re.compile(r"ssh: Could not resolve hostname (?P<host>[^:\s]+): (?P<why>.+)"),
@@ -41,12 +43,12 @@ def host_failures(output: str, hosts: list[str], unstarted: list[str] | None = N
     """``{host: what went wrong}`` for each of ``hosts`` that the launcher's ``output`` blames; when
     it names none, an ssh message that names no host is put down to each of ``unstarted`` (hosts
     whose instances never started). ``launcher``: what reached the hosts (ssh, or a launcher
-    agent's name), as the messages name it."""
+    agent's name), as the messages name it. Their words are ``printable``: an agent's ESC or NUL
+    is quoted as ``\x1b``, ``\x00``, not passed to poprun's terminal."""
     by_lower = {host.lower(): host for host in hosts}
     found: dict[str, str] = {}
     anonymous: str | None = None
-    for line in output.splitlines():
-        line = line.strip()
+    for line in _lines(output):
         for pattern in _SSH_PATTERNS:
             match = pattern.fullmatch(line)
             if match and match.group("host").lower() in by_lower:
@@ -79,13 +81,17 @@ def agent_lines(output: str) -> list[str]:
     """The lines of ``output`` that a launcher agent wrote: not mpiexec's own (Hydra's start with
     ``[``, Open MPI's messages sit between lines of dashes)."""
     lines, in_box = [], False
-    for raw in output.splitlines():
-        line = raw.strip()
+    for line in _lines(output):
         if line.startswith("-----"):
             in_box = not in_box
         elif line and not in_box and not line.startswith("["):
             lines.append(line)
     return lines
+
+
+def _lines(output: str) -> list[str]:
+    """``output``'s lines as poprun quotes them (``printable_lines``), stripped."""
+    return [line.strip() for line in printable_lines(output)]
 
 
 def _names(line: str, host: str) -> bool:

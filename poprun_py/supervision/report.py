@@ -7,6 +7,7 @@ import datetime
 import time
 from functools import cached_property
 
+from poprun_py.shared.errors import printable
 from poprun_py.supervision.states import Failure, InstanceState, describe_status, signal_name
 
 TYPE_CHECKING = False
@@ -97,7 +98,7 @@ class Report:
             if state.output.stderr_tail:
                 stream = "output" if state.output.one_stream else "stderr"
                 lines.append(f"poprun: last lines of instance {state.index}'s {stream}:")
-                lines += [f"    {line.decode(errors='replace')}" for line in state.output.stderr_tail]
+                lines += [f"    {printable(line.decode(errors='replace'))}" for line in state.output.stderr_tail]
             others = [failed for failed in self.failures if failed.state is not state]
             for other in others:
                 error = f"; its error: {other.error}" if other.error is not None else ""

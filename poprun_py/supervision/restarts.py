@@ -14,7 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from poprun_py.shared.errors import PlanError
+from poprun_py.shared.errors import PlanError, printable_lines
 from poprun_py.supervision import log
 
 TYPE_CHECKING = False
@@ -125,9 +125,9 @@ def discover(script: str) -> list[tuple[str, int | None]]:
     except OSError as exc:
         raise PlanError(f"--host-discovery-script {script} cannot run: {exc.strerror or exc}") from None
     if done.returncode:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
+        said = printable_lines(done.stderr.decode(errors="replace").strip())[-1][:200]
         raise PlanError(f"--host-discovery-script {script} exited with status {done.returncode}"
-                        + (f" ({said[-1][:200]})" if said else ""))
+                        + (f" ({said})" if said else ""))
     if len(done.stdout) > DISCOVERY_MAX_BYTES:
         raise PlanError(f"--host-discovery-script {script} printed more than {DISCOVERY_MAX_BYTES} bytes")
     found = parse_discovered(done.stdout.decode(errors="replace"), script)

@@ -96,7 +96,8 @@ class Supervisor:
         self.watch = Watch()
         self.failure: Failure | None = None
         self.interrupted: int | None = None
-        self.teardown = Teardown(self.instances, grace, through_agent=remote_launcher != "ssh")
+        self.teardown = Teardown(self.instances, grace, through_agent=remote_launcher != "ssh",
+                                 mark=f"{environment.SECRET}={secret}".encode())
         self.next_silence_check = 0.0
         #: ``POPRUN_SILENCE_LIMIT``: how long an instance on another host may say nothing.
         self.silence_limit = silence_limit
@@ -267,6 +268,8 @@ class Supervisor:
             self._check_silence()
             self._check_start()
             self._stop_lingering_mpiexec()
+            if all(s.status is not None and s.connection is None for s in self.instances):
+                self.teardown.end_what_agents_left()  # (once all have ended, all stay so)
             for sink in self.sinks.values():
                 sink.tick()  # a line that another instance has waited on too long is ended
             if self.mpiexec_done_at is None and self.mpiexec.poll() is not None:

@@ -12,12 +12,15 @@ import os
 import time
 
 from poprun_py.shared import sweep
+from poprun_py.shared.errors import printable
 from poprun_py.supervision import log
 from poprun_py.supervision.states import signal_name
 from poprun_py.wire import protocol
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from poprun_py.supervision.process import Process
     from poprun_py.supervision.states import InstanceState
 
@@ -39,12 +42,15 @@ class Teardown:
     """The teardown of one run of mpiexec: when it started, and each step of it."""
 
     def __init__(self, instances: list[InstanceState], grace: float = protocol.DEFAULT_GRACE,
-                 through_agent: bool = False) -> None:
+                 through_agent: bool = False, mark: bytes = b"") -> None:
         """``grace``: the instances' own, so that a program given longer to end is not cut short;
         ``through_agent``: the remote hosts are reached by a launcher agent, not ssh (see
-        ``kill_leftovers``)."""
+        ``kill_leftovers``); ``mark``: the ``NAME=value`` entry of this start's own in mpiexec's
+        environment, which whatever it starts here inherits (found by it where poprun cannot be
+        the subreaper of what the agents leave)."""
         self.instances = instances
         self.through_agent = through_agent
+        self.mark = mark
         self.term_after = grace + TERM_MPIEXEC_MARGIN
         self.kill_after = grace + KILL_MPIEXEC_MARGIN
         self.mpiexec: Process | None = None
@@ -120,14 +126,14 @@ class Teardown:
         # What started the remote hosts' side (a launcher agent such as kubectl, as ssh) is put in a
         # session of its own by Hydra and prterun, and comes to poprun once mpiexec has gone (it is
         # their subreaper). An agent may hold mpiexec's listening socket, inherited, on which a
-        # proxy there that started after mpiexec ended would wait for ever: it ends with the job.
-        # Only the agent itself, a child of poprun's now: what it started is on another host. ssh
-        # closes what it inherits, so no such wait can hang on it: ssh clients are left to end with
-        # their remote side, as before agents came.
-        for pid in sweep.children(os.getpid()) if self.through_agent else ():
-            command = command_line(pid)
-            if sweep.kill_descendant(pid, os.getpid()):
-                log.debug("killed process %d (%s), which mpiexec left", pid, command)
+        # proxy there that started after mpiexec ended would wait for ever: it ends with the job,
+        # and so does whatever it started here (a helper in the background), until none is left
+        # (an agent's end gives its orphans to poprun). ssh closes what it inherits, so no such
+        # wait can hang on it: ssh clients are left to end with their remote side, as before
+        # agents came.
+        deadline = time.monotonic() + EXIT_WAIT
+        while self.through_agent and time.monotonic() < deadline and self._end_left_here("mpiexec left", 0):
+            time.sleep(EXIT_POLL)
         # Until the killed are gone they still map MPICH's segments, which would then look in use
         # to remove_files_left and stay behind. (Nothing killed, nothing to wait for: every job's
         # end would read /proc once more.)
@@ -139,6 +145,26 @@ class Teardown:
             if state.connection is not None:
                 state.connection.close()
                 state.connection = None
+
+    def end_what_agents_left(self) -> None:
+        """Through an agent, once every instance has ended while mpiexec still runs: a process an
+        agent started here that outlived it (a helper in the background) came to poprun, their
+        subreaper; it may hold mpiexec's pipes, which Hydra would wait on for ever. Ended, and
+        said; mpiexec and what runs below it (the agents still running) are spared."""
+        if self.through_agent and self.mpiexec is not None and self.mpiexec.returncode is None:
+            self._end_left_here("the launcher agent left running here", self.mpiexec.pid, log.warning)
+
+    def _end_left_here(self, who: str, spare: int, say: Callable[..., None] = log.debug) -> bool:
+        """SIGKILL ``sweep.leftovers`` below poprun (with this start's mark where poprun adopts no
+        orphans), but ``spare`` and its descendants; each said, with its command line, as left by
+        ``who``. Whether any was found."""
+        me, marks = os.getpid(), (self.mark,) if self.mark and not sweep.adopts_orphans() else ()
+        found = sweep.leftovers(me, marks, spare)
+        for pid in found:
+            command = command_line(pid)
+            if sweep.kill_leftover(pid, me, marks, spare):
+                say("killed process %d (%s), which %s", pid, command, who)
+        return bool(found)
 
 
 def remove_files_left(since: float, launcher_pid: int | None = None) -> None:
@@ -159,7 +185,7 @@ def command_line(pid: int) -> str:
     (any bytes that are not UTF-8 replaced); "" once it is gone."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
+            return printable(handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip())
     except OSError:
         return ""
 

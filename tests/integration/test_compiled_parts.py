@@ -144,6 +144,22 @@ def test_version_says_which_part_is_missing_and_what_that_means(missing: str, tm
     assert library.stdout.splitlines() == [f"poprun-py {popdist_py.__version__}", *expected]
 
 
+@pytest.mark.slow  # starts python
+def test_python_m_popdist_py_takes_version_help_or_nothing() -> None:
+    """An argument it does not take is refused (a usage line, one line naming it, exit 2), never
+    answered with the version as if it had been asked; --version says what no argument says."""
+    plain = run([PYTHON, "-m", "popdist_py"])
+    assert plain.returncode == 0 and plain.stdout.startswith(f"poprun-py {popdist_py.__version__}\n"), plain
+    assert run([PYTHON, "-m", "popdist_py", "--version"]).stdout == plain.stdout
+    helped = run([PYTHON, "-m", "popdist_py", "-h"])
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m popdist_py [-h] [--version]\n")
+    for given in ("--bogus", "-V", "version", "--vers", "--version\x1b[2J"):
+        refused = run([PYTHON, "-m", "popdist_py", "--version", given])
+        assert (refused.returncode, refused.stdout, refused.stderr) == (2, "", (
+            "usage: python -m popdist_py [-h] [--version]\n"
+            f"python -m popdist_py: error: {given!r} is not an argument; it takes --version, -h/--help or none\n"))
+
+
 @pytest.mark.slow  # starts python from a copy of the packages
 def test_a_build_that_does_not_load_is_missing_with_the_loaders_reason(tmp_path: Path) -> None:
     # A file that is there but no library (a broken install): missing, saying why, never a traceback.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,16 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import Cluster
-from tests.helpers import PYTHON, ROOT, job_marker, poprun, run, tagged_json, wait_no_processes
+from tests.helpers import (
+    MARKER_VARIABLE,
+    PYTHON,
+    ROOT,
+    job_marker,
+    poprun,
+    run,
+    tagged_json,
+    wait_no_processes,
+)
 from tests.integration.conftest import FAILURE_BOUND, job_env, job_files, lines_with, mpi_args, start_poprun
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.usefixtures("nothing_left")]
@@ -179,3 +189,47 @@ def test_a_host_the_agent_cannot_reach_is_named_with_the_agents_words(cluster: C
                         rf"{name}: netns-agent: node1: the host is down \(nothing runs in its namespace\)\n",
                         result.stderr), result.stderr
     assert wait_no_processes(marker) == []
+
+
+#: Wrappers of the agent that leave a helper running on poprun's machine when they exec it: in the
+#: agent's process group, and in a session of its own. Each says its helper's PID first.
+HELPERS = {"background": "sleep 1000 &", "own-session": "setsid sleep 1000 &"}
+
+
+@pytest.mark.parametrize("helper", list(HELPERS))
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_what_an_agent_leaves_running_here_ends_with_the_job(cluster: Cluster, mpi: str, helper: str, tmp_path: Path,
+                                                             agent: tuple[str, Path, dict[str, str]]) -> None:
+    """An agent (a wrapper script) that starts a helper in the background and execs the real agent:
+    the helper outlives the agent. Whichever MPI ran the job, nothing of it is left when poprun ends."""
+    path, log, env = agent
+    helpers = tmp_path / "helpers"
+    wrapper = tmp_path / "agent-with-a-helper"
+    wrapper.write_text(f"#!/bin/sh\n{HELPERS[helper]}\necho $! >> {helpers}\nexec {path} \"$@\"\n")
+    wrapper.chmod(0o755)
+    marker = job_marker()
+    try:
+        result = poprun(*mpi_args(mpi), "--launcher-agent", str(wrapper), "--num-instances", "2", "-H",
+                        "node0,node1", PYTHON, WHERE, marker, env=job_env(mpi, **env), timeout=FAILURE_BOUND + 30)
+        assert result.returncode == 0, result.stderr
+        assert sorted(_calls(log)) == ["node0", "node1"]
+        started = helpers.read_text().split()
+        assert len(started) == 2, started  # the wrapper said so before it started the agent: before the job ended
+        assert wait_no_processes(marker) == []
+        # Hydra waits on the pipes the helpers hold: poprun ends them once every instance has ended, and
+        # says so. Open MPI's prterun does not wait: they are ended with the agents after it (said at -vv),
+        # or, those in the job's session (the agent's process group), as what is left in that session.
+        said = re.findall(r"POPRUN \[W\] killed process (\d+) \(sleep 1000\)(?:, which the launcher agent left "
+                          r"running here| left behind in the job's session)$", result.stderr, re.MULTILINE)
+        assert sorted(said) == sorted(started) if mpi == "mpich" else set(said) <= set(started), result.stderr
+    finally:  # a helper left by a failure here is not left to the next test
+        for pid in helpers.read_text().split() if helpers.exists() else ():
+            if f"{MARKER_VARIABLE}={marker}" in _environ(pid):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def _environ(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""

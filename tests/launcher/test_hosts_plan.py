@@ -37,7 +37,7 @@ def test_host_file_with_comments_and_slots(tmp_path: Path) -> None:
                             "each host once: poprun spreads the instances evenly over the hosts")),
     ("node[0-2],node1", "host list 'node[0-2],node1' lists the host 'node1' twice (hosts 1 and 3)"),
     ("a," + "x" * 254, "names a host of 254 characters ('" + "x" * 60 + "...'); a host name has at most 253"),
-    ("a,b\tc", "host list 'a,b\\tc' names the host 'b\\tc', which holds a space or a control character"),
+    ("a,b\tc", "host list 'a,b\\tc' names the host 'b\\tc', which holds '\\t'; a host is a name of ASCII letters"),
 ])
 def test_a_host_listed_twice_or_that_cannot_be_a_name_is_refused(spec: str, message: str) -> None:
     with pytest.raises(PlanError) as refused:

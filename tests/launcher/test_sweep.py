@@ -64,13 +64,13 @@ def test_neither_a_zombie_nor_the_caller_itself_counts_or_is_killed(processes: l
     own = os.getsid(0)
     assert not sweep.in_session(os.getpid(), own) and not sweep.kill_in_session(os.getpid(), own)
     marks = tuple(f"{name}={value}".encode() for name, value in list(os.environ.items())[:2])
-    assert not sweep.holds_marks(os.getpid(), marks) and not sweep.kill_marked(os.getpid(), marks)
+    assert not sweep.holds_marks(os.getpid(), marks) and not sweep.kill_leftover(os.getpid(), 0, marks)
 
 
 def test_pids_below_two_are_never_signalled() -> None:
     for pid in (-1, 0, 1):
         assert not sweep.kill_in_session(pid, os.getsid(1) if pid == 1 else 0)
-        assert not sweep.kill_marked(pid, (b"PATH=" + os.environ["PATH"].encode(),))
+        assert not sweep.kill_leftover(pid, 0, (b"PATH=" + os.environ["PATH"].encode(),))
 
 
 @pytest.mark.slow  # starts processes
@@ -82,10 +82,10 @@ def test_marks_are_whole_entries_of_the_environment_and_all_of_them_count(
     assert sweep.holds_marks(marked.pid, (b"INDEX=3",))  # the last entry too
     for marks in [(b"JOB=a1", b"INDEX=4"), (b"JOB=a",), (b"OB=a1",), (b"INDEX=",), ()]:
         assert not sweep.holds_marks(marked.pid, marks), marks
-        assert not sweep.kill_marked(marked.pid, marks), marks
+        assert not sweep.kill_leftover(marked.pid, 0, marks), marks
     assert marked.poll() is None
-    assert sweep.kill_marked(marked.pid, (b"JOB=a1", b"INDEX=3")) and _killed(marked)
-    assert not sweep.kill_marked(marked.pid, (b"JOB=a1",))  # gone
+    assert sweep.kill_leftover(marked.pid, 0, (b"JOB=a1", b"INDEX=3")) and _killed(marked)
+    assert not sweep.kill_leftover(marked.pid, 0, (b"JOB=a1",))  # gone
 
 
 @pytest.mark.slow  # starts processes
@@ -95,7 +95,7 @@ def test_a_marked_zombie_holds_no_marks(processes: list[subprocess.Popen[bytes]]
     processes.append(marked)
     os.kill(marked.pid, signal.SIGKILL)
     os.waitid(os.P_PID, marked.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: a zombie
-    assert not sweep.holds_marks(marked.pid, (b"JOB=a1",)) and not sweep.kill_marked(marked.pid, (b"JOB=a1",))
+    assert not sweep.holds_marks(marked.pid, (b"JOB=a1",)) and not sweep.kill_leftover(marked.pid, 0, (b"JOB=a1",))
 
 
 @pytest.mark.slow  # starts processes
@@ -110,15 +110,39 @@ def test_descendants_are_found_through_every_generation_and_only_they_are_killed
     me = os.getpid()
     assert {parent.pid, grandchild} <= set(sweep.descendants(me)) and outsider.pid in sweep.descendants(me)
     assert sweep.descendants(parent.pid) == [grandchild]
-    assert {parent.pid, outsider.pid} <= set(sweep.children(me)) and grandchild not in sweep.children(me)
-    assert sweep.children(parent.pid) == [grandchild] and sweep.children(grandchild) == []
     assert sweep.descends_from(grandchild, parent.pid) and sweep.descends_from(grandchild, me)
     assert not sweep.descends_from(parent.pid, grandchild) and not sweep.descends_from(outsider.pid, parent.pid)
-    assert not sweep.kill_descendant(outsider.pid, parent.pid) and outsider.poll() is None
-    assert not sweep.kill_descendant(me, os.getppid())  # never the caller itself
-    assert sweep.kill_descendant(grandchild, parent.pid)
+    assert not sweep.kill_leftover(outsider.pid, parent.pid) and outsider.poll() is None
+    assert not sweep.kill_leftover(me, os.getppid())  # never the caller itself
+    assert sweep.kill_leftover(grandchild, parent.pid)
     assert parent.wait(timeout=10) == 0  # its `wait` returned: the sleep is gone
     assert sweep.descendants(parent.pid) == []
+
+
+@pytest.mark.slow  # starts processes
+def test_leftovers_are_below_the_root_or_marked_and_never_what_is_spared(
+        processes: list[subprocess.Popen[bytes]]) -> None:
+    """A teardown's sweep during the job spares mpiexec and what runs below it (``spare``), and
+    ends what else is below poprun or, where poprun is no subreaper, marked."""
+    spared = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
+    processes.append(spared)
+    assert spared.stdout is not None
+    below_spared = int(spared.stdout.readline())
+    left = _sleeper(new_session=True)
+    marked = _sleeper(env={"PATH": os.environ["PATH"], "JOB": "a1"}, new_session=True)
+    processes += [left, marked]
+    me, marks = os.getpid(), (b"JOB=a1",)
+    found = sweep.leftovers(me, spare=spared.pid)
+    assert left.pid in found and marked.pid in found and not {spared.pid, below_spared} & set(found)
+    assert {spared.pid, below_spared, left.pid} <= set(sweep.leftovers(me))
+    assert marked.pid in sweep.leftovers(spared.pid, marks) and left.pid not in sweep.leftovers(spared.pid, marks)
+    for pid in (spared.pid, below_spared):
+        assert not sweep.kill_leftover(pid, me, marks, spare=spared.pid)
+    assert not sweep.kill_leftover(left.pid, spared.pid, marks) and left.poll() is None  # neither below nor marked
+    assert not sweep.kill_leftover(me, os.getppid())  # never the caller itself
+    assert sweep.kill_leftover(marked.pid, spared.pid, marks) and _killed(marked)
+    assert sweep.kill_leftover(left.pid, me, spare=spared.pid) and _killed(left)
+    assert spared.poll() is None
 
 
 @pytest.mark.slow  # starts processes
