@@ -117,12 +117,16 @@ class Teardown:
             if self.mpiexec.wait(timeout=MPIEXEC_EXIT_WAIT) is None:
                 log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
         killed = False
+        # Of a job that ended by itself, what is left is news (a daemon its program started); of one
+        # being stopped, what had not finished starting or stopping yet is not (an agent still
+        # reaching a host when another could not be reached), and is said at -vv.
+        say = log.warning if self.started is None else log.debug
         for pid in session_members(self.mpiexec.pid):
             command = command_line(pid)
             if sweep.kill_in_session(pid, self.mpiexec.pid):
                 killed = True
                 if command:  # an empty command line: the process was already exiting
-                    log.warning("killed process %d (%s) left behind in the job's session", pid, command)
+                    say("killed process %d (%s) left behind in the job's session", pid, command)
         # What started the remote hosts' side (a launcher agent such as kubectl, as ssh) is put in a
         # session of its own by Hydra and prterun, and comes to poprun once mpiexec has gone (it is
         # their subreaper). An agent may hold mpiexec's listening socket, inherited, on which a
