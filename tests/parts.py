@@ -52,6 +52,9 @@ MPIEXEC = str(Path(PY).parent / "mpiexec")
 CLUSTER_TESTS = ("tests/integration/test_multihost.py", "tests/integration/test_elastic.py",
                  "tests/integration/test_launcher_agent.py")
 
+#: The checks of `make bench`'s sections at their smallest sizes: many short jobs that import torch.
+BENCH_TESTS = "tests/integration/test_bench.py"
+
 
 class Part(NamedTuple):
     """One part: its commands, run in order (the first failure ends it), and whether it keeps the
@@ -73,9 +76,11 @@ def parts() -> list[Part]:
     parts under AddressSanitizer and UndefinedBehaviorSanitizer (``make sanitize``), and ruff and
     mypy (``make lint``)."""
     kernels = blas_kernels.kernels()
+    elsewhere = [f"--ignore={test}" for test in (*CLUSTER_TESTS, BENCH_TESTS)]
     return [
         Part("hosts", (_pytest("hosts", "pytest", *CLUSTER_TESTS),), own_network=False),
-        Part("apps", (_pytest("apps", "pytest", "tests/integration", *(f"--ignore={t}" for t in CLUSTER_TESTS)),)),
+        Part("apps", (_pytest("apps", "pytest", "tests/integration", *elsewhere),)),
+        Part("bench", (_pytest("bench", "pytest", BENCH_TESTS),)),
         Part("launcher", (_pytest("launcher", "pytest", "tests/launcher"),)),
         Part("library", (_pytest("library", "pytest", "tests/library", "tests/engine"),)),
         # No JUnit file here: every rank would write the same one.
