@@ -56,6 +56,18 @@ def poprun(*args: str, timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, str] 
     return run([*POPRUN, *args], timeout=timeout, env=env, cwd=cwd)
 
 
+#: ssh's words for a host name no resolver knows where DNS answers; where none can be asked (a
+#: make test part's network namespace, a machine without DNS) it says RESOLVER_UNREACHABLE instead.
+UNKNOWN_NAME = "Name or service not known"
+RESOLVER_UNREACHABLE = "Temporary failure in name resolution"
+
+
+def resolved_as_unknown(text: str) -> str:
+    """``text`` with ssh's words for a resolver it could not ask read as its words for an unknown
+    name: the tests' unresolvable host (``ghost.invalid``, a reserved name) is unknown either way."""
+    return text.replace(RESOLVER_UNREACHABLE, UNKNOWN_NAME)
+
+
 def install_without(where: Path, *modules: str) -> dict[str, str]:
     """A copy of the three packages in ``where`` without the built files of compiled parts
     ``modules`` (``popcontract.compiled``'s names), as an install built without a C compiler has

@@ -56,6 +56,11 @@ CLUSTER_TESTS = ("tests/integration/test_multihost.py", "tests/integration/test_
 BENCH_TESTS = "tests/integration/test_bench.py"
 
 
+#: Parts run at a time: most of the suite waits (for processes, signals, limits), so five keep two
+#: cores busy, and no more, so that a test's own bounds are not spent waiting for a core.
+AT_ONCE = 5
+
+
 class Part(NamedTuple):
     """One part: its commands, run in order (the first failure ends it), and whether it keeps the
     machine's network (the cluster's part) instead of a network namespace of its own."""
@@ -70,7 +75,8 @@ def _pytest(part: str, step: str, *args: str) -> tuple[str, ...]:
 
 
 def parts() -> list[Part]:
-    """The parts of ``make test``, the longest first. Together they run every test once under
+    """The parts of ``make test``: lint first (it ends in seconds and names the line), then the
+    longest first. Together they run every test once under
     both engine executors with all hypothesis examples, tests/mpi under mpiexec at 2, 3 and 4 ranks,
     the determinism tests again under every other OpenBLAS kernel this CPU runs, the compiled
     parts under AddressSanitizer and UndefinedBehaviorSanitizer (``make sanitize``), and ruff and
@@ -78,18 +84,18 @@ def parts() -> list[Part]:
     kernels = blas_kernels.kernels()
     elsewhere = [f"--ignore={test}" for test in (*CLUSTER_TESTS, BENCH_TESTS)]
     return [
+        Part("lint", (("make", "--no-print-directory", "lint"),)),
         Part("hosts", (_pytest("hosts", "pytest", *CLUSTER_TESTS),), own_network=False),
-        Part("apps", (_pytest("apps", "pytest", "tests/integration", *elsewhere),)),
         Part("bench", (_pytest("bench", "pytest", BENCH_TESTS),)),
         Part("launcher", (_pytest("launcher", "pytest", "tests/launcher"),)),
-        Part("library", (_pytest("library", "pytest", "tests/library", "tests/engine"),)),
-        # No JUnit file here: every rank would write the same one.
-        Part("mpi", tuple((MPIEXEC, "-n", str(n), *PYTEST, "--with-mpi", "tests/mpi") for n in (2, 3, 4))),
+        Part("apps", (_pytest("apps", "pytest", "tests/integration", *elsewhere),)),
         # Bits promised equal must not depend on the BLAS kernel this CPU picked.
         Part("blas", tuple(("env", f"OPENBLAS_CORETYPE={k}", *_pytest("blas", k, "-m", "determinism", "tests"))
                            for k in kernels)),
+        Part("library", (_pytest("library", "pytest", "tests/library", "tests/engine"),)),
+        # No JUnit file here: every rank would write the same one.
+        Part("mpi", tuple((MPIEXEC, "-n", str(n), *PYTEST, "--with-mpi", "tests/mpi") for n in (2, 3, 4))),
         Part("sanitize", (("make", "--no-print-directory", "sanitize"),)),
-        Part("lint", (("make", "--no-print-directory", "lint"),)),
     ]
 
 
@@ -149,23 +155,25 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
 
 
-def run(chosen: Sequence[Part]) -> int:
+def run(chosen: Sequence[Part], at_once: int = AT_ONCE) -> int:
+    """Run ``chosen``, ``at_once`` at a time in sandboxes (one at a time where there are none), in
+    their order; each said as it ends. Status 1 if any failed."""
     OUT.mkdir(parents=True, exist_ok=True)
     for stale in OUT.glob("*.xml"):
         stale.unlink()
     began = time.monotonic()
     sandboxed = sandboxes()
     names = ", ".join(part.name for part in chosen)
-    if sandboxed:
-        print(f"tests.parts: {len(chosen)} parts at once ({names}); logs in {OUT.relative_to(ROOT)}/", flush=True)
-    else:  # they would share /tmp, /dev/shm and ports, and blame each other's files
-        print(f"tests.parts: no namespaces here (tests/sandbox): the parts run one after another ({names})",
-              flush=True)
+    if not sandboxed:  # they would share /tmp, /dev/shm and ports, and blame each other's files
+        at_once = 1
+        print("tests.parts: no namespaces here (tests/sandbox): the parts run one after another", flush=True)
+    print(f"tests.parts: {len(chosen)} parts, {at_once} at a time ({names}); logs in {OUT.relative_to(ROOT)}/",
+          flush=True)
     queue = list(chosen)
     results: dict[str, dict[str, object]] = {}
     waiting: list[Running] = []
     while queue or waiting:
-        while queue and (sandboxed or not waiting):
+        while queue and len(waiting) < at_once:
             waiting.append(_start(queue.pop(0), sandboxed))
         for item in list(waiting):
             took = time.monotonic() - item.started
@@ -243,6 +251,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.parts", description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="*", help="the parts to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the parts and their commands")
+    parser.add_argument("--at-once", type=int, default=AT_ONCE, metavar="N",
+                        help=f"how many parts run at a time (default {AT_ONCE})")
     parser.add_argument("--doc", type=Path, help="regenerate this file's section from the last run")
     args = parser.parse_args(argv)
     every = {part.name: part for part in parts()}
@@ -257,7 +267,9 @@ def main(argv: list[str]) -> int:
         for part in chosen:
             print(f"{part.name}:\n" + "".join(f"    {' '.join(command)}\n" for command in part.commands))
         return 0
-    return run(chosen)
+    if args.at_once < 1:
+        parser.error(f"--at-once {args.at_once}: at least 1")
+    return run(chosen, args.at_once)
 
 
 if __name__ == "__main__":

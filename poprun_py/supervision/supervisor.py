@@ -17,6 +17,7 @@ from __future__ import annotations
 import _signal
 import _socket
 import os
+import re
 import sys
 import time
 
@@ -51,6 +52,12 @@ AFTER_MPIEXEC_SECONDS = 2.0
 #: On one host, how long mpiexec may outlive the end of every instance and of every shim before
 #: poprun stops it (see _stop_lingering_mpiexec).
 LINGER_SECONDS = 0.5
+#: Open MPI's launcher (PRRTE) sets the process group of the remote-start command it forks (ssh, an
+#: agent) from both sides; when the child has run its exec first, the parent's setpgid fails
+#: (EACCES) and it says so on stderr, a race without consequence that a busy host shows among the
+#: job's lines. Kept for -vv (``_read_mpiexec``).
+PRRTE_SETPGID_RACE = re.compile(rb"^\[[^]\n]*\] plm:ssh: Warning: setpgid\(\d+,\d+\) failed in parent with "
+                                rb"errno=Permission denied\(13\)\n", re.MULTILINE)
 #: How often silence is checked (see _check_silence).
 SILENCE_CHECK_SECONDS = 1.0
 #: A gap longer than this between two turns of the loop is time poprun did not listen (it was
@@ -630,6 +637,11 @@ class Supervisor:
             self.watch.remove(fd)
             return
         self.mpiexec_output.append(data)
+        for race in PRRTE_SETPGID_RACE.findall(data):
+            log.debug("mpiexec: %s", race.decode(errors="replace").rstrip())
+        data = PRRTE_SETPGID_RACE.sub(b"", data)
+        if not data:
+            return
         if self.held is not None:
             self.held.append((stream, data))
         elif self.teardown.started is None:

@@ -13,7 +13,9 @@ from bench.machine import machine_info
 from bench.timing import time_commands
 from tests.helpers import PYTHON, poprun, run
 
-pytestmark = pytest.mark.slow  # every test starts the workers (under poprun or alone)
+# Every test starts the workers (under poprun or alone), several of them in processes that each import
+# torch: on two cores busy with make test's other parts one took more than the suite's 120 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _json_line(stdout: str) -> dict[str, Any]:
