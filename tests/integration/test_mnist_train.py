@@ -4,6 +4,7 @@ micro-batches against one batch, and across a resume; each optimizer trains."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,13 @@ def run_inline(*argv: str) -> tuple[float, str]:
     """The example in this process: ``--replication-factor N`` replicas as threads of one Runtime."""
     accuracy, weights = mnist_rts.run(mnist_rts.parse_args(list(argv)))
     return float(f"{accuracy:.4f}"), weights  # as printed
+
+
+@functools.cache
+def reference(*argv: str) -> tuple[float, str]:
+    """``run_inline(*argv)`` once per test process, for the tests that compare other runs with it
+    (each run's own reproducibility is ``test_weights_reproducible_and_seeded``'s)."""
+    return run_inline(*argv)
 
 
 def run_poprun(instances: int, replicas: int, *argv: str) -> tuple[tuple[float, str], subprocess.CompletedProcess[str]]:
@@ -237,7 +245,7 @@ def test_weights_reproducible_and_seeded() -> None:
 
 @pytest.mark.slow  # trains MNIST, starts poprun
 def test_poprun_splits_give_identical_weights() -> None:
-    ref = run_inline("--replication-factor", "4", "--epochs", "2")
+    ref = reference("--replication-factor", "4", "--epochs", "2")
     two, proc = run_poprun(2, 4, "--epochs", "2", "--replication-factor", "1")
     assert two == ref
     assert "--replication-factor 1 is ignored under poprun" in proc.stdout + proc.stderr
@@ -248,13 +256,13 @@ def test_poprun_splits_give_identical_weights() -> None:
 @pytest.mark.slow  # trains MNIST
 def test_rts_gives_identical_weights() -> None:
     """--rts, the seed's flag, is --shard weights."""
-    ref = run_inline("--replication-factor", "4", "--epochs", "2")
+    ref = reference("--replication-factor", "4", "--epochs", "2")
     assert run_inline("--replication-factor", "4", "--epochs", "2", "--rts") == ref
 
 
 @pytest.mark.slow  # trains MNIST, starts poprun
 def test_rts_under_poprun_gives_identical_weights() -> None:
-    ref = run_inline("--replication-factor", "4", "--epochs", "2")
+    ref = reference("--replication-factor", "4", "--epochs", "2")
     two, _ = run_poprun(2, 4, "--epochs", "2", "--rts")
     assert two == ref
     four, _ = run_poprun(4, 4, "--epochs", "2", "--rts")  # every shard in another process

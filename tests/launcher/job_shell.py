@@ -134,8 +134,10 @@ def held_back(pids: list[int]) -> list[int]:
 
 
 def numbers_shown(shown: bytes, instances: int) -> dict[int, list[int]]:
-    """The ticker's numbers each instance's tagged lines show on the terminal, in order."""
+    """The ticker's numbers each instance's tagged lines show on the terminal, in order. The
+    terminal echoes Ctrl-Z as ``^Z`` the moment it is typed, inside whatever line is being shown
+    then (as it does for a user): that echo is not the job's."""
     found: dict[int, list[int]] = {index: [] for index in range(instances)}
-    for index, number in re.findall(rb"\[(\d+)\] (\d+)\r$", shown, re.MULTILINE):
+    for index, number in re.findall(rb"\[(\d+)\] (\d+)\r$", shown.replace(b"^Z", b""), re.MULTILINE):
         found[int(index)].append(int(number))
     return found
