@@ -24,6 +24,7 @@ import time
 from popcontract import environment, settings
 from poprun_py.instance import oom
 from poprun_py.instance.pmi_relay import abort_status, pmi_line
+from poprun_py.instance.uncaught import Tail
 from poprun_py.shared import root_cause, sweep
 from poprun_py.shared.watch import Watch
 from poprun_py.wire import protocol
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from poprun_py.wire.seal import Seal
 
 READ_SIZE = 65536
+#: The most read of the program's stderr when poprun's TERMINATE comes (``_stop_on_request``): no
+#: pipe holds more (``/proc/sys/fs/pipe-max-size``), and a program that writes on is not waited for.
+STOP_READ_LIMIT = 1 << 20
 #: The most read of poprun's commands at once (each is 1 + TAG_SIZE bytes).
 COMMANDS_READ_SIZE = 64
 #: After the program exits, how long descendants may keep its pipes open before they are killed.
@@ -103,6 +107,9 @@ class Pump:
         if hasattr(_socket, "TCP_USER_TIMEOUT"):
             self.control.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_USER_TIMEOUT, 0)
         self.control.setblocking(False)
+        #: Sealed frames not yet handed to the kernel, the first one under way while ``sending``.
+        self.outbox: list[bytes] = []
+        self.sending = False
         #: poprun is gone (its connection ended, or its host stopped answering): nothing more is sent.
         self.gone = False
         #: When poprun's host was first seen leaving data unacknowledged for the silence limit.
@@ -126,6 +133,15 @@ class Pump:
         self.was_stopped = False
         #: The OOM kills counted in its memory cgroup as the program started (None: none can be read).
         self.oom_kills = oom.kills()
+        #: The end of the program's stderr (of its one stream), that stream's key and its pipe
+        #: (None once closed); poprun's TERMINATE has come; and, when that end was an uncaught
+        #: exception's traceback then, when its last line was read and the exception's line
+        #: (``protocol.UNCAUGHT``).
+        self.tail = Tail()
+        self.tail_stream = STDERR
+        self.tail_fd: int | None = None
+        self.terminated = False
+        self.uncaught: tuple[int, bytes] | None = None
         # The loop's state (_pump): the program's pipes still open, its status once it has exited,
         # until when its pipes may stay open after that, and the pidfds watched.
         self.open_streams = 2
@@ -139,10 +155,25 @@ class Pump:
 
     def send(self, data: bytes) -> None:
         """``data``, sealed, handed whole to the kernel, however long poprun takes to read (see the
-        module's docstring); dropped once poprun is gone, so that the program is still stopped cleanly."""
+        module's docstring); dropped once poprun is gone, so that the program is still stopped cleanly.
+        A frame sent while another waits for room (by a command obeyed meanwhile) goes after it:
+        frames never interleave, and go in the order they were sealed in."""
         if self.gone:
             return
-        pending = memoryview(self.seal.seal(data))
+        self.outbox.append(self.seal.seal(data))
+        if self.sending:
+            return
+        self.sending = True
+        try:
+            while self.outbox and not self.gone:
+                self._send_whole(memoryview(self.outbox[0]))
+                del self.outbox[:1]
+        finally:
+            self.sending = False
+        self.outbox.clear()  # (what poprun, gone, never gets)
+        self.last_sent = time.monotonic()
+
+    def _send_whole(self, pending: memoryview) -> None:
         while pending and not self.gone:
             try:
                 pending = pending[self.control.send(pending):]
@@ -150,7 +181,6 @@ class Pump:
                 self._wait_for_room()
             except OSError:
                 self._lose_poprun()
-        self.last_sent = time.monotonic()
 
     def _wait_for_room(self) -> None:
         """Wait until poprun's connection takes more (at most ROOM_WAIT s), obeying its commands,
@@ -184,7 +214,7 @@ class Pump:
             return False
         for command in self._commands(message):
             if command == protocol.TERMINATE:
-                self.stop_program()
+                self._stop_on_request()
             elif command == protocol.STOP and self.returncode is None and self.kill_at is None:
                 self._signal_group(_signal.SIGSTOP)
             elif command == protocol.CONT:
@@ -222,6 +252,42 @@ class Pump:
         reason = "not found" if status == 127 else f"cannot be executed ({error.strerror})"
         self.send(protocol.exit_report(status, None, f"program {program!r} {reason} on host {_socket.gethostname()}"))
         return status
+
+    def _stop_on_request(self) -> None:
+        """poprun's TERMINATE: what the program wrote to its stderr before it, still in the pipe,
+        is read and passed on first (to the last byte there now: all of it was written before the
+        stop), so that the shim knows how that stderr ended. An uncaught exception's traceback
+        there says the program had failed by itself and was on its way out (atexit hooks,
+        threads, the interpreter's shutdown): the SIGTERM that ends it then is no stop of a
+        program that was running, and its exit report says so (``protocol.UNCAUGHT``). What it
+        writes after the stop (a SIGTERM handler's traceback) is no part of that."""
+        if self.pid is None or self.kill_at is not None or self.terminated:
+            return
+        self.terminated = True
+        self._read_to_the_end()
+        line = self.tail.exception()
+        if line is not None:
+            self.uncaught = (self.tail.read_ns, line)
+        self.stop_program()
+
+    def _read_to_the_end(self) -> None:
+        """Pass on what the program's stderr pipe holds now, at most STOP_READ_LIMIT bytes."""
+        read = 0
+        while self.tail_fd is not None and read < STOP_READ_LIMIT:
+            try:
+                data = os.read(self.tail_fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            if not data:  # its end: the loop closes it
+                return
+            read += len(data)
+            self._received(self.tail_stream, data)
+
+    def _received(self, stream: int, data: bytes) -> None:
+        """Output read from the program: passed on; stderr's (the one stream's) end kept."""
+        if stream == self.tail_stream:
+            self.tail.add(data, time.time_ns())
+        self.output(stream, data)
 
     def stop_program(self, *_: object) -> None:
         """SIGTERM the program's process group now, SIGKILL it after the grace period. A program
@@ -263,6 +329,8 @@ class Pump:
                     recorded = root_cause.written_at(self.error_file)
                     self.send(protocol.frame(protocol.ROOT_CAUSE, cause))
             root_cause.remove(self.error_file)
+        if self.uncaught is not None:
+            self.send(protocol.uncaught(*self.uncaught))
         self.send(protocol.times(self.ended_ns, self.stopped_ns, recorded))
         flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
             (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0) | \
@@ -384,8 +452,15 @@ class Pump:
         watch.add(stdout_fd, STDOUT)
         if stderr_fd is None:
             self.open_streams = 1
+            self.tail_stream = STDOUT
         else:
             watch.add(stderr_fd, STDERR)
+        self.tail_fd = stdout_fd if stderr_fd is None else stderr_fd
+        # Non-blocking: what TERMINATE's reading (``_stop_on_request``) empties may still be in the
+        # loop's list of descriptors ready to read.
+        for fd in (stdout_fd, stderr_fd):
+            if fd is not None:
+                os.set_blocking(fd, False)
         self.children = self._wake_on_children()
         watch.add(self.children[0], CHILDREN)
         watch.add(self.control, CONTROL)
@@ -494,13 +569,18 @@ class Pump:
             if not self.pmi.from_launcher():
                 watch.remove(fd)
         else:
-            data = os.read(fd, READ_SIZE)
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:  # emptied since the loop found it ready (``_stop_on_request``)
+                return
             if data:
-                self.output(key, data)
+                self._received(key, data)
             else:
                 watch.remove(fd)
                 os.close(fd)
                 self.open_streams -= 1
+                if fd == self.tail_fd:
+                    self.tail_fd = None
 
     def _hear_program_on_pmi(self, watch: Watch) -> None:
         """What the program sent on its PMI line: passed on, but an MPI_Abort, which ends it here

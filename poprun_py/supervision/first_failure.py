@@ -1,14 +1,18 @@
 """Which instance failed first: the root cause of a failed job is the earliest failure in time over
 all instances and hosts, not the first instance to exit.
 
-An instance failed when its program ended by itself with a non-zero status, or when it recorded an
-error file (torch's ``@record``) before it was stopped. Its failure's time is the error file's own:
-torch records it in whole seconds, and when the file was last written (read by the shim on its own
-host) refines it within that second; else the time its program ended. Its shim's clock offset
-(``clocks``) makes either a time on poprun's clock. An instance's end that poprun (or its shim)
-caused by stopping it is never a failure; only a failure that came before anything began to stop
-the instance (its record, or its end) can be the root cause: a program that ignores SIGTERM and
-then exits with a status of its own failed too, but only after poprun's stop.
+An instance failed when its program ended by itself with a non-zero status, when it recorded an
+error file (torch's ``@record``) before it was stopped, or when its stderr ended with an uncaught
+exception's traceback as its shim came to stop it (``protocol.UNCAUGHT``: it was on its way out,
+and the stop only cut that short). Its failure's time is the error file's own: torch records it in
+whole seconds, and when the file was last written (read by the shim on its own host) refines it
+within that second; else when its shim read the traceback's last line; else the time its program
+ended. Each is the latest the failure can have happened, as close to it as its shim could tell,
+so the earliest of them failed first. Its shim's clock offset (``clocks``) makes each a time on
+poprun's clock. An instance's end that poprun (or its shim) caused by stopping it is never a
+failure; only a failure that came before anything began to stop the instance (its record, its
+traceback, or its end) can be the root cause: a program that ignores SIGTERM and then exits with a
+status of its own failed too, but only after poprun's stop.
 
 One refinement makes the usual torch failure come out right. The program that fails destroys its
 process group in a ``finally``, which closes its connections, and records its error only after
@@ -76,11 +80,22 @@ class Failed:
         return describe(state.root_cause)
 
     @cached_property
+    def uncaught(self) -> str | None:
+        """The uncaught exception's line its stderr ended with when it was stopped, when that is
+        what tells its failure: it neither failed by itself nor recorded an error. Its shim looks
+        only at what came before the stop: such a failure is always first-hand."""
+        state = self.state
+        if state.uncaught is None or state.failed_by_itself or self.recorded is not None:
+            return None
+        return state.uncaught
+
+    @cached_property
     def first_hand(self) -> bool:
-        """It failed before anything stopped it: by its error file's time, or its program's end."""
+        """It failed before anything stopped it: by its error file's time, its uncaught exception,
+        or its program's end."""
         state = self.state
         return (self.recorded is not None and self._before_stop(state.recorded_ns)) or \
-            (state.failed_by_itself and self._before_stop(state.ended_ns))
+            self.uncaught is not None or (state.failed_by_itself and self._before_stop(state.ended_ns))
 
     @property
     def at(self) -> float:
@@ -89,6 +104,8 @@ class Failed:
         if recorded is not None:
             return recorded
         state = self.state
+        if self.uncaught is not None:
+            return (state.uncaught_ns - state.clock_offset) / 1e9
         if state.ended_ns:
             return (state.ended_ns - state.clock_offset) / 1e9
         assert state.seen_at is not None  # it has reported its end
@@ -127,20 +144,27 @@ class Failed:
 
     @property
     def error(self) -> str | None:
-        """The first line of its recorded error, cut to SHOWN_ERROR_CHARS, ``printable``."""
-        if self.recorded is None:
+        """The first line of its recorded error, else its uncaught exception's line, cut to
+        SHOWN_ERROR_CHARS, ``printable``."""
+        if self.recorded is not None:
+            text: str | None = (self.recorded["message"] or "").strip()
+        else:
+            text = self.uncaught
+        if text is None:
             return None
-        first = printable_lines((self.recorded["message"] or "").strip())[0] or "(no message)"
+        first = printable_lines(text)[0] or "(no message)"
         return first if len(first) <= SHOWN_ERROR_CHARS else first[:SHOWN_ERROR_CHARS] + "..."
 
     def how(self) -> str:
-        """How it failed: its status, or that it recorded its error and then ended as it was stopped."""
+        """How it failed: its status, or that it recorded its error (printed an uncaught
+        exception) and then ended as it was stopped."""
         state = self.state
         status = state.how()
         if state.failed_by_itself or not self.first_hand:
             return status
         by = "poprun" if state.stopped_by_poprun else "its shim"
-        return f"recorded its error at {clock(self.at)}, then ended as {by} stopped it: {status}"
+        what = "recorded its error" if self.recorded is not None else "printed an uncaught exception"
+        return f"{what} at {clock(self.at)}, then ended as {by} stopped it: {status}"
 
     def report(self) -> dict[str, object]:
         """Its entry in --error-file's ``failures``."""
@@ -158,7 +182,8 @@ def failures(instances: list[InstanceState]) -> list[Failed]:
     stop (a program that ignores SIGTERM and then exits with a status of its own) is never the
     first. The first's time is bounded by the others' (``Failed.no_later_than``)."""
     found = [Failed(state) for state in instances if state.status]
-    found = [failed for failed in found if failed.state.failed_by_itself or failed.recorded is not None]
+    found = [failed for failed in found
+             if failed.state.failed_by_itself or failed.recorded is not None or failed.uncaught is not None]
     if not found:
         return []
     first = min(found, key=lambda failed: (not failed.first_hand, failed.rank, failed.state.index))

@@ -46,6 +46,11 @@ class InstanceState:
         self.ended_ns = 0
         self.stopped_ns = 0
         self.recorded_ns = 0
+        #: The exception's line of the uncaught exception's traceback its program's stderr ended
+        #: with when its shim came to stop it, and when its shim read that line (ns, its clock;
+        #: protocol.UNCAUGHT): it had failed by itself, and the stop only ended its way out.
+        self.uncaught: str | None = None
+        self.uncaught_ns = 0
         self.seen_at: float | None = None  # time.time() when poprun saw its end (exit report or loss)
         self.sending = False  # a message to its shim is half sent: nothing may be put in its middle
 

@@ -524,6 +524,8 @@ class Supervisor:
 
                 arrived, replied = protocol.read_clock(payload)
                 state.clock_offset = offset_ns(state.nonce_sent, arrived, replied, received)
+            elif kind == protocol.UNCAUGHT:
+                state.uncaught_ns, state.uncaught = protocol.read_uncaught(payload)
             elif kind == protocol.TIMES:
                 state.ended_ns, state.stopped_ns, state.recorded_ns = protocol.read_times(payload)
             elif kind == protocol.LAUNCHER_LOST:

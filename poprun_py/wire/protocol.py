@@ -44,12 +44,18 @@ CLOCK = 7
 #: Just before EXIT: TIMES_FIELDS, on the shim's wall clock (ns; 0: never): when the program ended,
 #: when the shim began to stop it, and when its error file was last written (sent with ROOT_CAUSE).
 TIMES = 8
+#: Before TIMES, when the program's stderr (its one stream), as written before its shim began to
+#: stop it on poprun's TERMINATE, ended with an uncaught Python exception's traceback
+#: (``instance.uncaught``): the program had failed by itself and was on its way out. Payload:
+#: UNCAUGHT_FIELDS, then the exception's line (UTF-8, as the program wrote it).
+UNCAUGHT = 9
 
 HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
 #: No HELLO is longer: its fields and a host name (at most 255 bytes in DNS, 64 in a Linux uname).
 MAX_HELLO = HELLO_FIELDS.size + 255
 CLOCK_FIELDS = struct.Struct("!QQ")  # nonce arrived, CLOCK sent
 TIMES_FIELDS = struct.Struct("!QQQ")  # program ended, stop begun, error file written
+UNCAUGHT_FIELDS = struct.Struct("!Q")  # when the shim read the traceback's last line (its wall clock, ns)
 EXIT_FIELDS = struct.Struct("!iIB")  # exit status, signal number (0: not killed by a signal), EXIT_* flags
 #: EXIT flag: the shim itself was signalled (by its MPI launcher, or by hand), not told by poprun,
 #: and stopped its program.
@@ -138,6 +144,10 @@ def times(ended_ns: int, stopped_ns: int, recorded_ns: int) -> bytes:
     return frame(TIMES, TIMES_FIELDS.pack(ended_ns, stopped_ns, recorded_ns))
 
 
+def uncaught(read_ns: int, line: bytes) -> bytes:
+    return frame(UNCAUGHT, UNCAUGHT_FIELDS.pack(read_ns) + line)
+
+
 def exit_report(status: int, signum: int | None, error: str | None, flags: int = 0) -> bytes:
     return frame(EXIT, EXIT_FIELDS.pack(status, signum or 0, flags) + (error or "").encode())
 
@@ -160,6 +170,12 @@ def read_times(payload: bytes) -> tuple[int, int, int]:
     return ended, stopped, recorded
 
 
+def read_uncaught(payload: bytes) -> tuple[int, str]:
+    """``(when its last line was read, the exception's line)`` from an UNCAUGHT payload."""
+    (read_ns,) = _unpack(UNCAUGHT_FIELDS, payload, "UNCAUGHT")
+    return read_ns, payload[UNCAUGHT_FIELDS.size:].decode(errors="replace")
+
+
 def read_exit(payload: bytes) -> tuple[int, int | None, str | None, int]:
     """``(status, signal or None, error or None, EXIT_* flags)`` from an EXIT payload."""
     status, signum, flags = _unpack(EXIT_FIELDS, payload, "EXIT")
@@ -167,9 +183,11 @@ def read_exit(payload: bytes) -> tuple[int, int | None, str | None, int]:
     return status, signum or None, error or None, flags
 
 
-#: What an instance's connection may carry after its HELLO, and the shortest payload of each.
-_AFTER_HELLO = {OUTPUT: 0, EXIT: EXIT_FIELDS.size, HEARTBEAT: 0, ROOT_CAUSE: 0, LAUNCHER_LOST: 0,
-                CLOCK: CLOCK_FIELDS.size, TIMES: TIMES_FIELDS.size}
+#: What an instance's connection may carry after its HELLO: each kind's name and shortest payload.
+_AFTER_HELLO = {OUTPUT: ("OUTPUT", 0), EXIT: ("EXIT", EXIT_FIELDS.size), HEARTBEAT: ("HEARTBEAT", 0),
+                ROOT_CAUSE: ("ROOT_CAUSE", 0), LAUNCHER_LOST: ("LAUNCHER_LOST", 0),
+                CLOCK: ("CLOCK", CLOCK_FIELDS.size), TIMES: ("TIMES", TIMES_FIELDS.size),
+                UNCAUGHT: ("UNCAUGHT", UNCAUGHT_FIELDS.size)}
 
 
 def unreadable(kind: int, stream: int, payload: bytes) -> str | None:
@@ -178,8 +196,9 @@ def unreadable(kind: int, stream: int, payload: bytes) -> str | None:
         return f"a frame of kind {kind}, which does not come after a HELLO"
     if kind == OUTPUT and stream not in (1, 2):
         return f"output on stream {stream}, not 1 (stdout) or 2 (stderr)"
-    if len(payload) < _AFTER_HELLO[kind]:
-        return f"EXIT payload of {len(payload)} bytes is shorter than its {EXIT_FIELDS.size}-byte header"
+    name, shortest = _AFTER_HELLO[kind]
+    if len(payload) < shortest:
+        return f"{name} payload of {len(payload)} bytes is shorter than its {shortest}-byte header"
     return None
 
 

@@ -60,6 +60,53 @@ def test_instances_failing_together_each_report_their_own_status(tmp_path: Path)
     assert "stopped instance" not in result.stderr
 
 
+def _fail_while_another_exits(tmp_path: Path, mode: str, one_stream: bool) -> tuple[subprocess.CompletedProcess[str],
+                                                                                    dict[str, object]]:
+    """tests/scripts/fail_while_another_exits.py's job, its output one stream (poprun's stdout and
+    stderr one pipe) or two; poprun's result (stderr: all of its output) and its --error-file record."""
+    error_file = tmp_path / "error.json"
+    command = [*POPRUN, "--error-file", str(error_file), "--log-dir", str(tmp_path / "logs"), "--num-instances", "2",
+               PYTHON, str(SCRIPTS / "fail_while_another_exits.py"), str(tmp_path / "logs"), mode]
+    result = subprocess.run(command, stdout=subprocess.DEVNULL if not one_stream else subprocess.PIPE,
+                            stderr=subprocess.STDOUT if one_stream else subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, **OMP_SET}, timeout=SUBPROCESS_TIMEOUT)
+    if one_stream:
+        result.stderr = result.stdout
+    (record,) = json.loads(error_file.read_text())
+    return result, record
+
+
+@pytest.mark.parametrize("one_stream", [False, True])
+def test_an_instance_stopped_on_its_way_out_after_its_traceback_failed_too(tmp_path: Path, one_stream: bool) -> None:
+    """Issue 49: instance 1's uncaught exception is printed, and it lingers in an atexit hook; only
+    then (poprun has its traceback) does instance 0 fail, and poprun's stop ends instance 1. Both
+    failed, instance 1 first; poprun exits with instance 0's status, the failure that made it stop."""
+    result, record = _fail_while_another_exits(tmp_path, "traceback", one_stream)
+    assert re.search(r"^poprun: instance 1 on \S+ failed: printed an uncaught exception at \d\d:\d\d:\d\d\.\d{3}, "
+                     r"then ended as poprun stopped it: killed by SIGTERM \(status 143\)$", result.stderr, re.M), \
+        result.stderr
+    assert re.search(r"^poprun: instance 0 on \S+ also failed: exit status 3$", result.stderr, re.M), result.stderr
+    assert "stopped instance" not in result.stderr and result.returncode == 3, result.stderr
+    assert (record["instance"], record["status"], record["stopped"]) == (1, 3, []), record
+    failures = record["failures"]
+    assert isinstance(failures, list)
+    assert [(f["instance"], f["status"], f["error"]) for f in failures] == \
+        [(1, 143, "ValueError: failed as well"), (0, 3, None)], record
+
+
+@pytest.mark.parametrize("mode", ["running", "raises-on-stop"])
+def test_an_instance_that_had_not_failed_when_it_was_stopped_is_stopped(tmp_path: Path, mode: str) -> None:
+    """Instance 1 runs when instance 0 fails: stopped, not failed, even when its SIGTERM handler
+    raises and Python prints that traceback (after the stop) before SIGTERM ends it."""
+    result, record = _fail_while_another_exits(tmp_path, mode, one_stream=False)
+    assert re.search(r"^poprun: instance 0 on \S+ failed: exit status 3$", result.stderr, re.M), result.stderr
+    assert re.search(r"^poprun: stopped instance\(s\) 1 \(1 of 2\)$", result.stderr, re.M), result.stderr
+    assert "also failed" not in result.stderr and "uncaught" not in result.stderr, result.stderr
+    assert result.returncode == 3 and (record["instance"], record["stopped"]) == (0, [1]), record
+    if mode == "raises-on-stop":  # printed, once stopped
+        assert re.search(r"^\[1\] RuntimeError: raised on the stop$", result.stderr, re.M), result.stderr
+
+
 @pytest.mark.parametrize("mpi", ["gforker", "hydra"])
 def test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting(mpi: str, tmp_path: Path) -> None:
     # gforker (poprun's choice for one host) signals the shims it ends, which report; Hydra (the

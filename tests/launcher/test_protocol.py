@@ -71,6 +71,17 @@ def test_the_shims_clock_and_times_read_back_to_the_nanosecond() -> None:
         assert str(short.value) == f"{name} payload of 8 bytes is shorter than its {size}-byte header"
 
 
+def test_an_uncaught_exception_reads_back_and_a_short_one_is_named_by_its_kind() -> None:
+    now = 1_795_852_183_611_421_337
+    wire, reader = shim_sends(protocol.uncaught(now, "KeyError: 'é'".encode() + b" \xfe"))
+    [(kind, _, payload)] = reader.feed(wire)
+    assert kind == protocol.UNCAUGHT and protocol.read_uncaught(payload) == (now, "KeyError: 'é' \ufffd")
+    for kind, name, size in ((protocol.UNCAUGHT, "UNCAUGHT", 8), (protocol.TIMES, "TIMES", 24),
+                             (protocol.EXIT, "EXIT", 9)):
+        expected = f"{name} payload of 7 bytes is shorter than its {size}-byte header"
+        assert protocol.unreadable(kind, 0, b"\0" * 7) == expected
+
+
 def test_a_payload_shorter_than_its_fields_is_named_exactly() -> None:
     with pytest.raises(protocol.ProtocolError) as hello:
         protocol.read_hello(b"\0" * 5)

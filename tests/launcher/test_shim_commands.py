@@ -184,6 +184,42 @@ def test_a_shim_held_back_by_a_poprun_that_does_not_read_still_obeys_stop_cont_a
         assert poprun.exit_report() == (3, None, None, 0)
 
 
+#: Floods stdout from a thread; once the file argv[1] exists, raises an uncaught exception (its
+#: traceback goes to stderr) and lingers in an atexit hook, which first makes the file argv[2].
+TRACEBACK_HELD_BACK = ("import atexit, os, sys, threading, time\n"
+                       "def flood():\n"
+                       "    while True: os.write(1, b'x' * 65536)\n"
+                       "threading.Thread(target=flood, daemon=True).start()\n"
+                       "while not os.path.exists(sys.argv[1]): time.sleep(0.01)\n"
+                       "atexit.register(lambda: (open(sys.argv[2], 'w').close(), time.sleep(60)))\n"
+                       "raise ValueError('held in the pipe')\n")
+
+
+@pytest.mark.slow  # starts a shim
+def test_terminate_reads_the_traceback_left_in_the_pipe_and_says_the_program_had_failed(tmp_path: Path) -> None:
+    """The shim waits to send (poprun reads nothing) while its program prints an uncaught exception
+    and lingers on its way out: the traceback is still in the pipe when TERMINATE comes. The shim
+    reads it before it stops the program, passes it on (after the frame it was sending, whole),
+    and says the program had printed an uncaught exception (protocol.UNCAUGHT) before the stop."""
+    go, lingering = tmp_path / "go", tmp_path / "lingering"
+    with shim_session(PYTHON, "-c", TRACEBACK_HELD_BACK, str(go), str(lingering)) as (shim, poprun):
+        wait_until(lambda: len(sweep.descendants(shim.pid)) == 1, "the program started")
+        held_back(sweep.descendants(shim.pid))  # nothing is read from the shim from here on
+        go.touch()
+        wait_until(lingering.exists, "the program's traceback printed")
+        poprun.send(protocol.TERMINATE)
+        assert poprun.exit_report() == (128 + signal.SIGTERM, signal.SIGTERM, None, 0)
+    kinds = [kind for kind, _, _ in poprun.frames]
+    (at,) = [i for i, kind in enumerate(kinds) if kind == protocol.UNCAUGHT]
+    read_ns, line = protocol.read_uncaught(poprun.frames[at][2])
+    assert line == "ValueError: held in the pipe"
+    stderr = b"".join(payload for kind, stream, payload in poprun.frames[:at] if (kind, stream) == (protocol.OUTPUT, 2))
+    assert stderr.startswith(b"Traceback (most recent call last):\n") and stderr.endswith(b"\n" + line.encode() + b"\n")
+    (times,) = [payload for kind, _, payload in poprun.frames if kind == protocol.TIMES]
+    _, stopped_ns, _ = protocol.read_times(times)
+    assert 0 < read_ns < stopped_ns
+
+
 @pytest.mark.slow  # starts a shim
 def test_poprun_gone_stops_the_program() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):
