@@ -54,6 +54,9 @@ CLUSTER_TESTS = ("tests/integration/test_multihost.py", "tests/integration/test_
 
 #: The checks of `make bench`'s sections at their smallest sizes: many short jobs that import torch.
 BENCH_TESTS = "tests/integration/test_bench.py"
+#: The installs: `make dist`'s wheel and sdist into fresh venvs, and the package without its parts.
+INSTALL_TESTS = ("tests/integration/test_dist.py", "tests/integration/test_package.py",
+                 "tests/integration/test_compiled_parts.py", "tests/integration/test_make_install.py")
 
 
 #: Parts run at a time: most of the suite waits (for processes, signals, limits), so five keep two
@@ -76,19 +79,19 @@ def _pytest(part: str, step: str, *args: str) -> tuple[str, ...]:
 
 def parts() -> list[Part]:
     """The parts of ``make test``: lint first (it ends in seconds and names the line), then the
-    longest first. Together they run every test once under
-    both engine executors with all hypothesis examples, tests/mpi under mpiexec at 2, 3 and 4 ranks,
-    the determinism tests again under every other OpenBLAS kernel this CPU runs, the compiled
-    parts under AddressSanitizer and UndefinedBehaviorSanitizer (``make sanitize``), and ruff and
-    mypy (``make lint``)."""
+    longest first. Together they run every test once, the engine's under both executors, with all
+    hypothesis examples; tests/mpi under mpiexec at 2, 3 and 4 ranks; the determinism tests again
+    under every other OpenBLAS kernel this CPU runs; the compiled parts under AddressSanitizer and
+    UndefinedBehaviorSanitizer (``make sanitize``); ruff and mypy (``make lint``)."""
     kernels = blas_kernels.kernels()
-    elsewhere = [f"--ignore={test}" for test in (*CLUSTER_TESTS, BENCH_TESTS)]
+    elsewhere = [f"--ignore={test}" for test in (*CLUSTER_TESTS, BENCH_TESTS, *INSTALL_TESTS)]
     return [
         Part("lint", (("make", "--no-print-directory", "lint"),)),
         Part("hosts", (_pytest("hosts", "pytest", *CLUSTER_TESTS),), own_network=False),
         Part("bench", (_pytest("bench", "pytest", BENCH_TESTS),)),
         Part("launcher", (_pytest("launcher", "pytest", "tests/launcher"),)),
         Part("apps", (_pytest("apps", "pytest", "tests/integration", *elsewhere),)),
+        Part("installs", (_pytest("installs", "pytest", *INSTALL_TESTS),)),
         # Bits promised equal must not depend on the BLAS kernel this CPU picked.
         Part("blas", tuple(("env", f"OPENBLAS_CORETYPE={k}", *_pytest("blas", k, "-m", "determinism", "tests"))
                            for k in kernels)),

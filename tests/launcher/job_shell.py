@@ -7,6 +7,7 @@ import os
 import pty
 import re
 import subprocess
+import termios
 import threading
 import time
 from pathlib import Path
@@ -28,6 +29,12 @@ class Shell:
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self.master, slave = pty.openpty()
+        # Ctrl-Z makes the terminal discard what the job wrote that the terminal emulator has not
+        # read yet, unless NOFLSH is set (termios(3)): a line or two the job wrote would then never be
+        # shown, as on a user's terminal. The tests check that poprun passes on every line.
+        attributes = termios.tcgetattr(slave)
+        attributes[3] |= termios.NOFLSH
+        termios.tcsetattr(slave, termios.TCSANOW, attributes)
         # Not the test's job marker: the shell outlives the job it runs (helpers.job_marker).
         inherited = {name: value for name, value in os.environ.items() if name != MARKER_VARIABLE}
         environment = {**inherited, **OMP_SET, "TERM": "dumb", "PS1": "$ ", "HISTFILE": "/dev/null", **(env or {})}
