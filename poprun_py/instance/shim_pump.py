@@ -142,6 +142,9 @@ class Pump:
         self.tail_fd: int | None = None
         self.terminated = False
         self.uncaught: tuple[int, bytes] | None = None
+        #: Until when (monotonic) the stop waits for a traceback that the program was printing
+        #: when TERMINATE came to be printed whole (``_stop_on_request``); None: no such wait.
+        self.finishing_until: float | None = None
         # The loop's state (_pump): the program's pipes still open, its status once it has exited,
         # until when its pipes may stay open after that, and the pidfds watched.
         self.open_streams = 2
@@ -265,6 +268,18 @@ class Pump:
             return
         self.terminated = True
         self._read_to_the_end()
+        if self.tail.printing():  # it had failed and was printing why: stopped once it has said it
+            self.finishing_until = time.monotonic() + self.grace
+            return
+        self._stop_after_request()
+
+    def _stop_after_request(self) -> None:
+        """The stop poprun asked for: an uncaught exception's traceback as the end of the program's
+        stderr then is said (``protocol.UNCAUGHT``), and the program is stopped. A traceback that
+        was being printed when the request came is waited for until it is whole, or until the
+        program has ended by itself, or for the grace at most; anything else the program writes
+        meanwhile ends the wait."""
+        self.finishing_until = None
         line = self.tail.exception()
         if line is not None:
             self.uncaught = (self.tail.read_ns, line)
@@ -287,6 +302,8 @@ class Pump:
         """Output read from the program: passed on; stderr's (the one stream's) end kept."""
         if stream == self.tail_stream:
             self.tail.add(data, time.time_ns())
+            if self.finishing_until is not None and not self.tail.printing():
+                self._stop_after_request()
         self.output(stream, data)
 
     def stop_program(self, *_: object) -> None:
@@ -439,7 +456,10 @@ class Pump:
         return self.returncode, None
 
     def _kill_when_due(self, now: float) -> None:
-        """SIGKILL the program's group once its grace after SIGTERM has run out."""
+        """SIGTERM the program once the wait for its traceback has run out; SIGKILL its group once
+        its grace after SIGTERM has."""
+        if self.finishing_until is not None and (now >= self.finishing_until or self.returncode is not None):
+            self._stop_after_request()
         if self.kill_at is not None and now >= self.kill_at:
             self._signal_group(_signal.SIGKILL)
             self.kill_at = KILLED
@@ -533,6 +553,8 @@ class Pump:
         (polling every 50 ms when neither a pidfd nor a pipe can wake it)."""
         if self.kill_at is not None:
             return max(0.0, self.kill_at - now) if self.kill_at != KILLED else POLL_WAIT
+        if self.finishing_until is not None:
+            return max(0.0, self.finishing_until - now)
         if self.drain_until is not None:
             return max(0.0, self.drain_until - now)
         return min(IDLE_WAIT, self.heartbeat) if self.exit_fd is not None or self.open_streams else POLL_WAIT

@@ -38,6 +38,10 @@ class Tail:
         """The exception's line when the stream ends with an uncaught exception's traceback."""
         return exception_line(bytes(self.data))
 
+    def printing(self) -> bool:
+        """Whether the stream ends inside a traceback still being printed (``printing``)."""
+        return printing(bytes(self.data))
+
 
 def exception_line(text: bytes) -> bytes | None:
     """The last line of ``text`` when ``text`` ends with a traceback as the default excepthook
@@ -62,6 +66,23 @@ def exception_line(text: bytes) -> bytes | None:
             return None
         frames = frames or line.lstrip().startswith(b'File "')
     return None  # its header is not in the tail
+
+
+def printing(text: bytes) -> bool:
+    """Whether ``text`` ends inside a traceback that is still being printed: its header at a line's
+    end, then only its frames (indented lines), and no exception's line yet, but perhaps the start
+    of one. Python writes a traceback a line or a few at a time: a stop that comes between its
+    header and its last line finds such an end."""
+    start = text.rfind(HEADER)
+    if start < 0:
+        return False
+    rest = text[start + len(HEADER):]
+    if not rest:
+        return True
+    if not rest.startswith(b"\n"):
+        return False
+    *complete, _ = rest[1:].split(b"\n")  # the last piece: unfinished (a frame's, the exception's) or empty
+    return all(line.startswith(b" ") for line in complete)
 
 
 def _is_exception(line: bytes) -> bool:

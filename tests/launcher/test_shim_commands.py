@@ -220,6 +220,53 @@ def test_terminate_reads_the_traceback_left_in_the_pipe_and_says_the_program_had
     assert 0 < read_ns < stopped_ns
 
 
+#: Prints the start of a traceback (its header and a frame), makes the file argv[1], waits for the
+#: file argv[2] (bounded), then prints the traceback's last line and lingers on its way out.
+TRACEBACK_BEING_PRINTED = ("import os, sys, time\n"
+                           "os.write(2, b'Traceback (most recent call last):\\n  File \"<job>\", line 1\\n')\n"
+                           "open(sys.argv[1], 'w').close()\n"
+                           "give_up = time.monotonic() + 60\n"
+                           "while not os.path.exists(sys.argv[2]) and time.monotonic() < give_up: time.sleep(0.01)\n"
+                           "os.write(2, b'KeyError: late\\n')\n"
+                           "time.sleep(60)\n")
+
+
+@pytest.mark.slow  # starts a shim
+def test_terminate_waits_for_a_traceback_being_printed_to_end(tmp_path: Path) -> None:
+    """TERMINATE comes while the program is printing a traceback (its header and a frame, not yet
+    its exception's line): the shim does not stop it yet (a STOP sent after the TERMINATE finds it
+    alive, stopped and not killed: a SIGTERM before would have killed it first), and once the
+    traceback is whole it says the program had failed (protocol.UNCAUGHT) and stops it."""
+    half, rest = tmp_path / "half", tmp_path / "rest"
+    waits = {environment.KILL_GRACE: "60"}  # the most the shim waits for the traceback: the test's bound
+    with shim_session(PYTHON, "-c", TRACEBACK_BEING_PRINTED, str(half), str(rest), env=waits) as (shim, poprun):
+        wait_until(half.exists, "the traceback's start printed")
+        [program] = sweep.descendants(shim.pid)
+        # One write, read in order: the STOP is obeyed after the TERMINATE.
+        poprun.connection.sendall(poprun.seal.seal(protocol.TERMINATE) + poprun.seal.seal(protocol.STOP))
+        wait_until(lambda: states([program]) == ["T"], "the program stopped (SIGSTOP)")
+        poprun.send(protocol.CONT)
+        rest.touch()
+        assert poprun.exit_report() == (128 + signal.SIGTERM, signal.SIGTERM, None, 0)
+    kinds = [kind for kind, _, _ in poprun.frames]
+    (at,) = [i for i, kind in enumerate(kinds) if kind == protocol.UNCAUGHT]
+    assert protocol.read_uncaught(poprun.frames[at][2])[1] == "KeyError: late"
+
+
+@pytest.mark.slow  # starts a shim
+def test_terminate_stops_at_once_a_program_whose_traceback_went_on_to_other_output(tmp_path: Path) -> None:
+    """A traceback followed by other lines (a logged exception, and the program went on) is no
+    traceback being printed: TERMINATE stops the program at once, and no UNCAUGHT is said."""
+    program = ("import os, time\n"
+               "os.write(2, b'Traceback (most recent call last):\\n  File \"<job>\", line 1\\nthen more\\n')\n"
+               "time.sleep(60)\n")
+    with shim_session(PYTHON, "-c", program, env=GRACE) as (_, poprun):
+        poprun.output(b"then more")
+        poprun.send(protocol.TERMINATE)
+        assert poprun.exit_report() == (128 + signal.SIGTERM, signal.SIGTERM, None, 0)
+    assert protocol.UNCAUGHT not in [kind for kind, _, _ in poprun.frames]
+
+
 @pytest.mark.slow  # starts a shim
 def test_poprun_gone_stops_the_program() -> None:
     with shim_session(PYTHON, "-c", STUBBORN, env=GRACE) as (shim, poprun):

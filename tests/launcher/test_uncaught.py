@@ -7,7 +7,7 @@ import traceback
 
 import pytest
 
-from poprun_py.instance.uncaught import TAIL_SIZE, Tail, exception_line
+from poprun_py.instance.uncaught import TAIL_SIZE, Tail, exception_line, printing
 
 
 class Custom(Exception):
@@ -84,3 +84,24 @@ def test_the_tail_keeps_the_streams_end_and_when_it_was_read() -> None:
     assert tail.exception() == b"ValueError: deep" and tail.read_ns == 2 + start
     tail.add(b"x" * (TAIL_SIZE - 10), 3)  # the header has left the tail
     assert tail.exception() is None
+
+
+def test_a_traceback_cut_anywhere_before_its_last_line_is_being_printed() -> None:
+    """Python writes a traceback a line or a few at a time: cut at every byte between its header's
+    end and its exception line's newline, it is still being printed; whole, it is not."""
+    text = b"output before\n" + printed(Custom("cut anywhere"))
+    header_end = text.index(b"Traceback (most recent call last):") + len(b"Traceback (most recent call last):")
+    for cut in range(header_end, len(text)):
+        assert printing(text[:cut]), text[:cut]
+    assert not printing(text) and exception_line(text) is not None
+    assert not printing(text[:header_end - 1])  # not even its header yet
+
+
+@pytest.mark.parametrize("text", [
+    b"plain output\n",
+    b"Traceback (most recent call last):\n  File \"x\", line 1\nthen the program went on\n",
+    b"Traceback (most recent call last):\n  File \"x\", line 1\nValueError: whole\n",
+    b"Traceback (most recent call last):\n  File \"x\", line 1\nValueError: whole\nmore output",
+])
+def test_output_that_went_on_or_ended_is_no_traceback_being_printed(text: bytes) -> None:
+    assert not printing(text)
