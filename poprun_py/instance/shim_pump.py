@@ -18,7 +18,6 @@ import _signal
 import _socket
 import os
 import select
-import sys
 import time
 
 from popcontract import environment, settings
@@ -28,6 +27,7 @@ from poprun_py.instance.uncaught import Tail
 from poprun_py.shared import root_cause, sweep
 from poprun_py.shared.watch import Watch
 from poprun_py.wire import protocol
+from poprun_py.wire.control import TCPI_PROBES, TCPI_RETRANSMITS, since_last_ack, tcp_info
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
 if TYPE_CHECKING:
@@ -61,10 +61,6 @@ POLL_WAIT = 0.05
 KILLED = float("inf")
 #: The most a send waits for room before it looks again at poprun's commands and liveness.
 ROOM_WAIT = 1.0
-#: linux/tcp.h's struct tcp_info: what is read of it, and where its fields are (``_unanswered``).
-TCP_INFO_SIZE = 104
-TCPI_RETRANSMITS, TCPI_PROBES = 2, 3
-TCPI_LAST_ACK_RECV = slice(56, 60)
 #: poprun's host counts as silent only when it has been so at looks this far apart: a window probe
 #: just sent to a poprun that is stopped is unanswered for one round trip, however alive it is.
 UNANSWERED_SECONDS = 1.0
@@ -234,12 +230,11 @@ class Pump:
         waits for it to (a retransmission, or a window probe: linux/tcp.h's tcpi_retransmits,
         tcpi_probes), at two looks UNANSWERED_SECONDS apart: the host died or the network to it is
         cut. A poprun that is stopped or reads slowly still has its kernel acknowledge."""
-        try:
-            info = self.control.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_INFO, TCP_INFO_SIZE)
-        except (AttributeError, OSError):
+        info = tcp_info(self.control)
+        if info is None:
             return False
         waiting = info[TCPI_RETRANSMITS] or info[TCPI_PROBES]
-        since_ack = int.from_bytes(info[TCPI_LAST_ACK_RECV], sys.byteorder) / 1000
+        since_ack = since_last_ack(info)
         if not waiting or since_ack < self.silence_limit:
             self.unanswered_since = None
             return False

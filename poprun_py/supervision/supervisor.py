@@ -133,6 +133,11 @@ class Supervisor:
         self.status: int | None = None
         #: time.monotonic() of the loop's last turn, and when mpiexec was seen to have exited.
         self.turned_at = 0.0
+        #: The turn before this one began (monotonic), and the turn in which the failure was an
+        #: instance lost (a turn's count), for ``_disconnect``.
+        self.previous_turn_at = 0.0
+        self.turns = 0
+        self.lost_in_turn = -1
         self.mpiexec_done_at: float | None = None
         #: Ctrl-Z came while a message to a shim was half sent: the loop stops the job (_on_stop).
         self.stop_due = False
@@ -258,6 +263,8 @@ class Supervisor:
 
     def _begin_turn(self) -> None:
         """What each turn of the loop first acts on: its own stall, and signals to poprun."""
+        self.turns += 1
+        self.previous_turn_at = self.turned_at
         self._discount_stall()
         if self.stop_due:
             self._on_stop()
@@ -616,6 +623,7 @@ class Supervisor:
 
     def _disconnect(self, state: InstanceState) -> None:
         assert state.connection is not None
+        info = control.tcp_info(state.connection)
         self.watch.remove(state.connection)
         state.connection.close()
         state.connection = None
@@ -623,15 +631,31 @@ class Supervisor:
         if state.status is None:
             # The shim died without reporting (killed by mpiexec or a signal).
             state.lost = True
-            state.ended_at = time.monotonic()
+            now = time.monotonic()
+            # When its connection ended: its last segment (the FIN) came that long ago, within this
+            # turn's wait, which may have found several ended (a host's death, then the launcher's
+            # end of the others: on a busy machine poprun may have waited its turn meanwhile).
+            ago = min(control.since_last_ack(info), now - self.previous_turn_at) if info is not None else 0.0
+            state.ended_at = now - max(0.0, ago)
             state.seen_at = time.time()
             log.info("instance %d on %s was lost without an exit report", state.index, state.host)
-            if self.failure is None and self.teardown.started is None:
+            if self._first_loss(state):
                 from poprun_py.supervision.report import loss
 
                 self.failure = Failure(state.index, 1, f"lost: {loss(state)}")
                 self.teardown.begin()
+                self.lost_in_turn = self.turns
             self._release_when_all_done()
+
+    def _first_loss(self, state: InstanceState) -> bool:
+        """Whether the loss of ``state`` is the job's failure: the first thing to fail, or a loss
+        found in the same turn as the loss that was, whose connection ended before that one's."""
+        if self.failure is None:
+            return self.teardown.started is None
+        if self.lost_in_turn != self.turns or self.failure.index is None:
+            return False
+        first = self.instances[self.failure.index]
+        return first.ended_at is not None and state.ended_at is not None and state.ended_at < first.ended_at
 
     def _read_mpiexec(self, fd: int, stream: int) -> None:
         data = os.read(fd, READ_SIZE)

@@ -9,6 +9,26 @@ channel needs.
 from __future__ import annotations
 
 import _socket
+import sys
+
+#: linux/tcp.h's struct tcp_info: what is read of it, and where its fields are.
+TCP_INFO_SIZE = 104
+TCPI_RETRANSMITS, TCPI_PROBES = 2, 3
+TCPI_LAST_ACK_RECV = slice(56, 60)
+
+
+def tcp_info(sock: _socket.socket) -> bytes | None:
+    """``sock``'s TCP_INFO (the first TCP_INFO_SIZE bytes); None where the system gives none."""
+    try:
+        return sock.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_INFO, TCP_INFO_SIZE)
+    except (AttributeError, OSError):
+        return None
+
+
+def since_last_ack(info: bytes) -> float:
+    """Seconds since the peer's last segment that acknowledged anything (every segment of an
+    established connection does, its FIN included), from ``tcp_info``'s answer."""
+    return int.from_bytes(info[TCPI_LAST_ACK_RECV], sys.byteorder) / 1000
 
 
 def listen(address: str, backlog: int) -> tuple[_socket.socket, str]:

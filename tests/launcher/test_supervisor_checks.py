@@ -150,6 +150,28 @@ def test_the_start_timeout_does_not_fire_once_everyone_called_in_or_the_job_is_e
     assert s.failure is before
 
 
+def test_of_losses_found_in_one_turn_the_connection_that_ended_first_is_the_failure(
+        job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
+    """A host dies (instance 2's shim with it), and the launcher then ends the others without a
+    report (instance 0's): poprun, waiting its turn on a busy machine, finds both connections ended
+    in one turn, instance 0's first. The failure is the loss whose connection ended first (its FIN
+    came first), not the one read first; the other is a loss of the teardown."""
+    s, server, shims = job
+    shims += [call_in(s, server, index) for index in range(3)]
+    for sock in (s.instances[2].connection, s.instances[0].connection):
+        assert sock is not None
+        sock.setblocking(True)  # (read below as the loop would, once each is ready)
+    shims[2].close()
+    time.sleep(0.05)  # the kernel stamps each FIN's arrival to the tick (4 ms at most): 50 ms apart
+    shims[0].close()
+    for index in (0, 2):  # the order one turn may read them in
+        s._read_instance(index)
+    assert s.instances[0].lost and s.instances[2].lost
+    assert s.failure is not None and s.failure.index == 2 and s.failure.description.startswith("lost: ")
+    assert s.instances[2].ended_at is not None and s.instances[0].ended_at is not None
+    assert s.instances[0].ended_at - s.instances[2].ended_at > 0.03
+
+
 def test_a_frame_that_fails_its_check_drops_the_connection_and_the_instance_is_lost(
         job: tuple[Supervisor, socket.socket, list[socket.socket]]) -> None:
     """Only a shim of this run can seal a frame: one that fails its check means the connection was
