@@ -177,7 +177,7 @@ mutmut-run:
 		--config-settings editable_mode=compat -e '.[test,examples,bench,mutation]'
 	rm -rf mutants
 	set -f; patterns="$$($(PY) -m tests.mutation.selection $(MUTMUT_TARGET))" && \
-		PATH=$(VENV)/bin:$$PATH MUTMUT_PATTERNS="$$patterns" $(MUTMUT_WRAP) timeout 1800 \
+		PATH=$(CURDIR)/$(VENV)/bin:$$PATH MUTMUT_PATTERNS="$$patterns" $(MUTMUT_WRAP) timeout 1800 \
 		$(VENV)/bin/mutmut run --max-children $(MUTMUT_CHILDREN) $$patterns </dev/null >/dev/null
 	$(VENV)/bin/mutmut results --all true | $(PY) -m tests.mutation.summary
 	$(VENV)/bin/mutmut results

@@ -102,6 +102,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "poprun_py.planning.agent": ("tests/launcher/test_launcher_agent_plan.py",),
     "popcontract.compiled": (*(f"{_COMPILED}::{name}" for name in (
         "test_this_checkouts_build_has_every_part", "test_an_unknown_part_is_refused_naming_the_parts",
+        "test_a_parts_file_is_looked_for_in_its_package_wherever_that_was_imported_from",
         "test_version_says_which_part_is_missing_and_what_that_means",
         "test_a_build_that_does_not_load_is_missing_with_the_loaders_reason",
         "test_without_batch_invariant_its_products_refuse_in_one_line_at_first_use",
