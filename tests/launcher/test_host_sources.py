@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.planning.host_sources import PRECEDENCE, Found, from_environment
-from poprun_py.planning.hosts import read_host_file
+from poprun_py.planning.hosts import abridged, read_host_file
 from poprun_py.planning.plan import JobPlan
 from poprun_py.shared.errors import PlanError
 from poprun_py.supervision.restarts import Layout, Restarts
@@ -63,7 +63,9 @@ def test_each_source_is_read_from_its_variable(monkeypatch: pytest.MonkeyPatch, 
     assert chosen is not None and chosen.source.variable == variable
     assert chosen.found == found
     assert chosen.warning == ""
-    assert f"using the {len(found.hosts)} host(s) {chosen.source.scheduler} gives in {variable}={given}" in chosen.said
+    slots = f" (slots: {abridged(', '.join(f'{h}:{n}' for h, n in found.slots.items()))})" if found.slots else ""
+    assert chosen.said == (f"no -H/--host-file: using the {len(found.hosts)} host(s) {chosen.source.scheduler} gives "
+                           f"in {variable}={given}{slots}")
 
 
 @pytest.mark.parametrize("tasks,slots", [("2(x2),1", [2, 2, 1]), ("1(x3)", [1, 1, 1]), ("1,4,2", [1, 4, 2]),
@@ -133,11 +135,12 @@ def test_a_losing_source_that_cannot_be_read_is_named_not_fatal(monkeypatch: pyt
                                                                  tmp_path: Path) -> None:
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[0-1]")
     monkeypatch.setenv("PBS_NODEFILE", str(tmp_path / "gone"))
+    monkeypatch.setenv("PE_HOSTFILE", pe := _file(tmp_path, "n0 1 q UNDEFINED\n", "pe"))  # the sources after it too
     chosen = from_environment()
     assert chosen is not None and chosen.found.hosts == ["n0", "n1"]
     gone = tmp_path / "gone"
-    assert f"but PBS's PBS_NODEFILE file '{gone}' cannot be read: No such file or directory: using Slurm's" \
-        in chosen.warning
+    assert (f"but PBS's PBS_NODEFILE file '{gone}' cannot be read: No such file or directory; Grid Engine's "
+            f"PE_HOSTFILE={pe} gives n0: using Slurm's") in chosen.warning
 
 
 def test_lsfs_two_forms_of_one_list_do_not_disagree(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
