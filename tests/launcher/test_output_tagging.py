@@ -460,6 +460,20 @@ def test_output_to_a_reader_that_has_gone_is_dropped_without_an_error() -> None:
         os.close(write_end)
 
 
+def test_poprun_s_own_stream_is_a_terminal_where_its_descriptor_is_one() -> None:
+    # click asks (its colours, its prompts): poprun's stdout on a terminal is one, on a pipe is not.
+    import pty
+
+    from poprun_py.supervision.own_output import OwnStream
+
+    descriptors = [*pty.openpty(), *os.pipe()]
+    try:
+        assert [OwnStream(fd).isatty() for fd in descriptors[1:3]] == [True, False]
+    finally:
+        for fd in descriptors:
+            os.close(fd)
+
+
 def test_a_fresh_run_starts_its_log_files_afresh(tmp_path: Path) -> None:
     from poprun_py.supervision.output import OutputOptions
 
