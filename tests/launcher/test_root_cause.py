@@ -190,7 +190,9 @@ HOUR = 3600 * SECOND
     ([(0, 0, 0, 700_000_000), (1, 0, 0, 200_000_000)], 1),
     # Instance 1's file was written again 10 s after the second it records: that second counts.
     ([(0, 0, 0, 200_000_000), (1, 0, -SECOND, 10 * SECOND)], 1),
-], ids=["an-hour-ahead", "one-second", "rewritten"])
+    # Instance 0's file was written exactly a second after the second it records: that second counts.
+    ([(1, 0, 0, 500_000_000), (0, 0, 0, SECOND)], 0),
+], ids=["an-hour-ahead", "one-second", "rewritten", "a-second-later"])
 def test_the_first_record_in_poprun_s_time_is_the_root_cause(reports: list[tuple[int, int, int, int]],
                                                               first: int) -> None:
     """Two instances on hosts ``a`` and ``b`` report errors they recorded (``reports``: instance,
@@ -256,7 +258,10 @@ def _assert_root_cause(reports: list[tuple[int, int, int, int]], errors: dict[in
                 f"poprun: root cause (instance {first}'s error file): {errors[first][0]}"]
             record = report.failure_report()
             assert record is not None and record["instance"] == first
-            assert [f["instance"] for f in record["failures"]] == [first, 1 - first]  # type: ignore[attr-defined]
+            assert [{key: f[key] for key in ("instance", "host", "status", "signal", "error")}
+                    for f in record["failures"]] == [  # type: ignore[attr-defined]
+                {"instance": i, "host": "ab"[i], "status": 1, "signal": None, "error": errors[i][0]}
+                for i in (first, 1 - first)]
         finally:
             for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
                 sock.close()

@@ -168,7 +168,8 @@ def test_two_instances_sigkilled_at_once_are_both_failures(tmp_path: Path) -> No
                      re.M), stderr
     assert "stopped instance" not in stderr, stderr
     record = json.loads(error_file.read_text())[-1]
-    assert sorted(f["instance"] for f in record["failures"]) == [0, 1] and record["stopped"] == [], record
+    assert sorted((f["instance"], f["signal"]) for f in record["failures"]) == [(0, "SIGKILL"), (1, "SIGKILL")], record
+    assert record["stopped"] == [], record
 
 
 def test_an_mpi_program_that_left_through_os_exit_ends_the_job_with_a_status_of_its_own(tmp_path: Path) -> None:
