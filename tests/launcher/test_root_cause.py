@@ -262,6 +262,9 @@ def _assert_root_cause(reports: list[tuple[int, int, int, int]], errors: dict[in
                     for f in record["failures"]] == [  # type: ignore[attr-defined]
                 {"instance": i, "host": "ab"[i], "status": 1, "signal": None, "error": errors[i][0]}
                 for i in (first, 1 - first)]
+            # ISO 8601 in UTC, in the order they failed: the root cause's no later than the other's
+            times = [f["time"] for f in record["failures"]]  # type: ignore[attr-defined]
+            assert times == sorted(times) and all(t.endswith("+00:00") for t in times), times
         finally:
             for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
                 sock.close()
