@@ -224,6 +224,35 @@ def test_an_error_that_says_a_peer_went_away_counts_a_second_later_when_it_came_
     _assert_root_cause([(0, 0, 0, 200_000_000), (1, 0, 0, 700_000_000)], errors, first, [False, False])
 
 
+def test_a_status_of_its_own_after_poprun_began_to_stop_it_is_never_the_first_failure() -> None:
+    """Instance 0 ignored its shim's stop and then exited 3 (a status of its own, after the stop);
+    instance 1 failed by itself before that: 1 is the first failure, 0 only also failed."""
+    import io
+
+    from tests.launcher.supervising import call_in_sealed, supervisor
+
+    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b"))
+    base = (time.time_ns() // SECOND - 10) * SECOND
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.setblocking(False)
+        shims = []
+        try:
+            for index, ended, stopped, status in ((0, 600_000_000, 500_000_000, 3), (1, 700_000_000, 0, 1)):
+                shim, seal = call_in_sealed(s, server, index)
+                shims.append(shim)
+                shim.sendall(b"".join(seal.seal(frame) for frame in (
+                    protocol.clock(time.time_ns(), time.time_ns()),
+                    protocol.times(base + ended, base + stopped if stopped else 0, 0),
+                    protocol.exit_report(status, None, None))))
+                wait_until(lambda i=index: _read(s, i), "its exit report")  # type: ignore[misc]
+            record = s._report().failure_report()
+            assert record is not None
+            assert [(f["instance"], f["status"]) for f in record["failures"]] == [(1, 1), (0, 3)]  # type: ignore[attr-defined]
+        finally:
+            for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
+                sock.close()
+
+
 def _assert_root_cause(reports: list[tuple[int, int, int, int]], errors: dict[int, tuple[str, str | None]],
                        first: int, skewed: list[bool]) -> None:
     """Instances 0 and 1 on hosts ``a`` and ``b`` report ``errors`` (message, traceback) as
