@@ -204,7 +204,8 @@ def test_the_first_record_in_poprun_s_time_is_the_root_cause(reports: list[tuple
 
 
 #: A peer's error out of the collectives: its innermost frame in torch.distributed.
-IN_COLLECTIVES = ('Traceback (most recent call last):\n  File "train.py", line 9, in step\n    dist.all_reduce(t)\n'
+IN_COLLECTIVES = ('Traceback (most recent call last):\n  File "train.py", line 20, in main\n    step()\n'
+                  '  File "train.py", line 9, in step\n    dist.all_reduce(t)\n'
                   '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2050, in '
                   'all_reduce\n    work.wait()\nRuntimeError: Connection closed by peer [10.0.0.2]:5678\n')
 #: The same words from a connection of the program's own (a data loader's), called from torch.distributed.
