@@ -125,6 +125,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/launcher/test_poprun_own_output.py",
         "tests/launcher/test_output_tagging.py::test_output_to_a_reader_that_has_gone_is_dropped_without_an_error",
         "tests/launcher/test_output_tagging.py::test_poprun_s_own_stream_is_a_terminal_where_its_descriptor_is_one",
+        "tests/launcher/test_output_tagging.py::test_poprun_s_own_stream_knows_whether_what_it_wrote_ended_a_line",
         f"{_FAILURES}::test_a_reader_that_stops_reading_is_not_an_error"),
 }
 
