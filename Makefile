@@ -9,7 +9,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
 .PHONY: install hosts-tools lint test test-fast sanitize demo bench bench-quick mutants mutants-shim mutants-pump mutants-teardown \
-	mutants-supervisor mutants-connections mutmut-run clean
+	mutants-supervisor mutants-connections mutants-planning mutants-failures mutmut-run clean
 
 install: $(STAMP) hosts-tools
 
@@ -153,9 +153,14 @@ dist:
 # named in pyproject.toml's [tool.mutmut] (which test which, and which mutants each target runs:
 # tests/mutation/selection.py); a fresh mutants/ each run, stopped after 30 minutes. `mutants`: the
 # library, output framing and the environment contract; `mutants-shim`, `mutants-pump`,
-# `mutants-teardown`, `mutants-supervisor` and `mutants-connections`: the launcher, whose tests are
-# jobs, in five parts that each fit in 30 minutes on 2 cores.
-MUTMUT_LAUNCHER := mutants-shim mutants-pump mutants-teardown mutants-supervisor mutants-connections
+# `mutants-teardown`, `mutants-supervisor`, `mutants-connections`, `mutants-planning` (the hosts a
+# scheduler gives, the launcher agent, the compiled parts) and `mutants-failures` (the first
+# failure, the shims' clocks, the OOM killer's count, strangers on the control port, poprun's own
+# output): the launcher, whose tests are jobs, in seven parts that each fit in 30 minutes on 2
+# cores. MUTMUT_CHILDREN: mutmut's workers (fewer where other work shares the cores).
+MUTMUT_LAUNCHER := mutants-shim mutants-pump mutants-teardown mutants-supervisor mutants-connections \
+	mutants-planning mutants-failures
+MUTMUT_CHILDREN ?= 3
 
 mutants: install
 	$(MAKE) --no-print-directory mutmut-run MUTMUT_TARGET=library
@@ -172,8 +177,8 @@ mutmut-run:
 		--config-settings editable_mode=compat -e '.[test,examples,bench,mutation]'
 	rm -rf mutants
 	set -f; patterns="$$($(PY) -m tests.mutation.selection $(MUTMUT_TARGET))" && \
-		PATH=$(VENV)/bin:$$PATH MUTMUT_PATTERNS="$$patterns" $(MUTMUT_WRAP) timeout 1800 \
-		$(VENV)/bin/mutmut run --max-children 3 $$patterns </dev/null >/dev/null
+		PATH=$(CURDIR)/$(VENV)/bin:$$PATH MUTMUT_PATTERNS="$$patterns" $(MUTMUT_WRAP) timeout 1800 \
+		$(VENV)/bin/mutmut run --max-children $(MUTMUT_CHILDREN) $$patterns </dev/null >/dev/null
 	$(VENV)/bin/mutmut results --all true | $(PY) -m tests.mutation.summary
 	$(VENV)/bin/mutmut results
 

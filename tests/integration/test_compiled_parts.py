@@ -11,6 +11,7 @@ compared with the same run on this checkout's build, which has all five.
 from __future__ import annotations
 
 import ast
+import os
 import shlex
 import shutil
 import subprocess
@@ -55,6 +56,7 @@ def test_this_checkouts_build_has_every_part() -> None:
     # A normal build (make install) builds all five, and each loads: optional must not mean
     # silently skipped where a compiler works. The kernels' k block is the one Python states.
     assert {module: compiled.why_missing(module) for module in MODULES} == dict.fromkeys(MODULES, "")
+    assert all(compiled.require(p.module, "a test") is compiled.load(p.module) for p in compiled.PARTS if p.imported)
     kernels = compiled.load(compiled.BATCH_INVARIANT)
     assert kernels is not None and kernels.KC == batch_invariant.KC
 
@@ -85,6 +87,25 @@ def test_an_unknown_part_is_refused_naming_the_parts() -> None:
     with pytest.raises(ValueError, match=r"^'popdist_py\._nothing' is no compiled part of poprun-py; valid: "
                                          r"popdist_py\.engine\._batch_invariant, "):
         compiled.present("popdist_py._nothing")
+    with pytest.raises(ValueError, match=rf"^{compiled.LOOPBACK} is a library to preload, not a module: ask "
+                                         r"library\(\) for its path$"):
+        compiled.load(compiled.LOOPBACK)
+
+
+@pytest.mark.slow  # starts python twice, once with a copy of popdist_py
+def test_a_parts_file_is_looked_for_in_its_package_wherever_that_was_imported_from(tmp_path: Path) -> None:
+    # Not imported: the package's folder beside popcontract's.
+    code = "from popcontract import compiled\nprint(compiled.library(compiled.LOOPBACK))"
+    found = run([PYTHON, "-c", code], cwd=ROOT)
+    assert found.stdout == f"{next((ROOT / 'poprun_py' / 'shared').glob('_loopback.*.so'))}\n", found
+    # Imported from elsewhere (a copy of popdist_py without its _swaps): the folder it was imported from.
+    shutil.copytree(ROOT / "popdist_py", tmp_path / "popdist_py",
+                    ignore=shutil.ignore_patterns("_swaps.*.so", "__pycache__"))
+    code = "import popdist_py\nfrom popcontract import compiled\nprint(compiled.missing_line(compiled.SWAPS, 'x'))"
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    missing = run([PYTHON, "-c", code], env=env, cwd=tmp_path)
+    assert missing.stdout.startswith(f"x needs {compiled.SWAPS}, a compiled part of poprun-py missing from "
+                                     f"{tmp_path / 'popdist_py'} (not built: no C compiler at install); "), missing
 
 
 #: A program whose output takes every part with a fallback: a shuffled shard and a reduction tree.
@@ -170,8 +191,17 @@ def test_a_build_that_does_not_load_is_missing_with_the_loaders_reason(tmp_path:
     result = run([PYTHON, "-m", "popdist_py"], env=env, cwd=where)
     assert result.returncode == 0 and result.stderr == "", result
     line = next(line for line in result.stdout.splitlines() if line.startswith(compiled.SWAPS))
-    assert line.startswith(f"{compiled.SWAPS}: missing (") and broken in line, line
-    assert line.endswith(f") - {compiled.part(compiled.SWAPS).without}"), line
+    reason = f"{where / 'popdist_py' / broken}: file too short"  # glibc's dlopen, in the loader's words
+    assert line == f"{compiled.SWAPS}: missing ({reason}) - {compiled.part(compiled.SWAPS).without}", line
+    # A feature that required it says the loader's reason too, not that no compiler was there.
+    code = ("from popcontract import compiled\n"
+            "try:\n    compiled.require(compiled.SWAPS, 'the swaps')\n"
+            "except compiled.MissingPart as exc:\n    print(exc)\n")
+    refused = run([PYTHON, "-c", code], env=env, cwd=where)
+    folder = where / "popdist_py"
+    assert refused.returncode == 0 and refused.stdout.startswith(
+        f"the swaps needs {compiled.SWAPS}, a compiled part of poprun-py missing from {folder} ("), refused
+    assert f"({reason}); reinstall poprun-py" in refused.stdout, refused.stdout
 
 
 @pytest.mark.slow  # starts python twice, once from a copy of the packages

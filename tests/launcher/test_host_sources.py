@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.planning.host_sources import PRECEDENCE, Found, from_environment
-from poprun_py.planning.hosts import read_host_file
+from poprun_py.planning.hosts import abridged, read_host_file
 from poprun_py.planning.plan import JobPlan
 from poprun_py.shared.errors import PlanError
 from poprun_py.supervision.restarts import Layout, Restarts
@@ -63,7 +63,9 @@ def test_each_source_is_read_from_its_variable(monkeypatch: pytest.MonkeyPatch, 
     assert chosen is not None and chosen.source.variable == variable
     assert chosen.found == found
     assert chosen.warning == ""
-    assert f"using the {len(found.hosts)} host(s) {chosen.source.scheduler} gives in {variable}={given}" in chosen.said
+    slots = f" (slots: {abridged(', '.join(f'{h}:{n}' for h, n in found.slots.items()))})" if found.slots else ""
+    assert chosen.said == (f"no -H/--host-file: using the {len(found.hosts)} host(s) {chosen.source.scheduler} gives "
+                           f"in {variable}={given}{slots}")
 
 
 @pytest.mark.parametrize("tasks,slots", [("2(x2),1", [2, 2, 1]), ("1(x3)", [1, 1, 1]), ("1,4,2", [1, 4, 2]),
@@ -90,6 +92,8 @@ BAD_TASKS = [
     ("1,1,1,1", "SLURM_TASKS_PER_NODE '1,1,1,1' gives the tasks of more hosts than the 3 of SLURM_JOB_NODELIST"),
     ("1(x" + "9" * 5000 + ")", "gives the tasks of more hosts than the 3 of SLURM_JOB_NODELIST"),
     ("2(x", "SLURM_TASKS_PER_NODE '2(x': '2(x' is not 'N' or 'N(xM)'; " + FORM),
+    # an item never closed, its count of hosts read nowhere; shown cut at 20 characters
+    ("1(x" + "3" * 30, f"SLURM_TASKS_PER_NODE '1(x{'3' * 30}': '1(x{'3' * 17}...' is not 'N' or 'N(xM)'; " + FORM),
     ("1(x0),1,1", "SLURM_TASKS_PER_NODE '1(x0),1,1': '1(x0)' is not 'N' or 'N(xM)'"),
     ("0(x3)", "SLURM_TASKS_PER_NODE '0(x3)' gives '0' slots; " + FORM),
     ("two,1,1", "SLURM_TASKS_PER_NODE 'two,1,1' gives 'two' slots"),
@@ -131,11 +135,12 @@ def test_a_losing_source_that_cannot_be_read_is_named_not_fatal(monkeypatch: pyt
                                                                  tmp_path: Path) -> None:
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[0-1]")
     monkeypatch.setenv("PBS_NODEFILE", str(tmp_path / "gone"))
+    monkeypatch.setenv("PE_HOSTFILE", pe := _file(tmp_path, "n0 1 q UNDEFINED\n", "pe"))  # the sources after it too
     chosen = from_environment()
     assert chosen is not None and chosen.found.hosts == ["n0", "n1"]
     gone = tmp_path / "gone"
-    assert f"but PBS's PBS_NODEFILE file '{gone}' cannot be read: No such file or directory: using Slurm's" \
-        in chosen.warning
+    assert (f"but PBS's PBS_NODEFILE file '{gone}' cannot be read: No such file or directory; Grid Engine's "
+            f"PE_HOSTFILE={pe} gives n0: using Slurm's") in chosen.warning
 
 
 def test_lsfs_two_forms_of_one_list_do_not_disagree(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -143,6 +148,16 @@ def test_lsfs_two_forms_of_one_list_do_not_disagree(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("LSB_MCPU_HOSTS", "hA 2 hB 2")
     chosen = from_environment()
     assert chosen is not None and chosen.source.variable == "LSB_DJOB_HOSTFILE" and chosen.warning == ""
+    # The list is never compared with LSF's own file; every other pair is, the sources after it too.
+    monkeypatch.setenv("LSB_MCPU_HOSTS", "hA 4")
+    monkeypatch.setenv("PE_HOSTFILE", _file(tmp_path, "hC 1 q UNDEFINED\n", "pe"))
+    chosen = from_environment()
+    assert chosen is not None and chosen.source.variable == "LSB_DJOB_HOSTFILE"
+    assert "LSB_MCPU_HOSTS" not in chosen.warning and "but Grid Engine's PE_HOSTFILE=" in chosen.warning
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "hA,hB")
+    chosen = from_environment()
+    assert chosen is not None and chosen.source.scheduler == "Slurm"
+    assert "LSF's LSB_MCPU_HOSTS=hA 4 gives hA; " in chosen.warning and "LSB_DJOB_HOSTFILE" not in chosen.warning
 
 
 #: A bad file or value: one line naming the file, the line and what is valid.
@@ -192,6 +207,41 @@ def test_a_missing_or_unreadable_file_is_one_line(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(variable, str(tmp_path))  # a directory: root reads any file, but no directory
     with pytest.raises(PlanError, match=rf"'{tmp_path}' cannot be read: Is a directory$"):
         from_environment()
+
+
+def test_a_file_is_named_whole_and_a_list_cut_at_200_characters(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    folder = tmp_path / ("d" * 220)
+    folder.mkdir()
+    monkeypatch.setenv("PBS_NODEFILE", path := _file(folder, "n0\n"))
+    chosen = from_environment()
+    assert chosen is not None and f"gives in PBS_NODEFILE={path} (slots: n0:1)" in chosen.said
+    monkeypatch.delenv("PBS_NODEFILE")
+    nodes, tasks = ",".join(f"node{i:03d}" for i in range(40)), ",".join(["1(x001)"] * 40)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", nodes)
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", tasks)
+    chosen = from_environment()
+    assert chosen is not None and (f"gives in SLURM_JOB_NODELIST={nodes[:200]}... and SLURM_TASKS_PER_NODE="
+                                   f"{tasks[:200]}... (slots: ") in chosen.said
+
+
+def test_grid_engines_lines_need_only_a_host_and_its_slots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PE_HOSTFILE", _file(tmp_path, "n0 2\nn1 1 all.q UNDEFINED\n"))
+    chosen = from_environment()
+    assert chosen is not None and chosen.found == Found(["n0", "n1"], {"n0": 2, "n1": 1})
+
+
+@pytest.mark.parametrize("variable,holds", [("PBS_NODEFILE", "one host name per line, one line per slot"),
+                                            ("LSB_DJOB_HOSTFILE", "one host name per line, one line per slot"),
+                                            ("PE_HOSTFILE", "'host slots queue processor-range' lines")])
+def test_a_file_of_too_many_lines_is_one_line_saying_what_its_lines_are(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path, variable: str,
+                                                                       holds: str) -> None:
+    path = _file(tmp_path, "\n" * ((1 << 20) + 1))
+    monkeypatch.setenv(variable, path)
+    with pytest.raises(PlanError) as refused:
+        from_environment()
+    assert str(refused.value) == f"{variable} file '{path}' has more than 1048576 lines; it holds {holds}"
 
 
 def test_a_host_file_gives_slots_in_either_form(tmp_path: Path) -> None:

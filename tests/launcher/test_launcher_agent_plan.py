@@ -146,13 +146,18 @@ def test_one_host_needs_no_agent(agent: str) -> None:
     assert "-launcher" not in argv
 
 
-def test_hydra_with_another_launcher_gets_no_ssh_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ssh's options would be handed to srun or blaunch."""
-    _, env = _command("mpich", None, global_args=("-launcher", "lsf"))
-    assert "HYDRA_LAUNCHER_EXTRA_ARGS" not in env
-    monkeypatch.setenv("HYDRA_LAUNCHER", "slurm")
-    _, env = _command("mpich", None)
-    assert "HYDRA_LAUNCHER_EXTRA_ARGS" not in env
+@pytest.mark.parametrize("global_args,launcher,ssh", [
+    ((), None, True), (("-verbose",), None, True), ((), "ssh", True),
+    (("-launcher", "lsf"), None, False), (("-bootstrap", "slurm"), None, False),
+    (("-launcher-exec", "/opt/x"), None, False), (("-bootstrap-exec", "/opt/x"), None, False), ((), "slurm", False)])
+def test_hydra_with_another_launcher_gets_no_ssh_options(monkeypatch: pytest.MonkeyPatch, global_args: tuple[str, ...],
+                                                         launcher: str | None, ssh: bool) -> None:
+    """ssh's options would be handed to srun or blaunch: Hydra gets them only where it uses ssh (no
+    launcher of the user's in HYDRA_LAUNCHER or --mpi-global-args, whatever else those hold)."""
+    if launcher is not None:
+        monkeypatch.setenv("HYDRA_LAUNCHER", launcher)
+    _, env = _command("mpich", None, global_args=global_args)
+    assert ("HYDRA_LAUNCHER_EXTRA_ARGS" in env) == ssh
 
 
 KUBECTL_GONE = """Error from server (NotFound): pods "job-worker-1" not found

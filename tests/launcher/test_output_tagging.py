@@ -460,6 +460,39 @@ def test_output_to_a_reader_that_has_gone_is_dropped_without_an_error() -> None:
         os.close(write_end)
 
 
+def test_poprun_s_own_stream_is_a_terminal_where_its_descriptor_is_one() -> None:
+    # click asks (its colours, its prompts): poprun's stdout on a terminal is one, on a pipe is not.
+    import pty
+
+    from poprun_py.supervision.own_output import OwnStream
+
+    descriptors = [*pty.openpty(), *os.pipe()]
+    try:
+        assert [OwnStream(fd).isatty() for fd in descriptors[1:3]] == [True, False]
+    finally:
+        for fd in descriptors:
+            os.close(fd)
+
+
+def test_poprun_s_own_stream_knows_whether_what_it_wrote_ended_a_line() -> None:
+    # poprun's own lines (own_output.say) start on a line of their own: after an instance's unended
+    # line a newline comes first, after an ended one none.
+    from poprun_py.supervision.own_output import OwnStream
+
+    read_end, write_end = os.pipe()
+    stream = OwnStream(write_end)
+    try:
+        seen = []
+        for data in (b"ab\n", b"a\nb", b"\n", b"x", b"\n\x0b"):
+            assert stream.write(data) == len(data)
+            seen.append(stream.ends_line)
+        assert seen == [True, False, True, False, False]
+        assert os.read(read_end, 100) == b"ab\na\nb\nx\n\x0b"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 def test_a_fresh_run_starts_its_log_files_afresh(tmp_path: Path) -> None:
     from poprun_py.supervision.output import OutputOptions
 

@@ -166,11 +166,16 @@ def test_a_shims_clock_is_measured_and_one_that_agrees_within_the_measure_is_tak
     # A host whose clock is 1 h ahead, 1 ms each way: its offset, to within the measure.
     hour = 3600 * 10**9
     assert offset_ns(sent=0, arrived=hour + 1_000_000, replied=hour + 2_000_000, received=3_000_000) == hour
+    # The error is the wire's half of the round trip, not the shim's time: a shim that took 100 ms
+    # to answer, on a host 50 ms ahead, 1 ms each way.
+    assert offset_ns(sent=0, arrived=51_000_000, replied=151_000_000, received=102_000_000) == 50_000_000
+    # An offset exactly the measure's error is within it.
+    assert offset_ns(sent=0, arrived=2_000_000, replied=2_000_000, received=2_000_000) == 0
 
 
-def _recorded(message: str, second: int) -> bytes:
-    return json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": f"{message}\n",
-                                                                      "timestamp": str(second)}}}).encode()
+def _recorded(message: str, second: int, traceback: str | None) -> bytes:
+    info = {"timestamp": str(second)} if traceback is None else {"py_callstack": traceback, "timestamp": str(second)}
+    return json.dumps({"message": {"message": message, "extraInfo": info}}).encode()
 
 
 SECOND = 10**9
@@ -185,13 +190,75 @@ HOUR = 3600 * SECOND
     ([(0, 0, 0, 700_000_000), (1, 0, 0, 200_000_000)], 1),
     # Instance 1's file was written again 10 s after the second it records: that second counts.
     ([(0, 0, 0, 200_000_000), (1, 0, -SECOND, 10 * SECOND)], 1),
-], ids=["an-hour-ahead", "one-second", "rewritten"])
+    # Instance 0's file was written exactly a second after the second it records: that second counts.
+    ([(1, 0, 0, 500_000_000), (0, 0, 0, SECOND)], 0),
+], ids=["an-hour-ahead", "one-second", "rewritten", "a-second-later"])
 def test_the_first_record_in_poprun_s_time_is_the_root_cause(reports: list[tuple[int, int, int, int]],
                                                               first: int) -> None:
     """Two instances on hosts ``a`` and ``b`` report errors they recorded (``reports``: instance,
     its clock's skew, the second torch recorded and when the file was written, both from a whole
     second on poprun's clock 10 s ago, in ns), the first reported first; the root cause is
     ``first``, whatever order they came in."""
+    errors: dict[int, tuple[str, str | None]] = {i: (f"ValueError: {i}", f"ValueError: {i}\n") for i in (0, 1)}
+    _assert_root_cause(reports, errors, first, [reports[-1][1] != 0, False])
+
+
+#: A peer's error out of the collectives: its innermost frame in torch.distributed.
+IN_COLLECTIVES = ('Traceback (most recent call last):\n  File "train.py", line 20, in main\n    step()\n'
+                  '  File "train.py", line 9, in step\n    dist.all_reduce(t)\n'
+                  '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2050, in '
+                  'all_reduce\n    work.wait()\nRuntimeError: Connection closed by peer [10.0.0.2]:5678\n')
+#: The same words from a connection of the program's own (a data loader's), called from torch.distributed.
+IN_OWN_CODE = ('Traceback (most recent call last):\n  File "/venv/lib/python3.11/site-packages/torch/distributed/'
+               'elastic/multiprocessing/errors/__init__.py", line 355, in wrapper\n    return f(*args)\n'
+               '  File "loader.py", line 4, in load\n    sock.recv(1)\nRuntimeError: Connection closed by peer\n')
+
+
+@pytest.mark.parametrize("traceback,first", [(IN_COLLECTIVES, 1), (None, 1), (IN_OWN_CODE, 0)],
+                         ids=["collectives", "words-alone", "own-code"])
+def test_an_error_that_says_a_peer_went_away_counts_a_second_later_when_it_came_from_the_collectives(
+        traceback: str | None, first: int) -> None:
+    """Instance 0 records "Connection closed by peer" half a second before instance 1 records an
+    error of its own: out of the collectives (or without a traceback, by its words alone), 0's is a
+    consequence of 1's, which is the root cause; from the program's own code, 0 failed first."""
+    errors = {0: ("RuntimeError: Connection closed by peer", traceback), 1: ("ValueError: 1", "ValueError: 1\n")}
+    _assert_root_cause([(0, 0, 0, 200_000_000), (1, 0, 0, 700_000_000)], errors, first, [False, False])
+
+
+def test_a_status_of_its_own_after_poprun_began_to_stop_it_is_never_the_first_failure() -> None:
+    """Instance 0 ignored its shim's stop and then exited 3 (a status of its own, after the stop);
+    instance 1 failed by itself before that: 1 is the first failure, 0 only also failed."""
+    import io
+
+    from tests.launcher.supervising import call_in_sealed, supervisor
+
+    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b"))
+    base = (time.time_ns() // SECOND - 10) * SECOND
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.setblocking(False)
+        shims = []
+        try:
+            for index, ended, stopped, status in ((0, 600_000_000, 500_000_000, 3), (1, 700_000_000, 0, 1)):
+                shim, seal = call_in_sealed(s, server, index)
+                shims.append(shim)
+                shim.sendall(b"".join(seal.seal(frame) for frame in (
+                    protocol.clock(time.time_ns(), time.time_ns()),
+                    protocol.times(base + ended, base + stopped if stopped else 0, 0),
+                    protocol.exit_report(status, None, None))))
+                wait_until(lambda i=index: _read(s, i), "its exit report")  # type: ignore[misc]
+            record = s._report().failure_report()
+            assert record is not None
+            assert [(f["instance"], f["status"]) for f in record["failures"]] == [(1, 1), (0, 3)]  # type: ignore[attr-defined]
+        finally:
+            for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
+                sock.close()
+
+
+def _assert_root_cause(reports: list[tuple[int, int, int, int]], errors: dict[int, tuple[str, str | None]],
+                       first: int, skewed: list[bool]) -> None:
+    """Instances 0 and 1 on hosts ``a`` and ``b`` report ``errors`` (message, traceback) as
+    ``reports`` say (see above); the root cause is ``first``, and the clocks of ``skewed`` are
+    measured as ahead or behind."""
     import io
 
     from tests.launcher.supervising import call_in_sealed, supervisor
@@ -205,22 +272,29 @@ def test_the_first_record_in_poprun_s_time_is_the_root_cause(reports: list[tuple
             for index, skew, second, written in reports:
                 shim, seal = call_in_sealed(s, server, index)  # its nonce has arrived
                 shims.append(shim)
+                message, traceback = errors[index]
                 shim.sendall(b"".join(seal.seal(frame) for frame in (
                     protocol.clock(time.time_ns() + skew, time.time_ns() + skew),
-                    protocol.frame(protocol.ROOT_CAUSE, _recorded(f"ValueError: {index}",
-                                                                  (base + skew + second) // SECOND)),
+                    protocol.frame(protocol.ROOT_CAUSE, _recorded(message, (base + skew + second) // SECOND,
+                                                                  traceback)),
                     protocol.times(base + skew + written + SECOND, 0, base + skew + written),
                     protocol.exit_report(1, None, None))))
                 wait_until(lambda i=index: _read(s, i), "its exit report")  # type: ignore[misc]
-            assert [state.clock_offset != 0 for state in s.instances] == [reports[-1][1] != 0, False]
+            assert [state.clock_offset != 0 for state in s.instances] == skewed
             assert s.failure is not None and s.failure.index == reports[0][0]  # the first report
             report = s._report()
             assert report.summary(None).splitlines()[:2] == [
                 f"poprun: instance {first} on {'ab'[first]} failed: exit status 1",
-                f"poprun: root cause (instance {first}'s error file): ValueError: {first}"]
+                f"poprun: root cause (instance {first}'s error file): {errors[first][0]}"]
             record = report.failure_report()
             assert record is not None and record["instance"] == first
-            assert [f["instance"] for f in record["failures"]] == [first, 1 - first]  # type: ignore[attr-defined]
+            assert [{key: f[key] for key in ("instance", "host", "status", "signal", "error")}
+                    for f in record["failures"]] == [  # type: ignore[attr-defined]
+                {"instance": i, "host": "ab"[i], "status": 1, "signal": None, "error": errors[i][0]}
+                for i in (first, 1 - first)]
+            # ISO 8601 in UTC, in the order they failed: the root cause's no later than the other's
+            times = [f["time"] for f in record["failures"]]  # type: ignore[attr-defined]
+            assert times == sorted(times) and all(t.endswith("+00:00") for t in times), times
         finally:
             for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
                 sock.close()
@@ -256,8 +330,8 @@ def test_of_two_real_failures_a_second_apart_the_earlier_is_the_root_cause(tmp_p
     result, lines, written = _fail_apart(tmp_path, first, second, 1.0, "record")
     assert result.returncode == 3, result.stderr  # the root cause was stopped: the first failure seen gives it
     host = socket.gethostname()
-    assert re.fullmatch(rf"poprun: instance {first} on {host} failed: recorded its error at [0-9:.]+, then ended as "
-                        r"poprun stopped it: killed by SIGTERM \(status 143\)", lines[0]), result.stderr
+    assert re.fullmatch(rf"poprun: instance {first} on {host} failed: recorded its error at \d\d:\d\d:\d\d\.\d{{3}}, "
+                        r"then ended as poprun stopped it: killed by SIGTERM \(status 143\)", lines[0]), result.stderr
     assert lines[1] == f"poprun: root cause (instance {first}'s error file): ValueError: first failure"
     also = f"poprun: instance {second} on {host} also failed: exit status 3; its error: RuntimeError: second failure"
     assert lines[-2:] == [also, "poprun: stopped instance(s) 0 (1 of 3)"], result.stderr

@@ -67,6 +67,43 @@ def small_memory_cgroup() -> Iterator[Path]:
         group.rmdir()
 
 
+#: Run as root in a mount namespace of its own: a cgroup file system of files (tmpfs on
+#: oom.CGROUP_ROOT) laid out as argv[1] says for this process's own cgroups, then oom.kills().
+FAKE_CGROUPS = r"""import os, subprocess, sys
+from poprun_py.instance import oom
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", oom.CGROUP_ROOT], check=True)
+layout = sys.argv[1]
+for line in open("/proc/self/cgroup").read().splitlines():
+    _, controllers, path = line.split(":", 2)
+    if controllers == "" and layout in ("v2", "unified"):
+        folder = os.path.join(oom.CGROUP_ROOT, *(["unified"] if layout == "unified" else []), path.lstrip("/"))
+        name, text = "memory.events", "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n"
+    elif "memory" in controllers.split(",") and layout == "v1":
+        folder = os.path.join(oom.CGROUP_ROOT, "memory", path.lstrip("/"))
+        name, text = "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"
+    else:
+        continue
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, name), "w").write(text)
+print(oom.kills())
+"""
+
+
+@pytest.mark.parametrize("layout,count", [("v2", "2"), ("unified", "2"), ("v1", "3"), ("none", "None")])
+def test_the_oom_kill_count_is_read_where_each_cgroup_version_keeps_it(layout: str, count: str) -> None:
+    """cgroup v2's ``memory.events`` (alone, or as ``unified`` beside v1), v1's ``memory.oom_control``,
+    each at this process's own cgroup; None where neither is."""
+    controllers = [line.split(":", 2)[1] for line in Path("/proc/self/cgroup").read_text().splitlines()]
+    needed = {"v2": "" in controllers, "unified": "" in controllers, "none": True,
+              "v1": any("memory" in listed.split(",") for listed in controllers)}
+    if os.geteuid() != 0 or not needed[layout]:
+        pytest.skip(f"needs root and this process in a cgroup of the {layout} layout")
+    result = run(["unshare", "--mount", "--propagation", "private", PYTHON, "-c", FAKE_CGROUPS, layout])
+    if result.returncode != 0 and "unshare" in result.stderr:
+        pytest.skip(f"no mount namespace can be made here: {result.stderr.strip()}")
+    assert (result.returncode, result.stdout) == (0, f"{count}\n"), result.stderr
+
+
 def test_an_instance_the_out_of_memory_killer_ended_is_named_so(tmp_path: Path) -> None:
     """Instance 1 allocates past its cgroup's memory limit and the kernel's OOM killer SIGKILLs it:
     the summary and --error-file say so, and it is the root cause (a failure, not a stop)."""
@@ -131,7 +168,8 @@ def test_two_instances_sigkilled_at_once_are_both_failures(tmp_path: Path) -> No
                      re.M), stderr
     assert "stopped instance" not in stderr, stderr
     record = json.loads(error_file.read_text())[-1]
-    assert sorted(f["instance"] for f in record["failures"]) == [0, 1] and record["stopped"] == [], record
+    assert sorted((f["instance"], f["signal"]) for f in record["failures"]) == [(0, "SIGKILL"), (1, "SIGKILL")], record
+    assert record["stopped"] == [], record
 
 
 def test_an_mpi_program_that_left_through_os_exit_ends_the_job_with_a_status_of_its_own(tmp_path: Path) -> None:

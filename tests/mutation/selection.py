@@ -42,6 +42,7 @@ _LAUNCH = ("tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_pop
         "test_an_instance_found_stopped_is_named_before_the_one_that_timed_out_waiting_for_it",
     )))
 _SHIM = "tests/launcher/test_shim_commands.py"
+_COMPILED = "tests/integration/test_compiled_parts.py"
 
 TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     # the canonical reduction order
@@ -96,6 +97,36 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "popdist_py.topology": (
         "tests/library/test_environment.py", "tests/library/test_bare_mpi.py",
         "tests/library/test_popdist_under_poprun.py"),
+    # the plan: the hosts a scheduler gives, the launcher agent, the compiled parts
+    "poprun_py.planning.host_sources": ("tests/launcher/test_host_sources.py", "tests/launcher/test_host_names.py"),
+    "poprun_py.planning.agent": ("tests/launcher/test_launcher_agent_plan.py",),
+    "popcontract.compiled": (*(f"{_COMPILED}::{name}" for name in (
+        "test_this_checkouts_build_has_every_part", "test_an_unknown_part_is_refused_naming_the_parts",
+        "test_a_parts_file_is_looked_for_in_its_package_wherever_that_was_imported_from",
+        "test_version_says_which_part_is_missing_and_what_that_means",
+        "test_a_build_that_does_not_load_is_missing_with_the_loaders_reason",
+        "test_without_batch_invariant_its_products_refuse_in_one_line_at_first_use",
+        "test_without_loopback_a_launcher_that_would_listen_everywhere_refuses_naming_the_part",
+        "test_the_libc_subreaper_is_reached_only_where_the_part_is_missing")),
+        "tests/launcher/test_poprun_cli.py::test_version_names_each_compiled_part"),
+    # how a failed job is told: the first failure, the shims' clocks, the OOM killer, strangers on the
+    # control port, poprun's own output gone
+    "poprun_py.supervision.first_failure": (
+        "tests/launcher/test_root_cause.py", "tests/launcher/test_sigkill_and_left_early.py",
+        "tests/launcher/test_foreign_text.py::test_a_programs_recorded_error_and_stderr_are_quoted_escaped_in_the_summary",
+        f"{_FAILURES}::test_instances_failing_together_each_report_their_own_status",
+        f"{_FAILURES}::test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting"),
+    "poprun_py.supervision.clocks": ("tests/launcher/test_root_cause.py",),
+    "poprun_py.instance.oom": ("tests/launcher/test_sigkill_and_left_early.py",),
+    "poprun_py.supervision.strays": (
+        "tests/launcher/test_supervisor_checks.py", "tests/launcher/test_control_port_flood.py",
+        f"{_FAILURES}::test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on"),
+    "poprun_py.supervision.own_output": (
+        "tests/launcher/test_poprun_own_output.py",
+        "tests/launcher/test_output_tagging.py::test_output_to_a_reader_that_has_gone_is_dropped_without_an_error",
+        "tests/launcher/test_output_tagging.py::test_poprun_s_own_stream_is_a_terminal_where_its_descriptor_is_one",
+        "tests/launcher/test_output_tagging.py::test_poprun_s_own_stream_knows_whether_what_it_wrote_ended_a_line",
+        f"{_FAILURES}::test_a_reader_that_stops_reading_is_not_an_error"),
 }
 
 
@@ -142,6 +173,9 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "teardown": ("poprun_py.supervision.teardown.*", "poprun_py.wire.protocol.*"),
     "supervisor": _methods([m for m in _supervisor_methods() if m not in SUPERVISOR_CONNECTIONS]),
     "connections": _methods(SUPERVISOR_CONNECTIONS),
+    "planning": ("poprun_py.planning.host_sources.*", "poprun_py.planning.agent.*", "popcontract.compiled.*"),
+    "failures": ("poprun_py.supervision.first_failure.*", "poprun_py.supervision.clocks.*",
+                 "poprun_py.supervision.strays.*", "poprun_py.supervision.own_output.*", "poprun_py.instance.oom.*"),
 }
 
 
