@@ -117,10 +117,12 @@ class Teardown:
             if self.mpiexec.wait(timeout=MPIEXEC_EXIT_WAIT) is None:
                 log.error("mpiexec (PID %d) did not exit after SIGKILL", self.mpiexec.pid)
         killed = False
-        # Of a job that ended by itself, what is left is news (a daemon its program started); of one
-        # being stopped, what had not finished starting or stopping yet is not (an agent still
-        # reaching a host when another could not be reached), and is said at -vv.
-        say = log.warning if self.started is None else log.debug
+        # Of a job whose every instance ended well by itself, what is left is news (a daemon its
+        # program started); of one that failed, or was stopped, what had not finished starting or
+        # stopping yet is not (an agent, an MPI daemon still reaching a host when another could not
+        # be reached; an instance still exiting), and is said at -vv.
+        ended_well = self.started is None and all(state.status == 0 for state in self.instances)
+        say = log.warning if ended_well else log.debug
         for pid in session_members(self.mpiexec.pid):
             command = command_line(pid)
             if sweep.kill_in_session(pid, self.mpiexec.pid):

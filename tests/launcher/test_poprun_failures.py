@@ -441,6 +441,12 @@ def test_a_process_left_in_mpiexecs_session_is_killed_and_named(tmp_path: Path) 
     assert re.search(rf" POPRUN \[W\] killed process \d+ \(sh -c sleep 300 {marker}\) left behind in the "
                      r"job's session$", result.stderr, re.M), result.stderr
     assert wait_no_processes(marker) == []
+    # Of a job that failed, what is left is no news beside its failure: killed, and said at -vv.
+    failed = poprun("-vv", "--mpi", str(wrapper), "--num-instances", "2", "/bin/false", env=OMP_SET)
+    assert failed.returncode == 1, failed.stderr
+    assert re.search(rf" POPRUN \[D\] killed process \d+ \(sh -c sleep 300 {marker}\) left behind in the "
+                     r"job's session$", failed.stderr, re.M), failed.stderr
+    assert wait_no_processes(marker) == []
 
 
 PIDS = Path("/sys/fs/cgroup/pids")
