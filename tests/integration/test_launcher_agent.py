@@ -84,7 +84,8 @@ def agent(cluster: Cluster, tmp_path: Path) -> Iterator[tuple[str, Path, dict[st
     log.touch()
     no_ssh = tmp_path / "no-ssh"
     no_ssh.mkdir()
-    (no_ssh / "ssh").write_text("#!/bin/sh\necho \"ssh is disabled in this test: $*\" >&2\nexit 255\n")
+    (no_ssh / "ssh").write_text(f"#!/bin/sh\necho \"$*\" >> {no_ssh / 'calls'}\n"
+                                "echo \"ssh is disabled in this test: $*\" >&2\nexit 255\n")
     (no_ssh / "ssh").chmod(0o755)
     env = {"NETNS_AGENT_LOG": str(log), "PATH": f"{no_ssh}:{os.environ['PATH']}"}
     yield str(script), log, env
@@ -96,11 +97,14 @@ def _calls(log: Path) -> list[str]:
 
 
 def test_ssh_is_really_disabled_for_these_tests(cluster: Cluster, agent: tuple[str, Path, dict[str, str]]) -> None:
-    """The check the other tests stand on: without the agent, the same job fails on ssh."""
+    """The check the other tests stand on: without the agent, the same job fails on ssh, which it
+    ran (the disabled ssh keeps a list of its calls: Hydra may end before its words reach stderr)."""
     _, _, env = agent
     result = poprun(*mpi_args("mpich"), "--num-instances", "2", "-H", "node0,node1", PYTHON, WHERE,
                     env=job_env("mpich", **env), timeout=FAILURE_BOUND + 30)
-    assert result.returncode != 0 and "ssh is disabled in this test" in result.stderr, result.stderr
+    assert result.returncode != 0 and result.stdout == "", result.stderr
+    calls = Path(env["PATH"].split(os.pathsep)[0], "calls").read_text()
+    assert any(" node0 " in f" {call} " or " node1 " in f" {call} " for call in calls.splitlines()), calls
 
 
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
