@@ -10,6 +10,8 @@ import re
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pytest
 from poprun_py.shared import root_cause
 from poprun_py.supervision.supervisor import Supervisor
 from poprun_py.wire import protocol
+from poprun_py.wire.seal import Seal
 from tests.helpers import OMP_SET, PYTHON, poprun, wait_until
 
 #: What torch's ErrorHandler.record_exception writes (torch 2.13).
@@ -228,27 +231,40 @@ def test_an_error_that_says_a_peer_went_away_counts_a_second_later_when_it_came_
 def test_a_status_of_its_own_after_poprun_began_to_stop_it_is_never_the_first_failure() -> None:
     """Instance 0 ignored its shim's stop and then exited 3 (a status of its own, after the stop);
     instance 1 failed by itself before that: 1 is the first failure, 0 only also failed."""
+    with _two_instances() as (s, call_in, base):
+        for index, ended, stopped, status in ((0, 600_000_000, 500_000_000, 3), (1, 700_000_000, 0, 1)):
+            shim, seal = call_in(index)
+            shim.sendall(b"".join(seal.seal(frame) for frame in (
+                protocol.clock(time.time_ns(), time.time_ns()),
+                protocol.times(base + ended, base + stopped if stopped else 0, 0),
+                protocol.exit_report(status, None, None))))
+            wait_until(lambda i=index: _read(s, i), "its exit report")  # type: ignore[misc]
+        record = s._report().failure_report()
+        assert record is not None
+        assert [(f["instance"], f["status"]) for f in record["failures"]] == [(1, 1), (0, 3)]  # type: ignore[attr-defined]
+
+
+@contextmanager
+def _two_instances() -> Iterator[tuple[Supervisor, Callable[[int], tuple[socket.socket, Seal]], int]]:
+    """A supervisor of instances 0 and 1 on hosts ``a`` and ``b``; how an instance calls in (its
+    shim's end, once its nonce has arrived, and its seal); a whole second ten seconds ago (ns).
+    Every connection is closed at the end."""
     import io
 
     from tests.launcher.supervising import call_in_sealed, supervisor
 
     s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b"))
-    base = (time.time_ns() // SECOND - 10) * SECOND
+    shims: list[socket.socket] = []
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.setblocking(False)
-        shims = []
+
+        def call_in(index: int) -> tuple[socket.socket, Seal]:
+            shim, seal = call_in_sealed(s, server, index)
+            shims.append(shim)
+            return shim, seal
+
         try:
-            for index, ended, stopped, status in ((0, 600_000_000, 500_000_000, 3), (1, 700_000_000, 0, 1)):
-                shim, seal = call_in_sealed(s, server, index)
-                shims.append(shim)
-                shim.sendall(b"".join(seal.seal(frame) for frame in (
-                    protocol.clock(time.time_ns(), time.time_ns()),
-                    protocol.times(base + ended, base + stopped if stopped else 0, 0),
-                    protocol.exit_report(status, None, None))))
-                wait_until(lambda i=index: _read(s, i), "its exit report")  # type: ignore[misc]
-            record = s._report().failure_report()
-            assert record is not None
-            assert [(f["instance"], f["status"]) for f in record["failures"]] == [(1, 1), (0, 3)]  # type: ignore[attr-defined]
+            yield s, call_in, (time.time_ns() // SECOND - 10) * SECOND
         finally:
             for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
                 sock.close()
@@ -259,45 +275,32 @@ def _assert_root_cause(reports: list[tuple[int, int, int, int]], errors: dict[in
     """Instances 0 and 1 on hosts ``a`` and ``b`` report ``errors`` (message, traceback) as
     ``reports`` say (see above); the root cause is ``first``, and the clocks of ``skewed`` are
     measured as ahead or behind."""
-    import io
-
-    from tests.launcher.supervising import call_in_sealed, supervisor
-
-    s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b"))
-    base = (time.time_ns() // SECOND - 10) * SECOND
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        server.setblocking(False)
-        shims = []
-        try:
-            for index, skew, second, written in reports:
-                shim, seal = call_in_sealed(s, server, index)  # its nonce has arrived
-                shims.append(shim)
-                message, traceback = errors[index]
-                shim.sendall(b"".join(seal.seal(frame) for frame in (
-                    protocol.clock(time.time_ns() + skew, time.time_ns() + skew),
-                    protocol.frame(protocol.ROOT_CAUSE, _recorded(message, (base + skew + second) // SECOND,
-                                                                  traceback)),
-                    protocol.times(base + skew + written + SECOND, 0, base + skew + written),
-                    protocol.exit_report(1, None, None))))
-                wait_until(lambda i=index: _read(s, i), "its exit report")  # type: ignore[misc]
-            assert [state.clock_offset != 0 for state in s.instances] == skewed
-            assert s.failure is not None and s.failure.index == reports[0][0]  # the first report
-            report = s._report()
-            assert report.summary(None).splitlines()[:2] == [
-                f"poprun: instance {first} on {'ab'[first]} failed: exit status 1",
-                f"poprun: root cause (instance {first}'s error file): {errors[first][0]}"]
-            record = report.failure_report()
-            assert record is not None and record["instance"] == first
-            assert [{key: f[key] for key in ("instance", "host", "status", "signal", "error")}
-                    for f in record["failures"]] == [  # type: ignore[attr-defined]
-                {"instance": i, "host": "ab"[i], "status": 1, "signal": None, "error": errors[i][0]}
-                for i in (first, 1 - first)]
-            # ISO 8601 in UTC, in the order they failed: the root cause's no later than the other's
-            times = [f["time"] for f in record["failures"]]  # type: ignore[attr-defined]
-            assert times == sorted(times) and all(t.endswith("+00:00") for t in times), times
-        finally:
-            for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
-                sock.close()
+    with _two_instances() as (s, call_in, base):
+        for index, skew, second, written in reports:
+            shim, seal = call_in(index)
+            message, traceback = errors[index]
+            shim.sendall(b"".join(seal.seal(frame) for frame in (
+                protocol.clock(time.time_ns() + skew, time.time_ns() + skew),
+                protocol.frame(protocol.ROOT_CAUSE, _recorded(message, (base + skew + second) // SECOND,
+                                                              traceback)),
+                protocol.times(base + skew + written + SECOND, 0, base + skew + written),
+                protocol.exit_report(1, None, None))))
+            wait_until(lambda i=index: _read(s, i), "its exit report")  # type: ignore[misc]
+        assert [state.clock_offset != 0 for state in s.instances] == skewed
+        assert s.failure is not None and s.failure.index == reports[0][0]  # the first report
+        report = s._report()
+        assert report.summary(None).splitlines()[:2] == [
+            f"poprun: instance {first} on {'ab'[first]} failed: exit status 1",
+            f"poprun: root cause (instance {first}'s error file): {errors[first][0]}"]
+        record = report.failure_report()
+        assert record is not None and record["instance"] == first
+        assert [{key: f[key] for key in ("instance", "host", "status", "signal", "error")}
+                for f in record["failures"]] == [  # type: ignore[attr-defined]
+            {"instance": i, "host": "ab"[i], "status": 1, "signal": None, "error": errors[i][0]}
+            for i in (first, 1 - first)]
+        # ISO 8601 in UTC, in the order they failed: the root cause's no later than the other's
+        times = [f["time"] for f in record["failures"]]  # type: ignore[attr-defined]
+        assert times == sorted(times) and all(t.endswith("+00:00") for t in times), times
 
 
 def _read(s: Supervisor, index: int) -> bool:
