@@ -102,8 +102,13 @@ def test_a_poprun_stopped_longer_than_the_silence_limit_goes_on_when_continued(t
     with open(tmp_path / "out", "wb") as out:  # a file: always read at once
         proc = start(tmp_path, stdout=out)
     try:
-        wait_until(lambda: len(programs(tmp_path)) == 2, "the printers started")
-        pids = programs(tmp_path)
+        pids: list[int] = []
+
+        def both_started() -> bool:  # the look that saw both is the one used: a later one may see one
+            pids[:] = programs(tmp_path)
+            return len(pids) == 2
+
+        wait_until(both_started, "the printers started")
         proc.send_signal(signal.SIGSTOP)
         progress = held_back(pids)  # poprun's socket buffers are full: the programs wait
         time.sleep(PAUSE)  # from now on only the shims' judgement could end them
