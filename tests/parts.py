@@ -66,7 +66,9 @@ AT_ONCE = 5
 
 class Part(NamedTuple):
     """One part: its commands, run in order (the first failure ends it), and whether it keeps the
-    machine's network (the cluster's part) instead of a network namespace of its own."""
+    machine's network instead of a network namespace of its own: the cluster's part (its hosts'
+    bridge) and the installs' (on a fresh machine, ``make dist`` fetches its pinned tools and the
+    wheelhouse its fresh venvs install from comes from the package index)."""
 
     name: str
     commands: tuple[tuple[str, ...], ...]
@@ -91,7 +93,7 @@ def parts() -> list[Part]:
         Part("bench", (_pytest("bench", "pytest", BENCH_TESTS),)),
         Part("launcher", (_pytest("launcher", "pytest", "tests/launcher"),)),
         Part("apps", (_pytest("apps", "pytest", "tests/integration", *elsewhere),)),
-        Part("installs", (_pytest("installs", "pytest", *INSTALL_TESTS),)),
+        Part("installs", (_pytest("installs", "pytest", *INSTALL_TESTS),), own_network=False),
         # Bits promised equal must not depend on the BLAS kernel this CPU picked.
         Part("blas", tuple(("env", f"OPENBLAS_CORETYPE={k}", *_pytest("blas", k, "-m", "determinism", "tests"))
                            for k in kernels)),
@@ -155,7 +157,9 @@ def failed_tests(log: Path) -> list[str]:
 
 
 def _minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
+    """``seconds`` as "8 min 05 s", rounded to the second first (never "8 min 60 s")."""
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
 
 
 def run(chosen: Sequence[Part], at_once: int = AT_ONCE) -> int:
