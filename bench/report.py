@@ -12,7 +12,8 @@ def _size(n: int) -> str:
     return f"{n // MiB} MiB" if n >= MiB else f"{n // 1024} KiB"
 
 
-def _ms(seconds: float) -> str:
+def ms(seconds: float) -> str:
+    """``seconds`` as the tables show milliseconds: three decimals below 10 ms, one above."""
     return f"{seconds * 1e3:.3f}" if seconds < 0.01 else f"{seconds * 1e3:.1f}"
 
 
@@ -31,8 +32,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [("| all-reduce per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | mpi4py 2 ranks (ms) | "
                    "engine busbw (GB/s) | engine / 4 ranks | engine / 2 ranks |"), "|---|---|---|---|---|---|---|"]
         for row in section["allreduce"]:
-            lines.append(f"| {_size(row['bytes_per_replica'])} | {_ms(row['engine_2x2']['seconds'])} | "
-                         f"{_ms(row['mpi4py_flat_4']['seconds'])} | {_ms(row['mpi4py_raw_2']['seconds'])} | "
+            lines.append(f"| {_size(row['bytes_per_replica'])} | {ms(row['engine_2x2']['seconds'])} | "
+                         f"{ms(row['mpi4py_flat_4']['seconds'])} | {ms(row['mpi4py_raw_2']['seconds'])} | "
                          f"{row['engine_2x2']['busbw_GBps']:.2f} | {row['ratio_engine_to_flat_4']:.2f} | "
                          f"{row['ratio_engine_to_raw_2']:.2f} |")
         lines.append("")
@@ -42,8 +43,8 @@ def markdown(results: dict[str, Any]) -> str:
             name = op.replace("_", "-")
             lines += [f"| {name} per replica | engine 2x2 (ms) | mpi4py 4 ranks (ms) | engine / 4 ranks |",
                       "|---|---|---|---|"]
-            lines += [f"| {_size(r['bytes_per_replica'])} | {_ms(r['engine_2x2']['seconds'])} | "
-                      f"{_ms(r['mpi4py_flat_4']['seconds'])} | {r['ratio_engine_to_flat_4']:.2f} |"
+            lines += [f"| {_size(r['bytes_per_replica'])} | {ms(r['engine_2x2']['seconds'])} | "
+                      f"{ms(r['mpi4py_flat_4']['seconds'])} | {r['ratio_engine_to_flat_4']:.2f} |"
                       for r in section[op]]
             lines.append("")
     if "launch" in results:
@@ -51,12 +52,12 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["| launch, 2 instances | bare mpiexec (ms) | poprun (ms) | ratio |", "|---|---|---|---|"]
         for name, label in (("mpi_init", "`from mpi4py import MPI`"), ("pass", "`pass`")):
             entry = launch[name]
-            lines.append(f"| {label} | {_ms(entry['seconds']['mpiexec']['median'])} | "
-                         f"{_ms(entry['seconds']['poprun']['median'])} | {entry['ratio']:.2f} |")
+            lines.append(f"| {label} | {ms(entry['seconds']['mpiexec']['median'])} | "
+                         f"{ms(entry['seconds']['poprun']['median'])} | {entry['ratio']:.2f} |")
         if "skewed_exit" in launch:
             skew = launch["skewed_exit"]
             lines.append(f"| CPU used when instances end {skew['skew_seconds']:g} s apart | "
-                         f"{_ms(skew['cpu_seconds']['mpiexec'])} | {_ms(skew['cpu_seconds']['poprun'])} | "
+                         f"{ms(skew['cpu_seconds']['mpiexec'])} | {ms(skew['cpu_seconds']['poprun'])} | "
                          f"{skew['ratio']:.2f} |")
         lines.append("")
         lines += _launch_floor(launch)
@@ -108,13 +109,13 @@ def _launch_floor(launch: dict[str, Any]) -> list[str]:
         cells = []
         for name in rows:
             seconds = launch[name]["seconds"]
-            cells.append(f"{_ms(seconds[key]['median'])} ({seconds[key]['median'] / seconds['mpiexec']['median']:.2f})")
+            cells.append(f"{ms(seconds[key]['median'])} ({seconds[key]['median'] / seconds['mpiexec']['median']:.2f})")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     median = {key: value["median"] for key, value in launch[rows[0]]["seconds"].items()}
-    text = (f"For {labels[rows[0]]}, poprun adds {_ms(median['poprun'] - median['mpiexec'])} ms to bare mpiexec: "
-            f"{_ms(median['floor'] - median['mpiexec'])} ms are the floor's interpreters, "
-            f"{_ms(median['floor_click'] - median['floor'])} ms click's import, and "
-            f"{_ms(median['poprun'] - median['floor_click'])} ms poprun's own work (its modules, the plan, the control "
+    text = (f"For {labels[rows[0]]}, poprun adds {ms(median['poprun'] - median['mpiexec'])} ms to bare mpiexec: "
+            f"{ms(median['floor'] - median['mpiexec'])} ms are the floor's interpreters, "
+            f"{ms(median['floor_click'] - median['floor'])} ms click's import, and "
+            f"{ms(median['poprun'] - median['floor_click'])} ms poprun's own work (its modules, the plan, the control "
             "channel and each shim's exchange with it, the output, the supervision and the end).")
     return [*lines, "", text, ""]
 
@@ -128,8 +129,8 @@ def _instance_side(launch: dict[str, Any]) -> list[str]:
               "poprun CPU (ms) |"), "|---|---|---|---|---|---|"]
     for count, row in instances["rows"].items():
         seconds, cpu = row["seconds"], row["cpu_seconds"]
-        lines.append(f"| {count} | {_ms(seconds['mpiexec']['median'])} | {_ms(seconds['poprun']['median'])} | "
-                     f"{row['ratio']:.2f} | {_ms(cpu['mpiexec']['median'])} | {_ms(cpu['poprun']['median'])} |")
+        lines.append(f"| {count} | {ms(seconds['mpiexec']['median'])} | {ms(seconds['poprun']['median'])} | "
+                     f"{row['ratio']:.2f} | {ms(cpu['mpiexec']['median'])} | {ms(cpu['poprun']['median'])} |")
     runs = next(iter(instances["rows"].values()))["seconds"]["poprun"]["runs"]
     text = (f"CPU: the whole process tree's (user + system), medians of {runs} interleaved runs. Each instance "
             f"past the first costs {instances['cpu_seconds_per_instance'] * 1e3:.1f} ms of CPU more under poprun "
@@ -137,7 +138,7 @@ def _instance_side(launch: dict[str, Any]) -> list[str]:
     if "shim" in launch:
         shim = launch["shim"]
         text += (f" One shim, up to its program's end (read from /proc by the program, "
-                 f"{shim['cpu_seconds']['runs']} shims): {_ms(shim['cpu_seconds']['median'])} ms of CPU, "
+                 f"{shim['cpu_seconds']['runs']} shims): {ms(shim['cpu_seconds']['median'])} ms of CPU, "
                  f"{shim['peak_rss_mib']['median']:.1f} MiB peak resident.")
     return [*lines, "", text, ""]
 
@@ -167,9 +168,9 @@ def _training(t: dict[str, Any]) -> list[str]:
 
     for s in one["state"]["mib"]:
         lines.append(f"| {s.replace('_', ' ')} | {state(one, s)} | {one['state']['ratio'][s]:.2f} | "
-                     f"{_ms(one['steps']['seconds'][s])} | {one['steps']['ratio'][s]:.2f} | "
+                     f"{ms(one['steps']['seconds'][s])} | {one['steps']['ratio'][s]:.2f} | "
                      f"{one['peak_rss_mib'][s]:.0f} | {state(two, s)} | {two['state']['ratio'][s]:.2f} | "
-                     f"{_ms(two['steps']['seconds'][s])} | {two['steps']['ratio'][s]:.2f} |")
+                     f"{ms(two['steps']['seconds'][s])} | {two['steps']['ratio'][s]:.2f} |")
     baseline = max(one["baseline_rss_mib"].values())
     lines += ["", (f"Peak RSS: one process per setting, 4 replicas; {baseline:.0f} MiB of it were resident before "
                    "the trainer (interpreter, the 4 replicas' gradients, the initial weights). Off-chip pages "
@@ -180,7 +181,7 @@ def _training(t: dict[str, Any]) -> list[str]:
     for key, label in (("one_all_reduce", "one all-reduce of the same 3200 KiB"), ("fused", "fused (one bucket)"),
                        ("pack_only", "packing alone (200 copies into the bucket)"),
                        ("per_tensor", "200 all-reduces, one per tensor")):
-        lines.append(f"| {label} | {_ms(one['fused_seconds'][key])} | {_ms(two['fused_seconds'][key])} |")
+        lines.append(f"| {label} | {ms(one['fused_seconds'][key])} | {ms(two['fused_seconds'][key])} |")
     lines += [f"| fused / one all-reduce | {one['fused_ratio']:.2f} | {two['fused_ratio']:.2f} |", ""]
     return lines
 
@@ -195,7 +196,7 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
         pipelined = m in p["bubble"]
         bubbles = f"{p['bubble'][m]:.3f} | {p['ideal_bubble']:.3f}" if pipelined else "- | -"
         lines.append(f"| {label} | {p['samples_per_s'][m]:.0f} | {p['speedup'][m] if pipelined else 1.0:.2f} | "
-                     f"{_ms(p['seconds'][m])} | {bubbles} | "
+                     f"{ms(p['seconds'][m])} | {bubbles} | "
                      f"{', '.join(map(str, p['stashed'][m]))} | {', '.join(f'{b:.2f}' for b in p['stash_mib'][m])} | "
                      f"{p['peak_rss_mib'][m]:.0f} |")
     busy = ", ".join(f"{m}: {p['busy_ms'][m][0]:.0f} and {p['busy_ms'][m][1]:.0f} ms" for m in p["busy_ms"])
@@ -210,7 +211,7 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
     if sync:
         lines += [(f"| pipeline with a host feed ({sync['feed_ms']:.1f} ms a micro-batch), 1F1B | step (ms) | "
                    "vs full |"), "|---|---|---|"]
-        lines += [f"| {m} | {_ms(t)} | {sync['over_full'].get(m, 1.0):.2f} |" for m, t in sync["seconds"].items()]
+        lines += [f"| {m} | {ms(t)} | {sync['over_full'].get(m, 1.0):.2f} |" for m, t in sync["seconds"].items()]
         lines.append("")
     return lines
 
@@ -220,7 +221,7 @@ def _matmul(section: dict[str, Any]) -> list[str]:
               "`dz @ w.T` (ms) | `matmul` | ratio | `x.T @ dz` (ms) | `outer_sum` | ratio |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in section["rows"]:
-        cells = [f"{_ms(row['seconds'][p]['blas'])} | {_ms(row['seconds'][p]['invariant'])} | {row['ratio'][p]:.2f}"
+        cells = [f"{ms(row['seconds'][p]['blas'])} | {ms(row['seconds'][p]['invariant'])} | {row['ratio'][p]:.2f}"
                  for p in ("forward", "input_grad", "weight_grad")]
         lines.append(f"| {'x'.join(map(str, row['shape']))} | {' | '.join(cells)} |")
     equal = all(row["rows_alone_equal_the_call"] for row in section["rows"])
@@ -237,10 +238,10 @@ def _multihost(m: dict[str, Any]) -> list[str]:
     return [(f"| 2 hosts ({', '.join(m['hosts'])}; network namespaces, UCX_TLS={m['transport']}) | "
              "bare mpiexec / raw MPI (ms) | poprun / engine (ms) | ratio |"), "|---|---|---|---|",
             (f"| launch 2 instances, `from mpi4py import MPI` | "
-             f"{_ms(launch['seconds']['mpiexec']['median'])} | "
-             f"{_ms(launch['seconds']['poprun']['median'])} | {launch['ratio']:.2f} |"),
+             f"{ms(launch['seconds']['mpiexec']['median'])} | "
+             f"{ms(launch['seconds']['poprun']['median'])} | {launch['ratio']:.2f} |"),
             (f"| all-reduce {_size(reduce['bytes_per_replica'])} per replica (engine 2x2, raw 2 ranks) | "
-             f"{_ms(reduce['mpi4py_raw_2']['seconds'])} | {_ms(reduce['engine_2x2']['seconds'])} | "
+             f"{ms(reduce['mpi4py_raw_2']['seconds'])} | {ms(reduce['engine_2x2']['seconds'])} | "
              f"{reduce['ratio_engine_to_raw_2']:.2f} |"), ""]
 
 
@@ -263,11 +264,11 @@ def _cores(c: dict[str, Any]) -> list[str]:
               f"1 thread (ms) | {threads} threads (ms) | speedup |"), "|---|---|---|---|"]
     for L, by_op in reduced["local_replicas"].items():
         for op, t in by_op.items():
-            lines.append(f"| {op.replace('_', '-')}, {L} local replicas | {_ms(t['one_thread'])} | "
-                         f"{_ms(t['threads'])} | {t['speedup']:.2f} |")
+            lines.append(f"| {op.replace('_', '-')}, {L} local replicas | {ms(t['one_thread'])} | "
+                         f"{ms(t['threads'])} | {t['speedup']:.2f} |")
     memory = reduced["memory_limit"]
-    lines += [(f"| the host's limit: `np.add` of two arrays into a fresh third | {_ms(memory['one_thread'])} | "
-               f"{_ms(memory['threads'])} | {memory['speedup']:.2f} |"), ""]
+    lines += [(f"| the host's limit: `np.add` of two arrays into a fresh third | {ms(memory['one_thread'])} | "
+               f"{ms(memory['threads'])} | {memory['speedup']:.2f} |"), ""]
     if "cutting" in c:  # where cutting starts to pay (POPDIST_ENGINE_SLICE_BYTES)
         by_local = c["cutting"]["local_replicas"]
         sizes = list(next(iter(by_local.values())))
@@ -290,7 +291,7 @@ def _cores(c: dict[str, Any]) -> list[str]:
     lines += [f"| all-reduce {_size(split['bytes_per_replica'])} per replica, {R} replicas | ms | vs fastest |",
               "|---|---|---|"]
     fastest = min(s for name, s in split["seconds"].items() if not name.startswith("mpi4py"))
-    lines += [f"| {name.replace('_', ' ') if name.startswith('mpi4py') else 'engine ' + name} | {_ms(s)} | "
+    lines += [f"| {name.replace('_', ' ') if name.startswith('mpi4py') else 'engine ' + name} | {ms(s)} | "
               f"{s / fastest:.2f} |" for name, s in split["seconds"].items()]
     lines += ["", f"| training: {trained['model']} | samples/s |", "|---|---|"]
     lines += [f"| {name.replace('_', ' ')} | {v:.0f} |" for name, v in trained["samples_per_s"].items()]
@@ -305,7 +306,7 @@ def _peers(p: dict[str, Any]) -> list[str]:
         lines += [("| shuffled DistributedSampler, 2 replicas, replica 0's epoch as a list | popdist_py (ms) | "
                    "torch 2.13.0 (ms) | ratio | lists identical |"), "|---|---|---|---|---|"]
         for row in p["sampler"]:
-            lines.append(f"| n = {row['n']:,} | {_ms(row['seconds']['popdist_py'])} | {_ms(row['seconds']['torch'])} "
+            lines.append(f"| n = {row['n']:,} | {ms(row['seconds']['popdist_py'])} | {ms(row['seconds']['torch'])} "
                          f"| {row['ratio']:.2f} | {'yes' if row['identical'] else '**no**'} |")
         lines.append("")
     for op, rows in p.get("collectives", {}).items():
@@ -315,7 +316,7 @@ def _peers(p: dict[str, Any]) -> list[str]:
                    + "".join(f"{name.replace('_', ' ')} / gloo | " for name in engines) + "mpi4py / gloo |"),
                   "|---|---|" + "---|" * (2 * len(engines) + 2)]
         for row in rows:
-            cells = [_ms(row["gloo_4"]), *(_ms(row[name]) for name in engines), _ms(row["mpi4py_4"]),
+            cells = [ms(row["gloo_4"]), *(ms(row[name]) for name in engines), ms(row["mpi4py_4"]),
                      *(f"{row[f'{name}_over_gloo']:.2f}" for name in engines), f"{row['mpi4py_4_over_gloo']:.2f}"]
             lines.append(f"| {_size(row['bytes_per_replica'])} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -331,7 +332,7 @@ def _peers(p: dict[str, Any]) -> list[str]:
         seconds = p["launch"]["seconds"]
         lines += ["| launch 2 instances of `python -c pass` | bare mpiexec | poprun | torchrun 2.13.0 |",
                   "|---|---|---|---|",
-                  "| ms, median | " + " | ".join(_ms(seconds[who]["median"])
+                  "| ms, median | " + " | ".join(ms(seconds[who]["median"])
                                                  for who in ("mpiexec", "poprun", "torchrun")) + " |", ""]
     return lines
 

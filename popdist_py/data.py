@@ -87,7 +87,7 @@ TORCH_RANDPERM_MAX_N = 0xFFFFFFFF // 20
 _TORCH_SEEDS = range(-(2**63), 2**64)
 
 
-def _mt19937(seed: int) -> np.random.MT19937:
+def mt19937(seed: int) -> np.random.MT19937:
     """An MT19937 seeded as torch's (and the reference ``init_genrand``): from the low 32 bits of ``seed``.
 
     numpy's ``MT19937(seed)`` seeds through a SeedSequence instead, so the state is built here and
@@ -122,11 +122,11 @@ def torch_randperm(n: int, seed: int) -> np.ndarray:
     if n < 2:
         return np.arange(n, dtype=np.int64)
     order = np.arange(n, dtype=np.int64)
-    _swap_pass(order, _mt19937(seed).random_raw(n - 1))  # raw 32-bit outputs, as uint64
+    _swap_pass(order, mt19937(seed).random_raw(n - 1))  # raw 32-bit outputs, as uint64
     return order
 
 
-def _swap_pass_in_python(order: np.ndarray, draws: np.ndarray) -> None:
+def swap_pass_in_python(order: np.ndarray, draws: np.ndarray) -> None:
     """``order[i]`` swapped with ``order[i + draws[i] % (n - i)]`` for each ``i`` in turn:
     ``_swaps.swap_pass`` where it was not built (about 50 times slower)."""
     n = len(order)
@@ -139,7 +139,7 @@ def _swap_pass_in_python(order: np.ndarray, draws: np.ndarray) -> None:
 
 
 _swaps = compiled.load(compiled.SWAPS)
-_swap_pass = _swap_pass_in_python if _swaps is None else _swaps.swap_pass
+_swap_pass = swap_pass_in_python if _swaps is None else _swaps.swap_pass
 
 
 def _order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:

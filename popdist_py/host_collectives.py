@@ -35,7 +35,7 @@ _SPIN = 50e-6
 _YIELD = 0.05
 #: Valid ``op`` names of :func:`allreduce` (plus the aliases ``add`` and ``mul``).
 OPS = ("sum", "mean", "min", "max", "prod")
-_REDUCE_FIELDS = ("op", "shape", "dtype")
+REDUCE_FIELDS = ("op", "shape", "dtype")
 
 
 def _check_array(what: str, array: Any) -> np.ndarray:
@@ -102,7 +102,9 @@ def _mpi_op(op: str, kind: str) -> Any:
     return {"sum": MPI.SUM, "mean": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[op]
 
 
-def _agree(scope: Scope, what: str, signature: tuple[Any, ...], fields: tuple[str, ...], timeout: float | None) -> None:
+def agree(scope: Scope, what: str, signature: tuple[Any, ...], fields: tuple[str, ...], timeout: float | None) -> None:
+    """The first step of every collective here: the ranks of ``scope`` agree that they all call
+    ``what`` with the same ``signature`` (named by ``fields``) before any data moves."""
     agreement.agree(scope.comm, what, signature, timeout=timeout, describe_rank=scope.describe, fields=fields)
 
 
@@ -132,7 +134,7 @@ def allreduce(array: np.ndarray, op: str = "sum", *, timeout: float | None = Non
     scope = current_scope()
     if scope.comm is None:
         return a.copy()
-    _agree(scope, "allreduce", (name, a.shape, _dtype_name(a.dtype)), _REDUCE_FIELDS, timeout)
+    agree(scope, "allreduce", (name, a.shape, _dtype_name(a.dtype)), REDUCE_FIELDS, timeout)
     work = _native(a)
     if work.dtype == np.float16:
         work = work.astype(np.float32)
@@ -158,7 +160,7 @@ def allgather(array: np.ndarray, *, timeout: float | None = None) -> np.ndarray:
     scope = current_scope()
     if scope.comm is None:
         return a[np.newaxis].copy()
-    _agree(scope, "allgather", (a.shape, _dtype_name(a.dtype)), ("shape", "dtype"), timeout)
+    agree(scope, "allgather", (a.shape, _dtype_name(a.dtype)), ("shape", "dtype"), timeout)
     out = np.empty((scope.size, *a.shape), dtype=a.dtype)
     if a.nbytes:
         from mpi4py import MPI
@@ -176,7 +178,7 @@ def broadcast(array: np.ndarray, root: int = 0, *, timeout: float | None = None)
         raise ValueError(f"broadcast: root={root} is not a valid instance: valid instances are {scope.valid()}")
     if scope.comm is None:
         return a.copy()
-    _agree(scope, "broadcast", (root, a.shape, _dtype_name(a.dtype)), ("root", "shape", "dtype"), timeout)
+    agree(scope, "broadcast", (root, a.shape, _dtype_name(a.dtype)), ("root", "shape", "dtype"), timeout)
     out = a.copy() if scope.me == root else np.empty_like(a)
     if a.nbytes:
         from mpi4py import MPI

@@ -66,9 +66,10 @@ def main(argv: list[str] | None = None) -> None:
     interrupts.install()
     try:
         status = run(sys.argv[1:] if argv is None else list(argv))
+        interrupts.ignore_for_good()  # os._exit below drops whatever comes from now
     except interrupts.Interrupted as exc:  # before or after the job, even while an error was said
         status = 128 + exc.signum
-    interrupts.Held().__enter__()  # for good: os._exit below drops whatever comes now
+        interrupts.ignore_for_good()
     # Skip the interpreter's teardown (modules, GC): nothing is left to clean up, and every
     # launch would pay for it.
     for stream in (sys.stdout, sys.stderr):

@@ -52,6 +52,20 @@ def _swallow(_signum: int, _frame: object) -> None:
     pass
 
 
+def ignore_for_good() -> None:
+    """From now on STOPPING does nothing: poprun's status is settled and it is about to exit. A
+    signal whose handler was about to run (a storm of them, one after the job's own) may still
+    raise Interrupted once the swap begins; it is dropped here, not let out as a traceback."""
+    while True:
+        try:
+            for sig in _heeded:
+                _signal.signal(sig, _swallow)
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, STOPPING)
+            return
+        except Interrupted:
+            continue  # its signal came after the status was settled; the handlers swallow from now
+
+
 class Held:
     """Within, STOPPING is blocked; a signal that came meanwhile acts on leaving (or never, when
     poprun exits within).

@@ -151,7 +151,7 @@ def test_the_launch_floor_renders_beside_bare_mpiexec_and_poprun() -> None:
     table = report.markdown({"launch": {"mpi_init": row, "pass": row}})
     assert "| the same, after click's import | " in table and "ms click's import, and" in table, table
     floor = times["floor"]["median"] / times["mpiexec"]["median"]
-    shown = f"{report._ms(times['floor']['median'])} ({floor:.2f})"
+    shown = f"{report.ms(times['floor']['median'])} ({floor:.2f})"
     assert f"| interpreter, gforker, a `python -S` hop per instance | {shown} |" in table, table
 
 

@@ -58,7 +58,7 @@ def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster
         proc.kill()
     assert proc.returncode == 0, err
     assert sorted(line for line in out.splitlines() if "start 1:" in line) == [
-        f"[{i}] start 1: node{i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)]
+        f"[{i}] start 1: node{i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)], (out, err)
     assert re.search(r"^poprun: restarting the job \(1 of 2 restart\(s\)\): host node2 was lost: instance\(s\) 2 "
                      r"there ended without an exit report \(.+\)$", err, re.MULTILINE), err
     assert ("poprun: the restart runs on 2 host(s) without node2 (lost, tried again in 60 s): 2 instance(s) x 3 "
@@ -71,7 +71,7 @@ def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster
                      "lost_hosts": {}}
     assert wait_no_processes(marker) == []
     # The start that lost node2 was ended on node0 and node1 too: nothing of it stays there.
-    assert {name: job_files(cluster, name) for name in ("node0", "node1")} == {"node0": [], "node1": []}
+    assert {name: job_files(cluster, name) for name in ("node0", "node1")} == {"node0": [], "node1": []}, err
 
 
 def test_a_host_that_comes_back_is_used_again_after_its_cooldown(cluster: Cluster) -> None:

@@ -109,18 +109,26 @@ def test_an_instance_that_had_not_failed_when_it_was_stopped_is_stopped(tmp_path
 
 @pytest.mark.parametrize("mpi", ["gforker", "hydra"])
 def test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting(mpi: str, tmp_path: Path) -> None:
-    # gforker (poprun's choice for one host) signals the shims it ends, which report; Hydra (the
-    # same MPICH, named with --mpi) kills them without a report.
+    """Instance 0 leaves through os._exit(0) without MPI_Finalize while instance 1 waits in a
+    collective; MPICH ends the job some seconds later (one job per launcher: that wait is
+    MPICH's own). poprun names instance 0, not the one left waiting, and exits with
+    LEFT_EARLY_STATUS, not the 143 of a poprun that received SIGTERM."""
+    # gforker (poprun's choice for one host) signals the shims it ends, which stop their programs
+    # with SIGTERM and report; Hydra (the same MPICH, named with --mpi) kills them without a report.
     args = ["--mpi", str(BIN / "mpiexec")] if mpi == "hydra" else []
     error_file = tmp_path / "error.json"
     result = poprun("-v", *args, "--error-file", str(error_file), "--num-instances", "2", PYTHON,
                     str(SCRIPTS / "leave_early.py"), timeout=90)
     report = json.loads(error_file.read_text())[-1]  # the same instance as the summary
     assert report["instance"] == 0 and "left early" in report["reason"], report
+    assert report["status"] == LEFT_EARLY_STATUS, report
     # poprun's own status for instances that left early, not the victim's (gforker's SIGTERM: 143)
-    assert result.returncode == LEFT_EARLY_STATUS, result.stderr
+    assert result.returncode == LEFT_EARLY_STATUS != 143, result.stderr
     if mpi == "hydra":
         assert re.search(r" POPRUN \[I\] instance 1 on \S+ was lost without an exit report$", result.stderr, re.M)
+    else:
+        assert re.search(r"^poprun: instance 1 on \S+ was ended by mpiexec: killed by SIGTERM \(status 143\)$",
+                         result.stderr, re.M), result.stderr
     assert re.search(r"^poprun: instance\(s\) 0 on \S+ left early: exited with status 0 while instance\(s\) 1 "
                      r"still ran, and \d+\.\d s later mpiexec ended those \(an MPI program that exits without "
                      r"MPI_Finalize, e\.g\. through os\._exit, takes the job down\)$", result.stderr,
@@ -352,7 +360,7 @@ def test_a_storm_of_signals_ends_the_job_once_with_its_summary_and_leaves_nothin
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "poprun: interrupted by SIGTERM" in err.splitlines(), err
     assert wait_no_processes(marker) == []
-    assert _mpich_files() - before == set()
+    assert _mpich_files() - before == set(), err
 
 
 def test_signals_that_go_on_until_poprun_exits_cut_no_cleanup_short(tmp_path: Path) -> None:
@@ -480,7 +488,7 @@ def test_files_of_instances_that_all_left_through_os_exit_are_removed() -> None:
     result = poprun("--num-instances", "3", PYTHON, "-c",
                     "import os, popdist_py; popdist_py.init(); popdist_py.barrier(); os._exit(0)")
     assert result.returncode == 0, result.stderr
-    assert _mpich_files() - before == set()
+    assert _mpich_files() - before == set(), err
 
 
 def test_files_of_killed_mpi_processes_are_removed() -> None:
@@ -489,7 +497,7 @@ def test_files_of_killed_mpi_processes_are_removed() -> None:
     before = _mpich_files()
     result = poprun("--num-instances", "3", PYTHON, str(SCRIPTS / "fail_in_mpi.py"))
     assert result.returncode == 3, result.stderr
-    assert _mpich_files() - before == set()
+    assert _mpich_files() - before == set(), err
 
 
 def test_a_restarted_job_resumes_from_its_checkpoint_and_ends_as_if_it_never_failed(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """SIGKILLed instances and instances that left early, as the summary tells them: the kernel's
-out-of-memory killer named, two instances SIGKILLed together both failures, and an MPI program
-that left through os._exit(0) named with a status of its own (issue 43 item 5)."""
+out-of-memory killer named, two instances SIGKILLed together both failures. (An MPI program that
+left through os._exit(0), named with a status of its own, is test_poprun_failures.py's: one job
+for each of MPICH's waits.)"""
 
 from __future__ import annotations
 
@@ -17,11 +18,9 @@ from pathlib import Path
 import pytest
 
 from poprun_py.instance import oom
-from poprun_py.supervision.report import LEFT_EARLY_STATUS
-from tests.helpers import POPRUN, PYTHON, ROOT, poprun, run, task_state, wait_until
+from tests.helpers import POPRUN, PYTHON, poprun, run, task_state, wait_until
 
 pytestmark = pytest.mark.slow
-SCRIPTS = ROOT / "tests" / "scripts"
 #: The test cgroup's memory limit: poprun, mpiexec and two shims fit well within it; a program
 #: that keeps allocating does not.
 LIMIT = 192 << 20
@@ -171,18 +170,3 @@ def test_two_instances_sigkilled_at_once_are_both_failures(tmp_path: Path) -> No
     assert sorted((f["instance"], f["signal"]) for f in record["failures"]) == [(0, "SIGKILL"), (1, "SIGKILL")], record
     assert record["stopped"] == [], record
 
-
-def test_an_mpi_program_that_left_through_os_exit_ends_the_job_with_a_status_of_its_own(tmp_path: Path) -> None:
-    """Instance 0 leaves through os._exit(0) without MPI_Finalize while instance 1 waits in a
-    collective; gforker ends instance 1's shim, which stops it with SIGTERM. poprun names
-    instance 0 and exits with LEFT_EARLY_STATUS, not the 143 of a poprun that received SIGTERM."""
-    error_file = tmp_path / "error.json"
-    result = poprun("--error-file", str(error_file), "--num-instances", "2", PYTHON,
-                    str(SCRIPTS / "leave_early.py"), timeout=90)
-    assert result.returncode == LEFT_EARLY_STATUS != 143, result.stderr
-    assert re.search(r"^poprun: instance\(s\) 0 on \S+ left early: exited with status 0 while instance\(s\) 1 "
-                     r"still ran, and \d+\.\d s later mpiexec ended those", result.stderr, re.M), result.stderr
-    assert re.search(r"^poprun: instance 1 on \S+ was ended by mpiexec: killed by SIGTERM \(status 143\)$",
-                     result.stderr, re.M), result.stderr
-    record = json.loads(error_file.read_text())[-1]
-    assert (record["instance"], record["status"]) == (0, LEFT_EARLY_STATUS), record

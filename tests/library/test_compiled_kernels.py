@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from popdist_py import _swaps
-from popdist_py.data import _swap_pass_in_python
+from popdist_py.data import swap_pass_in_python
 from popdist_py.engine import _batch_invariant as kernels
 from popdist_py.engine import canonical_sum
 from popdist_py.engine._collectives import reduce
@@ -436,7 +436,7 @@ def test_the_swap_pass_runs_as_its_python_fallback_or_refuses_naming_the_argumen
     event("swapped" if first is None else f"refused: {first[0]}")
     if first is None:
         want = np.arange(n, dtype=np.int64)
-        _swap_pass_in_python(want, raw)
+        swap_pass_in_python(want, raw)
         _swaps.swap_pass(order, draws)
         assert order.tolist() == want.tolist()
         return

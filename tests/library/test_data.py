@@ -287,12 +287,12 @@ def test_torch_randperm_equals_torch_itself_at_sizes_a_dataset_has() -> None:
        data=st.data())
 def test_the_compiled_swap_pass_and_its_python_fallback_agree(n: int, seed: int, data: st.DataObject) -> None:
     from popdist_py import _swaps
-    from popdist_py.data import _mt19937, _swap_pass_in_python
+    from popdist_py.data import mt19937, swap_pass_in_python
 
-    draws = _mt19937(seed).random_raw(data.draw(st.integers(min_value=0, max_value=n), label="draws"))
+    draws = mt19937(seed).random_raw(data.draw(st.integers(min_value=0, max_value=n), label="draws"))
     compiled, fallback = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
     _swaps.swap_pass(compiled, draws)
-    _swap_pass_in_python(fallback, draws)
+    swap_pass_in_python(fallback, draws)
     assert compiled.tolist() == fallback.tolist()
 
 

@@ -199,10 +199,10 @@ def late() -> None:
 def stopped() -> None:
     if RANK == 1:
         # The allreduce's agreement, as popdist_py.allreduce makes it, then a stop before its data.
-        from popdist_py.host_collectives import _REDUCE_FIELDS, _agree
+        from popdist_py.host_collectives import REDUCE_FIELDS, agree
         from popdist_py.instances import current_scope
 
-        _agree(current_scope(), "allreduce", ("sum", (3,), "float64"), _REDUCE_FIELDS, None)
+        agree(current_scope(), "allreduce", ("sum", (3,), "float64"), REDUCE_FIELDS, None)
         os.kill(os.getpid(), signal.SIGSTOP)
         say("was not stopped by the others' timeout")
         sys.exit(2)
