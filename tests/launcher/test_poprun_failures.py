@@ -488,7 +488,7 @@ def test_files_of_instances_that_all_left_through_os_exit_are_removed() -> None:
     result = poprun("--num-instances", "3", PYTHON, "-c",
                     "import os, popdist_py; popdist_py.init(); popdist_py.barrier(); os._exit(0)")
     assert result.returncode == 0, result.stderr
-    assert _mpich_files() - before == set(), err
+    assert _mpich_files() - before == set(), result.stderr
 
 
 def test_files_of_killed_mpi_processes_are_removed() -> None:
@@ -497,7 +497,7 @@ def test_files_of_killed_mpi_processes_are_removed() -> None:
     before = _mpich_files()
     result = poprun("--num-instances", "3", PYTHON, str(SCRIPTS / "fail_in_mpi.py"))
     assert result.returncode == 3, result.stderr
-    assert _mpich_files() - before == set(), err
+    assert _mpich_files() - before == set(), result.stderr
 
 
 def test_a_restarted_job_resumes_from_its_checkpoint_and_ends_as_if_it_never_failed(tmp_path: Path) -> None:
