@@ -147,6 +147,53 @@ def _freeze(pid: int) -> None:
     raise TimeoutError(f"process {pid} did not stop within {COMMAND_TIMEOUT} s of SIGSTOP")
 
 
+#: The MPI daemons, which start the instances on a host (Hydra's proxy, Open MPI's prted).
+DAEMONS = ("hydra_pmi_proxy", "prted")
+#: How long after a host's instances its daemons and sshd die (kill_host): a few kernel ticks.
+DAEMONS_AFTER = 0.02
+
+
+def _started_by_daemons(pids: set[int]) -> set[int]:
+    """Those of ``pids`` below one of them that is an MPI daemon (DAEMONS)."""
+    parent, daemons = {}, set()
+    for pid in pids:
+        try:
+            parent[pid] = int(stat_fields(f"/proc/{pid}")[1])
+            with open(f"/proc/{pid}/comm") as comm:
+                if comm.read().strip() in DAEMONS:
+                    daemons.add(pid)
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+    below = set()
+    for pid in pids:
+        seen, up = {pid}, parent.get(pid, 0)
+        while up in parent and up not in seen:
+            if up in daemons:
+                below.add(pid)
+                break
+            seen.add(up)
+            up = parent[up]
+    return below
+
+
+def _kill_dead(pid: int) -> None:
+    """SIGKILL ``pid`` and return once it has exited (a zombie, or gone): its sockets are closed
+    then (their FINs sent), before the next process of the host dies."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + COMMAND_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            if task_state(f"/proc/{pid}") in "ZX":
+                return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.001)
+    raise TimeoutError(f"process {pid} did not exit within {COMMAND_TIMEOUT} s of SIGKILL")
+
+
 class Cluster:
     """``size`` hosts named ``{name_prefix}0..`` on ``networks`` networks (a bridge and a /24
     each); ``start`` builds them, ``stop`` removes all."""
@@ -319,17 +366,27 @@ class Cluster:
         when its child stops would see that and answer (a shim reporting its program stopped).
         Children are killed before their parents: a parent's death would orphan its children's
         process group, and the kernel continues an orphaned group's stopped members (SIGHUP, then
-        SIGCONT), which could then see the death and answer."""
+        SIGCONT), which could then see the death and answer.
+
+        What the MPI daemon started (the shims and their programs) dies first, each seen dead
+        before the next is killed, and the daemons and sshd only DAEMONS_AFTER later. Killed all
+        at once, the host's sshd could go first on a busy machine: its launcher then ends the
+        other hosts' instances within milliseconds, and poprun, which orders the connections that
+        ended by their last segment's kernel time (jiffies: 4 ms at HZ=250), could find another
+        host's end first (a known limit of per-instance connections; see docs/design.md)."""
         frozen: set[int] = set()
         while fresh := set(self.pids(host)) - frozen:
             for pid in _parents_first(fresh):
                 _freeze(pid)
             frozen |= fresh
-        for pid in reversed(_parents_first(frozen)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        order = list(reversed(_parents_first(frozen)))
+        started = _started_by_daemons(frozen)
+        for pid in [p for p in order if p in started]:
+            _kill_dead(pid)
+        if started:
+            time.sleep(DAEMONS_AFTER)
+        for pid in [p for p in order if p not in started]:
+            _kill_dead(pid)
         if host.sshd is not None:
             host.sshd.wait(timeout=COMMAND_TIMEOUT)
             host.sshd = None

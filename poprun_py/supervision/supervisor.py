@@ -639,6 +639,8 @@ class Supervisor:
             state.ended_at = now - max(0.0, ago)
             state.seen_at = time.time()
             log.info("instance %d on %s was lost without an exit report", state.index, state.host)
+            log.debug("its connection's last segment came %.3f s ago; this turn began %.3f s after the last",
+                      control.since_last_ack(info) if info is not None else -1.0, now - self.previous_turn_at)
             if self._first_loss(state):
                 from poprun_py.supervision.report import loss
 

@@ -58,7 +58,7 @@ def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster
         proc.kill()
     assert proc.returncode == 0, err
     assert sorted(line for line in out.splitlines() if "start 1:" in line) == [
-        f"[{i}] start 1: node{i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)], (out, err)
+        f"[{i}] start 1: node{i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)], f"{out}\n{err}"
     assert re.search(r"^poprun: restarting the job \(1 of 2 restart\(s\)\): host node2 was lost: instance\(s\) 2 "
                      r"there ended without an exit report \(.+\)$", err, re.MULTILINE), err
     assert ("poprun: the restart runs on 2 host(s) without node2 (lost, tried again in 60 s): 2 instance(s) x 3 "
@@ -126,7 +126,7 @@ def test_a_new_host_the_discovery_script_lists_takes_the_place_of_a_lost_one(clu
         script.unlink(missing_ok=True)
     assert proc.returncode == 0, err
     assert sorted(line for line in out.splitlines() if "start 1:" in line) == [
-        f"[{i}] start 1: node{2 * i} instance {i} of 2, replicas {2 * i}+2 of 4" for i in range(2)]
+        f"[{i}] start 1: node{2 * i} instance {i} of 2, replicas {2 * i}+2 of 4" for i in range(2)], f"{out}\n{err}"
     assert ("poprun: the restart runs on 2 host(s) without node1 (lost), with node2 (discovered): 2 instance(s) x 2 "
             "local replica(s) = 4 replicas (before: 2 x 2 on 2 host(s))\n") in err, err  # node1 is no longer listed
     assert wait_no_processes(marker) == []
