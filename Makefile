@@ -23,8 +23,9 @@ hosts-tools:
 			openssh-server openssh-client iproute2 >/dev/null; \
 	fi
 
-SOURCES := pyproject.toml popdist_py/engine/_batch_invariant.c poprun_py/shared/_subreaper.c poprun_py/shared/_loopback.c \
-	popdist_py/_swaps.c popdist_py/engine/_collectives/_tree.c popdist_py/_kernel_args.h
+SOURCES := pyproject.toml setup.py popdist_py/engine/_batch_invariant.c poprun_py/shared/_subreaper.c \
+	poprun_py/shared/_loopback.c popdist_py/_swaps.c popdist_py/engine/_collectives/_tree.c popdist_py/_kernel_args.h \
+	poprun_py/stub/_stub.c
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # torch: exactly this version, its CPU build (README, "torch"); installed on its own first, so that an
 # index without it fails in one line rather than somewhere inside pip's resolution of the extras.
@@ -88,15 +89,15 @@ test-fast: install
 SANITIZE_DIR   := build/sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g
 SANITIZE_TESTS := tests/library/test_compiled_kernels.py tests/engine/test_batch_invariant.py \
-	tests/engine/test_engine_tree_kernel.py tests/library/test_data.py
+	tests/engine/test_engine_tree_kernel.py tests/library/test_data.py tests/launcher/test_stub.py
 # of test_data.py, the swap pass's tests only (torch's randperm): the rest is no kernel's
 SANITIZE_SELECT := not test_data or swap_pass or randperm
 sanitize: install
 	rm -rf $(SANITIZE_DIR) && mkdir -p $(SANITIZE_DIR)
-	cp -r pyproject.toml README.md poprun_py popdist_py popcontract tests examples $(SANITIZE_DIR)/
-	find $(SANITIZE_DIR) \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
+	cp -r pyproject.toml setup.py README.md poprun_py popdist_py popcontract tests examples $(SANITIZE_DIR)/
+	find $(SANITIZE_DIR) \( -name '*.so' -o -name poprun-stub -o -name __pycache__ \) -prune -exec rm -rf {} +
 	cd $(SANITIZE_DIR) && CFLAGS="$(SANITIZE_FLAGS)" LDFLAGS="-fsanitize=address,undefined" \
-		$(CURDIR)/$(PY) -c "from setuptools import setup; setup()" -q build_ext --inplace >/dev/null
+		$(CURDIR)/$(PY) setup.py -q build_ext --inplace >/dev/null
 	cd $(SANITIZE_DIR) && export LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" \
 		ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:abort_on_error=1 \
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 && \

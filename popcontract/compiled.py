@@ -1,7 +1,8 @@
 """The compiled parts of poprun-py and what each one's absence means: the one place that knows them.
 
-Every part is optional at build time (``optional = true`` in pyproject.toml's ext-modules): on a
-machine without a C compiler the package installs without it. Its users ask here, never import it
+Every part is optional at build time (``optional = true`` in pyproject.toml's ext-modules, and its
+programs, which setup.py builds, always): on a machine without a C compiler the package installs
+without it. Its users ask here, never import it
 themselves: :func:`load` gives the module or None (the user then takes its fallback, which gives
 the same results), :func:`require` the module or :class:`MissingPart`, one line, where no fallback
 can keep the part's promise; :func:`report` says which are present (``poprun --version``,
@@ -26,6 +27,7 @@ TREE = "popdist_py.engine._collectives._tree"
 SWAPS = "popdist_py._swaps"
 SUBREAPER = "poprun_py.shared._subreaper"
 LOOPBACK = "poprun_py.shared._loopback"
+STUB = "poprun_py.stub.poprun-stub"
 
 #: Where the three packages sit side by side (a source tree, site-packages): a part's file is found
 #: from here when the package that holds it is not imported.
@@ -39,15 +41,17 @@ class MissingPart(RuntimeError):
 
 class Part:
     """One compiled part: its module, what it does, what happens without it, and whether Python
-    imports it (the loopback library is preloaded into another program instead)."""
+    imports it (the loopback library is preloaded into another program instead; the stub is a
+    program of its own, ``program``)."""
 
-    __slots__ = ("imported", "module", "role", "without")
+    __slots__ = ("imported", "module", "program", "role", "without")
 
-    def __init__(self, module: str, role: str, without: str, imported: bool = True) -> None:
-        self.module, self.role, self.without, self.imported = module, role, without, imported
+    def __init__(self, module: str, role: str, without: str, imported: bool = True, program: bool = False) -> None:
+        self.module, self.role, self.without = module, role, without
+        self.imported, self.program = imported and not program, program
 
 
-#: The five, in pyproject.toml's order (a test holds the two lists equal).
+#: The ext-modules in pyproject.toml's order, then its programs (a test holds the lists equal).
 PARTS = (
     Part(BATCH_INVARIANT, "batch-invariant products, the same bits on every CPU",
          "batch_invariant.matmul and outer_sum refuse (numpy cannot promise their bits on every CPU)"),
@@ -60,6 +64,9 @@ PARTS = (
     Part(LOOPBACK, "Hydra's and Open MPI's launchers kept on loopback in a one-host job",
          "a one-host job that Hydra's mpiexec or Open MPI would start refuses to (MPICH's gforker needs "
          "no library)", imported=False),
+    Part(STUB, "each instance started by a compiled stub (fork, exec, wait: no interpreter per instance)",
+         "each instance's stub is a Python interpreter (poprun_py/stub/fallback.py: the same frames, "
+         "~20 ms of CPU and a few MB more per instance)", program=True),
 )
 _BY_MODULE = {part.module: part for part in PARTS}
 #: What :func:`load` found: the module, or None with the reason in ``_WHY``.
@@ -81,7 +88,8 @@ def load(module: str) -> ModuleType | None:
     if module in _LOADED:
         return _LOADED[module]
     if not part(module).imported:
-        raise ValueError(f"{module} is a library to preload, not a module: ask library() for its path")
+        what = "a program" if part(module).program else "a library to preload"
+        raise ValueError(f"{module} is {what}, not a module: ask library() for its path")
     found: ModuleType | None
     try:
         __import__(module)
@@ -95,13 +103,18 @@ def load(module: str) -> ModuleType | None:
 
 
 def library(module: str) -> str | None:
-    """The built file of compiled part ``module`` (the library to preload), or None where it was not built."""
+    """The built file of compiled part ``module`` (the library to preload, the program to run), or
+    None where it was not built."""
     from importlib.machinery import EXTENSION_SUFFIXES
 
     base = os.path.join(_folder(part(module).module), module.rpartition(".")[2])
-    for suffix in EXTENSION_SUFFIXES:
-        if os.path.isfile(base + suffix):
-            return base + suffix
+    if part(module).program:
+        if os.path.isfile(base) and os.access(base, os.X_OK):
+            return base
+    else:
+        for suffix in EXTENSION_SUFFIXES:
+            if os.path.isfile(base + suffix):
+                return base + suffix
     _WHY[module] = "not built"
     return None
 

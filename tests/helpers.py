@@ -74,12 +74,14 @@ def install_without(where: Path, *modules: str) -> dict[str, str]:
     them; the environment (PYTHONPATH first) under which poprun, its shims and their programs import
     that copy, run from ``where`` (``python -m`` and ``-c`` put their working directory first on
     sys.path, ahead of PYTHONPATH). Any other part keeps its build."""
-    names = [module.rpartition(".")[2] + ".*.so" for module in modules]
+    # an extension's file is NAME.<abi>.so; a program's (popcontract.compiled's STUB) is NAME itself
+    names = [pattern for module in modules for pattern in (module.rpartition(".")[2] + ".*.so",
+                                                           module.rpartition(".")[2])]
     for package in ("poprun_py", "popdist_py", "popcontract"):
         shutil.copytree(ROOT / package, where / package, ignore=shutil.ignore_patterns(*names, "__pycache__"))
     for module in modules:
         folder = where.joinpath(*module.split(".")[:-1])
-        assert not list(folder.glob(module.rpartition(".")[2] + ".*.so")), f"{module} is still in the copy"
+        assert not [p for name in names for p in folder.glob(name)], f"{module} is still in the copy"
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(where), os.environ.get("PYTHONPATH")]))}
 
 

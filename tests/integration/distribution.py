@@ -49,6 +49,15 @@ def pyproject() -> dict[str, Any]:
 #: The compiled parts, as pyproject.toml builds them: (module, its sources and headers).
 EXTENSIONS = tuple((module["name"], (*module["sources"], *module.get("depends", ())))
                    for module in pyproject()["tool"]["setuptools"]["ext-modules"])
+#: The compiled programs (setup.py builds them): (name, its sources), e.g. "poprun_py.stub.poprun-stub".
+PROGRAMS = tuple((program["name"], tuple(program["sources"]))
+                 for program in pyproject()["tool"]["poprun-py"]["programs"])
+
+
+def program_path(name: str) -> str:
+    """Where program ``name`` lies in a wheel or an install ("poprun_py/stub/poprun-stub")."""
+    package, _, file = name.rpartition(".")
+    return f"{package.replace('.', '/')}/{file}"
 
 
 def outside_env(venv: Path | None = None) -> dict[str, str]:
@@ -166,11 +175,12 @@ def reported_parts(version_output: str) -> dict[str, str]:
 
 
 def missing_parts(wheel: Path) -> list[str]:
-    """The compiled parts (pyproject's ext-modules) that ``wheel`` lacks."""
+    """The compiled parts (pyproject's ext-modules and programs) that ``wheel`` lacks."""
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    return [name for name, _ in EXTENSIONS if name.replace(".", "/") + suffix not in names]
+    return ([name for name, _ in EXTENSIONS if name.replace(".", "/") + suffix not in names]
+            + [name for name, _ in PROGRAMS if program_path(name) not in names])
 
 
 if __name__ == "__main__":

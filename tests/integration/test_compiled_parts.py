@@ -27,6 +27,7 @@ import popdist_py
 from popcontract import compiled
 from popdist_py.engine import batch_invariant
 from tests.helpers import OMP_SET, POPRUN, PYTHON, ROOT, install_without, job_marker, poprun, run, wait_no_processes
+from tests.integration import distribution
 from tests.integration.mnist_output import finals
 
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -48,8 +49,10 @@ def test_the_parts_are_pyprojects_extensions_each_optional() -> None:
     # One list: what pyproject builds is what the registry knows, and each may fail to build
     # (a machine without a C compiler installs the package without it).
     extensions = _pyproject_extensions()
-    assert [extension["name"] for extension in extensions] == MODULES
+    assert [extension["name"] for extension in extensions] == [p.module for p in compiled.PARTS if not p.program]
     assert [extension["name"] for extension in extensions if extension.get("optional") is not True] == []
+    # The programs (setup.py builds them, each optional: a failed build is a warning).
+    assert [name for name, _ in distribution.PROGRAMS] == [p.module for p in compiled.PARTS if p.program]
 
 
 def test_this_checkouts_build_has_every_part() -> None:
@@ -135,6 +138,8 @@ def test_a_build_where_the_c_compiler_fails_completes_and_its_install_runs_a_job
     [wheel] = wheels.glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         assert [name for name in archive.namelist() if name.endswith(".so")] == []
+        programs = [distribution.program_path(name) for name, _ in distribution.PROGRAMS]
+        assert [name for name in programs if name in archive.namelist()] == []
         assert "popcontract/compiled.py" in archive.namelist()
     installed = run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], cwd=tmp_path,
                     timeout=180)

@@ -283,6 +283,8 @@ LAUNCHER_IMPORTS = {
     "shared": set(),                                    # both processes
     "wire": {"shared"},                                 # both processes: the channel between them
     "instance": {"wire", "shared"},                     # the shim, once per instance
+    "stub": {"instance", "wire", "shared"},             # the stub's Python fallback, once per instance
+    "host": {"wire", "shared"},                         # a host's supervisor of its stubs
     "planning": {"shared"},                             # poprun, before anything starts
     "supervision": {"planning", "wire", "shared"},      # poprun, while the job runs
     "cli": {"supervision", "planning", "shared"},       # poprun's command line
@@ -293,7 +295,7 @@ LAUNCHER_IMPORTS = {
 LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.instance"}
 #: Sub-packages that run in the shim, whose start-up counts against every launch: the standard
 #: library only.
-STANDARD_LIBRARY_ONLY = {"instance", "wire", "shared"}
+STANDARD_LIBRARY_ONLY = {"instance", "stub", "wire", "shared"}
 
 
 def _module_of(module: str, name: str) -> str:

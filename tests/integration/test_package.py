@@ -69,8 +69,9 @@ def checkout_files() -> set[str]:
 
 def package_files() -> set[str]:
     """Every file of the packages in the checkout but what git ignores there (bytecode, in-place builds)."""
+    built = {distribution.program_path(name) for name, _ in distribution.PROGRAMS}
     return {str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".so"}
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".so"} - built
 
 
 class Built(NamedTuple):
@@ -107,9 +108,9 @@ def test_the_sdist_holds_the_sources_and_nothing_else(built: Built) -> None:
     top = members[0].name.split("/")[0]
     names = {m.name.removeprefix(top + "/") for m in members if m.isfile()}
     assert all(m.name == top or m.name.startswith(top + "/") for m in members)
-    expected = package_files() | {"pyproject.toml", "README.md", *SDIST_METADATA}
+    expected = package_files() | {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md", *SDIST_METADATA}
     assert names == expected, sorted(names ^ expected)
-    assert {source for _, sources in distribution.EXTENSIONS for source in sources} <= names
+    assert {source for _, sources in (*distribution.EXTENSIONS, *distribution.PROGRAMS) for source in sources} <= names
 
 
 @pytest.mark.slow
@@ -120,10 +121,13 @@ def test_the_wheel_holds_the_modules_the_compiled_parts_and_stubs_and_nothing_el
         entry_points = "".join(whl.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     suffix = sysconfig.get_config_var("EXT_SUFFIX")  # .cpython-311-x86_64-linux-gnu.so
     compiled = {name.replace(".", "/") + suffix for name in EXTENSIONS}
+    programs = {distribution.program_path(name) for name, _ in distribution.PROGRAMS}
     sources = {name for name in package_files() if name.endswith((".c", ".h"))}
     metadata = {f"poprun_py-{__version__}.dist-info/{name}" for name in WHEEL_METADATA}
-    expected = (package_files() - sources) | compiled | metadata
+    expected = (package_files() - sources) | compiled | programs | metadata
     assert names == expected, sorted(names ^ expected)
+    with zipfile.ZipFile(built.wheel) as whl:  # each program is installed executable
+        assert all((whl.getinfo(name).external_attr >> 16) & 0o111 == 0o111 for name in programs)
     assert {f"{name.replace('.', '/')}.pyi" for name in IMPORTED} | {f"{p}/py.typed" for p in PACKAGES} <= names
     assert re.search(r"^poprun = poprun_py\.cli\.main:main$", entry_points, re.M), entry_points
 
