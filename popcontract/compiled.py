@@ -64,9 +64,10 @@ PARTS = (
     Part(LOOPBACK, "Hydra's and Open MPI's launchers kept on loopback in a one-host job",
          "a one-host job that Hydra's mpiexec or Open MPI would start refuses to (MPICH's gforker needs "
          "no library)", imported=False),
-    Part(STUB, "each instance started by a compiled stub (fork, exec, wait: no interpreter per instance)",
-         "each instance's stub is a Python interpreter (poprun_py/stub/fallback.py: the same frames, "
-         "~20 ms of CPU and a few MB more per instance)", program=True),
+    Part(STUB, "the compiled per-instance stub (fork, exec, wait), for per-host supervision; poprun does not "
+               "start it yet (each instance still runs under the Python shim)",
+         "its Python fallback (poprun_py/stub/fallback.py: the same frames, an interpreter per instance)",
+         program=True),
 )
 _BY_MODULE = {part.module: part for part in PARTS}
 #: What :func:`load` found: the module, or None with the reason in ``_WHY``.

@@ -25,11 +25,13 @@ from tests.helpers import BIN, OMP_SET, PYTHON, ROOT
 from tests.integration.distribution import (
     DIST_TOOLS,
     EXTENSIONS,
+    PROGRAMS,
     RUN_TIMEOUT,
     Dist,
     Installed,
     check,
     outside_env,
+    program_path,
     reported_parts,
 )
 from tests.integration.mnist_output import finals
@@ -80,9 +82,10 @@ def test_the_wheel_is_manylinux_2_17_by_auditwheel(dist: Dist) -> None:
 
 def test_the_compiled_parts_hold_no_path_of_the_machine_that_built_them(dist: Dist) -> None:
     """No rpath into this machine's Python, no debug information naming the build's folders."""
+    programs = {program_path(name) for name, _ in PROGRAMS}
     with zipfile.ZipFile(dist.wheel) as whl:
-        parts = {name: whl.read(name) for name in whl.namelist() if name.endswith(".so")}
-    assert len(parts) == len(EXTENSIONS), sorted(parts)
+        parts = {name: whl.read(name) for name in whl.namelist() if name.endswith(".so") or name in programs}
+    assert len(parts) == len(EXTENSIONS) + len(PROGRAMS), sorted(parts)
     for name, data in parts.items():
         held = [path for path in (sys.base_prefix, sys.prefix, str(dist.folder), str(ROOT)) if path.encode() in data]
         assert not held, f"{name} holds {held}"
@@ -111,7 +114,7 @@ def test_the_wheel_installed_without_a_compiler_has_every_compiled_part(wheel_in
                                                                          dist_top: Path) -> None:
     out = check([wheel_install.venv / "bin" / "poprun", "--version"], dist_top / "away", RUN_TIMEOUT,
                 env=wheel_install.env).stdout
-    assert reported_parts(out) == {name: "present" for name, _ in EXTENSIONS}, out
+    assert reported_parts(out) == {name: "present" for name, _ in (*EXTENSIONS, *PROGRAMS)}, out
 
 
 def test_the_wheels_kernels_run_the_instruction_sets_of_the_compiled_install(wheel_install: Installed,
@@ -133,11 +136,11 @@ def test_the_sdist_installed_without_a_compiler_has_none_and_says_so(sdist_insta
         assert shutil.which(name, path=sdist_install.env["PATH"]) is None, name
     assert (dist_top / "cc.log").exists(), "the sdist's build never asked the failing CC"
     asked = (dist_top / "cc.log").read_text()
-    for name, sources in EXTENSIONS:
+    for name, sources in (*EXTENSIONS, *PROGRAMS):
         assert sources[0] in asked, f"{name}'s build never asked CC: {asked}"
     out = check([sdist_install.venv / "bin" / "poprun", "--version"], dist_top / "away", RUN_TIMEOUT,
                 env=sdist_install.env).stdout
-    assert reported_parts(out) == {name: "missing" for name, _ in EXTENSIONS}, out
+    assert reported_parts(out) == {name: "missing" for name, _ in (*EXTENSIONS, *PROGRAMS)}, out
 
 
 # -------------------------------------------------------------------------------------------- the jobs
