@@ -2,9 +2,8 @@
 with the floor of a launcher shaped like poprun beside them (``launch_floor``: its interpreter,
 click's import, gforker and a ``python -S`` hop per instance, and nothing else); the CPU a job
 costs when its instances end at different times (MPICH's hydra proxy busy-waits from its first
-child's exit to its last; poprun's shims exit together); and what the instance side costs: 1, 32
-and 128 instances of ``/bin/true`` (wall and CPU of the whole process tree), and each shim's own
-CPU and peak resident memory."""
+child's exit to its last; poprun's shims exit together); and each shim's own CPU and peak
+resident memory. (Jobs of many instances: the ``scale`` section.)"""
 
 from __future__ import annotations
 
@@ -15,15 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.timing import cpu_seconds, summarize, time_commands, time_commands_with_cpu
+from bench.timing import cpu_seconds, summarize, time_commands
 from poprun_py.instance import SCRIPT
 
 BIN = Path(sys.executable).parent
 TARGET_RATIO = 1.5
 #: Instance 1 ends this long after instance 0 in the ``skewed_exit`` case.
 SKEW_SECONDS = 0.3
-#: The job sizes of the ``instances`` rows, each of ``/bin/true``.
-INSTANCE_COUNTS = (1, 32, 128)
 #: The floor's script, timed without and with click's import beside bare mpiexec and poprun.
 FLOOR = str(Path(__file__).with_name("launch_floor.py"))
 #: The probe's pause before it reads its shim: by then the shim has set its loop up.
@@ -43,7 +40,6 @@ def run(quick: bool) -> dict[str, object]:
         }, rounds=5 if quick else 15)
         result[name] = {"seconds": times, "ratio": times["poprun"]["median"] / times["mpiexec"]["median"]}
     result["skewed_exit"] = skewed_exit(python, rounds=3 if quick else 5)
-    result["instances"] = instances_of_true(rounds=3 if quick else 7)
     result["shim"] = shim_cost(rounds=3 if quick else 10)
     ratio = result["mpi_init"]["ratio"]  # type: ignore[index]
     result["target"] = {"what": "poprun / mpiexec, 2 instances initialising MPI", "limit": TARGET_RATIO,
@@ -63,29 +59,6 @@ def skewed_exit(python: str, rounds: int) -> dict[str, object]:
     medians = {name: statistics.median(values) for name, values in cpu.items()}
     return {"skew_seconds": SKEW_SECONDS, "cpu_seconds": medians, "ratio": medians["poprun"] / medians["mpiexec"]}
 
-
-
-def instances_of_true(rounds: int) -> dict[str, object]:
-    """``/bin/true`` as 1, 32 and 128 instances: wall time and the CPU of the whole process tree,
-    poprun and bare mpiexec interleaved; and the CPU each instance past the first adds under
-    poprun beyond what it adds under bare mpiexec (the instance side's cost, poprun's share of
-    each instance included)."""
-    rows: dict[str, object] = {}
-    cpu_medians: dict[int, dict[str, float]] = {}
-    for count in INSTANCE_COUNTS:
-        measured = time_commands_with_cpu({
-            "mpiexec": [str(BIN / "mpiexec"), "-n", str(count), "/bin/true"],
-            "poprun": [str(BIN / "poprun"), "--num-instances", str(count), "/bin/true"],
-        }, rounds=rounds, timeout=300)
-        seconds = {name: m["seconds"] for name, m in measured.items()}
-        cpu = {name: m["cpu_seconds"] for name, m in measured.items()}
-        cpu_medians[count] = {name: c["median"] for name, c in cpu.items()}
-        rows[str(count)] = {"seconds": seconds, "cpu_seconds": cpu,
-                            "ratio": seconds["poprun"]["median"] / seconds["mpiexec"]["median"]}
-    first, last = cpu_medians[INSTANCE_COUNTS[0]], cpu_medians[INSTANCE_COUNTS[-1]]
-    extra = INSTANCE_COUNTS[-1] - INSTANCE_COUNTS[0]
-    per_instance = ((last["poprun"] - first["poprun"]) - (last["mpiexec"] - first["mpiexec"])) / extra
-    return {"rows": rows, "cpu_seconds_per_instance": per_instance}
 
 
 def shim_cost(rounds: int) -> dict[str, object]:

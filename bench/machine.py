@@ -23,7 +23,20 @@ def machine_info() -> dict[str, object]:
         "numpy": numpy.__version__,
         "mpi_library": mpi,
         "platform": platform.platform(),
+        "commit": _commit(),
     }
+
+
+def _commit() -> str:
+    """The checkout's commit, "+" when its tracked files differ from it; "" outside a git checkout."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                              timeout=30)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=here, capture_output=True, timeout=30)
+    except OSError:
+        return ""
+    return head.stdout.strip() + ("+" if dirty.returncode == 1 else "") if head.returncode == 0 else ""
 
 
 def _cpu_model() -> str:

@@ -48,20 +48,9 @@ def markdown(results: dict[str, Any]) -> str:
                       for r in section[op]]
             lines.append("")
     if "launch" in results:
-        launch = results["launch"]
-        lines += ["| launch, 2 instances | bare mpiexec (ms) | poprun (ms) | ratio |", "|---|---|---|---|"]
-        for name, label in (("mpi_init", "`from mpi4py import MPI`"), ("pass", "`pass`")):
-            entry = launch[name]
-            lines.append(f"| {label} | {ms(entry['seconds']['mpiexec']['median'])} | "
-                         f"{ms(entry['seconds']['poprun']['median'])} | {entry['ratio']:.2f} |")
-        if "skewed_exit" in launch:
-            skew = launch["skewed_exit"]
-            lines.append(f"| CPU used when instances end {skew['skew_seconds']:g} s apart | "
-                         f"{ms(skew['cpu_seconds']['mpiexec'])} | {ms(skew['cpu_seconds']['poprun'])} | "
-                         f"{skew['ratio']:.2f} |")
-        lines.append("")
-        lines += _launch_floor(launch)
-        lines += _instance_side(launch)
+        lines += _launch(results["launch"])
+    if "scale" in results:
+        lines += _scale(results["scale"])
     if "scaling" in results:
         s = results["scaling"]
         lines += [f"| scaling: {s['model']} | samples/s | speedup |", "|---|---|---|"]
@@ -120,27 +109,59 @@ def _launch_floor(launch: dict[str, Any]) -> list[str]:
     return [*lines, "", text, ""]
 
 
+def _launch(launch: dict[str, Any]) -> list[str]:
+    lines = ["| launch, 2 instances | bare mpiexec (ms) | poprun (ms) | ratio |", "|---|---|---|---|"]
+    for name, label in (("mpi_init", "`from mpi4py import MPI`"), ("pass", "`pass`")):
+        entry = launch[name]
+        lines.append(f"| {label} | {ms(entry['seconds']['mpiexec']['median'])} | "
+                     f"{ms(entry['seconds']['poprun']['median'])} | {entry['ratio']:.2f} |")
+    if "skewed_exit" in launch:
+        skew = launch["skewed_exit"]
+        lines.append(f"| CPU used when instances end {skew['skew_seconds']:g} s apart | "
+                     f"{ms(skew['cpu_seconds']['mpiexec'])} | {ms(skew['cpu_seconds']['poprun'])} | "
+                     f"{skew['ratio']:.2f} |")
+    return [*lines, "", *_launch_floor(launch), *_instance_side(launch)]
+
+
 def _instance_side(launch: dict[str, Any]) -> list[str]:
-    """The launch section's instance-side rows: jobs of ``/bin/true`` by size, and one shim's cost."""
-    if "instances" not in launch:
+    """The launch section's cost of one shim."""
+    if "shim" not in launch:
         return []
-    instances = launch["instances"]
-    lines = [("| `/bin/true`, instances | bare mpiexec (ms) | poprun (ms) | ratio | bare mpiexec CPU (ms) | "
-              "poprun CPU (ms) |"), "|---|---|---|---|---|---|"]
-    for count, row in instances["rows"].items():
-        seconds, cpu = row["seconds"], row["cpu_seconds"]
-        lines.append(f"| {count} | {ms(seconds['mpiexec']['median'])} | {ms(seconds['poprun']['median'])} | "
-                     f"{row['ratio']:.2f} | {ms(cpu['mpiexec']['median'])} | {ms(cpu['poprun']['median'])} |")
-    runs = next(iter(instances["rows"].values()))["seconds"]["poprun"]["runs"]
-    text = (f"CPU: the whole process tree's (user + system), medians of {runs} interleaved runs. Each instance "
-            f"past the first costs {instances['cpu_seconds_per_instance'] * 1e3:.1f} ms of CPU more under poprun "
-            "than under bare mpiexec (its shim, and poprun's share of it).")
-    if "shim" in launch:
-        shim = launch["shim"]
-        text += (f" One shim, up to its program's end (read from /proc by the program, "
-                 f"{shim['cpu_seconds']['runs']} shims): {ms(shim['cpu_seconds']['median'])} ms of CPU, "
-                 f"{shim['peak_rss_mib']['median']:.1f} MiB peak resident.")
-    return [*lines, "", text, ""]
+    shim = launch["shim"]
+    return [(f"One shim, up to its program's end (read from /proc by the program, {shim['cpu_seconds']['runs']} "
+             f"shims): {ms(shim['cpu_seconds']['median'])} ms of CPU, {shim['peak_rss_mib']['median']:.1f} MiB "
+             "peak resident."), ""]
+
+
+def _scale(scale: dict[str, Any]) -> list[str]:
+    """The scale section: jobs by size, poprun beside bare mpiexec; the memory; what poprun adds."""
+    lines: list[str] = []
+    for key, label in (("true", "`/bin/true`"), ("mpi_import", "`from mpi4py import MPI`")):
+        lines += [(f"| {label}, instances | bare mpiexec (ms) | poprun (ms) | ratio | bare mpiexec CPU (ms) | "
+                   "poprun CPU (ms) | CPU ratio |"), "|---|---|---|---|---|---|---|"]
+        for count, row in scale[key].items():
+            seconds, cpu = row["seconds"], row["cpu_seconds"]
+            lines.append(f"| {count} | {ms(seconds['mpiexec']['median'])} | {ms(seconds['poprun']['median'])} | "
+                         f"{row['ratio']:.2f} | {ms(cpu['mpiexec']['median'])} | {ms(cpu['poprun']['median'])} | "
+                         f"{row['cpu_ratio']:.2f} |")
+        lines.append("")
+    lines += [("| instances waiting | bare mpiexec USS (MiB) | poprun USS (MiB) | bare mpiexec PSS (MiB) | "
+               "poprun PSS (MiB) |"), "|---|---|---|---|---|"]
+    for count, row in scale["memory"].items():
+        lines.append(f"| {count} | {row['mpiexec']['uss_mib']:.1f} | {row['poprun']['uss_mib']:.1f} | "
+                     f"{row['mpiexec']['pss_mib']:.1f} | {row['poprun']['pss_mib']:.1f} |")
+    added = scale["added_memory"]
+    lines += ["", (f"poprun started under a soft limit of {scale['soft_file_limit']} open files, bare mpiexec with "
+                   "its raised to the hard limit (Hydra fails from about 300 instances under 1,024); times and CPU "
+                   "(the whole process tree's, user + system) are medians of interleaved runs, memory the sum over "
+                   "the tree while "
+                   f"every instance waits. Beyond bare mpiexec, poprun adds per instance "
+                   f"{scale['cpu_seconds_per_instance'] * 1e3:.1f} ms of CPU, {added['per_instance_uss_mib']:.2f} MiB "
+                   f"unique ({added['per_instance_pss_mib']:.2f} MiB proportional) memory; per host (its "
+                   f"one-instance job) {added['per_host_uss_mib']:.1f} MiB unique, {added['per_host_pss_mib']:.1f} "
+                   "MiB proportional."),
+              ""]
+    return lines
 
 
 def _targets(results: dict[str, Any]) -> list[str]:
@@ -350,7 +371,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("allreduce", "launch", "scaling", "rts_memory", "peers") if k in results]
+    panels = [k for k in ("allreduce", "launch", "scale", "scaling", "rts_memory", "peers") if k in results]
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
@@ -385,6 +406,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
             ax.set_xlabel("bytes per replica (4 replicas)")
             ax.set_ylabel("ms per all-reduce")
             ax.legend()
+        elif key == "scale":
+            for rows, program in ((section["true"], "/bin/true"), (section["mpi_import"], "MPI import")):
+                counts = [int(c) for c in rows]
+                for who, label in (("mpiexec", "bare mpiexec"), ("poprun", "poprun")):
+                    ax.loglog(counts, [rows[c]["seconds"][who]["median"] for c in rows], marker="o",
+                              label=f"{label}, {program}")
+            ax.set_xlabel("instances on one host")
+            ax.set_ylabel("seconds per job")
+            ax.legend()
         elif key == "scaling":
             values = section["samples_per_s"]
             ax.bar(range(len(values)), list(values.values()))
@@ -399,3 +429,31 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+#: A generated section of a doc: between these lines, the section's tables from results.json.
+DOC_BEGIN, DOC_END = "<!-- bench: {} begin -->", "<!-- bench: {} end -->"
+
+
+def write_doc(path: Path, results: dict[str, Any]) -> list[str]:
+    """Regenerate every section of ``path`` marked DOC_BEGIN/DOC_END whose results are there,
+    headed by the run that measured it; the sections regenerated."""
+    text = path.read_text()
+    done = []
+    for name, section in results.items():
+        begin, end = DOC_BEGIN.format(name), DOC_END.format(name)
+        if begin not in text or not isinstance(section, dict):
+            continue
+        machine = section.get("machine", {})
+        commit = f" at {machine['commit']}" if machine.get("commit") else ""
+        heading = (f"Generated by `python -m bench.run --doc {path.name}` from the `{name}` section measured "
+                   f"{machine.get('date', '?')}{commit}{' (quick)' if section.get('quick') else ''} on "
+                   f"{machine.get('cores', '?')} cores ({machine.get('cpu', '?')}).")
+        body = markdown({name: section}).strip().split("\n")
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
+        text = "\n".join([head + begin, "", heading, "", *body, "", end]) + tail
+        done.append(name)
+    path.write_text(text)
+    return done
+

@@ -1,8 +1,9 @@
 """``make bench``: measure side by side, write bench/results.json, results.md and results.png.
 
     python -m bench.run [--quick] [--sections NAME,...]
+    python -m bench.run --doc FILE     # FILE's generated sections from bench/results.json
 
-Sections: allreduce, launch, scaling, rts_memory, training, pipeline, multihost, matmul, peers, cores.
+Sections: allreduce, launch, scale, scaling, rts_memory, training, pipeline, multihost, matmul, peers, cores.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import logging
 from pathlib import Path
 
 from bench.machine import machine_info
-from bench.report import markdown, plot
+from bench.report import markdown, plot, write_doc
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger("bench")
-SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scaling": "bench.scaling",
+SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scale": "bench.scale",
+            "scaling": "bench.scaling",
             "rts_memory": "bench.rts_memory", "training": "bench.training", "pipeline": "bench.pipeline",
             "multihost": "bench.multihost", "matmul": "bench.matmul", "peers": "bench.peers", "cores": "bench.cores"}
 
@@ -28,7 +30,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (under a minute)")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help="comma-separated subset; the other sections keep their last results")
+    parser.add_argument("--doc", type=Path, help="regenerate FILE's marked sections from bench/results.json, "
+                                                 "measuring nothing")
     args = parser.parse_args()
+    if args.doc:
+        results_file = HERE / "results.json"
+        if not results_file.exists():
+            parser.error(f"{results_file} does not exist: run make bench first")
+        done = write_doc(args.doc, json.loads(results_file.read_text()))
+        print(f"bench: regenerated {', '.join(done) or 'no section'} in {args.doc}")
+        return
     logging.basicConfig(level=logging.INFO, format="bench: %(message)s")
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(wanted) - set(SECTIONS))

@@ -8,7 +8,7 @@ import select
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def time_commands(commands: dict[str, Sequence[str]], rounds: int, timeout: float = 120) -> dict[str, dict[str, float]]:
@@ -20,15 +20,16 @@ def time_commands(commands: dict[str, Sequence[str]], rounds: int, timeout: floa
     return {name: summarize(values) for name, values in samples.items()}
 
 
-def wall_time(command: Sequence[str], timeout: float) -> float:
-    """Seconds from start to exit, seen the moment the process exits.
+def wall_time(command: Sequence[str], timeout: float, preexec_fn: Callable[[], None] | None = None) -> float:
+    """Seconds from start to exit, seen the moment the process exits (``preexec_fn``: run in the
+    child before the exec, as subprocess's).
 
     ``subprocess.run(timeout=...)`` polls with sleeps of up to 50 ms, which would round every
     sample up by as much; a pidfd wakes at the exit itself.
     """
     start = time.perf_counter()
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                               stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
     exit_fd = os.pidfd_open(process.pid)
     try:
         ready, _, _ = select.select([exit_fd], [], [], timeout)
@@ -44,16 +45,18 @@ def wall_time(command: Sequence[str], timeout: float) -> float:
     return elapsed
 
 
-def time_commands_with_cpu(commands: dict[str, Sequence[str]], rounds: int,
-                           timeout: float = 120) -> dict[str, dict[str, dict[str, float]]]:
+def time_commands_with_cpu(commands: dict[str, Sequence[str]], rounds: int, timeout: float = 120,
+                           preexec: dict[str, Callable[[], None]] | None = None
+                           ) -> dict[str, dict[str, dict[str, float]]]:
     """:func:`time_commands` with the CPU time of each command's whole process tree beside the wall
-    time: ``{name: {"seconds": summary, "cpu_seconds": summary}}``."""
+    time: ``{name: {"seconds": summary, "cpu_seconds": summary}}``. ``preexec``: what to run in a
+    command's child before its exec, by the command's name."""
     wall: dict[str, list[float]] = {name: [] for name in commands}
     cpu: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(rounds):
         for name, command in commands.items():
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            wall[name].append(wall_time(command, timeout))
+            wall[name].append(wall_time(command, timeout, (preexec or {}).get(name)))
             cpu[name].append(_cpu_since(before))
     return {name: {"seconds": summarize(wall[name]), "cpu_seconds": summarize(cpu[name])} for name in commands}
 

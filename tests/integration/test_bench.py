@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import subprocess
 from typing import Any
 
 import pytest
 
-from bench import launch, pipeline, report, scaling, training
+from bench import launch, pipeline, report, scale, scaling, training
 from bench.machine import machine_info
 from bench.timing import time_commands
 from tests.helpers import PYTHON, poprun, run
@@ -107,15 +109,7 @@ def test_matmul_section_times_each_product_and_checks_the_invariance() -> None:
     assert "| 16x64x32 |" in text and "Rows computed alone equal the rows of the whole call: yes" in text
 
 
-def test_the_launch_sections_instance_side_measures_jobs_of_true_and_one_shim_and_renders(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launch, "INSTANCE_COUNTS", (1, 3))  # the shape of the rows, not 128 instances
-    instances = launch.instances_of_true(rounds=1)
-    assert list(instances["rows"]) == ["1", "3"]  # type: ignore[call-overload]
-    for row in instances["rows"].values():  # type: ignore[attr-defined]
-        assert set(row["seconds"]) == set(row["cpu_seconds"]) == {"mpiexec", "poprun"}
-        assert all(s["median"] > 0 for s in (*row["seconds"].values(), *row["cpu_seconds"].values()))
-        assert row["ratio"] == row["seconds"]["poprun"]["median"] / row["seconds"]["mpiexec"]["median"]
+def test_the_launch_section_measures_one_shim_and_renders() -> None:
     shim = launch.shim_cost(rounds=1)  # refuses a probe whose parent is not a shim
     cpu, rss = shim["cpu_seconds"], shim["peak_rss_mib"]
     assert cpu["runs"] == rss["runs"] == 2  # type: ignore[index]
@@ -123,9 +117,39 @@ def test_the_launch_sections_instance_side_measures_jobs_of_true_and_one_shim_an
     assert 0.001 < cpu["median"] < 1 and 4 < rss["median"] < 1024  # type: ignore[index]
     section = {"mpi_init": {"seconds": {"mpiexec": {"median": 0.1}, "poprun": {"median": 0.15}}, "ratio": 1.5},
                "pass": {"seconds": {"mpiexec": {"median": 0.01}, "poprun": {"median": 0.05}}, "ratio": 5.0},
-               "instances": instances, "shim": shim}
+               "shim": shim}
     table = report.markdown({"launch": section})
-    assert "| 3 | " in table and "Each instance past the first costs" in table and "peak resident" in table, table
+    assert "| `pass` | " in table and "peak resident" in table, table
+
+
+def test_the_scale_section_times_both_launchers_by_size_reads_their_memory_and_renders(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TRUE_COUNTS_QUICK", "MPI_COUNTS_QUICK"):  # the shape of the rows, not 1,024 instances
+        monkeypatch.setattr(scale, name, (1, 2))
+    monkeypatch.setattr(scale, "MEMORY_COUNTS_QUICK", (1, 3))
+    section = scale.run(quick=True)
+    for key in ("true", "mpi_import"):
+        rows = section[key]
+        assert list(rows) == ["1", "2"]  # type: ignore[call-overload]
+        for row in rows.values():  # type: ignore[attr-defined]
+            assert set(row["seconds"]) == set(row["cpu_seconds"]) == {"mpiexec", "poprun"}
+            assert all(s["median"] > 0 for s in (*row["seconds"].values(), *row["cpu_seconds"].values()))
+            assert row["ratio"] == row["seconds"]["poprun"]["median"] / row["seconds"]["mpiexec"]["median"]
+    memory = section["memory"]
+    # each job's tree holds its instances' `cat`s at least (a few hundred KiB each), and less than a GiB
+    assert all(0.1 < memory[c][who][k] < 1024 for c in ("1", "3") for who in ("mpiexec", "poprun")  # type: ignore[index]
+               for k in ("uss_mib", "pss_mib"))
+    assert section["added_memory"]["per_host_uss_mib"] == (  # type: ignore[index]
+        memory["1"]["poprun"]["uss_mib"] - memory["1"]["mpiexec"]["uss_mib"])  # type: ignore[index]
+    assert {t["what"] for t in section["targets"]} >= {  # type: ignore[attr-defined]
+        "CPU poprun adds per instance (ms)", "unique memory poprun adds per instance (MiB)",
+        "poprun / mpiexec, 2 MPI instances importing mpi4py"}
+    table = report.markdown({"scale": section})
+    assert "| `/bin/true`, instances |" in table and "| 3 | " in table and "poprun adds per instance" in table, table
+    # every job starts under the usual soft limit of open files, whatever this process's is
+    limit = subprocess.run(["sh", "-c", "ulimit -Sn"], preexec_fn=scale.limited, capture_output=True, text=True,
+                           check=True, timeout=30)
+    assert int(limit.stdout) == min(scale.SOFT_FILE_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
 
 @pytest.mark.parametrize("click", [False, True], ids=["floor", "floor_click"])
