@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.collectives import WORKER, _entry, worker_times
@@ -28,11 +30,17 @@ def run(quick: bool) -> dict[str, object]:
     if reason:
         log.warning("multihost: not measured: %s", reason)
         return {"skipped": reason}
+    with network_env(), Cluster(2) as cluster:
+        return _measure(cluster, quick)
+
+
+@contextmanager
+def network_env() -> Iterator[None]:
+    """Within, MPI is kept on TCP (``NETWORK_ENV`` in this process's environment); restored after."""
     saved = {name: os.environ.get(name) for name in NETWORK_ENV}
     os.environ.update(NETWORK_ENV)
     try:
-        with Cluster(2) as cluster:
-            return _measure(cluster, quick)
+        yield
     finally:
         for name, value in saved.items():
             if value is None:

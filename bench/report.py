@@ -151,6 +151,16 @@ def _scale(scale: dict[str, Any]) -> list[str]:
         lines.append(f"| {count} | {row['mpiexec']['uss_mib']:.1f} | {row['poprun']['uss_mib']:.1f} | "
                      f"{row['mpiexec']['pss_mib']:.1f} | {row['poprun']['pss_mib']:.1f} |")
     added = scale["added_memory"]
+    hosts = scale.get("hosts", {})
+    if "ratio" in hosts:
+        wall, here = hosts["seconds"], hosts["cpu_seconds_here"]
+        lines += ["", (f"| {len(hosts['hosts'])} test hosts x {hosts['per_host']} instances of `/bin/true` | bare "
+                       "mpiexec (ms) | poprun (ms) | ratio | bare mpiexec CPU here (ms) | poprun CPU here (ms) |"),
+                  "|---|---|---|---|---|---|",
+                  (f"| {', '.join(hosts['hosts'])} | {ms(wall['mpiexec']['median'])} | {ms(wall['poprun']['median'])} "
+                   f"| {hosts['ratio']:.2f} | {ms(here['mpiexec']['median'])} | {ms(here['poprun']['median'])} |")]
+    elif "skipped" in hosts:
+        lines += ["", f"Across hosts: not measured ({hosts['skipped']})."]
     lines += ["", (f"poprun started under a soft limit of {scale['soft_file_limit']} open files, bare mpiexec with "
                    "its raised to the hard limit (Hydra fails from about 300 instances under 1,024); times and CPU "
                    "(the whole process tree's, user + system) are medians of interleaved runs, memory the sum over "

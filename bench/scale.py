@@ -36,9 +36,11 @@ MEMORY_COUNTS, MEMORY_COUNTS_QUICK = (1, 64, 256), (1, 4)
 #: The open-file limit the jobs run under: the usual default soft limit.
 SOFT_FILE_LIMIT = 1024
 #: The targets (issue 50), ratios to bare mpiexec in the same run.
-TARGETS = {"true_128": 3.0, "true_1024": 3.0, "mpi_2": 1.5}
+TARGETS = {"true_128": 3.0, "true_1024": 3.0, "mpi_2": 1.5, "hosts": 3.0}
 #: Added per instance at most: CPU (s) and unique memory (MiB).
 PER_INSTANCE_CPU, PER_INSTANCE_USS = 0.001, 1.0
+#: The multi-host row: the test cluster's hosts and the instances on each (quick: fewer).
+HOSTS, PER_HOST, PER_HOST_QUICK = 3, 64, 4
 #: How long a memory job may take to have every instance waiting.
 READY_TIMEOUT = 300
 
@@ -188,12 +190,38 @@ def added_memory(rows: dict[str, object]) -> dict[str, float]:
                                  ("per_instance", (extra(counts[-1], key) - extra(counts[0], key)) / span))}
 
 
+def across_hosts(quick: bool) -> dict[str, object]:
+    """HOSTS test hosts (``tests/cluster.py``: network namespaces, root only) x PER_HOST instances of
+    ``/bin/true``, poprun beside bare ``mpiexec -hosts`` on the same hosts: wall time, and the CPU
+    used on this machine (the remote processes are not its children)."""
+    from bench.multihost import network_env
+    from tests.cluster import Cluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        return {"skipped": reason}
+    per_host = PER_HOST_QUICK if quick else PER_HOST
+    with network_env(), Cluster(HOSTS) as cluster:
+        count = str(per_host * HOSTS)
+        measured = time_commands_with_cpu({
+            "mpiexec": [str(BIN / "mpiexec"), "-hosts", ",".join(f"{h}:{per_host}" for h in cluster.names),
+                        "-localhost", cluster.bridge_addresses[0], "-n", count, "/bin/true"],
+            "poprun": [str(BIN / "poprun"), "--num-instances", count, "-H", ",".join(cluster.names), "/bin/true"],
+        }, rounds=2 if quick else 5, timeout=300, preexec=LIMITS)
+        names = list(cluster.names)
+    seconds = {name: m["seconds"] for name, m in measured.items()}
+    return {"hosts": names, "per_host": per_host, "seconds": seconds,
+            "cpu_seconds_here": {name: m["cpu_seconds"] for name, m in measured.items()},
+            "ratio": seconds["poprun"]["median"] / seconds["mpiexec"]["median"]}
+
+
 def run(quick: bool) -> dict[str, object]:
     rounds = 2 if quick else 3
     true_rows = timed_rows(TRUE_COUNTS_QUICK if quick else TRUE_COUNTS, ["/bin/true"], rounds)
     mpi_rows = timed_rows(MPI_COUNTS_QUICK if quick else MPI_COUNTS, [sys.executable, "-c", "from mpi4py import MPI"],
                           1 if not quick else rounds)
     memory = memory_rows(MEMORY_COUNTS_QUICK if quick else MEMORY_COUNTS, rounds=1 if quick else 2)
+    hosts = across_hosts(quick)
     added = added_memory(memory)
     cpu_per_instance = added_cpu_per_instance(true_rows)
     targets = []
@@ -204,10 +232,14 @@ def run(quick: bool) -> dict[str, object]:
             what = ("poprun / mpiexec, 2 MPI instances importing mpi4py" if key == "mpi_2" else
                     f"poprun / mpiexec, {count} instances of /bin/true, one host")
             targets.append({"what": what, "limit": TARGETS[key], "value": ratio, "holds": ratio <= TARGETS[key]})
+    if "ratio" in hosts:
+        ratio = float(hosts["ratio"])  # type: ignore[arg-type]
+        targets.append({"what": f"poprun / mpiexec, {HOSTS} test hosts x {hosts['per_host']} instances of /bin/true",
+                        "limit": TARGETS["hosts"], "value": ratio, "holds": ratio <= TARGETS["hosts"]})
     targets.append({"what": "CPU poprun adds per instance (ms)", "limit": PER_INSTANCE_CPU * 1e3,
                     "value": cpu_per_instance * 1e3, "holds": cpu_per_instance <= PER_INSTANCE_CPU})
     targets.append({"what": "unique memory poprun adds per instance (MiB)", "limit": PER_INSTANCE_USS,
                     "value": added["per_instance_uss_mib"], "holds": added["per_instance_uss_mib"] <= PER_INSTANCE_USS})
-    return {"true": true_rows, "mpi_import": mpi_rows, "memory": memory, "added_memory": added,
+    return {"true": true_rows, "mpi_import": mpi_rows, "memory": memory, "added_memory": added, "hosts": hosts,
             "cpu_seconds_per_instance": cpu_per_instance, "soft_file_limit": SOFT_FILE_LIMIT,
             "rounds": rounds, "targets": targets}
