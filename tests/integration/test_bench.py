@@ -127,6 +127,8 @@ def test_the_scale_section_times_both_launchers_by_size_reads_their_memory_and_r
     for name in ("TRUE_COUNTS_QUICK", "MPI_COUNTS_QUICK"):  # the shape of the rows, not 1,024 instances
         monkeypatch.setattr(scale, name, (1, 2))
     monkeypatch.setattr(scale, "MEMORY_COUNTS_QUICK", (1, 3))
+    # The test hosts are the hosts part's (tests/parts.py): make bench measures that row.
+    monkeypatch.setattr(scale, "across_hosts", lambda quick: {"skipped": "the test hosts are another part's"})
     section = scale.run(quick=True)
     for key in ("true", "mpi_import"):
         rows = section[key]
@@ -146,6 +148,11 @@ def test_the_scale_section_times_both_launchers_by_size_reads_their_memory_and_r
         "poprun / mpiexec, 2 MPI instances importing mpi4py"}
     table = report.markdown({"scale": section})
     assert "| `/bin/true`, instances |" in table and "| 3 | " in table and "poprun adds per instance" in table, table
+    assert "Across hosts: not measured (the test hosts are another part's)." in table
+    row = {"median": 0.5}
+    section["hosts"] = {"hosts": ["node0", "node1", "node2"], "per_host": 64, "ratio": 1.2,
+                        "seconds": {"mpiexec": row, "poprun": row}, "cpu_seconds_here": {"mpiexec": row, "poprun": row}}
+    assert "| node0, node1, node2 | 500.0 | 500.0 | 1.20 |" in report.markdown({"scale": section})
     # every job starts under the usual soft limit of open files, whatever this process's is
     limit = subprocess.run(["sh", "-c", "ulimit -Sn"], preexec_fn=scale.limited, capture_output=True, text=True,
                            check=True, timeout=30)
