@@ -55,10 +55,77 @@ def time_commands_with_cpu(commands: dict[str, Sequence[str]], rounds: int, time
     cpu: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(rounds):
         for name, command in commands.items():
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            wall[name].append(wall_time(command, timeout, (preexec or {}).get(name)))
-            cpu[name].append(_cpu_since(before))
+            with CpuAccount() as account:
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                wall[name].append(wall_time(command, timeout, account.joined((preexec or {}).get(name))))
+                waited = _cpu_since(before)
+            cpu[name].append(waited if account.seconds is None else account.seconds)
     return {name: {"seconds": summarize(wall[name]), "cpu_seconds": summarize(cpu[name])} for name in commands}
+
+
+class CpuAccount:
+    """The CPU time of every process a command starts, through a cgroup of its own (cgroup v1's
+    cpuacct, or v2's cpu.stat): also the processes nobody waits for (an orphan that outlives its
+    launcher), which ``getrusage(RUSAGE_CHILDREN)`` misses. ``seconds`` is None where no cgroup
+    can be made (not root, no cgroup file system): the caller then takes getrusage's."""
+
+    #: Where a cgroup can be made, and its file of the CPU used: v1's cpuacct, v2 (pure or hybrid).
+    PLACES = (("/sys/fs/cgroup/cpuacct", "cpuacct.usage"), ("/sys/fs/cgroup/unified", "cpu.stat"),
+              ("/sys/fs/cgroup", "cpu.stat"))
+    #: How long the cgroup's last processes may take to end after the command has exited.
+    DRAIN_SECONDS = 30.0
+
+    def __init__(self) -> None:
+        self.folder: str | None = None
+        self.usage = ""
+        self.seconds: float | None = None
+
+    def __enter__(self) -> CpuAccount:
+        for root, usage in self.PLACES:
+            folder = os.path.join(root, f"bench-{os.getpid()}-{time.monotonic_ns()}")
+            try:
+                os.mkdir(folder)
+            except OSError:
+                continue
+            if os.path.exists(os.path.join(folder, usage)):
+                self.folder, self.usage = folder, usage
+                break
+            os.rmdir(folder)
+        return self
+
+    def joined(self, then: Callable[[], None] | None) -> Callable[[], None] | None:
+        """A child's pre-exec step that moves it into the cgroup, then runs ``then``."""
+        if self.folder is None:
+            return then
+        procs = os.path.join(self.folder, "cgroup.procs")
+
+        def join() -> None:
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+            if then is not None:
+                then()
+        return join
+
+    def __exit__(self, *_: object) -> None:
+        if self.folder is None:
+            return
+        procs = os.path.join(self.folder, "cgroup.procs")
+        deadline = time.monotonic() + self.DRAIN_SECONDS
+        while time.monotonic() < deadline:
+            with open(procs) as handle:
+                if not handle.read().strip():
+                    break
+            time.sleep(0.01)
+        with open(os.path.join(self.folder, self.usage)) as handle:
+            text = handle.read()
+        if self.usage == "cpuacct.usage":
+            self.seconds = int(text) / 1e9
+        else:
+            self.seconds = int(text.split("usage_usec")[1].split()[0]) / 1e6
+        try:
+            os.rmdir(self.folder)
+        except OSError:
+            pass
 
 
 def _cpu_since(before: resource.struct_rusage) -> float:
