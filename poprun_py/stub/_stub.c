@@ -428,6 +428,9 @@ int main(int argc, char **argv) {
         say("usage: poprun-stub INDEX (mpiexec starts it for poprun)");
         return 2;
     }
+    /* A stderr whose reader went away must not end the stub (and with it, its program): its
+     * writes fail instead. The program gets the default back before its exec. */
+    signal(SIGPIPE, SIG_IGN);
     const char *path = getenv(SOCKET_VARIABLE);
     if (path == NULL || *path == 0) {
         say("no " SOCKET_VARIABLE " in its environment (was it dropped by mpiexec's options?); "

@@ -36,7 +36,11 @@ _NEVER = float("inf")
 
 
 def _say(index: int, text: str) -> None:
-    os.write(2, f"poprun instance {index}: {text}\n".encode(errors="replace"))
+    """One line on stderr; none where stderr's reader has gone (the stub goes on as the compiled one)."""
+    try:
+        os.write(2, f"poprun instance {index}: {text}\n".encode(errors="replace"))
+    except OSError:
+        pass
 
 
 def _read(sock: _socket.socket, size: int) -> bytes | None:

@@ -268,6 +268,19 @@ def test_a_stub_with_nowhere_to_go_starts_nothing_and_says_why_in_one_line(kind:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_stub_whose_stderr_reader_has_gone_still_ends_with_its_own_status(kind: str) -> None:
+    # Its one line cannot be written; SIGPIPE must not end it (nor, were one started, its program).
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {k: v for k, v in os.environ.items() if k != environment.STUB_SOCKET}
+    try:
+        done = subprocess.run([*_stub_command(kind), "0"], env=env, stderr=write_end, timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_what_the_program_left_running_is_ended_when_the_stub_exits(kind: str) -> None:
     marker = job_marker()
     # A daemon: forked twice, in a session of its own, its pipes closed; its parent exits at once.
