@@ -26,13 +26,14 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 /* poprun_py/wire/local.py */
-enum { HELLO = 'H', STARTED = 'F', NOT_STARTED = 'N', SIGNALLED = 'G', EXITED = 'X',
+enum { HELLO = 'H', STARTED = 'F', NOT_STARTED = 'N', SIGNALLED = 'G', LAUNCHER_LOST = 'L', EXITED = 'X',
        PROGRAM = 'P', TERMINATE = 'T', STOP = 'S', CONT = 'C', RELEASE = 'R' };
 enum { VERSION = 1, HEADER_SIZE = 5, PROGRAM_FIELDS = 13, PROGRAM_NO_STDIN = 1, PROGRAM_ONE_STREAM = 2,
        EXITED_WAS_STOPPED = 1 };
@@ -465,6 +466,15 @@ int main(int argc, char **argv) {
     int signals = signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
 
+    /* The process that started the stub (its host's MPI daemon, or mpiexec): when it dies, the
+     * MPI job on this host is broken, and the program is stopped at once. */
+    pid_t launcher = getppid();
+#ifdef SYS_pidfd_open
+    int launcher_fd = launcher > 1 ? (int)syscall(SYS_pidfd_open, launcher, 0) : -1;
+#else
+    int launcher_fd = -1;
+#endif
+
     int out[2], err[2];
     int failed = start(&program, &original, out, err);
     if (failed != 0) {
@@ -508,9 +518,21 @@ int main(int argc, char **argv) {
         }
         int64_t wake = kill_at < release_at ? kill_at : release_at;
         int timeout = wake == NEVER ? -1 : (int)(wake - now_ms() > 0 ? wake - now_ms() : 0);
-        struct pollfd watched[2] = {{signals, POLLIN, 0}, {connected ? sock : -1, POLLIN, 0}};
-        if (poll(watched, 2, timeout) < 0 && errno != EINTR)
+        struct pollfd watched[3] = {
+            {signals, POLLIN, 0}, {connected ? sock : -1, POLLIN, 0}, {launcher_fd, POLLIN, 0}};
+        if (poll(watched, 3, timeout) < 0 && errno != EINTR)
             break;
+        if (watched[2].revents) {
+            close(launcher_fd);
+            launcher_fd = -1;
+            if (running && !stopping) {
+                unsigned char which[4];
+                put32(which, (uint32_t)launcher);
+                if (connected && send_frame(sock, LAUNCHER_LOST, which, 4, NULL, 0) != 0)
+                    connected = 0;
+                begin_stop(program.grace_ms);
+            }
+        }
         if (watched[0].revents) {
             struct signalfd_siginfo info;
             while (read(signals, &info, sizeof info) == (ssize_t)sizeof info) {

@@ -179,6 +179,15 @@ class Stub:
         poll.register(wake, select.POLLIN)
         if self.sock is not None:
             poll.register(self.sock.fileno(), select.POLLIN)
+        # The process that started the stub (its host's MPI daemon, or mpiexec): when it dies, the
+        # MPI job on this host is broken, and the program is stopped at once.
+        launcher = os.getppid()
+        try:
+            launcher_fd: int | None = os.pidfd_open(launcher) if launcher > 1 else None
+        except OSError:
+            launcher_fd = None
+        if launcher_fd is not None:
+            poll.register(launcher_fd, select.POLLIN)
         while True:
             self.reap()
             if not self.running and not self.reported:
@@ -191,7 +200,12 @@ class Stub:
                 self.kill_at = _NEVER
             until = min(self.kill_at, self.release_at)
             for fd, _ in poll.poll(None if until == _NEVER else max(0, int((until - now) * 1000) + 1)):
-                if fd == wake:
+                if fd == launcher_fd:
+                    poll.unregister(fd)
+                    if self.running and not self.stop_begun_ns:
+                        self.send(local.frame(local.LAUNCHER_LOST, local.LAUNCHER_LOST_FIELDS.pack(launcher)))
+                        self.begin_stop(self.grace)
+                elif fd == wake:
                     _drain(wake)
                     self.signalled([signum for signum in noted if signum != _signal.SIGCHLD])
                     noted.clear()

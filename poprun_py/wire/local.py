@@ -29,6 +29,9 @@ HELLO = ord("H")  # HELLO_FIELDS
 STARTED = ord("F")  # STARTED_FIELDS; SCM_RIGHTS: the program's stdout and (unless one stream) stderr
 NOT_STARTED = ord("N")  # NOT_STARTED_FIELDS: the errno of the failed exec (or fork)
 SIGNALLED = ord("G")  # SIGNALLED_FIELDS: the stub itself was signalled (by its launcher) and stops the program
+#: LAUNCHER_LOST_FIELDS: the process that started the stub (its host's MPI daemon, or mpiexec) died,
+#: so the MPI job on this host is broken: the stub stops its program at once.
+LAUNCHER_LOST = ord("L")
 EXITED = ord("X")  # EXITED_FIELDS
 
 # supervisor -> stub
@@ -42,6 +45,7 @@ HELLO_FIELDS = struct.Struct("!II")  # VERSION, instance index
 STARTED_FIELDS = struct.Struct("!I")  # program PID
 NOT_STARTED_FIELDS = struct.Struct("!i")  # errno
 SIGNALLED_FIELDS = struct.Struct("!i")  # signal number
+LAUNCHER_LOST_FIELDS = struct.Struct("!I")  # the launcher's PID
 #: status (the exit status, or 128 + the signal), signal number (0: it exited), flags (EXITED_*),
 #: when the program ended and when the stub began to stop it (CLOCK_REALTIME ns; 0: never).
 EXITED_FIELDS = struct.Struct("!iIIQQ")

@@ -227,6 +227,34 @@ def test_a_signalled_stub_says_so_and_stops_its_program(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_stub_whose_launcher_dies_says_so_and_stops_its_program(kind: str) -> None:
+    server, path = stubs.listen()
+    server.settimeout(FRAME_WAIT)
+    # its launcher: a shell that starts it and waits (as an MPI daemon would), then is killed
+    launcher = subprocess.Popen(["sh", "-c", '"$@" & wait', "sh", *_stub_command(kind), "0"],
+                                env={**os.environ, environment.STUB_SOCKET: path})
+    supervisor = None
+    try:
+        accepted = stubs.accept(server)
+        assert accepted is not None
+        supervisor = Supervisor(*accepted)
+        _, (out, _) = supervisor.start([PYTHON.encode(), b"-c", STUBBORN], grace=0.2)
+        assert read_line(out) == b"ready\n"
+        launcher.kill()
+        launcher.wait(timeout=SUBPROCESS_TIMEOUT)
+        lost = supervisor.next(local.LAUNCHER_LOST)
+        assert local.LAUNCHER_LOST_FIELDS.unpack(lost.payload) == (launcher.pid,)
+        assert supervisor.exited()[:2] == (128 + signal.SIGKILL, signal.SIGKILL)  # at its grace
+    finally:
+        if supervisor is not None:
+            supervisor.close()
+        launcher.kill()
+        launcher.wait(timeout=SUBPROCESS_TIMEOUT)
+        server.close()
+        stubs.remove(path)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_stub_whose_supervisor_goes_stops_its_program_and_exits(kind: str) -> None:
     with stub_session(kind) as (stub, supervisor):
         pid, (out, _) = supervisor.start([PYTHON.encode(), b"-c", STUBBORN], grace=0.2)
