@@ -9,7 +9,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
 .PHONY: install hosts-tools lint test test-fast sanitize demo bench bench-quick mutants mutants-shim mutants-pump mutants-teardown \
-	mutants-supervisor mutants-connections mutants-planning mutants-failures mutmut-run clean
+	mutants-supervisor mutants-connections mutants-planning mutants-failures mutants-stub mutmut-run clean
 
 install: $(STAMP) hosts-tools
 
@@ -157,10 +157,11 @@ dist:
 # `mutants-teardown`, `mutants-supervisor`, `mutants-connections`, `mutants-planning` (the hosts a
 # scheduler gives, the launcher agent, the compiled parts) and `mutants-failures` (the first
 # failure, the shims' clocks, the OOM killer's count, strangers on the control port, poprun's own
-# output): the launcher, whose tests are jobs, in seven parts that each fit in 30 minutes on 2
-# cores. MUTMUT_CHILDREN: mutmut's workers (fewer where other work shares the cores).
+# output), `mutants-stub` (the per-instance stub's frames, the supervisor's end, the Python stub):
+# the launcher, whose tests are jobs, in eight parts that each fit in 30 minutes on 2 cores.
+# MUTMUT_CHILDREN: mutmut's workers (fewer where other work shares the cores).
 MUTMUT_LAUNCHER := mutants-shim mutants-pump mutants-teardown mutants-supervisor mutants-connections \
-	mutants-planning mutants-failures
+	mutants-planning mutants-failures mutants-stub
 MUTMUT_CHILDREN ?= 3
 
 mutants: install

@@ -127,6 +127,10 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/launcher/test_output_tagging.py::test_poprun_s_own_stream_is_a_terminal_where_its_descriptor_is_one",
         "tests/launcher/test_output_tagging.py::test_poprun_s_own_stream_knows_whether_what_it_wrote_ended_a_line",
         f"{_FAILURES}::test_a_reader_that_stops_reading_is_not_an_error"),
+    # the per-instance stub (its fallback in Python), its frames and the supervisor's end of them
+    "poprun_py.wire.local": ("tests/launcher/test_stub.py",),
+    "poprun_py.host.stubs": ("tests/launcher/test_stub.py",),
+    "poprun_py.stub.fallback": ("tests/launcher/test_stub.py",),
 }
 
 
@@ -176,6 +180,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "planning": ("poprun_py.planning.host_sources.*", "poprun_py.planning.agent.*", "popcontract.compiled.*"),
     "failures": ("poprun_py.supervision.first_failure.*", "poprun_py.supervision.clocks.*",
                  "poprun_py.supervision.strays.*", "poprun_py.supervision.own_output.*", "poprun_py.instance.oom.*"),
+    "stub": ("poprun_py.wire.local.*", "poprun_py.host.stubs.*", "poprun_py.stub.fallback.*"),
 }
 
 
