@@ -18,6 +18,7 @@ import pytest
 
 from popcontract.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
 from poprun_py.instance import SCRIPT
+from poprun_py.stub import SCRIPT as STUB_SCRIPT
 from tests import leftover_files
 from tests.helpers import MARKER_VARIABLE, ROOT, UNDER_MUTANTS
 from tests.mutation.selection import TESTS_OF_MODULE, selects, tests_of_run
@@ -205,9 +206,9 @@ def no_start_files_left() -> Iterator[None]:
 #: mpiexec) must import the mutated copy too, and the functions the children reach are credited
 #: to the test.
 CHILD_HITS, CHILD_HITS_OWNER = "MUTMUT_CHILD_HITS", "MUTMUT_CHILD_HITS_OWNER"
-#: The script mpiexec starts for each instance runs as ``python -S``, where no sitecustomize is
-#: imported: in the copy it imports the recorder itself.
-SHIM_ENTRY = Path(SCRIPT)
+#: The scripts mpiexec starts for each instance (the shim's, the Python stub's) run as ``python
+#: -S``, where no sitecustomize is imported: in the copy each imports the recorder itself.
+ENTRIES = (Path(SCRIPT), Path(STUB_SCRIPT))
 
 
 def _children_import_the_mutants() -> None:
@@ -223,9 +224,10 @@ def _children_import_the_mutants() -> None:
         hits.write_text("")
         os.environ[CHILD_HITS] = str(hits)
         os.environ[CHILD_HITS_OWNER] = str(os.getpid())
-        entry = SHIM_ENTRY.read_text()
-        if not entry.startswith("import sitecustomize"):
-            SHIM_ENTRY.write_text("import sitecustomize  # noqa: F401  (make mutants: tests/conftest.py)\n" + entry)
+        for path in ENTRIES:
+            entry = path.read_text()
+            if not entry.startswith("import sitecustomize"):
+                path.write_text("import sitecustomize  # noqa: F401  (make mutants: tests/conftest.py)\n" + entry)
         # The mutated modules are many times their size (a copy of each function per mutant): a
         # process that compiles them takes most of a second, and a job starts several. Compiled
         # once here, every child reads the bytecode, even where PYTHONDONTWRITEBYTECODE is set.

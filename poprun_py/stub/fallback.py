@@ -1,4 +1,4 @@
-"""The stub in Python, where ``_stub.c`` was not compiled: ``python -S fallback.py INDEX`` does
+"""The stub in Python, where ``_stub.c`` was not compiled: ``python -S script.py INDEX`` does
 what ``poprun-stub INDEX`` does, frame for frame (``wire.local``), and ends the same way.
 
 It gets its program from its host's supervisor, starts it as the shim does (``shim.spawn``: its
@@ -17,9 +17,6 @@ import select
 import struct
 import sys
 import time
-
-if __name__ == "__main__":  # run as a script (python -S): the checkout or install it lies in
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from popcontract import environment, settings
 from poprun_py.instance.shim import NOT_STARTED, spawn
@@ -322,7 +319,3 @@ def main() -> int:
     stub.loop(wake_read, noted)
     end_leftovers(stub.pid)
     return stub.status
-
-
-if __name__ == "__main__":
-    os._exit(main())

@@ -22,12 +22,13 @@ import pytest
 from popcontract import compiled, environment
 from poprun_py.host import stubs
 from poprun_py.shared import sweep
+from poprun_py.stub import SCRIPT
 from poprun_py.wire import local
-from tests.helpers import PYTHON, ROOT, SUBPROCESS_TIMEOUT, job_marker, wait_no_processes, wait_until
+from tests.helpers import PYTHON, SUBPROCESS_TIMEOUT, job_marker, wait_no_processes, wait_until
 
 pytestmark = pytest.mark.slow  # each starts a stub and a program
 
-FALLBACK = ROOT / "poprun_py" / "stub" / "fallback.py"
+FALLBACK = Path(SCRIPT)
 #: How long a test waits for one frame; nothing here takes more than a fraction of it.
 FRAME_WAIT = 20.0
 
