@@ -128,8 +128,8 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "tests/launcher/test_output_tagging.py::test_poprun_s_own_stream_knows_whether_what_it_wrote_ended_a_line",
         f"{_FAILURES}::test_a_reader_that_stops_reading_is_not_an_error"),
     # the per-instance stub (its fallback in Python), its frames and the supervisor's end of them
-    "poprun_py.wire.local": ("tests/launcher/test_stub.py",),
-    "poprun_py.host.stubs": ("tests/launcher/test_stub.py",),
+    "poprun_py.wire.local": ("tests/launcher/test_local_frames.py", "tests/launcher/test_stub.py"),
+    "poprun_py.host.stubs": ("tests/launcher/test_local_frames.py", "tests/launcher/test_stub.py"),
     "poprun_py.stub.fallback": ("tests/launcher/test_stub.py",),
 }
 
