@@ -2,7 +2,8 @@
 the host supervisor's real end of their channel (``poprun_py.host.stubs``): the program byte for
 byte, its pipes handed over, how it ended, the commands, signals, a supervisor gone, a stub with
 nowhere to go, and nothing left behind. Real processes, real signals; no mpiexec (nothing but
-the stub can stop the program here)."""
+the stub can stop the program here). Each stub starts in a session of its own:
+a stub that signalled its own process group (a mutant of ``make mutants-stub``) hits only itself."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def stub_session(kind: str, env: dict[str, str] | None = None,
     stub's accepted connection; the stub is killed and the socket removed at the end."""
     server, path = stubs.listen()
     server.settimeout(FRAME_WAIT)
-    stub = subprocess.Popen([*_stub_command(kind), str(index)], stderr=subprocess.PIPE,
+    stub = subprocess.Popen([*_stub_command(kind), str(index)], stderr=subprocess.PIPE, start_new_session=True,
                             env={**os.environ, environment.STUB_SOCKET: path, **(env or {})})
     supervisor = None
     try:
@@ -232,7 +233,7 @@ def test_a_stub_whose_launcher_dies_says_so_and_stops_its_program(kind: str) -> 
     server, path = stubs.listen()
     server.settimeout(FRAME_WAIT)
     # its launcher: a shell that starts it and waits (as an MPI daemon would), then is killed
-    launcher = subprocess.Popen(["sh", "-c", '"$@" & wait', "sh", *_stub_command(kind), "0"],
+    launcher = subprocess.Popen(["sh", "-c", '"$@" & wait', "sh", *_stub_command(kind), "0"], start_new_session=True,
                                 env={**os.environ, environment.STUB_SOCKET: path})
     supervisor = None
     try:
@@ -283,12 +284,13 @@ def test_a_stub_with_nowhere_to_go_starts_nothing_and_says_why_in_one_line(kind:
     marker = job_marker()
     command = [*_stub_command(kind), "3"]
     env = {k: v for k, v in os.environ.items() if k != environment.STUB_SOCKET}
-    missing = subprocess.run(command, env=env, capture_output=True, timeout=SUBPROCESS_TIMEOUT)
+    missing = subprocess.run(command, env=env, capture_output=True, timeout=SUBPROCESS_TIMEOUT, start_new_session=True)
     assert (missing.returncode, missing.stderr.decode()) == (1, (
         f"poprun instance 3: no {environment.STUB_SOCKET} in its environment (was it dropped by mpiexec's "
         "options?); the program was not started\n"))
     gone = tmp_path / "stubs"
     absent = subprocess.run(command, env={**env, environment.STUB_SOCKET: str(gone)}, capture_output=True,
+                            start_new_session=True,
                             timeout=SUBPROCESS_TIMEOUT)
     assert (absent.returncode, absent.stderr.decode()) == (1, (
         f"poprun instance 3: cannot reach its host's supervisor at {gone} (No such file or directory); "
@@ -303,7 +305,8 @@ def test_a_stub_whose_stderr_reader_has_gone_still_ends_with_its_own_status(kind
     os.close(read_end)
     env = {k: v for k, v in os.environ.items() if k != environment.STUB_SOCKET}
     try:
-        done = subprocess.run([*_stub_command(kind), "0"], env=env, stderr=write_end, timeout=SUBPROCESS_TIMEOUT)
+        done = subprocess.run([*_stub_command(kind), "0"], env=env, stderr=write_end, timeout=SUBPROCESS_TIMEOUT,
+                              start_new_session=True)
     finally:
         os.close(write_end)
     assert done.returncode == 1
@@ -342,12 +345,13 @@ def test_another_user_can_neither_reach_the_socket_nor_be_accepted_through_it(ki
             [*nobody, "test", "-x", as_nobody[len(nobody)]]
         if subprocess.run(check, capture_output=True, timeout=SUBPROCESS_TIMEOUT).returncode != 0:
             pytest.skip("user 65534 cannot run the stub from where this checkout lies")
-        refused = subprocess.run(as_nobody, env=env, capture_output=True, timeout=SUBPROCESS_TIMEOUT)
+        refused = subprocess.run(as_nobody, env=env, capture_output=True, timeout=SUBPROCESS_TIMEOUT,
+                                 start_new_session=True)
         assert refused.returncode == 1 and b"(Permission denied)" in refused.stderr, refused
         os.chmod(os.path.dirname(path), 0o755)
         os.chmod(path, 0o777)  # reachable now: the credentials still keep it out
         server.settimeout(FRAME_WAIT)
-        stub = subprocess.Popen(as_nobody, env=env, stderr=subprocess.PIPE)
+        stub = subprocess.Popen(as_nobody, env=env, stderr=subprocess.PIPE, start_new_session=True)
         try:
             assert stubs.accept(server) is None
             assert stub.wait(timeout=SUBPROCESS_TIMEOUT) == 1
