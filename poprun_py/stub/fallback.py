@@ -235,6 +235,9 @@ def _drain(fd: int) -> None:
 
 
 def _killpg(pgid: int, sig: int) -> None:
+    """``sig`` to the program's group; never to 0 or 1 (the stub's own group, init's: no program)."""
+    if pgid <= 1:
+        return
     try:
         os.killpg(pgid, sig)
     except OSError:

@@ -3,9 +3,9 @@
     python -P tests/scripts/smoke_imports.py CHECKOUT
 
 Walks both packages with pkgutil from where they are installed, fails if that is under CHECKOUT,
-imports each module (the scripts, ``poprun_py.__main__``, ``popdist_py.__main__`` and
-``poprun_py.instance.script``, are only found: importing runs them; so is the library poprun
-preloads into Open MPI's launcher, which is no Python module) and prints one JSON object: the
+imports each module (the scripts, ``poprun_py.__main__``, ``popdist_py.__main__``,
+``poprun_py.instance.script`` and ``poprun_py.stub.script``, are only found: importing runs them;
+so is the library poprun preloads into Open MPI's launcher, which is no Python module) and prints one JSON object: the
 packages' files, the modules, the compiled extension's file and whether each package has ``py.typed``.
 """
 
@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 #: Modules that run when imported: `python -m poprun_py`, `python -m popdist_py` (the compiled parts'
-#: report, where the package has one) and the shim's script.
-SCRIPTS = ("poprun_py.__main__", "popdist_py.__main__", "poprun_py.instance.script")
+#: report, where the package has one), the shim's script and the Python stub's.
+SCRIPTS = ("poprun_py.__main__", "popdist_py.__main__", "poprun_py.instance.script", "poprun_py.stub.script")
 
 
 def main(checkout: str) -> int:
