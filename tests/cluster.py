@@ -129,22 +129,34 @@ def _parents_first(pids: set[int]) -> list[int]:
     return sorted(pids, key=depth)
 
 
-def _freeze(pid: int) -> None:
-    """SIGSTOP ``pid`` and return once /proc shows it stopped (or gone): the signal is delivered
-    asynchronously, and a process still running could answer what it sees."""
+def _signal_until(pid: int, sig: int, states: str) -> None:
+    """Send ``sig`` to ``pid`` and return once /proc shows it in one of ``states`` (or gone): a
+    signal is delivered asynchronously."""
     try:
-        os.kill(pid, signal.SIGSTOP)
+        os.kill(pid, sig)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + COMMAND_TIMEOUT
     while time.monotonic() < deadline:
         try:
-            if task_state(f"/proc/{pid}") in "TtZX":
+            if task_state(f"/proc/{pid}") in states:
                 return
         except (OSError, IndexError):
             return
         time.sleep(0.001)
-    raise TimeoutError(f"process {pid} did not stop within {COMMAND_TIMEOUT} s of SIGSTOP")
+    name = signal.Signals(sig).name
+    raise TimeoutError(f"process {pid} was not in state {states} within {COMMAND_TIMEOUT} s of {name}")
+
+
+def _freeze(pid: int) -> None:
+    """SIGSTOP ``pid``, returning once it is stopped: a process still running could answer what it sees."""
+    _signal_until(pid, signal.SIGSTOP, "TtZX")
+
+
+def _kill_dead(pid: int) -> None:
+    """SIGKILL ``pid``, returning once it has exited (a zombie, or gone): its sockets are closed
+    then (their FINs sent), before the next process of the host dies."""
+    _signal_until(pid, signal.SIGKILL, "ZX")
 
 
 #: The MPI daemons, which start the instances on a host (Hydra's proxy, Open MPI's prted).
@@ -174,24 +186,6 @@ def _started_by_daemons(pids: set[int]) -> set[int]:
             seen.add(up)
             up = parent[up]
     return below
-
-
-def _kill_dead(pid: int) -> None:
-    """SIGKILL ``pid`` and return once it has exited (a zombie, or gone): its sockets are closed
-    then (their FINs sent), before the next process of the host dies."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + COMMAND_TIMEOUT
-    while time.monotonic() < deadline:
-        try:
-            if task_state(f"/proc/{pid}") in "ZX":
-                return
-        except (OSError, IndexError):
-            return
-        time.sleep(0.001)
-    raise TimeoutError(f"process {pid} did not exit within {COMMAND_TIMEOUT} s of SIGKILL")
 
 
 class Cluster:

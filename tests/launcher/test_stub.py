@@ -25,7 +25,7 @@ from poprun_py.host import stubs
 from poprun_py.shared import sweep
 from poprun_py.stub import SCRIPT
 from poprun_py.wire import local
-from tests.helpers import PYTHON, SUBPROCESS_TIMEOUT, job_marker, wait_no_processes, wait_until
+from tests.helpers import PYTHON, SUBPROCESS_TIMEOUT, job_marker, stat_fields, wait_no_processes, wait_until
 
 pytestmark = pytest.mark.slow  # each starts a stub and a program
 
@@ -93,20 +93,24 @@ class Supervisor:
 
 
 @contextmanager
-def stub_session(kind: str, env: dict[str, str] | None = None,
-                 index: int = 0) -> Iterator[tuple[subprocess.Popen[bytes], Supervisor]]:
-    """A supervisor's socket, a stub started on it (``env`` added to its environment), and the
-    stub's accepted connection; the stub is killed and the socket removed at the end."""
+def stub_session(kind: str, env: dict[str, str] | None = None, index: int = 0,
+                 launcher: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen[bytes], Supervisor]]:
+    """A supervisor's socket, a stub started on it (``env`` added to its environment; through
+    ``launcher``, a command that starts it as its child, where given), and the stub's accepted
+    connection; what was started is killed and the socket removed at the end."""
     server, path = stubs.listen()
     server.settimeout(FRAME_WAIT)
-    stub = subprocess.Popen([*_stub_command(kind), str(index)], stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, environment.STUB_SOCKET: path, **(env or {})})
+    stub = subprocess.Popen([*launcher, *_stub_command(kind), str(index)], stderr=subprocess.PIPE,
+                            start_new_session=True, env={**os.environ, environment.STUB_SOCKET: path, **(env or {})})
     supervisor = None
     try:
         accepted = stubs.accept(server)
         assert accepted is not None
         supervisor = Supervisor(*accepted)
-        assert supervisor.peer.pid == stub.pid
+        if launcher:
+            assert int(stat_fields(f"/proc/{supervisor.peer.pid}")[1]) == stub.pid
+        else:
+            assert supervisor.peer.pid == stub.pid
         yield stub, supervisor
     finally:
         if supervisor is not None:
@@ -230,16 +234,8 @@ def test_a_signalled_stub_says_so_and_stops_its_program(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_stub_whose_launcher_dies_says_so_and_stops_its_program(kind: str) -> None:
-    server, path = stubs.listen()
-    server.settimeout(FRAME_WAIT)
     # its launcher: a shell that starts it and waits (as an MPI daemon would), then is killed
-    launcher = subprocess.Popen(["sh", "-c", '"$@" & wait', "sh", *_stub_command(kind), "0"], start_new_session=True,
-                                env={**os.environ, environment.STUB_SOCKET: path})
-    supervisor = None
-    try:
-        accepted = stubs.accept(server)
-        assert accepted is not None
-        supervisor = Supervisor(*accepted)
+    with stub_session(kind, launcher=("sh", "-c", '"$@" & wait', "sh")) as (launcher, supervisor):
         _, (out, _) = supervisor.start([PYTHON.encode(), b"-c", STUBBORN], grace=0.2)
         assert read_line(out) == b"ready\n"
         launcher.kill()
@@ -247,13 +243,6 @@ def test_a_stub_whose_launcher_dies_says_so_and_stops_its_program(kind: str) -> 
         lost = supervisor.next(local.LAUNCHER_LOST)
         assert local.LAUNCHER_LOST_FIELDS.unpack(lost.payload) == (launcher.pid,)
         assert supervisor.exited()[:2] == (128 + signal.SIGKILL, signal.SIGKILL)  # at its grace
-    finally:
-        if supervisor is not None:
-            supervisor.close()
-        launcher.kill()
-        launcher.wait(timeout=SUBPROCESS_TIMEOUT)
-        server.close()
-        stubs.remove(path)
 
 
 @pytest.mark.parametrize("kind", KINDS)
