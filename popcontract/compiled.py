@@ -64,8 +64,8 @@ PARTS = (
     Part(LOOPBACK, "Hydra's and Open MPI's launchers kept on loopback in a one-host job",
          "a one-host job that Hydra's mpiexec or Open MPI would start refuses to (MPICH's gforker needs "
          "no library)", imported=False),
-    Part(STUB, "the compiled per-instance stub (fork, exec, wait), for per-host supervision; poprun does not "
-               "start it yet (each instance still runs under the Python shim)",
+    Part(STUB, "the compiled per-instance stub (fork, exec, wait) of one-host jobs, whose supervisor poprun is "
+               "(remote hosts still run the Python shim)",
          "its Python fallback (poprun_py/stub/fallback.py: the same frames, an interpreter per instance)",
          program=True),
 )

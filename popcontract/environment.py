@@ -135,6 +135,10 @@ ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the shim",
                      "1 when poprun's stdout and stderr are one file or terminal (a terminal, `2>&1`) and the "
                      "output is shown there: the program's stdout and stderr are one pipe, as `2>&1` makes them, so "
                      "its lines keep the order it wrote them in; the shim removes it before it starts the program")
+STUB = _define("POPRUN_STUB", "the user", "poprun",
+               "what runs each instance's program on poprun's own host: compiled (the compiled stub, "
+               "the default where it was built), python (the stub's Python fallback), shim (the per-instance "
+               "Python shim with its own connection to poprun, as remote hosts still have)")
 STUB_SOCKET = _define("POPRUN_STUB_SOCKET", "poprun", "the stub",
                       "the Unix socket of the instance's host supervisor, in a directory only the job's user can "
                       "enter, where the stub (poprun_py/stub) gets its program and hands over its pipes; the "

@@ -253,12 +253,19 @@ def vipu_options(func: Any) -> Any:
 
 def _show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """``poprun X``, then a line per compiled part: present, or missing and what that means
-    (asked only here: a launch imports only the parts it uses)."""
+    (asked only here: a launch imports only the parts it uses); then what runs each instance on
+    poprun's own host (``POPRUN_STUB``)."""
     if not value or ctx.resilient_parsing:
         return
     from popcontract import compiled
+    from poprun_py.host import programs
 
-    click.echo("\n".join([f"poprun {__version__}", *compiled.report()]))
+    try:
+        runs = programs.describe(programs.mode())
+    except PlanError as exc:
+        runs = f"none: {exc}"
+    click.echo("\n".join([f"poprun {__version__}", *compiled.report(),
+                          f"each instance on this host runs under: {runs}"]))
     ctx.exit()
 
 

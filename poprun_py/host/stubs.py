@@ -1,20 +1,23 @@
 """The host supervisor's end of its stubs' channel (``wire.local``): where they connect, who may,
 and the frames each one sends.
 
-The socket lies in a directory of its own, made with mode 0700 (``tempfile.mkdtemp``), so only
+The socket lies in a directory of its own, made with mode 0700 under a new random name, so only
 the job's user can reach it; and each connection's peer credentials (``SO_PEERCRED``, set by
 the kernel) must name that user, so a socket passed on by some other means is refused too.
 """
 
 from __future__ import annotations
 
+import _socket
 import array
 import os
-import socket
-import tempfile
 from typing import NamedTuple
 
+from poprun_py.shared.paths import temporary_folder
 from poprun_py.wire import local
+
+# The C socket module alone: ``socket`` (and ``tempfile``) would bring ``selectors``, ``shutil`` and
+# more to every launch, where poprun is its own host's supervisor.
 
 #: The socket's name in its directory.
 SOCKET_NAME = "stubs"
@@ -22,6 +25,9 @@ SOCKET_NAME = "stubs"
 BACKLOG = 4096
 #: The most descriptors one frame carries (STARTED: the program's stdout and stderr).
 MAX_FDS = 2
+#: The most one read of a stub's connection takes (its frames are tens of bytes).
+READ_SIZE = 4096
+_ROOM = _socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 
 class Frame(NamedTuple):
@@ -35,12 +41,13 @@ class Peer(NamedTuple):
     uid: int
 
 
-def listen(parent: str | None = None) -> tuple[socket.socket, str]:
-    """A listening socket in a new private directory under ``parent`` (the temporary directory by
+def listen(parent: str | None = None) -> tuple[_socket.socket, str]:
+    """A listening socket in a new private directory under ``parent`` (the temporary folder by
     default), and the socket's path: what a stub is given as ``POPRUN_STUB_SOCKET``."""
-    directory = tempfile.mkdtemp(prefix="poprun-stubs-", dir=parent)
+    directory = os.path.join(parent or temporary_folder(), f"poprun-stubs-{os.urandom(6).hex()}")
+    os.mkdir(directory, 0o700)  # a new name: nobody else can have made it first
     path = os.path.join(directory, SOCKET_NAME)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         server.bind(path)
         server.listen(BACKLOG)
@@ -60,16 +67,17 @@ def remove(path: str) -> None:
             pass
 
 
-def peer(conn: socket.socket) -> Peer:
+def peer(conn: _socket.socket) -> Peer:
     """Who is at the other end of ``conn``, as the kernel recorded when it connected."""
-    pid, uid, _gid = array.array("i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    pid, uid, _gid = array.array("i", conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12))
     return Peer(pid, uid)
 
 
-def accept(server: socket.socket) -> tuple[socket.socket, Peer] | None:
+def accept(server: _socket.socket) -> tuple[_socket.socket, Peer] | None:
     """The next stub's connection and its peer; None (the connection closed) when its user is not
     this process's."""
-    conn, _ = server.accept()
+    fd, _ = server._accept()  # type: ignore[attr-defined]  # (the C socket's: see the imports)
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, fileno=fd)
     who = peer(conn)
     if who.uid != os.geteuid():
         conn.close()
@@ -77,40 +85,63 @@ def accept(server: socket.socket) -> tuple[socket.socket, Peer] | None:
     return conn, who
 
 
-def receive(conn: socket.socket) -> Frame | None:
-    """The next frame on ``conn`` (waiting for it), None when the stub closed the connection;
-    LocalProtocolError when its header claims more than ``local.MAX_PAYLOAD``."""
-    fds: list[int] = []
-    header = _read(conn, local.HEADER.size, fds)
-    if header is None:
-        return None
-    kind, size = local.HEADER.unpack(header)
-    if size > local.MAX_PAYLOAD:
-        _close(fds)
-        raise local.LocalProtocolError(f"a frame of {size} bytes, more than {local.MAX_PAYLOAD}")
-    payload = _read(conn, size, fds) if size else b""
-    if payload is None:
-        _close(fds)
-        return None
-    return Frame(kind, payload, fds)
+class Reader:
+    """The frames of one stub's connection, as its bytes arrive: a read takes what is there (at most
+    READ_SIZE), so frames that came together cost one system call, and a frame cut between reads
+    waits for its rest here. The descriptors that come with a STARTED frame are given to it."""
 
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.fds: list[int] = []  # received, for the STARTED frame they came with
+        self.queued: list[Frame] = []
 
-def _read(conn: socket.socket, size: int, fds: list[int]) -> bytes | None:
-    """``size`` bytes, and the descriptors that came with them added to ``fds``; None at the end."""
-    chunks, left = [], size
-    room = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
-    while left:
-        data, ancillary, _flags, _ = conn.recvmsg(left, room)
+    def frames(self, conn: _socket.socket) -> list[Frame] | None:
+        """The frames one read of ``conn`` completes (none: it had nothing, or only part of one);
+        None once the stub has closed the connection. LocalProtocolError when a header claims
+        more than ``local.MAX_PAYLOAD``."""
+        try:
+            data, ancillary, _flags, _ = conn.recvmsg(READ_SIZE, _ROOM)
+        except BlockingIOError:
+            return self._take()
         for level, kind, body in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
                 received = array.array("i")
                 received.frombytes(body[:len(body) - len(body) % received.itemsize])
-                fds.extend(received)
+                self.fds.extend(received)
         if not data:
+            self.close()
             return None
-        chunks.append(data)
-        left -= len(data)
-    return b"".join(chunks)
+        self.buffer += data
+        while len(self.buffer) >= local.HEADER.size:
+            kind, size = local.HEADER.unpack_from(self.buffer)
+            if size > local.MAX_PAYLOAD:
+                self.close()
+                raise local.LocalProtocolError(f"a frame of {size} bytes, more than {local.MAX_PAYLOAD}")
+            end = local.HEADER.size + size
+            if len(self.buffer) < end:
+                break
+            fds, self.fds = (self.fds, []) if kind == local.STARTED else ([], self.fds)
+            self.queued.append(Frame(kind, bytes(self.buffer[local.HEADER.size:end]), fds))
+            del self.buffer[:end]
+        return self._take()
+
+    def next(self, conn: _socket.socket) -> Frame | None:
+        """The next frame, waiting for it where ``conn`` blocks; None at the connection's end."""
+        while not self.queued:
+            got = self.frames(conn)
+            if got is None:
+                return None
+            self.queued = got
+        return self.queued.pop(0)
+
+    def _take(self) -> list[Frame]:
+        taken, self.queued = self.queued, []
+        return taken
+
+    def close(self) -> None:
+        """Descriptors received that no frame took (the stub went mid-frame)."""
+        _close(self.fds)
+        self.fds = []
 
 
 def _close(fds: list[int]) -> None:

@@ -17,12 +17,25 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 def kills() -> int | None:
     """The OOM kills counted in this process's memory cgroup (and those below it); None when no
-    count can be read (no cgroup file system, no memory controller, an older kernel)."""
+    count can be read (no cgroup file system, no memory controller, an older kernel). The file that
+    counts them is found once (a process does not change its cgroup: poprun asks for each instance)."""
+    global _FOUND
+    if _FOUND is None:
+        _FOUND = _counter()
+    return _oom_kill(_FOUND) if _FOUND else None
+
+
+#: The file ``kills`` reads ("" where there is none); None until it has been looked for.
+_FOUND: str | None = None
+
+
+def _counter() -> str:
+    """The file of this process's memory cgroup that counts its OOM kills; "" where none can be read."""
     try:
         with open("/proc/self/cgroup", "rb") as lines:
             memberships = lines.read().decode(errors="replace").splitlines()
     except OSError:
-        return None
+        return ""
     for line in memberships:
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
         path = path.lstrip("/")
@@ -34,10 +47,9 @@ def kills() -> int | None:
         else:
             continue
         for candidate in candidates:
-            count = _oom_kill(candidate)
-            if count is not None:
-                return count
-    return None
+            if _oom_kill(candidate) is not None:
+                return candidate
+    return ""
 
 
 def _oom_kill(path: str) -> int | None:

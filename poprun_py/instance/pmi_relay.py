@@ -38,6 +38,19 @@ def pmi_line() -> int | None:
     return int(pmi) if pmi.isdigit() else None
 
 
+def hang_up() -> bool:
+    """Close this process's PMI line (``PMI_FD``), before it exits without RELEASE (see
+    ``shim_pump``'s ``_hang_up_on_the_launcher``); whether there was one to close."""
+    pmi = pmi_line()
+    if pmi is None:
+        return False
+    try:
+        os.close(pmi)
+    except OSError:
+        return False
+    return True
+
+
 def abort_status(code: int) -> int:
     """The exit status an abort with ``code`` gives: its low byte, as mpiexec exits with it; 1 when
     that is 0 (``MPI_Abort(comm, 0)`` still ends the job: it did not finish)."""

@@ -22,7 +22,7 @@ import time
 
 from popcontract import environment, settings
 from poprun_py.instance import oom
-from poprun_py.instance.pmi_relay import abort_status, pmi_line
+from poprun_py.instance.pmi_relay import abort_status, hang_up
 from poprun_py.instance.uncaught import Tail
 from poprun_py.shared import root_cause, sweep
 from poprun_py.shared.watch import Watch
@@ -333,17 +333,9 @@ class Pump:
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, self._on_signal)
         status, signum = self._pump(stdout_fd, stderr_fd)
-        recorded = 0
-        if self.error_file:
-            if status:
-                cause = root_cause.collect(self.error_file)
-                if cause is not None:
-                    recorded = root_cause.written_at(self.error_file)
-                    self.send(protocol.frame(protocol.ROOT_CAUSE, cause))
-            root_cause.remove(self.error_file)
-        if self.uncaught is not None:
-            self.send(protocol.uncaught(*self.uncaught))
-        self.send(protocol.times(self.ended_ns, self.stopped_ns, recorded))
+        cause, recorded = root_cause.take(self.error_file, status != 0)
+        for frame in protocol.before_exit(cause, self.uncaught, self.ended_ns, self.stopped_ns, recorded):
+            self.send(frame)
         flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
             (protocol.EXIT_WAS_STOPPED if self.was_stopped else 0) | \
             (protocol.EXIT_OOM_KILLED if self._oom_killed(signum) else 0) | \
@@ -403,12 +395,7 @@ class Pump:
         took a program that left without MPI_Finalize (``os._exit``) for one that finished, and the
         job's other instances then waited for ever; seeing the line end first, it ends the job
         (which signals this shim: ``wake``). After MPI_Finalize the line's end is no news to it."""
-        pmi = pmi_line()
-        if pmi is None:
-            return
-        try:
-            os.close(pmi)
-        except OSError:
+        if not hang_up():
             return
         watch = Watch()
         watch.add(wake, SIGNALLED)

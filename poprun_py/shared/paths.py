@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from popcontract import settings
+
 
 def which(name: str, path: str | None = None) -> str | None:
     """The first executable file called ``name`` on ``path`` (default: $PATH); a name with a
@@ -24,3 +26,22 @@ def which(name: str, path: str | None = None) -> str | None:
 
 def _is_executable_file(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+#: Where the job's directory of error files (and poprun's stubs' socket) may go, in order, as
+#: ``tempfile.gettempdir`` looks (without importing ``tempfile``, which brings ``shutil`` and
+#: ``random`` to every launch): the folder the environment names, then the usual ones.
+TEMPORARY_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+TEMPORARY_FOLDERS = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+def temporary_folder() -> str:
+    """The folder of the job's directory of error files, the same path on every host (a remote
+    host's shims create it), and of the private directory of its host's stubs' socket: the first
+    of TMPDIR, TEMP, TMP, /tmp, /var/tmp, /usr/tmp that is a folder poprun can write to here (a
+    read-only /tmp is passed over); /tmp when none is, so that the warning names it."""
+    named = [settings.passed(name, "") for name in TEMPORARY_VARIABLES]
+    for folder in [os.path.abspath(path) for path in named if path] + list(TEMPORARY_FOLDERS):
+        if os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
+            return folder
+    return TEMPORARY_FOLDERS[0]

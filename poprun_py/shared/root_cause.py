@@ -28,11 +28,19 @@ SHOWN_TRACEBACK_LINES = 30
 
 
 # ---------------------------------------------------------------- the shim's side
-def prepare(path: str) -> str | None:
+def prepare(path: str, job_made: bool = False) -> str | None:
     """Make ``path``'s directory (and the job's above it) exist, private to this user, and remove a
-    file left there by an earlier start; None when that works, else why not."""
+    file left there by an earlier start; None when that works, else why not. ``job_made``: poprun
+    made the job's directory (its own host's): an instance's directory made anew here is private
+    and empty, and nothing more is checked (poprun makes one per instance of its host)."""
     directory = os.path.dirname(path)
     job = os.path.dirname(directory)
+    if job_made:
+        try:
+            os.mkdir(directory, 0o700)
+            return None
+        except OSError:
+            pass  # there already, or no job's directory after all: the full way
     for _ in range(3):  # another instance's shim on this host may remove the job's directory meanwhile
         try:
             for place in (job, directory):  # not os.makedirs: it makes the job's directory 0o777 & ~umask
@@ -99,11 +107,24 @@ def written_at(path: str) -> int:
         return 0
 
 
-def remove(path: str) -> None:
+def take(path: str | None, failed: bool, keep_job: bool = False) -> tuple[bytes | None, int]:
+    """What a failed program recorded in its error file at ``path`` (None: nothing, or it did not
+    fail) and when it was written (ns; 0: never); the file and its directories are then removed
+    (``keep_job``: not the job's, which poprun removes at the end)."""
+    if not path:
+        return None, 0
+    cause = collect(path) if failed else None
+    recorded = written_at(path) if cause is not None else 0
+    remove(path, keep_job)
+    return cause, recorded
+
+
+def remove(path: str, keep_job: bool = False) -> None:
     """Remove the error file, its instance's directory and, when no other instance's is left in
-    it, the job's directory on this host."""
+    it (and not ``keep_job``), the job's directory on this host."""
     directory = os.path.dirname(path)
-    for action, target in ((os.unlink, path), (os.rmdir, directory), (os.rmdir, os.path.dirname(directory))):
+    steps = [(os.unlink, path), (os.rmdir, directory)] + ([] if keep_job else [(os.rmdir, os.path.dirname(directory))])
+    for action, target in steps:
         try:
             action(target)
         except OSError:

@@ -36,7 +36,7 @@
 enum { HELLO = 'H', STARTED = 'F', NOT_STARTED = 'N', SIGNALLED = 'G', LAUNCHER_LOST = 'L', EXITED = 'X',
        PROGRAM = 'P', TERMINATE = 'T', STOP = 'S', CONT = 'C', RELEASE = 'R' };
 enum { VERSION = 1, HEADER_SIZE = 5, PROGRAM_FIELDS = 13, PROGRAM_NO_STDIN = 1, PROGRAM_ONE_STREAM = 2,
-       EXITED_WAS_STOPPED = 1 };
+       EXITED_WAS_STOPPED = 1, EXITED_MPI_ABORT = 2 };
 #define MAX_PAYLOAD (8u << 20)
 #define SOCKET_VARIABLE "POPRUN_STUB_SOCKET"
 
@@ -47,6 +47,13 @@ enum { VERSION = 1, HEADER_SIZE = 5, PROGRAM_FIELDS = 13, PROGRAM_NO_STDIN = 1, 
 /* How long the stub keeps killing what the program left (descendants it adopted) before it exits. */
 #define LEFTOVER_WAIT_MS 2000
 #define NEVER INT64_MAX
+/* Without RELEASE, how long the stub waits, its PMI line closed, for its launcher to end the job
+ * (shim_pump.LAUNCHER_NOTICE_SECONDS). */
+#define LAUNCHER_NOTICE_MS 1000
+/* The longest line from the program held back as a possible abort request (pmi_relay.HOLD_LIMIT). */
+#define PMI_HOLD 65536
+/* How long a holder keeps gforker's descriptors open for the stub to be reaped (shim.HOLD_LIMIT). */
+#define HOLD_MS 1000
 
 static long instance = -1;
 
@@ -208,21 +215,35 @@ static pid_t child = -1;
 static int running = 0, status = 0, signum = 0, stopping = 0, was_stopped = 0;
 static uint64_t ended_ns = 0, stop_begun_ns = 0;
 static int64_t kill_at = NEVER;
+/* MPICH's PMI line: the launcher's end, the relay's, the program's (until it is started), what is
+ * held of a line that may be an abort request, and the abort asked for (see open_pmi). */
+static int pmi_launcher = -1, pmi_relay = -1, pmi_program = -1;
+static char pmi_held[PMI_HOLD];
+static size_t pmi_held_size = 0;
+static int pmi_line_start = 1, aborted = 0, abort_code = 0;
 
 /* Whether process `pid` is stopped (state T or t in /proc/PID/stat). */
-static int is_stopped(pid_t pid) {
-    char path[64], text[512];
+/* Process `pid`'s /proc/PID/stat read into `text`: the fields after its command's name (the
+ * state first), or NULL when it cannot be read. */
+static const char *stat_fields(pid_t pid, char *text, size_t size) {
+    char path[64];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, text, sizeof text - 1);
+        return NULL;
+    ssize_t n = read(fd, text, size - 1);
     close(fd);
     if (n <= 0)
-        return 0;
+        return NULL;
     text[n] = 0;
     char *paren = strrchr(text, ')');
-    return paren != NULL && paren[1] == ' ' && (paren[2] == 'T' || paren[2] == 't');
+    return paren != NULL && paren[1] == ' ' ? paren + 2 : NULL;
+}
+
+static int is_stopped(pid_t pid) {
+    char text[512];
+    const char *fields = stat_fields(pid, text, sizeof text);
+    return fields != NULL && (fields[0] == 'T' || fields[0] == 't');
 }
 
 /* SIGTERM to the program's group (and SIGCONT: a stopped program must run to end), SIGKILL after
@@ -240,6 +261,11 @@ static void begin_stop(uint32_t grace_ms) {
 
 static void program_ended(int wait_status) {
     running = 0;
+    if (aborted) { /* its status is the abort's low byte (1 for 0: the job did not finish) */
+        status = (abort_code & 0xFF) != 0 ? abort_code & 0xFF : 1;
+        kill_at = NEVER;
+        return;
+    }
     ended_ns = wall_ns();
     if (WIFSIGNALED(wait_status)) {
         signum = WTERMSIG(wait_status);
@@ -332,6 +358,205 @@ static void end_leftovers(void) {
     }
 }
 
+/* MPICH's PMI line (PMI_FD), relayed by the stub so that it is the first to know that its program
+ * called MPI_Abort (poprun_py/instance/pmi_relay.py tells why; this is the same relay). The
+ * program gets one end of a socket pair as the same descriptor number; an abort request
+ * (`cmd=abort exitcode=N` at a line's start) is kept from the launcher: the stub kills the program
+ * and reports the abort as its exit. Every other byte goes on at once. */
+
+static void open_pmi(void) {
+    const char *text = getenv("PMI_FD");
+    char *end = NULL;
+    long fd = text != NULL ? strtol(text, &end, 10) : -1;
+    if (text == NULL || *text == 0 || *end != 0 || fd < 0 || fd > INT_MAX || fcntl((int)fd, F_GETFD) < 0)
+        return;
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
+        return;
+    pmi_launcher = (int)fd;
+    pmi_relay = pair[0];
+    pmi_program = pair[1];
+}
+
+/* All of `data` to `fd`, waiting for room; dropped once it has closed. */
+static void write_all(int fd, const char *data, size_t size) {
+    while (size) {
+        ssize_t n = write(fd, data, size);
+        if (n < 0 && errno == EAGAIN) {
+            struct pollfd room = {fd, POLLOUT, 0};
+            poll(&room, 1, -1);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        data += n;
+        size -= (size_t)n;
+    }
+}
+
+static int is_abort(const char *line, size_t size) {
+    return size >= 9 && memcmp(line, "cmd=abort", 9) == 0 && (size == 9 || line[9] == ' ');
+}
+
+/* Whether a line's start so far may still become an abort request. */
+static int may_be_abort(const char *line, size_t size) {
+    return size < 9 ? memcmp(line, "cmd=abort", size) == 0 : is_abort(line, size);
+}
+
+static int exit_code(const char *line, size_t size) {
+    char text[128];
+    size_t n = size < sizeof text - 1 ? size : sizeof text - 1;
+    memcpy(text, line, n);
+    text[n] = 0;
+    char *field = strstr(text, " exitcode=");
+    if (field == NULL)
+        return 1;
+    char *end = NULL;
+    long code = strtol(field + 10, &end, 10);
+    return end == field + 10 || code < INT_MIN || code > INT_MAX ? 1 : (int)code;
+}
+
+static void abort_program(int code) {
+    if (!running || stopping || aborted)
+        return; /* an abort asked once the stop had begun is the stop's */
+    aborted = 1;
+    abort_code = code;
+    ended_ns = wall_ns();
+    killpg(child, SIGKILL);
+}
+
+/* What the program sent on its PMI line, passed on to the launcher but an abort request. */
+static void pmi_from_program(void) {
+    char data[65536];
+    ssize_t n = read(pmi_relay, data, sizeof data);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n <= 0) {
+        close(pmi_relay);
+        pmi_relay = -1;
+        return;
+    }
+    size_t at = 0, size = (size_t)n;
+    while (at < size) {
+        char *newline = memchr(data + at, '\n', size - at);
+        size_t end = newline != NULL ? (size_t)(newline - data) + 1 : size;
+        if (!pmi_line_start) { /* the rest of a line that is no abort request */
+            write_all(pmi_launcher, data + at, end - at);
+        } else if (pmi_held_size + (end - at) > sizeof pmi_held) { /* too long to be one */
+            write_all(pmi_launcher, pmi_held, pmi_held_size);
+            write_all(pmi_launcher, data + at, end - at);
+            pmi_held_size = 0;
+        } else {
+            memcpy(pmi_held + pmi_held_size, data + at, end - at);
+            pmi_held_size += end - at;
+            size_t line = pmi_held_size - (newline != NULL);
+            if (newline != NULL && is_abort(pmi_held, line)) {
+                abort_program(exit_code(pmi_held, line));
+                pmi_held_size = 0;
+                return;
+            }
+            if (newline == NULL && may_be_abort(pmi_held, line))
+                return; /* the rest of the line decides */
+            write_all(pmi_launcher, pmi_held, pmi_held_size);
+            pmi_held_size = 0;
+        }
+        pmi_line_start = newline != NULL;
+        at = end;
+    }
+}
+
+/* What the launcher sent, passed on to the program; at the line's end, the program's is shut. */
+static void pmi_from_launcher(void) {
+    char data[65536];
+    ssize_t n = read(pmi_launcher, data, sizeof data);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n <= 0) {
+        if (pmi_relay >= 0)
+            shutdown(pmi_relay, SHUT_RDWR);
+        close(pmi_launcher);
+        pmi_launcher = -1;
+        return;
+    }
+    if (pmi_relay >= 0)
+        write_all(pmi_relay, data, (size_t)n);
+}
+
+/* The start time of process `pid` (field 22 of its stat), or 0 once it is gone or reaped. */
+static unsigned long long start_time(pid_t pid) {
+    char text[1024];
+    const char *fields = stat_fields(pid, text, sizeof text);
+    unsigned long long started = 0;
+    if (fields == NULL || fields[0] == 'Z' || fields[0] == 'X' ||
+        sscanf(fields, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+               &started) != 1)
+        return 0;
+    return started;
+}
+
+/* Under MPICH's gforker, the stub's last act (poprun_py/instance/shim.py's `leave` tells why): a
+ * holder keeps stdin, stdout, stderr and the PMI line open until gforker has reaped the stub, so
+ * that the last of them closes once gforker knows it exited. */
+static void hold_until_reaped(void) {
+    char path[64], exe[PATH_MAX];
+    snprintf(path, sizeof path, "/proc/%d/exe", (int)getppid());
+    ssize_t n = readlink(path, exe, sizeof exe - 1);
+    if (n <= 0)
+        return;
+    exe[n] = 0;
+    const char *base = strrchr(exe, '/');
+    if (strcmp(base != NULL ? base + 1 : exe, "mpiexec.gforker") != 0)
+        return;
+    pid_t me = getpid();
+    unsigned long long born = start_time(me);
+    if (born == 0 || fork() != 0)
+        return; /* (no holder: gforker may wait its 2 s, nothing worse) */
+    DIR *fds = opendir("/proc/self/fd");
+    if (fds != NULL) {
+        int listing = dirfd(fds);
+        for (struct dirent *entry; (entry = readdir(fds)) != NULL;) {
+            int fd = atoi(entry->d_name);
+            if (entry->d_name[0] != '.' && fd > 2 && fd != pmi_launcher && fd != listing)
+                close(fd);
+        }
+        closedir(fds);
+    }
+    int64_t deadline = now_ms() + HOLD_MS;
+    while (start_time(me) == born && now_ms() < deadline) {
+        struct timespec pause = {0, 500000};
+        nanosleep(&pause, NULL);
+    }
+    _exit(0);
+}
+
+/* `path`, then its folder and the folder above that, each while empty. */
+static void remove_with_folders(const char *path, int levels) {
+    char *copy = strdup(path);
+    if (copy == NULL)
+        return;
+    unlink(copy);
+    for (int i = 0; i < levels; i++) {
+        char *slash = strrchr(copy, '/');
+        if (slash == NULL || slash == copy)
+            break;
+        *slash = 0;
+        rmdir(copy);
+    }
+    free(copy);
+}
+
+/* The supervisor died (a supervisor that ends removes these itself): what it made on this host
+ * for the job goes with its stubs, so that nothing is left behind: this instance's error file
+ * and its folders (root_cause.remove), the socket and its private folder. */
+static void remove_what_the_supervisor_left(const char *socket_path) {
+    const char *error_file = getenv("TORCHELASTIC_ERROR_FILE");
+    if (error_file != NULL && *error_file != 0)
+        remove_with_folders(error_file, 2);
+    remove_with_folders(socket_path, 1);
+}
+
 static int connect_to_supervisor(const char *path) {
     struct sockaddr_un address = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof address.sun_path) {
@@ -389,6 +614,11 @@ static int start(const struct program *program, const sigset_t *original, int *o
             (void)!write(report[1], &e, sizeof e);
             _exit(127);
         }
+        if (pmi_program >= 0 && dup2(pmi_program, pmi_launcher) < 0) {
+            int e = errno;
+            (void)!write(report[1], &e, sizeof e);
+            _exit(127);
+        }
         signal(SIGPIPE, SIG_DFL);
         signal(SIGXFSZ, SIG_DFL);
         sigprocmask(SIG_SETMASK, original, NULL);
@@ -398,6 +628,10 @@ static int start(const struct program *program, const sigset_t *original, int *o
         _exit(127);
     }
     int e = child < 0 ? errno : 0;
+    if (pmi_program >= 0) {
+        close(pmi_program);
+        pmi_program = -1;
+    }
     close(out[1]);
     if (!one_stream)
         close(err[1]);
@@ -432,12 +666,15 @@ int main(int argc, char **argv) {
     /* A stderr whose reader went away must not end the stub (and with it, its program): its
      * writes fail instead. The program gets the default back before its exec. */
     signal(SIGPIPE, SIG_IGN);
-    const char *path = getenv(SOCKET_VARIABLE);
-    if (path == NULL || *path == 0) {
+    /* (a copy: PROGRAM takes the variable out of the environment the program inherits) */
+    static char path[PATH_MAX];
+    const char *given = getenv(SOCKET_VARIABLE);
+    if (given == NULL || *given == 0 || strlen(given) >= sizeof path) {
         say("no " SOCKET_VARIABLE " in its environment (was it dropped by mpiexec's options?); "
             "the program was not started");
         return NOT_STARTED_STATUS;
     }
+    strcpy(path, given);
     int sock = connect_to_supervisor(path);
     if (sock < 0) {
         say("cannot reach its host's supervisor at %s (%s); the program was not started", path, strerror(errno));
@@ -475,6 +712,7 @@ int main(int argc, char **argv) {
     int launcher_fd = -1;
 #endif
 
+    open_pmi();
     int out[2], err[2];
     int failed = start(&program, &original, out, err);
     if (failed != 0) {
@@ -502,13 +740,25 @@ int main(int argc, char **argv) {
             unsigned char fields[28];
             put32(fields, (uint32_t)status);
             put32(fields + 4, (uint32_t)signum);
-            put32(fields + 8, was_stopped ? EXITED_WAS_STOPPED : 0);
+            put32(fields + 8, (was_stopped ? EXITED_WAS_STOPPED : 0) | (aborted ? EXITED_MPI_ABORT : 0));
             put64(fields + 12, ended_ns);
             put64(fields + 20, stop_begun_ns);
             if (connected && send_frame(sock, EXITED, fields, sizeof fields, NULL, 0) != 0)
                 connected = 0;
             reported = 1;
             release_at = now_ms() + RELEASE_WAIT_MS;
+        }
+        if (pmi_relay >= 0 && !running) { /* the program's end of the line is gone with it */
+            close(pmi_relay);
+            pmi_relay = -1;
+        }
+        if (reported && connected && now_ms() >= release_at && release_at != 0 && pmi_launcher >= 0) {
+            /* No RELEASE came: other instances still run. The PMI line is closed first, and the
+             * launcher given LAUNCHER_NOTICE_MS to end the job (shim_pump's
+             * _hang_up_on_the_launcher tells why). */
+            close(pmi_launcher);
+            pmi_launcher = -1;
+            release_at = now_ms() + LAUNCHER_NOTICE_MS;
         }
         if (reported && (!connected || now_ms() >= release_at))
             break;
@@ -518,10 +768,15 @@ int main(int argc, char **argv) {
         }
         int64_t wake = kill_at < release_at ? kill_at : release_at;
         int timeout = wake == NEVER ? -1 : (int)(wake - now_ms() > 0 ? wake - now_ms() : 0);
-        struct pollfd watched[3] = {
-            {signals, POLLIN, 0}, {connected ? sock : -1, POLLIN, 0}, {launcher_fd, POLLIN, 0}};
-        if (poll(watched, 3, timeout) < 0 && errno != EINTR)
+        struct pollfd watched[5] = {
+            {signals, POLLIN, 0}, {connected ? sock : -1, POLLIN, 0}, {launcher_fd, POLLIN, 0},
+            {pmi_relay, POLLIN, 0}, {running ? pmi_launcher : -1, POLLIN, 0}};
+        if (poll(watched, 5, timeout) < 0 && errno != EINTR)
             break;
+        if (watched[3].revents)
+            pmi_from_program();
+        if (watched[4].revents && pmi_launcher >= 0)
+            pmi_from_launcher();
         if (watched[2].revents) {
             close(launcher_fd);
             launcher_fd = -1;
@@ -570,5 +825,8 @@ int main(int argc, char **argv) {
         }
     }
     end_leftovers();
+    if (!connected)
+        remove_what_the_supervisor_left(path);
+    hold_until_reaped();
     return status;
 }

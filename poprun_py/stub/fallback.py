@@ -19,7 +19,8 @@ import sys
 import time
 
 from popcontract import environment, settings
-from poprun_py.instance.shim import NOT_STARTED, spawn
+from poprun_py.instance.pmi_relay import abort_status, hang_up, open_relay
+from poprun_py.instance.shim import NOT_STARTED, leave, spawn
 from poprun_py.shared import sweep
 from poprun_py.wire import local
 
@@ -30,6 +31,9 @@ LEFTOVER_SECONDS = 2.0
 #: The signals that stop the program when the stub receives them (mpiexec ending the job).
 STOPPING = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
 _NEVER = float("inf")
+#: Without RELEASE, how long the stub waits, its PMI line closed, for its launcher to end the job
+#: (as ``_stub.c``; shim_pump's ``_hang_up_on_the_launcher`` tells why).
+LAUNCHER_NOTICE_SECONDS = 1.0
 
 
 def _say(index: int, text: str) -> None:
@@ -80,6 +84,12 @@ class Stub:
         self.kill_at = _NEVER
         self.reported = False
         self.release_at = _NEVER
+        #: MPICH's PMI line through the stub (``pmi_relay``), and the code of the MPI_Abort the
+        #: program asked for there (None: it did not).
+        self.pmi = open_relay()
+        self.aborted: int | None = None
+        self.hung_up = False
+        self.supervisor_lost = False
 
     def send(self, data: bytes, fds: tuple[int, ...] = ()) -> None:
         """One frame to the supervisor; a supervisor gone is no error here (see ``lost``)."""
@@ -97,6 +107,7 @@ class Stub:
 
     def lost(self) -> None:
         """The supervisor is gone: nobody will read the program's output; it is stopped."""
+        self.supervisor_lost = True
         if self.sock is not None:
             self.sock.close()
             self.sock = None
@@ -123,8 +134,11 @@ class Stub:
                 return
             if pid == self.pid and self.running:
                 self.running = False
-                self.ended_ns = time.time_ns()
                 self.kill_at = _NEVER
+                if self.aborted is not None:  # (its time is when it asked)
+                    self.status = abort_status(self.aborted)
+                    continue
+                self.ended_ns = time.time_ns()
                 if os.WIFSIGNALED(wait_status):
                     self.signum = os.WTERMSIG(wait_status)
                     self.status = 128 + self.signum
@@ -133,7 +147,8 @@ class Stub:
 
     def report(self) -> None:
         """EXITED: how the program ended; then the wait for RELEASE begins."""
-        flags = local.EXITED_WAS_STOPPED if self.was_stopped else 0
+        flags = (local.EXITED_WAS_STOPPED if self.was_stopped else 0) | \
+            (local.EXITED_MPI_ABORT if self.aborted is not None else 0)
         self.send(local.exited(self.status, self.signum, flags, self.ended_ns, self.stop_begun_ns))
         self.reported, self.release_at = True, time.monotonic() + RELEASE_WAIT_SECONDS
 
@@ -153,8 +168,11 @@ class Stub:
         """Start the program (``shim.spawn``) and hand its pipes over (STARTED), or say why it
         could not start (NOT_STARTED: its status then 127 for a program not found, else 126)."""
         spawned = spawn(argv, no_stdin=bool(flags & local.PROGRAM_NO_STDIN),
-                        one_stream=bool(flags & local.PROGRAM_ONE_STREAM))
+                        one_stream=bool(flags & local.PROGRAM_ONE_STREAM), pmi=self.pmi)
         if isinstance(spawned, OSError):
+            if self.pmi is not None:
+                self.pmi.close()
+                self.pmi = None
             code = spawned.errno or errno.EIO
             self.send(local.frame(local.NOT_STARTED, local.NOT_STARTED_FIELDS.pack(code)))
             self.status = 127 if code == errno.ENOENT else 126
@@ -185,11 +203,19 @@ class Stub:
             launcher_fd = None
         if launcher_fd is not None:
             poll.register(launcher_fd, select.POLLIN)
+        if self.pmi is not None:
+            poll.register(self.pmi.shim_end, select.POLLIN)
+            poll.register(self.pmi.launcher, select.POLLIN)
         while True:
             self.reap()
             if not self.running and not self.reported:
                 self.report()
+                self._close_relay(poll)
             now = time.monotonic()
+            # (a release_at of 0: RELEASE came, or a signal asked it to leave)
+            if self.reported and self.sock is not None and now >= self.release_at > 0 and not self.hung_up:
+                self._hang_up_on_the_launcher()
+                now = time.monotonic()
             if self.reported and (self.sock is None or now >= self.release_at):
                 return
             if now >= self.kill_at:
@@ -202,6 +228,8 @@ class Stub:
                     if self.running and not self.stop_begun_ns:
                         self.send(local.frame(local.LAUNCHER_LOST, local.LAUNCHER_LOST_FIELDS.pack(launcher)))
                         self.begin_stop(self.grace)
+                elif self._relay(fd, poll):
+                    pass
                 elif fd == wake:
                     _drain(wake)
                     self.signalled([signum for signum in noted if signum != _signal.SIGCHLD])
@@ -213,6 +241,52 @@ class Stub:
                         self.lost()
                     elif self.obey(*command):
                         self.release_at = 0.0
+
+    def _relay(self, fd: int, poll: select.poll) -> bool:
+        """Whether ``fd`` is an end of the PMI relay (and what came on it has been passed on)."""
+        if self.pmi is None:
+            return False
+        if fd == self.pmi.shim_end.fileno():
+            self._hear_program_on_pmi(poll)
+        elif fd == self.pmi.launcher:
+            if not self.pmi.from_launcher():
+                poll.unregister(fd)
+        else:
+            return False
+        return True
+
+    def _hear_program_on_pmi(self, poll: select.poll) -> None:
+        """What the program sent on its PMI line, passed on but an MPI_Abort: the program is
+        killed (as the launchers end an aborted job), and its exit is the abort's."""
+        assert self.pmi is not None
+        code = self.pmi.from_program()
+        if not self.pmi.program_open:
+            poll.unregister(self.pmi.shim_end)
+        if code is None or self.aborted is not None or not self.running or self.stop_begun_ns:
+            return  # (an abort asked once the stop had begun is the stop's)
+        self.aborted = code
+        self.ended_ns = time.time_ns()
+        _killpg(self.pid, _signal.SIGKILL)
+
+    def _close_relay(self, poll: select.poll) -> None:
+        """The program has ended: its end of the PMI line is gone (the launcher's stays the stub's)."""
+        if self.pmi is None:
+            return
+        for fd in (self.pmi.shim_end.fileno(), self.pmi.launcher):
+            try:
+                poll.unregister(fd)
+            except KeyError:
+                pass
+        self.pmi.close()
+        self.pmi = None
+
+    def _hang_up_on_the_launcher(self) -> None:
+        """No RELEASE came: other instances still run. The PMI line is closed first, and the
+        launcher given LAUNCHER_NOTICE_SECONDS to end the job (shim_pump tells why)."""
+        self.hung_up = True
+        if not hang_up():
+            return
+        self.release_at = time.monotonic() + LAUNCHER_NOTICE_SECONDS
 
     def signalled(self, signals: list[int]) -> None:
         """The stub was signalled (its launcher ending the job, or by hand): the program is stopped,
@@ -264,6 +338,21 @@ def end_leftovers(pid: int) -> None:
         time.sleep(0.001)
 
 
+def remove_what_the_supervisor_left(socket_path: str) -> None:
+    """The supervisor died (one that ends removes these itself): what it made on this host for the
+    job goes with its stubs, so that nothing is left behind: this instance's error file and its
+    folders, the socket and its private folder."""
+    from poprun_py.shared import root_cause
+
+    if error_file := settings.text(environment.TORCHELASTIC_ERROR_FILE):
+        root_cause.remove(error_file)
+    for step, target in ((os.unlink, socket_path), (os.rmdir, os.path.dirname(socket_path))):
+        try:
+            step(target)
+        except OSError:
+            pass
+
+
 def receive_program(index: int) -> tuple[_socket.socket, int, float, list[bytes]] | None:
     """Connect to this host's supervisor, say HELLO, take the PROGRAM (its changes of the
     environment made here): the connection, the PROGRAM's flags, grace and arguments. None, said
@@ -307,6 +396,7 @@ def main() -> int:
     if index < 0:
         _say(-1, "usage: poprun-stub INDEX (mpiexec starts it for poprun)")
         return 2
+    socket_path = settings.text(environment.STUB_SOCKET)  # (PROGRAM takes it out of the environment)
     received = receive_program(index)
     if received is None:
         return NOT_STARTED
@@ -321,4 +411,6 @@ def main() -> int:
     stub.start(argv, flags)
     stub.loop(wake_read, noted)
     end_leftovers(stub.pid)
-    return stub.status
+    if stub.supervisor_lost:
+        remove_what_the_supervisor_left(socket_path)
+    return leave(stub.status)

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from popcontract import environment, settings
+from poprun_py.shared import paths
 from poprun_py.shared.errors import PlanError
 from poprun_py.supervision import interrupts, log, own_output
 
@@ -20,11 +21,13 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING (typing itself comes with click)
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from poprun_py.host.programs import HostPrograms
     from poprun_py.planning.agent import Agent
     from poprun_py.planning.mpi import Command, CommandSpec, MpiLauncher
     from poprun_py.planning.options import Hosts, LaunchOptions
     from poprun_py.planning.plan import JobPlan
     from poprun_py.supervision.error_file import ErrorFile
+    from poprun_py.supervision.output import OutputOptions
     from poprun_py.supervision.restarts import Restarts
 
 
@@ -67,7 +70,7 @@ def launch(options: LaunchOptions) -> int:
     run_id = "<run-id>" if options.dry_run else os.urandom(8).hex()
     master_addr, master_port = _torchrun_contract(hosts, remote, callback, options)
     plan = shape.replace(run_id=run_id, max_restarts=options.failures.max_restarts,
-                         error_dir=f"{temporary_folder()}/poprun-{run_id}", master_addr=master_addr,
+                         error_dir=f"{paths.temporary_folder()}/poprun-{run_id}", master_addr=master_addr,
                          master_port=master_port())
     start = Start(plan, tuple(remote), callback, master_port, command_spec(options, plan, callback, agent), agent)
     _check_program(options.program, bool(remote))
@@ -95,9 +98,11 @@ def launch(options: LaunchOptions) -> int:
 
         if errors is not None:
             errors.close()
-        _print_dry_run(plan, launcher, build_command(launcher, plan, start.spec), program_argv(options))
+        _print_dry_run(plan, launcher, build_command(launcher, plan, start.spec), program_argv(options),
+                       stubbed=_stubbed(start))
         return 0
-    _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
+    _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None,
+                      _stubbed(start))
     _say_threads_per_instance(plan, remote)
     return _run(options, start, launcher, (grace, silence), errors, slots)
 
@@ -142,7 +147,7 @@ def command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, ag
     """What the mpiexec command is built from besides the plan: what every instance gets from poprun's
     environment and options, the shim, the user's MPI arguments and what reaches the hosts (``agent``,
     None: ssh)."""
-    from poprun_py.instance import SCRIPT
+    from poprun_py.host import programs
     from poprun_py.planning.mpi import CommandSpec, parse_instance_local_args, split_args
     from poprun_py.supervision.output import one_stream
 
@@ -165,7 +170,8 @@ def command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, ag
     mpi = options.mpi
     return CommandSpec(
         launch_env=MappingProxyType(launch_env),  # read-only, as the spec is
-        shim=(sys.executable, "-S", SCRIPT),
+        # One host: poprun is its supervisor, and each instance a stub (unless POPRUN_STUB=shim).
+        shim=programs.stub_command(programs.mode() if callback is None else programs.SHIM),
         silence_limit=_silence_limit(),
         global_args=tuple(split_args(mpi.mpi_global_args, "--mpi-global-args")),
         local_args=tuple(split_args(mpi.mpi_local_args, "--mpi-local-args")),
@@ -227,9 +233,11 @@ class Start(NamedTuple):
         master_addr, master_port = _torchrun_contract(hosts, remote, callback, options)
         plan = self.plan.replace(num_instances=num_instances, hosts=tuple(hosts), master_addr=master_addr,
                                  master_port=master_port())
-        _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
-        return Start(plan, tuple(remote), callback, master_port, command_spec(options, plan, callback, self.agent),
-                     self.agent)
+        moved = Start(plan, tuple(remote), callback, master_port, command_spec(options, plan, callback, self.agent),
+                      self.agent)
+        _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None,
+                          _stubbed(moved))
+        return moved
 
 
 def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, limits: tuple[float, float],
@@ -266,7 +274,7 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, limits: tu
                                     grace=limits[0], start_timeout=options.failures.start_timeout, output=output,
                                     log_failures_said=said,
                                     remote_launcher=start.agent.name if start.agent is not None else "ssh",
-                                    silence_limit=limits[1])
+                                    silence_limit=limits[1], host_programs=_host_programs(start, plan, output))
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
             lost = supervisor.lost_hosts() if status else {}
@@ -297,6 +305,20 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, limits: tu
                 errors.close()
             if error_dir is not None:
                 _remove_tree(error_dir)
+
+
+def _stubbed(start: Start) -> bool:
+    """Whether stubs run the instances of ``start``, poprun their host's supervisor (one host)."""
+    from poprun_py.host import programs
+
+    return start.callback is None and programs.mode() != programs.SHIM
+
+
+def _host_programs(start: Start, plan: JobPlan, output: OutputOptions) -> HostPrograms | None:
+    """What poprun tells its own host's stubs, where they run the instances."""
+    from poprun_py.host import programs
+
+    return programs.HostPrograms(plan, output.one_stream) if _stubbed(start) else None
 
 
 def _command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec,
@@ -381,25 +403,6 @@ def _torchrun_contract(hosts: list[str], remote: list[str], callback: str | None
     return master_addr, master_port
 
 
-#: Where the job's directory of error files may go, in order, as ``tempfile.gettempdir`` looks
-#: (without importing ``tempfile``, which brings ``shutil`` and ``random`` to every launch): the
-#: folder the environment names, then the usual ones.
-TEMPORARY_VARIABLES = ("TMPDIR", "TEMP", "TMP")
-TEMPORARY_FOLDERS = ("/tmp", "/var/tmp", "/usr/tmp")
-
-
-def temporary_folder() -> str:
-    """The folder of the job's directory of error files, the same path on every host (a remote
-    host's shims create it): the first of TMPDIR, TEMP, TMP, /tmp, /var/tmp, /usr/tmp that is a
-    folder poprun can write to here (a read-only /tmp is passed over); /tmp when none is, so that
-    the warning names it."""
-    named = [settings.passed(name, "") for name in TEMPORARY_VARIABLES]
-    for folder in [os.path.abspath(path) for path in named if path] + list(TEMPORARY_FOLDERS):
-        if os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
-            return folder
-    return TEMPORARY_FOLDERS[0]
-
-
 def _remove_tree(path: str) -> None:
     """``shutil.rmtree`` without importing shutil on the launch path: the error files' directory."""
     try:
@@ -421,20 +424,24 @@ def _remove_tree(path: str) -> None:
 
 
 #: Descriptors MPICH's proxy holds per process it starts (stdin, stdout and stderr pipes, the PMI
-#: socket), measured; poprun itself holds one socket per instance. Plus a margin for the rest.
+#: socket), measured. poprun itself holds one connection per instance, and, as the supervisor of
+#: its host's stubs, their programs' two pipes too. Plus a margin for the rest.
 FILES_PER_LOCAL_INSTANCE = 4
+OWN_FILES_PER_INSTANCE = 1
+OWN_FILES_PER_STUB = 3
 FILES_MARGIN = 64
 #: --log-dir: poprun holds each instance's stdout and stderr log open.
 LOG_FILES_PER_INSTANCE = 2
 
 
-def _check_open_files(per_host: int, num_instances: int, log_files: bool) -> None:
+def _check_open_files(per_host: int, num_instances: int, log_files: bool, stubbed: bool) -> None:
     """A host's instances must fit the open-file limit of mpiexec's proxy there, and poprun's own
     connections (one per instance, two log files each with --log-dir) its own: raise the soft
     limit to the hard one, and refuse, naming both numbers, a job that would still fail minutes
     into its start with "Too many open files"."""
     proxy = FILES_PER_LOCAL_INSTANCE * per_host + FILES_MARGIN
-    own = (1 + LOG_FILES_PER_INSTANCE * log_files) * num_instances + FILES_MARGIN
+    own = ((OWN_FILES_PER_STUB if stubbed else OWN_FILES_PER_INSTANCE) + LOG_FILES_PER_INSTANCE * log_files) \
+        * num_instances + FILES_MARGIN
     need = max(proxy, own)
     if need <= 1024:  # every system allows this much: no need to ask
         return
@@ -485,9 +492,10 @@ def _write_file(text: str) -> str:
     return path
 
 
-def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: list[bytes]) -> None:
+def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: list[bytes], stubbed: bool) -> None:
     """The plan and what would run; files are shown by their first and last lines. The program is
-    shown as a shell would be given it, its bytes as they are."""
+    shown as a shell would be given it, its bytes as they are, and how it reaches each instance
+    (``stubbed``: from poprun to its host's stubs)."""
     import shlex
 
     print(plan.describe())
@@ -497,8 +505,10 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: l
     print("command: " + shlex.join(built.argv()))
     sys.stdout.flush()
     sys.stdout.buffer.write(b"program: " + shlex.join(map(os.fsdecode, argv)).encode(errors="surrogateescape")
-                            + b"\n  (each instance's shim receives it from poprun over the control connection, "
-                              b"byte for byte; mpiexec never reads it)\n")
+                            + (b"\n  (each instance's stub receives it from poprun over a socket in a private "
+                               b"directory" if stubbed else
+                               b"\n  (each instance's shim receives it from poprun over the control connection")
+                            + b", byte for byte; mpiexec never reads it)\n")
     for placeholder, text in built.files().items():
         lines = text.splitlines()
         print(f"{placeholder}: {len(lines)} lines (the command line would be too long)")

@@ -11,6 +11,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the l
 if TYPE_CHECKING:
     import _socket
 
+    from poprun_py.host.instance import StubbedInstance
     from poprun_py.supervision.output import InstanceOutput
 
 
@@ -23,6 +24,8 @@ class InstanceState:
         self.output = output
         self.connection: _socket.socket | None = None
         self.reader: protocol.FrameReader | None = None  # its frames, checked with its connection's seal
+        #: On poprun's own host, where a stub runs it: its stub's connection is ``connection``.
+        self.stub: StubbedInstance | None = None
         self.pid: int | None = None
         self.status: int | None = None
         self.signal: int | None = None
@@ -55,9 +58,12 @@ class InstanceState:
         self.sending = False  # a message to its shim is half sent: nothing may be put in its middle
 
     def send(self, message: bytes, within: float = 0.0) -> bool:
-        """One of poprun's messages to the shim (protocol.PROGRAM, TERMINATE, RELEASE, STOP, CONT), sealed;
-        whether it went. ``within``: seconds a message larger than the socket's buffer (the
-        program) may take to go, the shim reading it; a command always fits at once."""
+        """One of poprun's messages to the shim (protocol.PROGRAM, TERMINATE, RELEASE, STOP, CONT), sealed,
+        or to its stub (the commands alone); whether it went. ``within``: seconds a message larger
+        than the socket's buffer (the program) may take to go, the shim reading it; a command always
+        fits at once."""
+        if self.stub is not None:
+            return self.connection is not None and self.stub.command(message)
         if self.connection is None or self.reader is None:
             return False
         self.sending = True

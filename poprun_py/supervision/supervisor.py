@@ -36,8 +36,10 @@ from poprun_py.wire import control, protocol
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from typing import BinaryIO
+    from typing import Any, BinaryIO
 
+    from poprun_py.host import stubs
+    from poprun_py.host.programs import HostPrograms
     from poprun_py.supervision.report import Report
 
 
@@ -84,7 +86,8 @@ class Supervisor:
                  stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
                  output: OutputOptions | None = None, log_failures_said: set[str] | None = None,
                  grace: float = protocol.DEFAULT_GRACE, remote_launcher: str = "ssh",
-                 silence_limit: float = protocol.DEFAULT_SILENCE_LIMIT) -> None:
+                 silence_limit: float = protocol.DEFAULT_SILENCE_LIMIT,
+                 host_programs: HostPrograms | None = None) -> None:
         # Shared by every instance: who owns the current line of each, one line for both when they
         # are the same file or terminal (see poprun_py.supervision.output).
         self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
@@ -96,6 +99,13 @@ class Supervisor:
         self.build_command = build_command
         self.secret = secret
         self.program = protocol.encode_program(program)
+        self.argv = program
+        #: Where this host's instances run under stubs (one host): what each stub is told, what
+        #: mpiexec was given (``_start_and_watch``), and the stubs not yet said HELLO.
+        self.host_programs = host_programs
+        self.launch_env: dict[str, str] = {}
+        self.grace = grace
+        self.stub_pending: dict[_socket.socket, stubs.Reader] = {}
         self.listen_address = listen_address
         self.remote_hosts = remote_hosts
         #: What reaches the remote hosts (ssh, or the launcher agent's name), as messages name it.
@@ -106,6 +116,7 @@ class Supervisor:
         self.teardown = Teardown(self.instances, grace, through_agent=remote_launcher != "ssh",
                                  mark=f"{environment.SECRET}={secret}".encode())
         self.next_silence_check = 0.0
+        self.next_stub_tick = 0.0
         #: ``POPRUN_SILENCE_LIMIT``: how long an instance on another host may say nothing.
         self.silence_limit = silence_limit
         #: Connections accepted that have not yet said HELLO: when each was accepted (monotonic), from
@@ -168,15 +179,24 @@ class Supervisor:
     def _start_and_watch(self, server: _socket.socket, address: str, wake_read: int, wake_write: int,
                          previous_wakeup: int, started: float) -> None:
         """Start mpiexec and run the loop until the job is over; then clean up after it."""
+        stub_server: _socket.socket | None = None
+        stub_path = ""
         try:
             # What the job orphans on this host (the shims' holders under gforker, daemons the
             # shims adopted and ended) comes to poprun, whose teardown collects their ends.
             sweep.adopt_orphans()
             command, env = self.build_command(address)
+            self.launch_env = {**os.environ, **env, environment.SECRET: self.secret}
+            if self.host_programs is not None:
+                from poprun_py.host import stubs
+
+                stub_server, stub_path = stubs.listen()
+                stub_server.setblocking(False)
+                self.launch_env[environment.STUB_SOCKET] = stub_path
+                self.watch.add(stub_server, ("stub-listen", stub_server))
             log.info("running command: %s", " ".join(command))
             # A terminal stays with poprun: instances reading stdin would fight over it.
-            self.mpiexec = self.teardown.mpiexec = Process(
-                command, stdin_devnull=os.isatty(0), env={**os.environ, **env, environment.SECRET: self.secret})
+            self.mpiexec = self.teardown.mpiexec = Process(command, stdin_devnull=os.isatty(0), env=self.launch_env)
             self.mpiexec_started = time.monotonic()
             log.info("waiting for mpiexec (PID %d)", self.mpiexec.pid)
             self.watch.add(server, ("listen", server))
@@ -198,6 +218,17 @@ class Supervisor:
                 self.mpiexec.close()
             for conn in self.pending:
                 conn.close()
+            for conn, reader in self.stub_pending.items():
+                reader.close()
+                conn.close()
+            for state in self.instances:
+                if state.stub is not None:
+                    state.stub.close_pipes()
+            if stub_server is not None:
+                from poprun_py.host import stubs
+
+                stub_server.close()
+                stubs.remove(stub_path)
             server.close()
             os.close(wake_read)
             os.close(wake_write)
@@ -286,6 +317,7 @@ class Supervisor:
                 self.teardown.end_what_agents_left()  # (once all have ended, all stay so)
             for sink in self.sinks.values():
                 sink.tick()  # a line that another instance has waited on too long is ended
+            self._tick_stubs()
             if self.mpiexec_done_at is None and self.mpiexec.poll() is not None:
                 self.mpiexec_done_at = time.monotonic()
                 log.info("mpiexec exited with status %s", self.mpiexec.returncode)
@@ -304,22 +336,33 @@ class Supervisor:
                             self._disconnect(state)
                     return
             for fd, (kind, data) in self.watch.ready(TICK_SECONDS):
-                if kind == "listen":
-                    self._accept(data)
-                elif kind == "wake":
-                    try:
-                        os.read(fd, READ_SIZE)  # the signals that woke it
-                    except BlockingIOError:
-                        pass
-                elif kind == "pending":
-                    self._read_hello(*data)
-                elif kind == "instance":
-                    self._read_instance(data)
-                elif kind == "mpiexec":
-                    self._read_mpiexec(fd, data)
-                elif kind == "exited":
-                    self.watch.remove(fd)
-                    self.mpiexec.reap()
+                self._ready(fd, kind, data)
+
+    def _ready(self, fd: int, kind: str, data: Any) -> None:
+        """One descriptor the loop found ready, by its label."""
+        assert self.mpiexec is not None
+        if kind == "listen":
+            self._accept(data)
+        elif kind == "wake":
+            try:
+                os.read(fd, READ_SIZE)  # the signals that woke it
+            except BlockingIOError:
+                pass
+        elif kind == "pending":
+            self._read_hello(*data)
+        elif kind == "instance":
+            self._read_instance(data)
+        elif kind == "pipe":
+            self._read_pipe(*data)
+        elif kind == "stub-listen":
+            self._accept_stub(data)
+        elif kind == "stub-hello":
+            self._read_stub_hello(data)
+        elif kind == "mpiexec":
+            self._read_mpiexec(fd, data)
+        elif kind == "exited":
+            self.watch.remove(fd)
+            self.mpiexec.reap()
 
     def _stop_lingering_mpiexec(self) -> None:
         """One host: once every instance has reported its end and every shim has ended, mpiexec
@@ -498,6 +541,9 @@ class Supervisor:
     def _read_instance(self, index: int) -> None:
         state = self.instances[index]
         assert state.connection is not None
+        if state.stub is not None:
+            self._read_stub(state)
+            return
         data = self._recv(state.connection)
         received = time.time_ns()
         if data is None:
@@ -623,7 +669,11 @@ class Supervisor:
 
     def _disconnect(self, state: InstanceState) -> None:
         assert state.connection is not None
-        info = control.tcp_info(state.connection)
+        if state.stub is not None:  # what its program wrote before is passed on first
+            for fd in state.stub.pipes:
+                self.watch.remove(fd)
+            state.stub.lost()
+        info = control.tcp_info(state.connection) if state.stub is None else None
         self.watch.remove(state.connection)
         state.connection.close()
         state.connection = None
@@ -658,6 +708,117 @@ class Supervisor:
             return False
         first = self.instances[self.failure.index]
         return first.ended_at is not None and state.ended_at is not None and state.ended_at < first.ended_at
+
+    # ---------------------------------------------------------------- stubs (one host)
+    def _accept_stub(self, server: _socket.socket) -> None:
+        """A stub's connection (``host.stubs``: its user checked); its HELLO comes next."""
+        from poprun_py.host import stubs
+
+        try:
+            accepted = stubs.accept(server)
+        except OSError:
+            return
+        if accepted is None:
+            return
+        conn, _ = accepted
+        conn.setblocking(False)
+        self.stub_pending[conn] = stubs.Reader()
+        self.watch.add(conn, ("stub-hello", conn))
+
+    def _read_stub_hello(self, conn: _socket.socket) -> None:
+        """A stub's HELLO: it becomes its instance's, and gets its program."""
+        from poprun_py.host import stubs
+        from poprun_py.host.instance import StubbedInstance
+        from poprun_py.wire import local
+
+        reader = self.stub_pending.get(conn)
+        if reader is None:
+            return
+        try:
+            frames = reader.frames(conn)
+            if frames == []:
+                return  # (the rest of its HELLO is still to come)
+            del self.stub_pending[conn]
+            self.watch.remove(conn)
+            if frames is None:
+                conn.close()
+                return
+            frame = frames[0]
+            if frame.kind != local.HELLO or len(frames) > 1:
+                raise local.LocalProtocolError(f"its first frame is of kind {frame.kind}, not HELLO")
+            version, index = local.unpack(local.HELLO_FIELDS, frame.payload, "HELLO")
+            if version != local.VERSION:
+                raise local.LocalProtocolError(f"it speaks version {version} of the stubs' frames, poprun "
+                                               f"{local.VERSION} (a stub of another install)")
+            if not 0 <= index < len(self.instances) or self.instances[index].connection is not None:
+                raise local.LocalProtocolError(f"instance {index} is not expected or already connected")
+        except (OSError, local.LocalProtocolError) as exc:
+            self.stub_pending.pop(conn, None)
+            self.watch.remove(conn)
+            reader.close()
+            conn.close()
+            self._cannot_read(None, f"a stub on this host sent a HELLO poprun cannot read: {exc}")
+            return
+        state = self.instances[index]
+        assert self.host_programs is not None
+        env, error_file = self.host_programs.environment(index, self.launch_env)
+        state.stub = StubbedInstance(index, conn, reader, lambda data: self._from_stub(state, data), grace=self.grace,
+                                     error_file=error_file, program=self.argv[0])
+        state.connection, state.pid = conn, stubs.peer(conn).pid
+        state.last_heard = time.monotonic()
+        self.called_in += 1
+        if self.called_in == len(self.instances):
+            self._show_held()
+        if state.host == LOCAL_HOST:
+            state.host = _socket.gethostname()
+        self.watch.add(conn, ("instance", index))
+        log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
+        if not state.stub.start(self.argv, env, self.host_programs.flags(index)):
+            log.error("instance %d on %s: could not send it the program", index, state.host)
+            self._disconnect(state)
+            return
+        if self.teardown.started is not None:
+            self.teardown.terminate(state)
+
+    def _read_stub(self, state: InstanceState) -> None:
+        """One frame from an instance's stub; its end, when its connection ended."""
+        from poprun_py.wire import local
+
+        assert state.stub is not None and state.connection is not None
+        try:
+            frames = state.stub.reader.frames(state.stub.conn)
+            for frame in frames or []:
+                for fd in state.stub.frame(frame):
+                    self.watch.add(fd, ("pipe", (state.index, fd)))
+        except (OSError, local.LocalProtocolError) as exc:
+            log.error("instance %d on %s: dropped its stub's connection: %s", state.index, state.host, exc)
+            frames = None
+        if frames is None:
+            self._disconnect(state)
+
+    def _read_pipe(self, index: int, fd: int) -> None:
+        stub = self.instances[index].stub
+        if stub is None or fd not in stub.pipes:  # closed earlier in this turn (its number since reused)
+            return
+        if not stub.read(fd):
+            self.watch.remove(fd)  # (before it is closed)
+            stub.pipe_ended(fd)
+
+    def _tick_stubs(self) -> None:
+        """The stubbed instances' deadlines (a traceback waited for, a drain), looked at every
+        TICK_SECONDS: the events that end them early (a pipe's end, a line) are acted on as they come."""
+        now = time.monotonic()
+        if now < self.next_stub_tick:
+            return
+        self.next_stub_tick = now + TICK_SECONDS
+        for state in self.instances:
+            if state.stub is not None and state.stub.waiting:
+                state.stub.tick(now)
+
+    def _from_stub(self, state: InstanceState, data: bytes) -> None:
+        """A frame poprun gets of an instance run by a stub, as its shim would have sent it."""
+        kind, stream, _ = protocol.HEADER.unpack_from(data)
+        self._handle_frames(state, [(kind, stream, data[protocol.HEADER.size:])], time.time_ns())
 
     def _read_mpiexec(self, fd: int, stream: int) -> None:
         data = os.read(fd, READ_SIZE)

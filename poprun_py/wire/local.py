@@ -50,6 +50,8 @@ LAUNCHER_LOST_FIELDS = struct.Struct("!I")  # the launcher's PID
 #: when the program ended and when the stub began to stop it (CLOCK_REALTIME ns; 0: never).
 EXITED_FIELDS = struct.Struct("!iIIQQ")
 EXITED_WAS_STOPPED = 1  # the program was stopped (state T) when the stub came to end it
+#: the program called MPI_Abort (on its PMI line, which the stub relays): the status is the abort's
+EXITED_MPI_ABORT = 2
 #: PROGRAM_* flags, the grace between SIGTERM and SIGKILL when the stub itself is signalled or
 #: loses its supervisor (ms), the argument count, the count of the environment's changes.
 PROGRAM_FIELDS = struct.Struct("!BIII")

@@ -152,6 +152,16 @@ def exit_report(status: int, signum: int | None, error: str | None, flags: int =
     return frame(EXIT, EXIT_FIELDS.pack(status, signum or 0, flags) + (error or "").encode())
 
 
+def before_exit(cause: bytes | None, uncaught_line: tuple[int, bytes] | None, ended_ns: int, stopped_ns: int,
+                recorded_ns: int) -> list[bytes]:
+    """The frames that come before an instance's EXIT: its error file's record (ROOT_CAUSE), the
+    traceback its stderr ended with when it was stopped (UNCAUGHT), and its TIMES."""
+    frames = [frame(ROOT_CAUSE, cause)] if cause is not None else []
+    if uncaught_line is not None:
+        frames.append(uncaught(*uncaught_line))
+    return [*frames, times(ended_ns, stopped_ns, recorded_ns)]
+
+
 def read_hello(payload: bytes) -> tuple[int, int, str]:
     """``(instance, pid, host)`` from a HELLO payload."""
     index, pid = _unpack(HELLO_FIELDS, payload, "HELLO")

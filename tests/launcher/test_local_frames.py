@@ -75,16 +75,17 @@ def test_the_supervisor_reads_frames_and_the_descriptors_sent_with_them() -> Non
         data = local.frame(local.STARTED, local.STARTED_FIELDS.pack(1234))
         theirs.sendmsg([data[:2]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", write_end))])
         theirs.sendall(data[2:] + local.frame(local.RELEASE))
-        frame = stubs.receive(ours)
+        reader = stubs.Reader()
+        frame = reader.next(ours)
         assert frame is not None and (frame.kind, frame.payload) == (local.STARTED, local.STARTED_FIELDS.pack(1234))
         (passed,) = frame.fds
         os.write(passed, b"through")  # the same pipe, under another number
         os.close(passed)
         assert os.read(read_end, 16) == b"through"
-        assert stubs.receive(ours) == stubs.Frame(local.RELEASE, b"", [])
+        assert reader.next(ours) == stubs.Frame(local.RELEASE, b"", [])
         theirs.sendall(local.frame(local.EXITED, b"part")[:-2])
         theirs.close()  # mid-frame: the stub is gone
-        assert stubs.receive(ours) is None
+        assert reader.next(ours) is None
     finally:
         for fd in (read_end, write_end):
             os.close(fd)
@@ -97,10 +98,23 @@ def test_a_frame_longer_than_any_is_refused_before_anything_is_held_for_it() -> 
     with ours, theirs:
         theirs.sendall(local.HEADER.pack(local.PROGRAM, local.MAX_PAYLOAD + 1))
         with pytest.raises(local.LocalProtocolError, match=rf"^a frame of {local.MAX_PAYLOAD + 1} bytes, more than "):
-            stubs.receive(ours)
+            stubs.Reader().next(ours)
         theirs.sendall(local.HEADER.pack(local.PROGRAM, local.MAX_PAYLOAD) + b"x")
         theirs.close()
-        assert stubs.receive(ours) is None  # at most MAX_PAYLOAD is taken, then the end
+        assert stubs.Reader().next(ours) is None  # a frame cut short by the end: the end
+
+
+def test_frames_that_arrive_together_are_read_at_once_and_a_cut_one_waits_for_its_rest() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        reader = stubs.Reader()
+        exited = local.exited(0, 0, 0, 1, 2)
+        theirs.sendall(local.frame(local.SIGNALLED, local.SIGNALLED_FIELDS.pack(15)) + exited[:3])
+        assert reader.frames(ours) == [stubs.Frame(local.SIGNALLED, local.SIGNALLED_FIELDS.pack(15), [])]
+        ours.setblocking(False)
+        assert reader.frames(ours) == []  # nothing more yet: no wait
+        theirs.sendall(exited[3:])
+        assert reader.frames(ours) == [stubs.Frame(local.EXITED, exited[local.HEADER.size:], [])]
 
 
 def test_the_socket_lies_alone_in_a_directory_only_its_user_enters_and_goes_with_it(tmp_path: os.PathLike[str]) -> None:
@@ -115,8 +129,10 @@ def test_the_socket_lies_alone_in_a_directory_only_its_user_enters_and_goes_with
             accepted = stubs.accept(server)
             assert accepted is not None
             conn, peer = accepted
-            with conn:
+            try:
                 assert peer == stubs.Peer(os.getpid(), os.geteuid())
+            finally:
+                conn.close()
     finally:
         server.close()
         stubs.remove(path)

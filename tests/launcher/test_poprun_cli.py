@@ -291,10 +291,22 @@ def test_help_lists_every_option_with_its_default() -> None:
 def test_version_names_each_compiled_part() -> None:
     # This checkout's build (make install) has every part: a line each, present and what it does
     # (tests/integration/test_compiled_parts.py checks what an install without them says).
-    result = poprun("--version")
+    result = poprun("--version", env={"POPRUN_STUB": ""})  # (the default)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [f"poprun {__version__}",
-                                          *(f"{part.module}: present - {part.role}" for part in compiled.PARTS)]
+                                          *(f"{part.module}: present - {part.role}" for part in compiled.PARTS),
+                                          ("each instance on this host runs under: the compiled stub (poprun its "
+                                           "host's supervisor) (POPRUN_STUB=compiled)")]
+
+
+@pytest.mark.parametrize(("stub", "runs"), [
+    ("python", "the stub's Python fallback (poprun its host's supervisor) (POPRUN_STUB=python)"),
+    (" Shim ", "the Python shim (a connection to poprun each) (POPRUN_STUB=shim)"),
+    ("c", "none: POPRUN_STUB='c' is not one of compiled, python, shim")])
+def test_version_says_what_runs_each_instance(stub: str, runs: str) -> None:
+    result = poprun("--version", env={"POPRUN_STUB": stub})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == f"each instance on this host runs under: {runs}"
 
 
 def test_help_groups_every_option_once_with_the_no_ops_last() -> None:

@@ -12,7 +12,7 @@ import pytest
 from popcontract import environment
 from poprun_py.instance import SCRIPT, shim_pump
 from poprun_py.wire import protocol
-from tests.helpers import BIN, PYTHON, job_marker, poprun, run, wait_no_processes
+from tests.helpers import BIN, PYTHON, STUB_MODES, job_marker, poprun, run, wait_no_processes
 from tests.launcher.shim import run_shim
 
 pytestmark = pytest.mark.slow  # every test starts poprun or a shim
@@ -37,14 +37,18 @@ def imported(import_log: str) -> set[str]:
     return names
 
 
-def test_plain_launch_imports_nothing_heavy_besides_click() -> None:
+@pytest.mark.parametrize(("stub", "per_instance"), [
+    (stub, module) for stub, module in [("compiled", "poprun_py.host.instance"), ("python", "poprun_py.stub.fallback"),
+                                        ("shim", "poprun_py.instance.shim_pump")] if stub in STUB_MODES])
+def test_plain_launch_imports_nothing_heavy_besides_click(stub: str, per_instance: str) -> None:
     # The instances' own import logs come back tagged "[i] ", so the untagged lines are poprun's
-    # and the two shims' (test_shim_uses_only_builtin_modules checks a shim alone).
+    # and, but for the compiled stub, the two Python stubs' or shims' (test_shim_uses_only_builtin_modules
+    # checks a shim alone). With stubs, poprun itself is their host's supervisor.
     result = run([str(BIN / "poprun"), "--num-instances", "2", PYTHON, "-c", "pass"],
-                 env={"PYTHONPROFILEIMPORTTIME": "1"})
+                 env={"PYTHONPROFILEIMPORTTIME": "1", environment.STUB: stub})
     assert result.returncode == 0, result.stderr
     modules = imported(result.stderr)
-    assert {"click", "poprun_py.supervision.supervisor", "poprun_py.instance.shim_pump"} <= modules
+    assert {"click", "poprun_py.supervision.supervisor", per_instance} <= modules
     assert modules.isdisjoint(HEAVY_BESIDES_CLICK), sorted(modules & set(HEAVY_BESIDES_CLICK))
 
 
@@ -119,18 +123,22 @@ PDEATHSIG = ("import ctypes; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctyp
              "import os; print(v.value, os.getpgid(0) == os.getpid())")  # PR_GET_PDEATHSIG
 
 
-def test_program_dies_with_its_shim_and_leads_its_own_process_group() -> None:
-    result = poprun("--num-instances", "2", PYTHON, "-c", PDEATHSIG)
+@pytest.mark.parametrize("stub", STUB_MODES)
+def test_program_dies_with_its_shim_and_leads_its_own_process_group(stub: str) -> None:
+    result = poprun("--num-instances", "2", PYTHON, "-c", PDEATHSIG, env={environment.STUB: stub})
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["[0] 9 True", "[1] 9 True"]  # SIGKILL
 
 
-def test_without_setpriv_the_program_still_runs(tmp_path: Path) -> None:
-    # No setpriv on PATH: the shim starts the program directly (no death signal, the session
-    # sweep is what remains) rather than failing.
-    result = poprun("--num-instances", "2", PYTHON, "-c", PDEATHSIG, env={"PATH": str(tmp_path)})
+@pytest.mark.parametrize(("stub", "death_signal"), [
+    (stub, signum) for stub, signum in [("compiled", 9), ("python", 0), ("shim", 0)] if stub in STUB_MODES])
+def test_without_setpriv_the_program_still_runs(tmp_path: Path, stub: str, death_signal: int) -> None:
+    # No setpriv on PATH: the Python stub and the shim start the program directly (no death signal,
+    # the session sweep is what remains) rather than failing; the compiled stub sets it itself.
+    result = poprun("--num-instances", "2", PYTHON, "-c", PDEATHSIG,
+                    env={"PATH": str(tmp_path), environment.STUB: stub})
     assert result.returncode == 0, result.stderr
-    assert sorted(result.stdout.splitlines()) == ["[0] 0 True", "[1] 0 True"]
+    assert sorted(result.stdout.splitlines()) == [f"[0] {death_signal} True", f"[1] {death_signal} True"]
 
 
 def test_missing_program_on_a_host_is_reported_by_the_shim() -> None:

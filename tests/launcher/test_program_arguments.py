@@ -14,9 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.instance import SCRIPT
 from poprun_py.planning.mpi import MAX_COMMAND_BYTES
-from tests.helpers import BIN, OPENMPI_LIBMPI, OPENMPI_MPIEXEC, POPRUN, PYTHON, ROOT, SUBPROCESS_TIMEOUT
+from tests.helpers import (
+    BIN,
+    INSTANCE_COMMAND,
+    OPENMPI_LIBMPI,
+    OPENMPI_MPIEXEC,
+    POPRUN,
+    PYTHON,
+    ROOT,
+    SUBPROCESS_TIMEOUT,
+)
 
 pytestmark = pytest.mark.slow  # every test starts poprun
 
@@ -86,17 +94,17 @@ def test_the_dry_run_shows_the_program_as_given_and_the_mpiexec_command_without_
     assert result.returncode == 0, result.stderr
     lines = result.stdout.split(b"\ncommand: ", 1)[1]
     command, program = lines.split(b"\nprogram: ", 1)
-    # The instances' app contexts end with the shim and the instance's index: nothing of the program.
+    # The instances' app contexts end with the stub and the instance's index: nothing of the program.
     contexts = [context.split() for context in command.decode().split(" : ")]
-    assert [context[-4:] for context in contexts] == [[PYTHON, "-S", SCRIPT, str(i)]
-                                                      for i in range(2)]
+    length = len(INSTANCE_COMMAND) + 1
+    assert [context[-length:] for context in contexts] == [[*INSTANCE_COMMAND, str(i)] for i in range(2)]
     assert b"touch" not in command and SHOW_ARGV.encode() not in command
     # The program as a shell would take it, its bytes as they are, then how it travels.
     shown, how = program.rsplit(b"\n", 2)[:2]
     assert shlex.split(shown.decode(errors="surrogateescape")) == [
         PYTHON, SHOW_ARGV, *(os.fsdecode(arg) for arg in args)]
-    assert how == (b"  (each instance's shim receives it from poprun over the control connection, byte for byte; "
-                   b"mpiexec never reads it)")
+    assert how == (b"  (each instance's stub receives it from poprun over a socket in a private directory, byte for "
+                   b"byte; mpiexec never reads it)")
     assert not made.exists()
 
 
@@ -141,7 +149,7 @@ def test_a_job_in_mpiexecs_config_file_gives_each_instance_its_environment_and_a
     command = next(line for line in shown if line.startswith("command: "))
     assert command.endswith(" --app '<config-file>'" if mpi == "openmpi" else " -configfile '<config-file>'")
     assert "<config-file>: 3 lines (the command line would be too long)" in shown
-    assert sum(line.endswith(f" {every} {odd[2:]} {PYTHON} -S {SCRIPT} 1") for line in shown) == 1
+    assert sum(line.endswith(f" {every} {odd[2:]} {' '.join(INSTANCE_COMMAND)} 1") for line in shown) == 1
     result = run_bytes([*POPRUN, *options, PYTHON, "-c", SHOW_ENVIRONMENT, *args], env=MPI_ENV.get(mpi))
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     received = sorted(line.split(" ", 1) for line in result.stdout.decode().splitlines())

@@ -7,11 +7,11 @@ a stub that signalled its own process group (a mutant of ``make mutants-stub``) 
 
 from __future__ import annotations
 
+import _socket
 import errno
 import os
 import select
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -50,13 +50,14 @@ KINDS = ["compiled", "fallback"]
 class Supervisor:
     """The supervisor's end of one stub's connection, driven step by step by a test."""
 
-    def __init__(self, conn: socket.socket, peer: stubs.Peer) -> None:
+    def __init__(self, conn: _socket.socket, peer: stubs.Peer) -> None:
         self.conn, self.peer = conn, peer
         conn.settimeout(FRAME_WAIT)
+        self.reader = stubs.Reader()
         self.fds: list[int] = []
 
     def next(self, kind: int) -> stubs.Frame:
-        frame = stubs.receive(self.conn)
+        frame = self.reader.next(self.conn)
         assert frame is not None, f"the stub closed its connection; {chr(kind)} was expected"
         self.fds += frame.fds
         assert chr(frame.kind) == chr(kind), frame
