@@ -124,13 +124,14 @@ def _launch(launch: dict[str, Any]) -> list[str]:
 
 
 def _instance_side(launch: dict[str, Any]) -> list[str]:
-    """The launch section's cost of one shim."""
-    if "shim" not in launch:
+    """The launch section's cost of what runs each instance (a shim before issue 50, then a stub)."""
+    own = launch.get("per_instance") or launch.get("shim")
+    if own is None:
         return []
-    shim = launch["shim"]
-    return [(f"One shim, up to its program's end (read from /proc by the program, {shim['cpu_seconds']['runs']} "
-             f"shims): {ms(shim['cpu_seconds']['median'])} ms of CPU, {shim['peak_rss_mib']['median']:.1f} MiB "
-             "peak resident."), ""]
+    what = {"compiled": "compiled stub", "python": "Python stub", "shim": "shim"}[own.get("runs_under", "shim")]
+    return [(f"What runs each instance (the {what}), up to its program's end (read from /proc by the program, "
+             f"{own['cpu_seconds']['runs']} of them): {ms(own['cpu_seconds']['median'])} ms of CPU, "
+             f"{own['peak_rss_mib']['median']:.1f} MiB peak resident."), ""]
 
 
 def _scale(scale: dict[str, Any]) -> list[str]:

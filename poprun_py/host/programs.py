@@ -1,6 +1,5 @@
-"""What poprun's own host runs per instance (the compiled stub, its Python fallback, or the shim),
-and what each stub is told besides the program: the environment's changes the shim used to make
-in its own process before it started the program, made here once per host instead.
+"""What each stub of a host is told besides the program: the environment's changes the shim used
+to make in its own process before it started the program, made once per host instead.
 """
 
 from __future__ import annotations
@@ -9,8 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from popcontract import compiled, environment, settings
-from poprun_py.shared.errors import PlanError
+from popcontract import environment, settings
 from poprun_py.wire import local
 
 if TYPE_CHECKING:
@@ -18,44 +16,8 @@ if TYPE_CHECKING:
 
     from poprun_py.planning.plan import JobPlan
 
-COMPILED, PYTHON, SHIM = "compiled", "python", "shim"
-MODES = (COMPILED, PYTHON, SHIM)
-
 #: What the program never sees of what its stub inherits from mpiexec.
 HIDDEN = (environment.SECRET, environment.ONE_STREAM, environment.STUB_SOCKET)
-
-
-def mode() -> str:
-    """``POPRUN_STUB``: the compiled stub where it was built (else its Python fallback) by default."""
-    default = COMPILED if compiled.present(compiled.STUB) else PYTHON
-    try:
-        chosen = settings.choice(environment.STUB, MODES, default)
-    except settings.PopdistEnvError as exc:
-        raise PlanError(str(exc)) from None
-    if chosen == COMPILED and default != COMPILED:
-        raise PlanError(f"{environment.STUB}=compiled, but this install has no compiled stub "
-                        f"({compiled.why_missing(compiled.STUB)}); use python or shim")
-    return chosen
-
-
-def describe(chosen: str) -> str:
-    """What ``chosen`` runs each instance under, for ``poprun --version``."""
-    return {COMPILED: "the compiled stub (poprun its host's supervisor)",
-            PYTHON: "the stub's Python fallback (poprun its host's supervisor)",
-            SHIM: "the Python shim (a connection to poprun each)"}[chosen] + f" ({environment.STUB}={chosen})"
-
-
-def stub_command(chosen: str) -> tuple[str, ...]:
-    """What mpiexec runs for each instance, before its index: the stub, or the shim."""
-    if chosen == COMPILED:
-        path = compiled.library(compiled.STUB)
-        assert path is not None  # (``mode`` refuses compiled without it)
-        return (path,)
-    if chosen == PYTHON:
-        from poprun_py.stub import SCRIPT
-    else:
-        from poprun_py.instance import SCRIPT
-    return (sys.executable, "-S", SCRIPT)
 
 
 class HostPrograms:
@@ -73,7 +35,7 @@ class HostPrograms:
     def error_file(self, index: int) -> str | None:
         if self.plan.error_dir is None:
             return None
-        from poprun_py.planning.plan import error_file
+        from poprun_py.shared.root_cause import error_file
 
         return error_file(self.plan.error_dir, index)
 

@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from popcontract import environment as names
 from poprun_py.shared.errors import PlanError
+from poprun_py.shared.root_cause import error_file
 
 LOCAL_HOST = "localhost"
 #: torchrun's default --master-port, used when instance 0 runs on another host than poprun.
@@ -27,12 +28,6 @@ def elide(items: list[str], keep: int = SHOWN_IN_FULL) -> list[str]:
     head, tail = keep * 3 // 4, keep // 4
     indent = items[0][:len(items[0]) - len(items[0].lstrip())]
     return [*items[:head], f"{indent}... {len(items) - head - tail} more ...", *items[-tail:]]
-
-
-def error_file(directory: str, index: int) -> str:
-    """Instance ``index``'s TORCHELASTIC_ERROR_FILE: a directory of its own, as torchrun gives each
-    worker, so the shims of one host can create and remove theirs without racing each other."""
-    return f"{directory}/{index}/error.json"
 
 
 def span(numbers: range) -> str:

@@ -1,6 +1,6 @@
 """torchrun's error files: where an instance's program records why it failed, and how that reaches poprun.
 
-Every instance gets ``TORCHELASTIC_ERROR_FILE`` (``plan.error_file``): ``DIR/<i>/error.json``, DIR one
+Every instance gets ``TORCHELASTIC_ERROR_FILE`` (``error_file``): ``DIR/<i>/error.json``, DIR one
 directory per job. torch's ``@record`` (``torch.distributed.elastic.multiprocessing.errors``) writes
 the exception there as JSON: ``{"message": {"message": "ValueError: ...", "extraInfo":
 {"py_callstack": "Traceback ...", "timestamp": "..."}}}`` (or ``{"message": "...", "timestamp": ...}``).
@@ -25,6 +25,12 @@ SEND_LIMIT = 64 * 1024
 READ_LIMIT = 16 * 1024 * 1024
 #: Lines of the traceback shown in poprun's summary (its end, where the error is).
 SHOWN_TRACEBACK_LINES = 30
+
+
+def error_file(directory: str, index: int) -> str:
+    """Instance ``index``'s TORCHELASTIC_ERROR_FILE: a directory of its own, as torchrun gives each
+    worker, so the shims of one host can create and remove theirs without racing each other."""
+    return f"{directory}/{index}/error.json"
 
 
 # ---------------------------------------------------------------- the shim's side

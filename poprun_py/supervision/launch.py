@@ -147,7 +147,7 @@ def command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, ag
     """What the mpiexec command is built from besides the plan: what every instance gets from poprun's
     environment and options, the shim, the user's MPI arguments and what reaches the hosts (``agent``,
     None: ssh)."""
-    from poprun_py.host import programs
+    from poprun_py.planning import per_instance
     from poprun_py.planning.mpi import CommandSpec, parse_instance_local_args, split_args
     from poprun_py.supervision.output import one_stream
 
@@ -171,7 +171,7 @@ def command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, ag
     return CommandSpec(
         launch_env=MappingProxyType(launch_env),  # read-only, as the spec is
         # One host: poprun is its supervisor, and each instance a stub (unless POPRUN_STUB=shim).
-        shim=programs.stub_command(programs.mode() if callback is None else programs.SHIM),
+        shim=per_instance.stub_command(per_instance.mode() if callback is None else per_instance.SHIM),
         silence_limit=_silence_limit(),
         global_args=tuple(split_args(mpi.mpi_global_args, "--mpi-global-args")),
         local_args=tuple(split_args(mpi.mpi_local_args, "--mpi-local-args")),
@@ -309,9 +309,9 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, limits: tu
 
 def _stubbed(start: Start) -> bool:
     """Whether stubs run the instances of ``start``, poprun their host's supervisor (one host)."""
-    from poprun_py.host import programs
+    from poprun_py.planning import per_instance
 
-    return start.callback is None and programs.mode() != programs.SHIM
+    return start.callback is None and per_instance.mode() != per_instance.SHIM
 
 
 def _host_programs(start: Start, plan: JobPlan, output: OutputOptions) -> HostPrograms | None:

@@ -164,10 +164,17 @@ def install_command(venv: Path, archive: Path, wheelhouse: Path, extras: str = "
             f"poprun-py{extras} @ {archive.as_uri()}"]
 
 
+#: How ``poprun --version``'s last line begins: what runs each instance on poprun's host.
+RUNS_UNDER = "each instance on this host runs under: "
+
+
 def reported_parts(version_output: str) -> dict[str, str]:
-    """``{module: "present" | "missing"}`` from ``poprun --version``'s lines after the first."""
+    """``{module: "present" | "missing"}`` from ``poprun --version``'s lines between the first and
+    the last (RUNS_UNDER)."""
     found = {}
-    for line in version_output.splitlines()[1:]:
+    lines = version_output.splitlines()
+    assert lines[-1].startswith(RUNS_UNDER), version_output
+    for line in lines[1:-1]:
         m = re.match(r"(\S+): (present|missing)\b", line)
         assert m, f"not a line of the compiled parts' report: {line!r}"
         found[m.group(1)] = m.group(2)

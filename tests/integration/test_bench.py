@@ -13,7 +13,8 @@ import pytest
 from bench import launch, pipeline, report, scale, scaling, training
 from bench.machine import machine_info
 from bench.timing import time_commands
-from tests.helpers import PYTHON, poprun, run
+from popcontract import environment
+from tests.helpers import PYTHON, STUB_MODES, poprun, run
 
 # Every test starts the workers (under poprun or alone), several of them in processes that each import
 # torch: on two cores busy with make test's other parts one took more than the suite's 120 s.
@@ -109,15 +110,18 @@ def test_matmul_section_times_each_product_and_checks_the_invariance() -> None:
     assert "| 16x64x32 |" in text and "Rows computed alone equal the rows of the whole call: yes" in text
 
 
-def test_the_launch_section_measures_one_shim_and_renders() -> None:
-    shim = launch.shim_cost(rounds=1)  # refuses a probe whose parent is not a shim
-    cpu, rss = shim["cpu_seconds"], shim["peak_rss_mib"]
-    assert cpu["runs"] == rss["runs"] == 2  # type: ignore[index]
-    # A Python interpreter's own (a shell, the program, holds about 2 MiB): less than a second and a GiB.
-    assert 0.001 < cpu["median"] < 1 and 4 < rss["median"] < 1024  # type: ignore[index]
+@pytest.mark.parametrize("stub", STUB_MODES)
+def test_the_launch_section_measures_what_runs_each_instance_and_renders(stub: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(environment.STUB, stub)
+    own = launch.per_instance_cost(rounds=1)  # refuses a probe whose parent is not what runs it
+    cpu, rss = own["cpu_seconds"], own["peak_rss_mib"]
+    assert own["runs_under"] == stub and cpu["runs"] == rss["runs"] == 2  # type: ignore[index]
+    # Less than a second and a GiB; a Python interpreter's own more than 4 MiB (a shell holds about 2).
+    assert 0 < cpu["median"] < 1 and (4 if stub != "compiled" else 0) < rss["median"] < 1024  # type: ignore[index]
     section = {"mpi_init": {"seconds": {"mpiexec": {"median": 0.1}, "poprun": {"median": 0.15}}, "ratio": 1.5},
                "pass": {"seconds": {"mpiexec": {"median": 0.01}, "poprun": {"median": 0.05}}, "ratio": 5.0},
-               "shim": shim}
+               "per_instance": own}
     table = report.markdown({"launch": section})
     assert "| `pass` | " in table and "peak resident" in table, table
 

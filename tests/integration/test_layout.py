@@ -284,15 +284,15 @@ LAUNCHER_IMPORTS = {
     "wire": {"shared"},                                 # both processes: the channel between them
     "instance": {"wire", "shared"},                     # the shim, once per instance
     "stub": {"instance", "wire", "shared"},             # the stub's Python fallback, once per instance
-    "host": {"wire", "shared"},                         # a host's supervisor of its stubs
+    "host": {"instance", "wire", "shared"},             # a host's supervisor of its stubs (the shim's parts)
     "planning": {"shared"},                             # poprun, before anything starts
-    "supervision": {"planning", "wire", "shared"},      # poprun, while the job runs
+    "supervision": {"planning", "host", "wire", "shared"},  # poprun, while the job runs (its host's supervisor)
     "cli": {"supervision", "planning", "shared"},       # poprun's command line
 }
 #: What every sub-package may import although its row does not name it: the package's version and
-#: the path of the script mpiexec starts for each instance. (The contract, popcontract, is a package
+#: the paths of the scripts mpiexec starts for each instance. (The contract, popcontract, is a package
 #: of its own: every sub-package may read it.)
-LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.instance"}
+LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.instance", "poprun_py.stub"}
 #: Sub-packages that run in the shim, whose start-up counts against every launch: the standard
 #: library only.
 STANDARD_LIBRARY_ONLY = {"instance", "stub", "wire", "shared"}
