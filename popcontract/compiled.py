@@ -64,8 +64,7 @@ PARTS = (
     Part(LOOPBACK, "Hydra's and Open MPI's launchers kept on loopback in a one-host job",
          "a one-host job that Hydra's mpiexec or Open MPI would start refuses to (MPICH's gforker needs "
          "no library)", imported=False),
-    Part(STUB, "the compiled per-instance stub (fork, exec, wait) of one-host jobs, whose supervisor poprun is "
-               "(remote hosts still run the Python shim)",
+    Part(STUB, "the compiled per-instance stub (fork, exec, wait; each host's one supervisor does the rest)",
          "its Python fallback (poprun_py/stub/fallback.py: the same frames, an interpreter per instance)",
          program=True),
 )

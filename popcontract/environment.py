@@ -136,13 +136,17 @@ ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the shim",
                      "output is shown there: the program's stdout and stderr are one pipe, as `2>&1` makes them, so "
                      "its lines keep the order it wrote them in; the shim removes it before it starts the program")
 STUB = _define("POPRUN_STUB", "the user", "poprun",
-               "what runs each instance's program on poprun's own host: compiled (the compiled stub, "
-               "the default where it was built), python (the stub's Python fallback), shim (the per-instance "
-               "Python shim with its own connection to poprun, as remote hosts still have)")
-STUB_SOCKET = _define("POPRUN_STUB_SOCKET", "poprun", "the stub",
+               "what runs each instance's program: compiled (the compiled stub, the default where it was built), "
+               "python (the stub's Python fallback), each under its host's one supervisor; shim (a Python shim per "
+               "instance, each with its own connection to poprun)")
+PYTHON = _define("POPRUN_PYTHON", "poprun (a job across hosts)", "the stub",
+                 "the Python that runs a remote host's supervisor (poprun's own, the same path on every host, as "
+                 "the stub's): the first stub of the job on a host starts it")
+STUB_SOCKET = _define("POPRUN_STUB_SOCKET", "poprun", "the stub, a host's supervisor",
                       "the Unix socket of the instance's host supervisor, in a directory only the job's user can "
-                      "enter, where the stub (poprun_py/stub) gets its program and hands over its pipes; the "
-                      "program does not see it")
+                      "enter, where the stub (poprun_py/stub) gets its program and hands over its pipes (the same "
+                      "path on every host: poprun listens there on its own, a remote host's supervisor on its "
+                      "host); the program does not see it")
 
 # ------------------------------------------------------------------- the MPI and ssh layer
 SLURM_NODELIST = _define("SLURM_JOB_NODELIST", "Slurm", "poprun",

@@ -184,11 +184,14 @@ class StubbedInstance:
             self._report()
 
     def lost(self) -> None:
-        """The stub's connection ended: what its pipes hold now is passed on, then they are closed."""
+        """The stub's connection ended: what its pipes hold now is passed on, then they are closed;
+        an error file no report will read goes (with its folder)."""
         for fd in list(self.pipes):
             self._read_to_the_end(fd)
         self.close_pipes()
         self.reader.close()
+        if self.error_file and not self.reported and self.exit is None:
+            root_cause.remove(self.error_file, keep_job=True)
 
     def close_pipes(self) -> None:
         for fd in list(self.pipes):

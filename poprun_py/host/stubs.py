@@ -47,15 +47,23 @@ def listen(parent: str | None = None) -> tuple[_socket.socket, str]:
     directory = os.path.join(parent or temporary_folder(), f"poprun-stubs-{os.urandom(6).hex()}")
     os.mkdir(directory, 0o700)  # a new name: nobody else can have made it first
     path = os.path.join(directory, SOCKET_NAME)
+    try:
+        return bind(path), path
+    except OSError:
+        remove(path)
+        raise
+
+
+def bind(path: str) -> _socket.socket:
+    """A socket listening at ``path``, in a private folder already made."""
     server = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         server.bind(path)
         server.listen(BACKLOG)
     except OSError:
         server.close()
-        remove(path)
         raise
-    return server, path
+    return server
 
 
 def remove(path: str) -> None:

@@ -162,7 +162,8 @@ def silence_limit() -> float:
         return protocol.DEFAULT_SILENCE_LIMIT
 
 
-def connect_to_poprun(index: int, secret: str | None, limit: float) -> tuple[_socket.socket, Seal, int] | None:
+def connect_to_poprun(index: int, secret: str | None, limit: float,
+                      who: str = "") -> tuple[_socket.socket, Seal, int] | None:
     """The control connection, its seal, and when poprun's nonce arrived (this host's wall clock,
     ns: half of the measure of the clocks' offset, see ``protocol.CLOCK``); None, said on stderr,
     when poprun cannot be reached within the silence limit (``limit``), or its address or the
@@ -189,7 +190,7 @@ def connect_to_poprun(index: int, secret: str | None, limit: float) -> tuple[_so
             problem = str(exc)
     # Only poprun has the program: nothing is started. mpiexec passes this line and the status on.
     where = f" at {address}" if address else ""
-    os.write(2, f"poprun instance {index}: cannot reach poprun{where} ({problem}); "
+    os.write(2, f"{who or f'poprun instance {index}'}: cannot reach poprun{where} ({problem}); "
                 "the program was not started\n".encode())
     return None
 
@@ -198,7 +199,8 @@ def connect_to_poprun(index: int, secret: str | None, limit: float) -> tuple[_so
 NOT_STARTED = 1
 
 
-def receive_program(index: int, control: _socket.socket, seal: Seal, nonce_arrived: int) -> list[bytes] | None:
+def receive_program(index: int, control: _socket.socket, seal: Seal, nonce_arrived: int,
+                    hello: bytes = b"", who: str = "") -> list[bytes] | None:
     """Say HELLO and this host's clock (``protocol.CLOCK``: when poprun's nonce arrived, and now),
     then read poprun's answer: the program and its arguments (``protocol.PROGRAM``),
     no longer than this host could pass to a program. None, said on stderr, when poprun's
@@ -210,7 +212,7 @@ def receive_program(index: int, control: _socket.socket, seal: Seal, nonce_arriv
     from poprun_py.wire import protocol
 
     try:
-        control.sendall(seal.seal(protocol.hello(index, os.getpid(), _socket.gethostname()))
+        control.sendall(seal.seal(hello or protocol.hello(index, os.getpid(), _socket.gethostname()))
                         + seal.seal(protocol.clock(nonce_arrived, time.time_ns())))
         control.setsockopt(_socket.SOL_SOCKET, _socket.SO_KEEPALIVE, 1)
         for option, seconds in (("TCP_KEEPIDLE", 2), ("TCP_KEEPINTVL", 2)):
@@ -228,7 +230,7 @@ def receive_program(index: int, control: _socket.socket, seal: Seal, nonce_arriv
         return protocol.decode_program(body[:length])
     except (OSError, protocol.ProtocolError) as exc:
         why = str(exc) if not isinstance(exc, TimeoutError) else "poprun's host stopped acknowledging"
-    os.write(2, f"poprun instance {index}: did not receive the program from poprun ({why}); "
+    os.write(2, f"{who or f'poprun instance {index}'}: did not receive the program from poprun ({why}); "
                 "the program was not started\n".encode())
     return None
 

@@ -27,8 +27,8 @@ def mode() -> str:
 
 def describe(chosen: str) -> str:
     """What ``chosen`` runs each instance under, for ``poprun --version``."""
-    return {COMPILED: "the compiled stub (poprun its host's supervisor)",
-            PYTHON: "the stub's Python fallback (poprun its host's supervisor)",
+    return {COMPILED: "the compiled stub (one supervisor per host)",
+            PYTHON: "the stub's Python fallback (one supervisor per host)",
             SHIM: "the Python shim (a connection to poprun each)"}[chosen] + f" ({environment.STUB}={chosen})"
 
 

@@ -35,6 +35,17 @@ TEMPORARY_VARIABLES = ("TMPDIR", "TEMP", "TMP")
 TEMPORARY_FOLDERS = ("/tmp", "/var/tmp", "/usr/tmp")
 
 
+def private_folder(folder: str) -> bool:
+    """Whether ``folder`` is a folder of this user's that no one else may enter (not a link)."""
+    import stat
+
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+
+
 def temporary_folder() -> str:
     """The folder of the job's directory of error files, the same path on every host (a remote
     host's shims create it), and of the private directory of its host's stubs' socket: the first

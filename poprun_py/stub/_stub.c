@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -39,6 +40,9 @@ enum { VERSION = 1, HEADER_SIZE = 5, PROGRAM_FIELDS = 13, PROGRAM_NO_STDIN = 1, 
        EXITED_WAS_STOPPED = 1, EXITED_MPI_ABORT = 2 };
 #define MAX_PAYLOAD (8u << 20)
 #define SOCKET_VARIABLE "POPRUN_STUB_SOCKET"
+#define PYTHON_VARIABLE "POPRUN_PYTHON"
+/* How long a stub waits for its host's supervisor, started by it or another stub, to listen. */
+#define SUPERVISOR_START_MS 30000
 
 /* The stub's status when it starts no program (poprun_py/instance/shim.py's NOT_STARTED). */
 #define NOT_STARTED_STATUS 1
@@ -215,6 +219,8 @@ static pid_t child = -1;
 static int running = 0, status = 0, signum = 0, stopping = 0, was_stopped = 0;
 static uint64_t ended_ns = 0, stop_begun_ns = 0;
 static int64_t kill_at = NEVER;
+/* A host's supervisor that the stub started (end_leftovers spares it), or -1. */
+static pid_t supervisor = -1;
 /* MPICH's PMI line: the launcher's end, the relay's, the program's (until it is started), what is
  * held of a line that may be an abort request, and the abort asked for (see open_pmi). */
 static int pmi_launcher = -1, pmi_relay = -1, pmi_program = -1;
@@ -348,7 +354,10 @@ static void end_leftovers(void) {
             listed = children_by_scan(text, sizeof text);
         int found = 0;
         for (char *word = strtok(listed, " \n"); word != NULL; word = strtok(NULL, " \n")) {
-            kill((pid_t)atoi(word), SIGKILL);
+            pid_t pid = (pid_t)atoi(word);
+            if (pid == supervisor)
+                continue; /* the host's: it ends once every stub there has gone */
+            kill(pid, SIGKILL);
             found = 1;
         }
         if (!found || now_ms() >= deadline)
@@ -576,6 +585,93 @@ static int connect_to_supervisor(const char *path) {
     return sock;
 }
 
+/* Whether `folder` is a folder of this user's that no one else may enter. */
+static int private_folder(const char *folder) {
+    struct stat info;
+    return lstat(folder, &info) == 0 && S_ISDIR(info.st_mode) && info.st_uid == geteuid() &&
+           (info.st_mode & 077) == 0;
+}
+
+/* Start the host's supervisor, `python -S .../poprun_py/host/script.py` (the package beside this
+ * program's folder), as a child that outlives nothing it needs: it ends when its stubs have gone. */
+static int start_supervisor(const char *python) {
+    char script[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", script, sizeof script - 32);
+    if (n <= 0)
+        return -1;
+    script[n] = 0;
+    char *slash = strrchr(script, '/');
+    if (slash == NULL)
+        return -1;
+    strcpy(slash, "/../host/script.py");
+    supervisor = fork();
+    if (supervisor == 0) {
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0 && devnull != 0) {
+            dup2(devnull, 0);
+            close(devnull);
+        }
+        execl(python, python, "-S", script, (char *)NULL);
+        say("cannot start its host's supervisor with %s (%s)", python, strerror(errno));
+        _exit(127);
+    }
+    return supervisor > 0 ? 0 : -1;
+}
+
+/* The connection to this host's supervisor at `path`. On poprun's own host poprun listens there; on
+ * another host the first stub of the job to make the socket's folder starts the supervisor, and
+ * every stub waits for it to listen. -1 (errno) when it cannot be reached. */
+static int reach_supervisor(const char *path) {
+    int sock = connect_to_supervisor(path);
+    const char *python = getenv(PYTHON_VARIABLE);
+    if (sock >= 0 || (errno != ENOENT && errno != ECONNREFUSED) || python == NULL || *python == 0)
+        return sock;
+    char folder[PATH_MAX], job[PATH_MAX];
+    snprintf(folder, sizeof folder, "%s", path);
+    char *slash = strrchr(folder, '/');
+    if (slash == NULL || slash == folder) {
+        errno = EINVAL;
+        return -1;
+    }
+    *slash = 0;
+    snprintf(job, sizeof job, "%s", folder);
+    slash = strrchr(job, '/');
+    if (slash == NULL || slash == job) {
+        errno = EINVAL;
+        return -1;
+    }
+    *slash = 0;
+    if ((mkdir(job, 0700) != 0 && errno != EEXIST) || !private_folder(job)) {
+        errno = errno == EEXIST ? EPERM : errno;
+        return -1;
+    }
+    if (mkdir(folder, 0700) == 0) {
+        if (start_supervisor(python) != 0)
+            return -1;
+    } else if (errno != EEXIST || !private_folder(folder)) {
+        errno = errno == EEXIST ? EPERM : errno;
+        return -1;
+    }
+    int64_t deadline = now_ms() + SUPERVISOR_START_MS;
+    for (;;) {
+        sock = connect_to_supervisor(path);
+        if (sock >= 0 || (errno != ENOENT && errno != ECONNREFUSED))
+            return sock;
+        int wait_status;
+        if (supervisor > 0 && waitpid(supervisor, &wait_status, WNOHANG) == supervisor) {
+            supervisor = -1; /* it said why on stderr */
+            errno = ECHILD;
+            return -1;
+        }
+        if (now_ms() >= deadline) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        struct timespec pause = {0, 2000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 /* Fork and exec the program; its pipes' read ends in out[0] and err[0] (-1: one stream). The
  * errno of a failed exec, or 0. */
 static int start(const struct program *program, const sigset_t *original, int *out, int *err) {
@@ -675,7 +771,7 @@ int main(int argc, char **argv) {
         return NOT_STARTED_STATUS;
     }
     strcpy(path, given);
-    int sock = connect_to_supervisor(path);
+    int sock = reach_supervisor(path);
     if (sock < 0) {
         say("cannot reach its host's supervisor at %s (%s); the program was not started", path, strerror(errno));
         return NOT_STARTED_STATUS;

@@ -318,16 +318,17 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def end_leftovers(pid: int) -> None:
+def end_leftovers(pid: int, spare: int = 0) -> None:
     """SIGKILL what is left of the program's group and every descendant of the stub (it is their
-    subreaper), until none is left or LEFTOVER_SECONDS have passed."""
+    subreaper) but ``spare`` (the host's supervisor it started), until none is left or
+    LEFTOVER_SECONDS have passed."""
     if pid > 0:
         _killpg(pid, _signal.SIGKILL)
     deadline = time.monotonic() + LEFTOVER_SECONDS
     me = os.getpid()
     while True:
         sweep.reap_adopted()
-        children = sweep.descendants(me)  # no reading of /proc when it has no child
+        children = [child for child in sweep.descendants(me) if child != spare]  # (no /proc read without children)
         for child in children:
             try:
                 os.kill(child, _signal.SIGKILL)
@@ -353,6 +354,66 @@ def remove_what_the_supervisor_left(socket_path: str) -> None:
             pass
 
 
+#: How long a stub waits for its host's supervisor, started by it or another stub, to listen.
+SUPERVISOR_START_SECONDS = 30.0
+#: The host's supervisor this stub started (``end_leftovers`` spares it); 0: none.
+supervisor = 0
+
+
+def _connect(path: str) -> _socket.socket:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def reach_supervisor(path: str) -> _socket.socket:
+    """The connection to this host's supervisor at ``path`` (as ``_stub.c``'s reach_supervisor: on
+    poprun's own host poprun listens there; on another host the first stub of the job to make the
+    socket's folder starts the supervisor, and every stub waits for it to listen); OSError."""
+    global supervisor
+    try:
+        return _connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        python = settings.text(environment.PYTHON)
+        if not python:
+            raise
+    from poprun_py.shared.paths import private_folder
+
+    folder = os.path.dirname(path)
+    job = os.path.dirname(folder)
+    try:
+        os.mkdir(job, 0o700)
+    except FileExistsError:
+        pass
+    if not private_folder(job):
+        raise PermissionError(f"{job} is not a private folder of this user")
+    try:
+        os.mkdir(folder, 0o700)
+        from poprun_py.host import SCRIPT
+
+        supervisor = os.posix_spawn(python, [python, "-S", SCRIPT], os.environ,
+                                    file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
+    except FileExistsError:
+        if not private_folder(folder):
+            raise PermissionError(f"{folder} is not a private folder of this user") from None
+    deadline = time.monotonic() + SUPERVISOR_START_SECONDS
+    while True:
+        try:
+            return _connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass
+        if supervisor and os.waitpid(supervisor, os.WNOHANG)[0]:
+            supervisor = 0
+            raise ChildProcessError("its host's supervisor exited at its start (it said why)")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"its host's supervisor did not listen within {SUPERVISOR_START_SECONDS:g} s")
+        time.sleep(0.002)
+
+
 def receive_program(index: int) -> tuple[_socket.socket, int, float, list[bytes]] | None:
     """Connect to this host's supervisor, say HELLO, take the PROGRAM (its changes of the
     environment made here): the connection, the PROGRAM's flags, grace and arguments. None, said
@@ -362,11 +423,9 @@ def receive_program(index: int) -> tuple[_socket.socket, int, float, list[bytes]
         _say(index, f"no {environment.STUB_SOCKET} in its environment (was it dropped by mpiexec's options?); "
                     "the program was not started")
         return None
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        sock = reach_supervisor(path)
     except OSError as exc:
-        sock.close()
         _say(index, f"cannot reach its host's supervisor at {path} ({exc.strerror or exc}); "
                     "the program was not started")
         return None
@@ -410,7 +469,7 @@ def main() -> int:
     stub = Stub(sock, grace)
     stub.start(argv, flags)
     stub.loop(wake_read, noted)
-    end_leftovers(stub.pid)
+    end_leftovers(stub.pid, supervisor)
     if stub.supervisor_lost:
         remove_what_the_supervisor_left(socket_path)
     return leave(stub.status)

@@ -162,7 +162,7 @@ class Failed:
         status = state.how()
         if state.failed_by_itself or not self.first_hand:
             return status
-        by = "poprun" if state.stopped_by_poprun else "its shim"
+        by = "poprun" if state.stopped_by_poprun else "its MPI launcher"
         what = "recorded its error" if self.recorded is not None else "printed an uncaught exception"
         return f"{what} at {clock(self.at)}, then ended as {by} stopped it: {status}"
 

@@ -170,8 +170,8 @@ def command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, ag
     mpi = options.mpi
     return CommandSpec(
         launch_env=MappingProxyType(launch_env),  # read-only, as the spec is
-        # One host: poprun is its supervisor, and each instance a stub (unless POPRUN_STUB=shim).
-        shim=per_instance.stub_command(per_instance.mode() if callback is None else per_instance.SHIM),
+        # Each instance a stub, its host's supervisor poprun or one of the host's (unless POPRUN_STUB=shim).
+        shim=per_instance.stub_command(per_instance.mode()),
         silence_limit=_silence_limit(),
         global_args=tuple(split_args(mpi.mpi_global_args, "--mpi-global-args")),
         local_args=tuple(split_args(mpi.mpi_local_args, "--mpi-local-args")),
@@ -267,14 +267,18 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, limits: tu
                                    one_stream=one_stream(shown.tee))
             # A new secret for every start, which mpiexec gets in its environment and passes on
             # (Open MPI by name, as it does every POPRUN_ variable), so it is on no command line.
+            stub_socket = _stub_socket(start, plan)
+            spec = start.spec if stub_socket is None else start.spec._replace(launch_env=MappingProxyType(
+                {**start.spec.launch_env, environment.STUB_SOCKET: stub_socket, environment.PYTHON: sys.executable}))
             supervisor = Supervisor(plan.num_instances, [i.host for i in plan.instances],
-                                    _command(launcher, plan, start.spec, written), new_secret(), program_argv(options),
+                                    _command(launcher, plan, spec, written), new_secret(), program_argv(options),
                                     show_instance=shown.only_output_from_instance,
                                     listen_address=start.callback or "127.0.0.1", remote_hosts=frozenset(start.remote),
                                     grace=limits[0], start_timeout=options.failures.start_timeout, output=output,
                                     log_failures_said=said,
                                     remote_launcher=start.agent.name if start.agent is not None else "ssh",
-                                    silence_limit=limits[1], host_programs=_host_programs(start, plan, output))
+                                    silence_limit=limits[1], host_programs=_host_programs(start, plan, output),
+                                    stub_socket=stub_socket)
             status = supervisor.run()
             report = supervisor.failure_report() if status else None
             lost = supervisor.lost_hosts() if status else {}
@@ -308,17 +312,31 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, limits: tu
 
 
 def _stubbed(start: Start) -> bool:
-    """Whether stubs run the instances of ``start``, poprun their host's supervisor (one host)."""
+    """Whether stubs run the instances of ``start`` (else a shim each), each host's supervisor
+    poprun on its own, one of the host's on another."""
     from poprun_py.planning import per_instance
 
-    return start.callback is None and per_instance.mode() != per_instance.SHIM
+    return per_instance.mode() != per_instance.SHIM
 
 
 def _host_programs(start: Start, plan: JobPlan, output: OutputOptions) -> HostPrograms | None:
     """What poprun tells its own host's stubs, where they run the instances."""
     from poprun_py.host import programs
 
-    return programs.HostPrograms(plan, output.one_stream) if _stubbed(start) else None
+    if not _stubbed(start):
+        return None
+    return programs.HostPrograms(plan.instances_per_host, plan.error_dir, output.one_stream,
+                                 start.spec.host_subnet)
+
+
+def _stub_socket(start: Start, plan: JobPlan) -> str | None:
+    """A job across hosts under stubs: where each host's stubs find their supervisor, the same path
+    on every host, in the job's private folder there, one per start (None: one host, whose
+    supervisor poprun makes a private folder of its own for it)."""
+    if start.callback is None or not _stubbed(start):
+        return None
+    job = plan.error_dir or f"{paths.temporary_folder()}/poprun-{plan.run_id}"
+    return f"{job}/start-{plan.restart}/stubs"
 
 
 def _command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec,
@@ -505,8 +523,8 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: l
     print("command: " + shlex.join(built.argv()))
     sys.stdout.flush()
     sys.stdout.buffer.write(b"program: " + shlex.join(map(os.fsdecode, argv)).encode(errors="surrogateescape")
-                            + (b"\n  (each instance's stub receives it from poprun over a socket in a private "
-                               b"directory" if stubbed else
+                            + (b"\n  (each instance's stub receives it from its host's supervisor, which has it from "
+                               b"poprun" if stubbed else
                                b"\n  (each instance's shim receives it from poprun over the control connection")
                             + b", byte for byte; mpiexec never reads it)\n")
     for placeholder, text in built.files().items():

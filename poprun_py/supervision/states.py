@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import _socket
 
     from poprun_py.host.instance import StubbedInstance
+    from poprun_py.supervision.host_links import HostLink
     from poprun_py.supervision.output import InstanceOutput
 
 
@@ -26,6 +27,9 @@ class InstanceState:
         self.reader: protocol.FrameReader | None = None  # its frames, checked with its connection's seal
         #: On poprun's own host, where a stub runs it: its stub's connection is ``connection``.
         self.stub: StubbedInstance | None = None
+        #: On a remote host whose supervisor runs it: that supervisor's connection (``connection``
+        #: stays None), until the instance has ended or is lost.
+        self.via: HostLink | None = None
         self.pid: int | None = None
         self.status: int | None = None
         self.signal: int | None = None
@@ -64,6 +68,12 @@ class InstanceState:
         fits at once."""
         if self.stub is not None:
             return self.connection is not None and self.stub.command(message)
+        if self.via is not None:
+            self.sending = True
+            try:
+                return self.via.command(self.index, message)
+            finally:
+                self.sending = False
         if self.connection is None or self.reader is None:
             return False
         self.sending = True
@@ -76,6 +86,12 @@ class InstanceState:
             self.sending = False
             self.connection.setblocking(False)
         return True
+
+    @property
+    def attached(self) -> bool:
+        """Whether poprun still hears from it: its own connection (a shim's, a stub's), or its
+        host's supervisor's."""
+        return self.connection is not None or self.via is not None
 
     @property
     def finished(self) -> bool:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from poprun_py.host import stubs
     from poprun_py.host.programs import HostPrograms
+    from poprun_py.supervision.host_links import HostLink
     from poprun_py.supervision.report import Report
 
 
@@ -87,7 +88,7 @@ class Supervisor:
                  output: OutputOptions | None = None, log_failures_said: set[str] | None = None,
                  grace: float = protocol.DEFAULT_GRACE, remote_launcher: str = "ssh",
                  silence_limit: float = protocol.DEFAULT_SILENCE_LIMIT,
-                 host_programs: HostPrograms | None = None) -> None:
+                 host_programs: HostPrograms | None = None, stub_socket: str | None = None) -> None:
         # Shared by every instance: who owns the current line of each, one line for both when they
         # are the same file or terminal (see poprun_py.supervision.output).
         self.sinks = sinks_for(stdout or sys.stdout.buffer, stderr or sys.stderr.buffer)
@@ -106,6 +107,10 @@ class Supervisor:
         self.launch_env: dict[str, str] = {}
         self.grace = grace
         self.stub_pending: dict[_socket.socket, stubs.Reader] = {}
+        #: The remote hosts' supervisors that have said HOST_HELLO, by their connection.
+        self.host_links: dict[_socket.socket, HostLink] = {}
+        #: Where this host's stubs find poprun (None: a private folder of its own is made).
+        self.stub_socket = stub_socket
         self.listen_address = listen_address
         self.remote_hosts = remote_hosts
         #: What reaches the remote hosts (ssh, or the launcher agent's name), as messages name it.
@@ -190,7 +195,7 @@ class Supervisor:
             if self.host_programs is not None:
                 from poprun_py.host import stubs
 
-                stub_server, stub_path = stubs.listen()
+                stub_server, stub_path = self._listen_for_stubs()
                 stub_server.setblocking(False)
                 self.launch_env[environment.STUB_SOCKET] = stub_path
                 self.watch.add(stub_server, ("stub-listen", stub_server))
@@ -221,6 +226,8 @@ class Supervisor:
             for conn, reader in self.stub_pending.items():
                 reader.close()
                 conn.close()
+            for conn in self.host_links:
+                conn.close()
             for state in self.instances:
                 if state.stub is not None:
                     state.stub.close_pipes()
@@ -241,7 +248,7 @@ class Supervisor:
         if self.interrupted is None:
             self.interrupted = signum
             self.interrupt_unsaid = self.teardown.started is None
-            if self.interrupt_unsaid and not any(state.sending for state in self.instances):
+            if self.interrupt_unsaid and not self._half_sent():
                 self.teardown.begin(quiet=True)
         elif self.teardown.started is not None:
             self.teardown.started = AT_ONCE  # second signal: escalate at once
@@ -253,7 +260,7 @@ class Supervisor:
         Done in the handler, so that it acts even while a write of poprun's output waits for its
         reader; a message to a shim half sent (the program, to a shim slow to take it) is never
         cut into: the loop does it once that message has gone."""
-        if any(state.sending for state in self.instances):
+        if self._half_sent():
             self.stop_due = True
             return
         self.stop_due = False
@@ -266,10 +273,14 @@ class Supervisor:
             _signal.signal(_signal.SIGTSTP, self._on_stop)
         self._tell_running(protocol.CONT)
 
+    def _half_sent(self) -> bool:
+        """Whether a message to a shim or a host's supervisor is half sent (nothing may cut into it)."""
+        return any(state.sending for state in self.instances) or any(link.sending for link in self.host_links.values())
+
     def _tell_running(self, command: bytes) -> None:
         """``command`` to every shim whose program runs (one already told to end is left to end)."""
         for state in self.instances:
-            if state.connection is not None and not state.finished and not state.stopped_by_poprun:
+            if state.attached and not state.finished and not state.stopped_by_poprun:
                 state.send(command)
 
     def _discount_stall(self) -> None:
@@ -285,6 +296,8 @@ class Supervisor:
         log.debug("poprun did not run for %.1f s: not counted as anyone's silence", gap)
         for state in self.instances:
             state.last_heard += gap
+        for link in self.host_links.values():
+            link.last_heard += gap
         for line in {id(sink.line): sink.line for sink in self.sinks.values()}.values():
             line.discount(gap)  # nor did anyone keep a line to itself meanwhile
         self.pending = {conn: (accepted + gap, peer, sent) for conn, (accepted, peer, sent) in self.pending.items()}
@@ -313,7 +326,7 @@ class Supervisor:
             self._check_silence()
             self._check_start()
             self._stop_lingering_mpiexec()
-            if all(s.status is not None and s.connection is None for s in self.instances):
+            if all(s.status is not None and not s.attached for s in self.instances):
                 self.teardown.end_what_agents_left()  # (once all have ended, all stay so)
             for sink in self.sinks.values():
                 sink.tick()  # a line that another instance has waited on too long is ended
@@ -322,7 +335,7 @@ class Supervisor:
                 self.mpiexec_done_at = time.monotonic()
                 log.info("mpiexec exited with status %s", self.mpiexec.returncode)
             if self.mpiexec_done_at is not None:
-                connected = any(i.connection is not None for i in self.instances)
+                connected = any(i.attached for i in self.instances)
                 # mpiexec is gone: read what is still in flight, then stop.
                 drained = not connected and not self._mpiexec_pipes_open()
                 if drained or time.monotonic() - self.mpiexec_done_at > AFTER_MPIEXEC_SECONDS:
@@ -332,7 +345,7 @@ class Supervisor:
                     # instances that never reported are lost (a host cut off before the silence
                     # limit, whose daemon Open MPI gave up on first).
                     for state in self.instances:
-                        if state.connection is not None and state.status is None:
+                        if state.attached and state.status is None:
                             self._disconnect(state)
                     return
             for fd, (kind, data) in self.watch.ready(TICK_SECONDS):
@@ -354,6 +367,8 @@ class Supervisor:
             self._read_instance(data)
         elif kind == "pipe":
             self._read_pipe(*data)
+        elif kind == "host":
+            self._read_host(data)
         elif kind == "stub-listen":
             self._accept_stub(data)
         elif kind == "stub-hello":
@@ -426,7 +441,7 @@ class Supervisor:
     def _say_what_was_left_open(self) -> None:
         """-v: what was still open when poprun stopped waiting after mpiexec's exit."""
         streams = sorted({1: "stdout", 2: "stderr"}[stream] for stream in self._open_mpiexec_streams())
-        connected = [state.index for state in self.instances if state.connection is not None]
+        connected = [state.index for state in self.instances if state.attached]
         held = [f"its {' and '.join(streams)} still open (held by a process it started)"] if streams else []
         if connected:
             from poprun_py.supervision.report import ranges
@@ -500,14 +515,20 @@ class Supervisor:
         if not frames:
             return
         try:  # sealed with this run's secret: a HELLO that cannot be believed ends the job
-            index, pid, host = protocol.read_hello(frames[0][2])
-            if not 0 <= index < len(self.instances) or self.instances[index].connection:
-                raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
+            if frames[0][0] == protocol.HOST_HELLO:  # a remote host's supervisor
+                index, (pid, host) = -1, protocol.read_host_hello(frames[0][2])
+            else:
+                index, pid, host = protocol.read_hello(frames[0][2])
+                if not 0 <= index < len(self.instances) or self.instances[index].attached:
+                    raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
         except protocol.ProtocolError as exc:
             peer = self.pending[conn][1]
             self._drop_pending(conn, None)
             self._cannot_read(None, f"a connection from {peer} sealed with this run's secret sent a HELLO "
                                     f"poprun cannot read: {exc}")
+            return
+        if index < 0:
+            self._host_hello(conn, reader, pid, host, frames[1:], received)
             return
         state = self.instances[index]
         state.nonce_sent = self.pending.pop(conn)[2]
@@ -527,6 +548,95 @@ class Supervisor:
         if self.teardown.started is not None:
             self.teardown.terminate(state)
         self._handle_frames(state, frames[1:], received)
+
+    # ---------------------------------------------------------------- remote hosts' supervisors
+    def _host_hello(self, conn: _socket.socket, reader: protocol.FrameReader, pid: int, host: str,
+                    frames: list[tuple[int, int, bytes]], received: int) -> None:
+        """A remote host's supervisor called in: it gets the program, then its instances' frames."""
+        from poprun_py.supervision.host_links import HostLink
+
+        link = HostLink(conn, reader, host, pid, self.pending.pop(conn)[2])
+        self.host_links[conn] = link
+        self.watch.relabel(conn, ("host", link))
+        log.debug("the supervisor of host %s connected (pid %s)", host, pid)
+        if not link.send(self.program, within=self.silence_limit):
+            log.error("host %s: could not send its supervisor the program", host)
+            self._lose_host(link)
+            return
+        self._host_frames(link, frames, received)
+
+    def _read_host(self, link: HostLink) -> None:
+        data = self._recv(link.conn)
+        received = time.time_ns()
+        if data is None:
+            return
+        if not data:
+            self._lose_host(link)
+            return
+        link.last_heard = time.monotonic()
+        try:
+            frames = link.reader.feed(data)
+        except protocol.ProtocolError as exc:
+            log.error("the supervisor of host %s: dropped its connection: %s", link.host, exc)
+            self._lose_host(link)
+            return
+        self._host_frames(link, frames, received)
+
+    def _host_frames(self, link: HostLink, frames: list[tuple[int, int, bytes]], received: int) -> None:
+        """A host supervisor's frames: its clock, its heartbeat, and its instances' frames."""
+        from poprun_py.supervision.clocks import offset_ns
+
+        for kind, _stream, payload in frames:
+            if link.conn not in self.host_links:  # (lost meanwhile)
+                return
+            try:
+                if kind == protocol.CLOCK:
+                    arrived, replied = protocol.read_clock(payload)
+                    link.clock_offset = offset_ns(link.nonce_sent, arrived, replied, received)
+                elif kind == protocol.INSTANCE:
+                    self._instance_frame(link, *protocol.read_instance(payload), received)
+                elif kind != protocol.HEARTBEAT:
+                    raise protocol.ProtocolError(f"a frame of kind {kind} from a host's supervisor")
+            except protocol.ProtocolError as exc:
+                self._cannot_read(None, f"the supervisor of host {link.host} sent a frame poprun cannot read: {exc}")
+                self._lose_host(link)
+                return
+
+    def _instance_frame(self, link: HostLink, index: int, kind: int, stream: int, payload: bytes,
+                        received: int) -> None:
+        if not 0 <= index < len(self.instances):
+            raise protocol.ProtocolError(f"instance {index} is not of this job")
+        state = self.instances[index]
+        if kind == protocol.STUB_HELLO:
+            if state.attached or state.pid is not None:
+                raise protocol.ProtocolError(f"instance {index} is already connected")
+            (state.pid,) = protocol.STUB_HELLO_FIELDS.unpack_from(payload) if len(payload) >= 8 else (0,)
+            state.via, state.clock_offset, state.last_heard = link, link.clock_offset, time.monotonic()
+            link.instances.add(index)
+            self.called_in += 1
+            if self.called_in == len(self.instances):
+                self._show_held()
+            log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
+            if self.teardown.started is not None:
+                self.teardown.terminate(state)
+        elif state.via is not link:
+            return  # (an instance already counted lost: what still comes of it is not believed)
+        elif kind == protocol.STUB_LOST:
+            self._disconnect(state)
+        else:
+            self._handle_frames(state, [(kind, stream, payload)], received)
+
+    def _lose_host(self, link: HostLink) -> None:
+        """A host's supervisor is gone (its connection ended, or its host fell silent): each of its
+        instances that has not reported its end is lost."""
+        info = control.tcp_info(link.conn)
+        self.host_links.pop(link.conn, None)
+        self.watch.remove(link.conn)
+        link.conn.close()
+        for index in sorted(link.instances):
+            state = self.instances[index]
+            if state.via is link:
+                self._disconnect(state, info)
 
     @staticmethod
     def _recv(conn: _socket.socket) -> bytes | None:
@@ -627,7 +737,7 @@ class Supervisor:
         if not all(state.done for state in self.instances):
             return
         for state in self.instances:
-            if state.connection is not None:
+            if state.attached:
                 state.send(protocol.RELEASE)
 
     def _check_silence(self) -> None:
@@ -644,6 +754,14 @@ class Supervisor:
         for conn, (accepted, _, _) in list(self.pending.items()):
             if now - accepted > self.silence_limit:
                 self._drop_pending(conn, f"it said nothing for {self.silence_limit:g} s")
+        for link in list(self.host_links.values()):
+            if now - link.last_heard > self.silence_limit and \
+                    any(not self.instances[i].finished for i in link.instances if self.instances[i].via is link):
+                log.warning("no word from %s's supervisor for %.0f s", link.host, now - link.last_heard)
+                for i in link.instances:
+                    if self.instances[i].via is link and not self.instances[i].finished:
+                        self.instances[i].silent = self.silence_limit
+                self._lose_host(link)
         for state in self.instances:
             if state.connection is not None and not state.finished and state.host in self.remote_hosts \
                     and now - state.last_heard > self.silence_limit:
@@ -667,16 +785,21 @@ class Supervisor:
                                         f"{self.start_timeout:g} s after mpiexec did (--start-timeout)")
         self.teardown.begin()
 
-    def _disconnect(self, state: InstanceState) -> None:
-        assert state.connection is not None
+    def _disconnect(self, state: InstanceState, info: bytes | None = None) -> None:
+        """poprun no longer hears from ``state``: its connection ended (its stub's or shim's, or its
+        host supervisor's: ``info``, that connection's TCP_INFO), or its stub left. Lost, unless it
+        reported its end."""
+        assert state.attached
         if state.stub is not None:  # what its program wrote before is passed on first
             for fd in state.stub.pipes:
                 self.watch.remove(fd)
             state.stub.lost()
-        info = control.tcp_info(state.connection) if state.stub is None else None
-        self.watch.remove(state.connection)
-        state.connection.close()
-        state.connection = None
+        if state.connection is not None:
+            info = control.tcp_info(state.connection) if state.stub is None else None
+            self.watch.remove(state.connection)
+            state.connection.close()
+            state.connection = None
+        state.via = None
         state.output.flush()
         if state.status is None:
             # The shim died without reporting (killed by mpiexec or a signal).
@@ -710,6 +833,25 @@ class Supervisor:
         return first.ended_at is not None and state.ended_at is not None and state.ended_at < first.ended_at
 
     # ---------------------------------------------------------------- stubs (one host)
+    def _listen_for_stubs(self) -> tuple[_socket.socket, str]:
+        """The stubs' socket on this host: at ``stub_socket``, in its folder made here (private),
+        or in a private folder of its own."""
+        from poprun_py.host import stubs
+
+        if self.stub_socket is None:
+            return stubs.listen()
+        folder = os.path.dirname(self.stub_socket)
+        for place in (os.path.dirname(folder), folder):
+            try:
+                os.mkdir(place, 0o700)
+            except FileExistsError:
+                pass
+        from poprun_py.shared.paths import private_folder
+
+        if not private_folder(folder) or not private_folder(os.path.dirname(folder)):
+            raise OSError(f"{folder} is not a private folder of this user")
+        return stubs.bind(self.stub_socket), self.stub_socket
+
     def _accept_stub(self, server: _socket.socket) -> None:
         """A stub's connection (``host.stubs``: its user checked); its HELLO comes next."""
         from poprun_py.host import stubs
@@ -750,7 +892,7 @@ class Supervisor:
             if version != local.VERSION:
                 raise local.LocalProtocolError(f"it speaks version {version} of the stubs' frames, poprun "
                                                f"{local.VERSION} (a stub of another install)")
-            if not 0 <= index < len(self.instances) or self.instances[index].connection is not None:
+            if not 0 <= index < len(self.instances) or self.instances[index].attached:
                 raise local.LocalProtocolError(f"instance {index} is not expected or already connected")
         except (OSError, local.LocalProtocolError) as exc:
             self.stub_pending.pop(conn, None)

@@ -81,7 +81,7 @@ class Teardown:
 
     def terminate(self, state: InstanceState) -> None:
         """Tell one instance to stop, if it is connected and still running."""
-        if state.connection is None or state.finished:
+        if not state.attached or state.finished:
             return
         state.stopped_by_poprun = True
         state.send(protocol.TERMINATE)

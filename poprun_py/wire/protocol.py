@@ -49,12 +49,25 @@ TIMES = 8
 #: (``instance.uncaught``): the program had failed by itself and was on its way out. Payload:
 #: UNCAUGHT_FIELDS, then the exception's line (UTF-8, as the program wrote it).
 UNCAUGHT = 9
+#: A host's supervisor (``poprun_py/host/supervisor.py``) in place of one shim per instance: the
+#: first frame of its connection (HOST_HELLO_FIELDS, then the host name), then CLOCK; after it,
+#: every instance's frame comes wrapped in an INSTANCE frame (INSTANCE_FIELDS, then the frame,
+#: header and payload, unsealed: the INSTANCE frame is sealed whole), and HEARTBEAT for the host.
+HOST_HELLO = 10
+INSTANCE = 11
+#: Inside INSTANCE only: the instance's stub called in (STUB_HELLO_FIELDS: its PID), and its stub
+#: left without an exit report (no payload): it was killed, or its connection failed.
+STUB_HELLO = 12
+STUB_LOST = 13
 
 HELLO_FIELDS = struct.Struct("!IQ")  # instance index, shim PID
 #: No HELLO is longer: its fields and a host name (at most 255 bytes in DNS, 64 in a Linux uname).
 MAX_HELLO = HELLO_FIELDS.size + 255
 CLOCK_FIELDS = struct.Struct("!QQ")  # nonce arrived, CLOCK sent
 TIMES_FIELDS = struct.Struct("!QQQ")  # program ended, stop begun, error file written
+HOST_HELLO_FIELDS = struct.Struct("!Q")  # the host supervisor's PID
+INSTANCE_FIELDS = struct.Struct("!I")  # the instance's index
+STUB_HELLO_FIELDS = struct.Struct("!Q")  # the stub's PID
 UNCAUGHT_FIELDS = struct.Struct("!Q")  # when the shim read the traceback's last line (its wall clock, ns)
 EXIT_FIELDS = struct.Struct("!iIB")  # exit status, signal number (0: not killed by a signal), EXIT_* flags
 #: EXIT flag: the shim itself was signalled (by its MPI launcher, or by hand), not told by poprun,
@@ -162,6 +175,39 @@ def before_exit(cause: bytes | None, uncaught_line: tuple[int, bytes] | None, en
     return [*frames, times(ended_ns, stopped_ns, recorded_ns)]
 
 
+def host_hello(pid: int, host: str) -> bytes:
+    return frame(HOST_HELLO, HOST_HELLO_FIELDS.pack(pid) + host.encode()[:255])
+
+
+def instance(index: int, inner: bytes) -> bytes:
+    """An instance's frame (``inner``: header and payload), as its host's supervisor sends it."""
+    return frame(INSTANCE, INSTANCE_FIELDS.pack(index) + inner)
+
+
+def read_host_hello(payload: bytes) -> tuple[int, str]:
+    (pid,) = _unpack(HOST_HELLO_FIELDS, payload, "HOST_HELLO")
+    return pid, payload[HOST_HELLO_FIELDS.size:].decode(errors="replace")
+
+
+def read_instance(payload: bytes) -> tuple[int, int, int, bytes]:
+    """``(index, kind, stream, payload)`` of the frame an INSTANCE frame wraps."""
+    (index,) = _unpack(INSTANCE_FIELDS, payload, "INSTANCE")
+    inner = payload[INSTANCE_FIELDS.size:]
+    kind, stream, length = _unpack(HEADER, inner, "INSTANCE's frame")
+    if length != len(inner) - HEADER.size:
+        raise ProtocolError(f"INSTANCE's frame says {length} bytes and holds {len(inner) - HEADER.size}")
+    return index, kind, stream, inner[HEADER.size:]
+
+
+#: poprun -> a host's supervisor: a command (TERMINATE, STOP, CONT, RELEASE) for one instance,
+#: then its index (INSTANCE_FIELDS), and the tag over both.
+HOST_COMMAND_SIZE = 1 + INSTANCE_FIELDS.size
+
+
+def host_command(index: int, command: bytes) -> bytes:
+    return command + INSTANCE_FIELDS.pack(index)
+
+
 def read_hello(payload: bytes) -> tuple[int, int, str]:
     """``(instance, pid, host)`` from a HELLO payload."""
     index, pid = _unpack(HELLO_FIELDS, payload, "HELLO")
@@ -236,7 +282,7 @@ class FrameReader:
         frames = []
         while len(self._buffer) >= HEADER.size:
             kind, stream, length = HEADER.unpack_from(self._buffer)
-            if self._first and kind != HELLO:
+            if self._first and kind not in (HELLO, HOST_HELLO):
                 raise ProtocolError(f"its first frame is of kind {kind}, not HELLO ({HELLO})")
             if self._first and length > MAX_HELLO:
                 raise ProtocolError(f"a HELLO of {length} bytes is longer than the {MAX_HELLO} a HELLO may have")
@@ -255,20 +301,21 @@ class FrameReader:
 
 
 class CommandReader:
-    """The shim's decoder of poprun's commands (TERMINATE, RELEASE), each checked against its tag."""
+    """The shim's decoder of poprun's commands (TERMINATE, RELEASE), each checked against its tag;
+    a host supervisor's, with ``size`` HOST_COMMAND_SIZE (each command followed by its instance)."""
 
-    SIZE = 1 + TAG_SIZE
-
-    def __init__(self, seal: Seal) -> None:
+    def __init__(self, seal: Seal, size: int = 1) -> None:
         self.seal = seal
+        self.size = size
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buffer += data
         commands = []
-        while len(self._buffer) >= self.SIZE:
-            command, tag = bytes(self._buffer[:1]), bytes(self._buffer[1:self.SIZE])
-            del self._buffer[:self.SIZE]
+        whole = self.size + TAG_SIZE
+        while len(self._buffer) >= whole:
+            command, tag = bytes(self._buffer[:self.size]), bytes(self._buffer[self.size:whole])
+            del self._buffer[:whole]
             if not self.seal.check(command, tag):
                 raise ProtocolError("a command failed its authentication check")
             commands.append(command)

@@ -164,8 +164,8 @@ def test_version_says_which_part_is_missing_and_what_that_means(missing: str, tm
                 else f"{part.module}: present - {part.role}" for part in compiled.PARTS]
     result = poprun("--version", env=env, cwd=where)
     assert result.returncode == 0 and result.stderr == "", result
-    runs = "the stub's Python fallback (poprun its host's supervisor) (POPRUN_STUB=python)" \
-        if missing == compiled.STUB else "the compiled stub (poprun its host's supervisor) (POPRUN_STUB=compiled)"
+    runs = "the stub's Python fallback (one supervisor per host) (POPRUN_STUB=python)" \
+        if missing == compiled.STUB else "the compiled stub (one supervisor per host) (POPRUN_STUB=compiled)"
     assert result.stdout.splitlines() == [f"poprun {popdist_py.__version__}", *expected,
                                           f"each instance on this host runs under: {runs}"]
     library = run([PYTHON, "-m", "popdist_py"], env=env, cwd=where)

@@ -116,7 +116,7 @@ def test_the_wheel_installed_without_a_compiler_has_every_compiled_part(wheel_in
     out = check([wheel_install.venv / "bin" / "poprun", "--version"], dist_top / "away", RUN_TIMEOUT,
                 env=wheel_install.env).stdout
     assert reported_parts(out) == {name: "present" for name, _ in (*EXTENSIONS, *PROGRAMS)}, out
-    assert out.endswith(f"{RUNS_UNDER}the compiled stub (poprun its host's supervisor) (POPRUN_STUB=compiled)\n"), out
+    assert out.endswith(f"{RUNS_UNDER}the compiled stub (one supervisor per host) (POPRUN_STUB=compiled)\n"), out
 
 
 def test_the_wheels_kernels_run_the_instruction_sets_of_the_compiled_install(wheel_install: Installed,
@@ -143,7 +143,7 @@ def test_the_sdist_installed_without_a_compiler_has_none_and_says_so(sdist_insta
     out = check([sdist_install.venv / "bin" / "poprun", "--version"], dist_top / "away", RUN_TIMEOUT,
                 env=sdist_install.env).stdout
     assert reported_parts(out) == {name: "missing" for name, _ in (*EXTENSIONS, *PROGRAMS)}, out
-    assert out.endswith(f"{RUNS_UNDER}the stub's Python fallback (poprun its host's supervisor) "
+    assert out.endswith(f"{RUNS_UNDER}the stub's Python fallback (one supervisor per host) "
                         "(POPRUN_STUB=python)\n"), out
 
 

@@ -21,6 +21,7 @@ import pytest
 from tests.cluster import NETWORK_ENV, Cluster
 from tests.helpers import (
     BIN,
+    INSTANCE_COMMAND,
     OMP_SET,
     POPRUN,
     PYTHON,
@@ -91,6 +92,21 @@ def test_instances_land_where_the_plan_says_with_their_environment(cluster: Clus
         for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV"):
             assert report["forwarded"][name] == extra[name], name
         assert report["forwarded"]["PATH"] == os.environ["PATH"]
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_each_host_has_one_supervisor_and_one_connection_to_poprun(cluster: Cluster, mpi: str) -> None:
+    """A cost per host: each instance's program is started by its stub (this install's, or what
+    POPRUN_STUB names), and each host's one supervisor holds the host's one connection to poprun."""
+    parent = "import os; print(open(f'/proc/{os.getppid()}/cmdline', 'rb').read().split(bytes(1))[0].decode())"
+    result = poprun(*mpi_args(mpi), "-vv", "--num-instances", "6", "-H", "node0,node1", PYTHON, "-c", parent,
+                    env=job_env(mpi))
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [f"[{i}] {INSTANCE_COMMAND[0]}" for i in range(6)], result.stdout
+    assert sorted(re.findall(r" the supervisor of host (\S+) connected \(pid \d+\)$", result.stderr, re.MULTILINE)) \
+        == ["node0", "node1"], result.stderr
+    called_in = re.findall(r" instance (\d) connected from (node\d) ", result.stderr)
+    assert sorted(called_in) == [(str(i), f"node{i // 3}") for i in range(6)], result.stderr
 
 
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])

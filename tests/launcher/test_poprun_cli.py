@@ -15,8 +15,16 @@ import pytest
 
 from popcontract import compiled, environment
 from poprun_py import __version__
-from poprun_py.instance import SCRIPT
-from tests.helpers import MPICH_MPIEXEC, OPENMPI_MPIEXEC, PYTHON, ROOT, job_marker, poprun, wait_no_processes
+from tests.helpers import (
+    INSTANCE_COMMAND,
+    MPICH_MPIEXEC,
+    OPENMPI_MPIEXEC,
+    PYTHON,
+    ROOT,
+    job_marker,
+    poprun,
+    wait_no_processes,
+)
 
 pytestmark = pytest.mark.slow  # every test starts poprun (a --dry-run too is a process)
 
@@ -202,8 +210,8 @@ def test_dry_run_mpich_command(tmp_path: Path) -> None:
         assert f"-n 1 -env POPDIST_INSTANCE_INDEX {i} " in joined
         assert f"-env POPDIST_REPLICA_INDEX_OFFSET {2 * i} " in joined
         assert f"-env POPDIST_LOCAL_INSTANCE_INDEX {i % 2} " in joined
-        # Each runs the shim, which gets the program from poprun: mpiexec never reads the program.
-        assert ctx[-3:] == ["-S", SCRIPT, str(i)]
+        # Each runs the stub, which gets the program from its host's supervisor: mpiexec never reads it.
+        assert ctx[-len(INSTANCE_COMMAND) - 1:] == [*INSTANCE_COMMAND, str(i)]
     assert "train.py" not in command and "program: python train.py --lr 0.1" in stdout.splitlines()
 
 
@@ -236,7 +244,7 @@ def test_dry_run_openmpi_command(openmpi: str) -> None:
         assert f"-x POPDIST_REPLICA_INDEX_OFFSET={2 * i} " in joined
         assert "--host" not in ctx[ctx.index("-np"):]
         # Local args come right before the instance's shim.
-        assert joined.endswith(f"-x NCCL_DEBUG {PYTHON} -S {SCRIPT} {i}")
+        assert joined.endswith(f"-x NCCL_DEBUG {' '.join(INSTANCE_COMMAND)} {i}")
     assert "program: python train.py" in stdout.splitlines()
 
 
@@ -295,12 +303,12 @@ def test_version_names_each_compiled_part() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [f"poprun {__version__}",
                                           *(f"{part.module}: present - {part.role}" for part in compiled.PARTS),
-                                          ("each instance on this host runs under: the compiled stub (poprun its "
-                                           "host's supervisor) (POPRUN_STUB=compiled)")]
+                                          ("each instance on this host runs under: the compiled stub (one supervisor "
+                                           "per host) (POPRUN_STUB=compiled)")]
 
 
 @pytest.mark.parametrize(("stub", "runs"), [
-    ("python", "the stub's Python fallback (poprun its host's supervisor) (POPRUN_STUB=python)"),
+    ("python", "the stub's Python fallback (one supervisor per host) (POPRUN_STUB=python)"),
     (" Shim ", "the Python shim (a connection to poprun each) (POPRUN_STUB=shim)"),
     ("c", "none: POPRUN_STUB='c' is not one of compiled, python, shim")])
 def test_version_says_what_runs_each_instance(stub: str, runs: str) -> None:

@@ -103,8 +103,8 @@ def test_the_dry_run_shows_the_program_as_given_and_the_mpiexec_command_without_
     shown, how = program.rsplit(b"\n", 2)[:2]
     assert shlex.split(shown.decode(errors="surrogateescape")) == [
         PYTHON, SHOW_ARGV, *(os.fsdecode(arg) for arg in args)]
-    assert how == (b"  (each instance's stub receives it from poprun over a socket in a private directory, byte for "
-                   b"byte; mpiexec never reads it)")
+    assert how == (b"  (each instance's stub receives it from its host's supervisor, which has it from poprun, byte "
+                   b"for byte; mpiexec never reads it)")
     assert not made.exists()
 
 

@@ -186,6 +186,33 @@ def test_commands_are_read_in_order_and_one_not_sealed_by_poprun_is_refused() ->
         commands.feed(shim.seal(protocol.TERMINATE))  # the shim's own sealing: the wrong direction
 
 
+def test_a_host_supervisors_commands_name_their_instance() -> None:
+    supervisor, poprun = ends()
+    commands = protocol.CommandReader(supervisor, protocol.HOST_COMMAND_SIZE)
+    wire = poprun.seal(protocol.host_command(7, protocol.TERMINATE)) + poprun.seal(protocol.host_command(2**32 - 1,
+                                                                                                       protocol.STOP))
+    assert commands.feed(wire[:20]) == [] and commands.feed(wire[20:]) == [
+        protocol.TERMINATE + (7).to_bytes(4, "big"), protocol.STOP + (2**32 - 1).to_bytes(4, "big")]
+
+
+def test_a_host_supervisors_frames_carry_each_instances_frame_whole() -> None:
+    supervisor, poprun = ends()
+    reader = protocol.FrameReader(poprun, hello_first=True)
+    inner = protocol.exit_report(3, None, "why")
+    wire = b"".join(supervisor.seal(frame) for frame in (
+        protocol.host_hello(1234, "h\u00e9"), protocol.instance(5, inner),
+        protocol.instance(6, protocol.frame(protocol.STUB_HELLO, protocol.STUB_HELLO_FIELDS.pack(99)))))
+    hello, first, second = reader.feed(wire)
+    assert hello[0] == protocol.HOST_HELLO and protocol.read_host_hello(hello[2]) == (1234, "h\u00e9")
+    assert protocol.read_instance(first[2]) == (5, protocol.EXIT, 0, inner[protocol.HEADER.size:])
+    assert protocol.read_instance(second[2]) == (6, protocol.STUB_HELLO, 0, protocol.STUB_HELLO_FIELDS.pack(99))
+    with pytest.raises(protocol.ProtocolError, match=r"^INSTANCE's frame says 9 bytes and holds 8$"):
+        protocol.read_instance(protocol.instance(1, protocol.frame(protocol.OUTPUT, b"x" * 9, 1))[
+            protocol.HEADER.size:-1])
+    with pytest.raises(protocol.ProtocolError, match=r"^INSTANCE payload of 3 bytes is shorter than its 4-byte "):
+        protocol.read_instance(b"abc")
+
+
 _ARGUMENT = st.binary().filter(lambda raw: b"\0" not in raw)  # any bytes an argument can hold
 
 

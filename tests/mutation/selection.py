@@ -180,7 +180,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "planning": ("poprun_py.planning.host_sources.*", "poprun_py.planning.agent.*", "popcontract.compiled.*"),
     "failures": ("poprun_py.supervision.first_failure.*", "poprun_py.supervision.clocks.*",
                  "poprun_py.supervision.strays.*", "poprun_py.supervision.own_output.*", "poprun_py.instance.oom.*"),
-    "stub": ("poprun_py.wire.local.*", "poprun_py.host.stubs.*", "poprun_py.stub.fallback.*"),
+    "stub": ("poprun_py.wire.local.*", "poprun_py.host.stubs.*", "poprun_py.stub.fallback.*",
+             "poprun_py.host.instance.*", "poprun_py.host.programs.*"),
 }
 
 
