@@ -152,6 +152,18 @@ class Reader:
         self.fds = []
 
 
+def hello_index(frames: list[Frame]) -> int:
+    """The instance a stub's first frames (its HELLO alone) name; LocalProtocolError when they are
+    not a HELLO of this install's version of the frames."""
+    if frames[0].kind != local.HELLO or len(frames) > 1:
+        raise local.LocalProtocolError(f"its first frame is of kind {frames[0].kind}, not HELLO")
+    version, index = local.unpack(local.HELLO_FIELDS, frames[0].payload, "HELLO")
+    if version != local.VERSION:
+        raise local.LocalProtocolError(f"it speaks version {version} of the stubs' frames, this supervisor "
+                                       f"{local.VERSION} (a stub of another install)")
+    return index
+
+
 def _close(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)

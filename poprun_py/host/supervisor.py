@@ -150,11 +150,9 @@ class HostSupervisor:
             if frames is None:
                 conn.close()
                 return
-            if frames[0].kind != local.HELLO or len(frames) > 1:
-                raise local.LocalProtocolError(f"its first frame is of kind {frames[0].kind}, not HELLO")
-            version, index = local.unpack(local.HELLO_FIELDS, frames[0].payload, "HELLO")
-            if version != local.VERSION or index in self.stubs or self.gone:
-                raise local.LocalProtocolError(f"version {version}, instance {index}: not expected")
+            index = stubs.hello_index(frames)
+            if index in self.stubs or self.gone:
+                raise local.LocalProtocolError(f"instance {index} is not expected or already connected")
         except (OSError, local.LocalProtocolError) as exc:
             say(f"refused a stub: {exc}")
             self.pending.pop(conn, None)
@@ -263,12 +261,13 @@ def main() -> int:
     from poprun_py.instance.shim_pump import kill_grace
 
     limit = silence_limit()
+    server = None
     try:
-        server = stubs.bind(path)
-    except OSError as exc:
-        say(f"cannot listen at {path}: {exc.strerror or exc}")
-        return FAILED
-    try:
+        try:
+            server = stubs.bind(path)
+        except OSError as exc:
+            say(f"cannot listen at {path}: {exc.strerror or exc}")
+            return FAILED
         connected = connect(limit)
         if connected is None:
             return FAILED
@@ -282,7 +281,8 @@ def main() -> int:
         conn.settimeout(None)
         return supervisor.run()
     finally:
-        server.close()
+        if server is not None:
+            server.close()
         stubs.remove(path)
         job = os.path.dirname(os.path.dirname(path))
         try:

@@ -659,7 +659,9 @@ static int reach_supervisor(const char *path) {
             return sock;
         int wait_status;
         if (supervisor > 0 && waitpid(supervisor, &wait_status, WNOHANG) == supervisor) {
-            supervisor = -1; /* it said why on stderr */
+            supervisor = -1; /* it said why on stderr; what it did not remove goes, if empty */
+            rmdir(folder);
+            rmdir(job);
             errno = ECHILD;
             return -1;
         }
@@ -772,6 +774,11 @@ int main(int argc, char **argv) {
     }
     strcpy(path, given);
     int sock = reach_supervisor(path);
+    if (sock < 0 && errno == ECHILD) {
+        say("its host's supervisor, which it started, exited before it listened (it said why); "
+            "the program was not started");
+        return NOT_STARTED_STATUS;
+    }
     if (sock < 0) {
         say("cannot reach its host's supervisor at %s (%s); the program was not started", path, strerror(errno));
         return NOT_STARTED_STATUS;

@@ -393,13 +393,19 @@ def reach_supervisor(path: str) -> _socket.socket:
         raise PermissionError(f"{job} is not a private folder of this user")
     try:
         os.mkdir(folder, 0o700)
-        from poprun_py.host import SCRIPT
-
-        supervisor = os.posix_spawn(python, [python, "-S", SCRIPT], os.environ,
-                                    file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
     except FileExistsError:
         if not private_folder(folder):
             raise PermissionError(f"{folder} is not a private folder of this user") from None
+    else:
+        from poprun_py.host import SCRIPT
+
+        try:
+            supervisor = os.posix_spawn(python, [python, "-S", SCRIPT], os.environ,
+                                        file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
+        except OSError as exc:  # as _stub.c's child says it
+            _say(int(sys.argv[1]), f"cannot start its host's supervisor with {python} ({exc.strerror or exc})")
+            _remove_folders(folder, job)
+            raise ChildProcessError(path) from None
     deadline = time.monotonic() + SUPERVISOR_START_SECONDS
     while True:
         try:
@@ -407,11 +413,20 @@ def reach_supervisor(path: str) -> _socket.socket:
         except (FileNotFoundError, ConnectionRefusedError):
             pass
         if supervisor and os.waitpid(supervisor, os.WNOHANG)[0]:
-            supervisor = 0
-            raise ChildProcessError("its host's supervisor exited at its start (it said why)")
+            supervisor = 0  # it said why; what it did not remove goes, if empty
+            _remove_folders(folder, job)
+            raise ChildProcessError(path)
         if time.monotonic() >= deadline:
             raise TimeoutError(f"its host's supervisor did not listen within {SUPERVISOR_START_SECONDS:g} s")
         time.sleep(0.002)
+
+
+def _remove_folders(*folders: str) -> None:
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
 
 
 def receive_program(index: int) -> tuple[_socket.socket, int, float, list[bytes]] | None:
@@ -425,6 +440,10 @@ def receive_program(index: int) -> tuple[_socket.socket, int, float, list[bytes]
         return None
     try:
         sock = reach_supervisor(path)
+    except ChildProcessError:
+        _say(index, "its host's supervisor, which it started, exited before it listened (it said why); "
+                    "the program was not started")
+        return None
     except OSError as exc:
         _say(index, f"cannot reach its host's supervisor at {path} ({exc.strerror or exc}); "
                     "the program was not started")

@@ -885,13 +885,7 @@ class Supervisor:
             if frames is None:
                 conn.close()
                 return
-            frame = frames[0]
-            if frame.kind != local.HELLO or len(frames) > 1:
-                raise local.LocalProtocolError(f"its first frame is of kind {frame.kind}, not HELLO")
-            version, index = local.unpack(local.HELLO_FIELDS, frame.payload, "HELLO")
-            if version != local.VERSION:
-                raise local.LocalProtocolError(f"it speaks version {version} of the stubs' frames, poprun "
-                                               f"{local.VERSION} (a stub of another install)")
+            index = stubs.hello_index(frames)
             if not 0 <= index < len(self.instances) or self.instances[index].attached:
                 raise local.LocalProtocolError(f"instance {index} is not expected or already connected")
         except (OSError, local.LocalProtocolError) as exc:

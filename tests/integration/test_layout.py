@@ -292,7 +292,7 @@ LAUNCHER_IMPORTS = {
 #: What every sub-package may import although its row does not name it: the package's version and
 #: the paths of the scripts mpiexec starts for each instance. (The contract, popcontract, is a package
 #: of its own: every sub-package may read it.)
-LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.instance", "poprun_py.stub"}
+LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.instance", "poprun_py.stub", "poprun_py.host"}
 #: Sub-packages that run in the shim, whose start-up counts against every launch: the standard
 #: library only.
 STANDARD_LIBRARY_ONLY = {"instance", "stub", "wire", "shared"}

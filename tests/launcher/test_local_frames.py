@@ -138,3 +138,18 @@ def test_the_socket_lies_alone_in_a_directory_only_its_user_enters_and_goes_with
         stubs.remove(path)
     assert not os.path.exists(os.path.dirname(path))
     stubs.remove(path)  # again: nothing left, no error
+
+
+def test_a_stubs_hello_names_its_instance_and_one_of_another_version_is_refused() -> None:
+    def hello(version: int, index: int) -> stubs.Frame:
+        return stubs.Frame(local.HELLO, local.HELLO_FIELDS.pack(version, index), [])
+
+    assert stubs.hello_index([hello(local.VERSION, 7)]) == 7
+    with pytest.raises(local.LocalProtocolError, match=rf"^it speaks version {local.VERSION + 1} of the stubs' "):
+        stubs.hello_index([hello(local.VERSION + 1, 7)])
+    with pytest.raises(local.LocalProtocolError, match=rf"^its first frame is of kind {local.EXITED}, not HELLO$"):
+        stubs.hello_index([stubs.Frame(local.EXITED, b"", [])])
+    with pytest.raises(local.LocalProtocolError, match=r"^its first frame is of kind"):
+        stubs.hello_index([hello(local.VERSION, 1), hello(local.VERSION, 2)])  # nothing may come before the program
+    with pytest.raises(local.LocalProtocolError, match=r"^HELLO holds 4 bytes, fewer than its 8$"):
+        stubs.hello_index([stubs.Frame(local.HELLO, b"abcd", [])])

@@ -351,3 +351,38 @@ def test_another_user_can_neither_reach_the_socket_nor_be_accepted_through_it(ki
     finally:
         server.close()
         stubs.remove(path)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_first_stub_where_no_supervisor_listens_starts_one_and_says_why_that_one_could_not_serve(
+        kind: str, tmp_path: Path) -> None:
+    """A remote host's stubs look for their supervisor in the job's folder there: the first makes
+    the folder and starts the supervisor (POPRUN_PYTHON). One that cannot reach poprun says so in
+    one line, the stub says why it starts nothing, and nothing is left: no process, no folder."""
+    job = tmp_path / "poprun-job"
+    marker = job_marker()  # (in the environment the stub and its supervisor inherit)
+    env = {name: value for name, value in os.environ.items() if name not in (environment.CONTROL, environment.SECRET)}
+    env.update({environment.STUB_SOCKET: str(job / "start-0" / "stubs"), environment.PYTHON: PYTHON})
+    result = subprocess.run([*_stub_command(kind), "2"], env=env, capture_output=True, timeout=SUBPROCESS_TIMEOUT,
+                            start_new_session=True)
+    assert result.returncode == 1, result.stderr
+    said = result.stderr.decode().splitlines()
+    assert said[0] == (f"poprun: host supervisor on {os.uname().nodename}: cannot reach poprun (no "
+                       f"{environment.CONTROL} or {environment.SECRET} in its environment (was it dropped by "
+                       "mpiexec's options?)); the program was not started")
+    # (as the stub had connected before the supervisor gave up, or not yet)
+    assert said[1:] in ([("poprun instance 2: did not receive the program from its host's supervisor; the program was "
+                         "not started")],
+                        [("poprun instance 2: its host's supervisor, which it started, exited before it listened (it "
+                         "said why); the program was not started")]), said
+    assert not job.exists()
+    missing = tmp_path / "no-python"
+    result = subprocess.run([*_stub_command(kind), "2"], env={**env, environment.PYTHON: str(missing)},
+                            capture_output=True, timeout=SUBPROCESS_TIMEOUT, start_new_session=True)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.decode().splitlines() == [
+        f"poprun instance 2: cannot start its host's supervisor with {missing} (No such file or directory)",
+        ("poprun instance 2: its host's supervisor, which it started, exited before it listened (it said why); the "
+        "program was not started")]
+    assert not job.exists()
+    assert wait_no_processes(marker) == []

@@ -131,6 +131,11 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "poprun_py.wire.local": ("tests/launcher/test_local_frames.py", "tests/launcher/test_stub.py"),
     "poprun_py.host.stubs": ("tests/launcher/test_local_frames.py", "tests/launcher/test_stub.py"),
     "poprun_py.stub.fallback": ("tests/launcher/test_stub.py",),
+    # poprun as its own host's supervisor: one instance's stub seen from there, what each stub is told
+    "poprun_py.host.instance": ("tests/launcher/test_root_cause.py", "tests/launcher/test_sigkill_and_left_early.py",
+                                "tests/launcher/test_poprun_output.py", "tests/launcher/test_uncaught.py",
+                                "tests/launcher/test_mpi_abort.py"),
+    "poprun_py.host.programs": ("tests/launcher/test_host_programs.py", "tests/launcher/test_shim_settings.py"),
 }
 
 
