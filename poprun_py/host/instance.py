@@ -44,16 +44,18 @@ class StubbedInstance:
     """``conn``: the stub's connection, non-blocking, and ``reader`` its frames; ``emit``: takes
     each frame for poprun; ``grace``: the program's, between SIGTERM and SIGKILL; ``error_file``:
     its TORCHELASTIC_ERROR_FILE (None: it has none); ``program``: its argv[0], for the line that
-    says it could not be started."""
+    says it could not be started; ``tidy``: see the attribute."""
 
     def __init__(self, index: int, conn: _socket.socket, reader: Reader, emit: Callable[[bytes], None], *,
-                 grace: float, error_file: str | None, program: bytes) -> None:
+                 grace: float, error_file: str | None, program: bytes, tidy: bool = True) -> None:
         self.index = index
         self.conn = conn
         self.reader = reader
         self.emit = emit
         self.grace = grace
         self.error_file = error_file
+        #: Whether its error file and its folder go once read (not on poprun's own host: see ``take``).
+        self.tidy = tidy
         self.program = os.fsdecode(program)
         self.pid: int | None = None
         #: The program's pipes still open: descriptor -> stream (1, 2; one stream: 1 alone).
@@ -190,7 +192,7 @@ class StubbedInstance:
             self._read_to_the_end(fd)
         self.close_pipes()
         self.reader.close()
-        if self.error_file and not self.reported and self.exit is None:
+        if self.tidy and self.error_file and not self.reported and self.exit is None:
             root_cause.remove(self.error_file, keep_job=True)
 
     def close_pipes(self) -> None:
@@ -231,7 +233,7 @@ class StubbedInstance:
         assert self.exit is not None
         self.reported = True
         status, signum, flags, ended_ns, stop_begun_ns = self.exit
-        cause, recorded = root_cause.take(self.error_file, status != 0, keep_job=True)
+        cause, recorded = root_cause.take(self.error_file, status != 0, keep_job=True, keep=not self.tidy)
         for frame in protocol.before_exit(cause, self.uncaught, ended_ns, stop_begun_ns, recorded):
             self.emit(frame)
         oom_killed = signum == 9 and not stop_begun_ns and self.oom_kills is not None \

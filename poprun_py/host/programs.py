@@ -30,6 +30,8 @@ class HostPrograms:
         self.error_dir = error_dir
         self.one_stream = one_stream
         self.subnet = subnet
+        #: The changes every instance of the host gets (``environment``), once made.
+        self._shared: dict[bytes, bytes | None] | None = None
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str]) -> HostPrograms:
@@ -64,6 +66,21 @@ class HostPrograms:
         instance, unless the user set it; MPI kept on the interface in --host-subnet, unless the
         user named one; the error file's directory made, or the variable unset (and no error file)
         when it cannot be."""
+        if self._shared is None:  # the same for every instance of the host: made once
+            self._shared = self._shared_changes(launch_env)
+        changes = self._shared
+        path = self.error_file(index)
+        if path is not None:
+            from poprun_py.shared.root_cause import prepare
+
+            problem = prepare(path, job_made=True)
+            if problem is not None:
+                _warn(f"no {environment.TORCHELASTIC_ERROR_FILE} for instance {index}: {problem}")
+                changes = {**changes, os.fsencode(environment.TORCHELASTIC_ERROR_FILE): None}
+                path = None
+        return changes, path
+
+    def _shared_changes(self, launch_env: Mapping[str, str]) -> dict[bytes, bytes | None]:
         changes: dict[str, str | None] = dict.fromkeys(HIDDEN)
         preload = launch_env.get(environment.LD_PRELOAD)
         if preload:
@@ -77,17 +94,7 @@ class HostPrograms:
         if self.subnet:
             for name, value in self._interface(launch_env).items():
                 changes[name] = value
-        path = self.error_file(index)
-        if path is not None:
-            from poprun_py.shared.root_cause import prepare
-
-            problem = prepare(path, job_made=True)
-            if problem is not None:
-                _warn(f"no {environment.TORCHELASTIC_ERROR_FILE} for instance {index}: {problem}")
-                changes[environment.TORCHELASTIC_ERROR_FILE] = None
-                path = None
-        return {os.fsencode(name): None if value is None else os.fsencode(value)
-                for name, value in changes.items()}, path
+        return {os.fsencode(name): None if value is None else os.fsencode(value) for name, value in changes.items()}
 
     def _interface(self, launch_env: Mapping[str, str]) -> dict[str, str]:
         """--host-subnet: UCX's and libfabric's device, this host's interface in the subnet

@@ -113,15 +113,17 @@ def written_at(path: str) -> int:
         return 0
 
 
-def take(path: str | None, failed: bool, keep_job: bool = False) -> tuple[bytes | None, int]:
+def take(path: str | None, failed: bool, keep_job: bool = False, keep: bool = False) -> tuple[bytes | None, int]:
     """What a failed program recorded in its error file at ``path`` (None: nothing, or it did not
     fail) and when it was written (ns; 0: never); the file and its directories are then removed
-    (``keep_job``: not the job's, which poprun removes at the end)."""
+    (``keep_job``: not the job's; ``keep``: none of them, on poprun's own host, where poprun removes
+    the job's folder whole at the end and a restart's ``prepare`` removes an old file)."""
     if not path:
         return None, 0
     cause = collect(path) if failed else None
     recorded = written_at(path) if cause is not None else 0
-    remove(path, keep_job)
+    if not keep:
+        remove(path, keep_job)
     return cause, recorded
 
 

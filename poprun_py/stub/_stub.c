@@ -699,7 +699,7 @@ static int start(const struct program *program, const sigset_t *original, int *o
         return saved;
     }
     pid_t parent = getpid();
-    child = fork();
+    child = vfork(); /* (the child only sets itself up and execs: no copy of the stub's memory) */
     if (child == 0) {
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGKILL);

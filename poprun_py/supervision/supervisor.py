@@ -899,7 +899,7 @@ class Supervisor:
         assert self.host_programs is not None
         env, error_file = self.host_programs.environment(index, self.launch_env)
         state.stub = StubbedInstance(index, conn, reader, lambda data: self._from_stub(state, data), grace=self.grace,
-                                     error_file=error_file, program=self.argv[0])
+                                     error_file=error_file, program=self.argv[0], tidy=False)
         state.connection, state.pid = conn, stubs.peer(conn).pid
         state.last_heard = time.monotonic()
         self.called_in += 1
