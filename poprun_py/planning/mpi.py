@@ -294,7 +294,8 @@ def build_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> Co
         return command
     for block in command.blocks:
         for token in block:
-            if not token or any(c.isspace() or c in "'\"\\" for c in token):
+            # (split: white space as str.isspace knows it, in C rather than a loop per character)
+            if not token or token.split() != [token] or any(quote in token for quote in "'\"\\"):
                 raise PlanError(f"{token!r} cannot go in mpiexec's config file, which a job this large needs "
                                 "(its lines are split at white space, without quoting); use arguments "
                                 "without spaces or quotes in --mpi-local-args / --instance-mpi-local-args")

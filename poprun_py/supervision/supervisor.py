@@ -122,6 +122,8 @@ class Supervisor:
                                  mark=f"{environment.SECRET}={secret}".encode())
         self.next_silence_check = 0.0
         self.next_stub_tick = 0.0
+        #: The first instance not yet done (see _release_when_all_done).
+        self.first_undone = 0
         #: ``POPRUN_SILENCE_LIMIT``: how long an instance on another host may say nothing.
         self.silence_limit = silence_limit
         #: Connections accepted that have not yet said HELLO: when each was accepted (monotonic), from
@@ -733,8 +735,12 @@ class Supervisor:
             log.info("%s%s", "" if index is None else f"instance {index}: ", why)
 
     def _release_when_all_done(self) -> None:
-        """Once every instance is done, let all the shims exit together (see protocol.RELEASE)."""
-        if not all(state.done for state in self.instances):
+        """Once every instance is done, let all the shims exit together (see protocol.RELEASE).
+        An instance once done stays so: the instances before ``first_undone`` are not looked at
+        again (a job of N instances looks N times in all, not N times per instance's end)."""
+        while self.first_undone < len(self.instances) and self.instances[self.first_undone].done:
+            self.first_undone += 1
+        if self.first_undone < len(self.instances):
             return
         for state in self.instances:
             if state.attached:
