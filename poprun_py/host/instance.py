@@ -12,6 +12,7 @@ for its deadlines; ``emit`` receives each frame for poprun, header and payload.
 
 from __future__ import annotations
 
+import _signal
 import _socket
 import errno
 import os
@@ -236,7 +237,7 @@ class StubbedInstance:
         cause, recorded = root_cause.take(self.error_file, status != 0, keep_job=True, keep=not self.tidy)
         for frame in protocol.before_exit(cause, self.uncaught, ended_ns, stop_begun_ns, recorded):
             self.emit(frame)
-        oom_killed = signum == 9 and not stop_begun_ns and self.oom_kills is not None \
+        oom_killed = signum == _signal.SIGKILL and not stop_begun_ns and self.oom_kills is not None \
             and (oom.kills() or 0) > self.oom_kills
         report_flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
             (protocol.EXIT_WAS_STOPPED if flags & local.EXITED_WAS_STOPPED else 0) | \

@@ -274,11 +274,10 @@ def main() -> int:
         conn, seal, argv = connected
         if hasattr(_socket, "TCP_USER_TIMEOUT") and limit != float("inf"):  # poprun's host gone: sends fail
             conn.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_USER_TIMEOUT, int(limit * 1000))
-        conn.setblocking(True)
+        conn.setblocking(True)  # (sends wait for room: back-pressure)
         server.setblocking(False)
         supervisor = HostSupervisor(server, conn, seal, argv, HostPrograms.from_environment(os.environ),
                                     kill_grace(), protocol.heartbeat_seconds(limit))
-        conn.settimeout(None)
         return supervisor.run()
     finally:
         if server is not None:

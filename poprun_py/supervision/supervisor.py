@@ -612,7 +612,7 @@ class Supervisor:
         if kind == protocol.STUB_HELLO:
             if state.attached or state.pid is not None:
                 raise protocol.ProtocolError(f"instance {index} is already connected")
-            (state.pid,) = protocol.STUB_HELLO_FIELDS.unpack_from(payload) if len(payload) >= 8 else (0,)
+            state.pid = protocol.read_stub_hello(payload)
             state.via, state.clock_offset, state.last_heard = link, link.clock_offset, time.monotonic()
             link.instances.add(index)
             self.called_in += 1
@@ -761,12 +761,12 @@ class Supervisor:
             if now - accepted > self.silence_limit:
                 self._drop_pending(conn, f"it said nothing for {self.silence_limit:g} s")
         for link in list(self.host_links.values()):
-            if now - link.last_heard > self.silence_limit and \
-                    any(not self.instances[i].finished for i in link.instances if self.instances[i].via is link):
+            running = [self.instances[i] for i in link.instances
+                       if self.instances[i].via is link and not self.instances[i].finished]
+            if running and now - link.last_heard > self.silence_limit:
                 log.warning("no word from %s's supervisor for %.0f s", link.host, now - link.last_heard)
-                for i in link.instances:
-                    if self.instances[i].via is link and not self.instances[i].finished:
-                        self.instances[i].silent = self.silence_limit
+                for state in running:
+                    state.silent = self.silence_limit
                 self._lose_host(link)
         for state in self.instances:
             if state.connection is not None and not state.finished and state.host in self.remote_hosts \

@@ -189,6 +189,11 @@ def read_host_hello(payload: bytes) -> tuple[int, str]:
     return pid, payload[HOST_HELLO_FIELDS.size:].decode(errors="replace")
 
 
+def read_stub_hello(payload: bytes) -> int:
+    """The PID in a STUB_HELLO's payload."""
+    return _unpack(STUB_HELLO_FIELDS, payload, "STUB_HELLO")[0]
+
+
 def read_instance(payload: bytes) -> tuple[int, int, int, bytes]:
     """``(index, kind, stream, payload)`` of the frame an INSTANCE frame wraps."""
     (index,) = _unpack(INSTANCE_FIELDS, payload, "INSTANCE")

@@ -229,3 +229,9 @@ def test_the_program_message_carries_any_arguments_byte_for_byte(argv: list[byte
 def test_a_program_payload_not_ended_by_nul_is_refused() -> None:
     with pytest.raises(protocol.ProtocolError, match="do not end with NUL"):
         protocol.decode_program(b"python")
+
+
+def test_a_stub_hello_too_short_for_its_pid_is_refused() -> None:
+    assert protocol.read_stub_hello(protocol.STUB_HELLO_FIELDS.pack(4321)) == 4321
+    with pytest.raises(protocol.ProtocolError, match=r"^STUB_HELLO payload of 4 bytes is shorter than its 8-byte "):
+        protocol.read_stub_hello(b"\0\0\0\1")
