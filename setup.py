@@ -41,8 +41,14 @@ class BuildExtAndPrograms(build_ext):
             objects = compiler.compile(program["sources"], output_dir=self.build_temp,
                                        extra_postargs=program.get("extra-compile-args", []))
             # LDFLAGS as for the extensions (distutils adds it to their link only): -fsanitize, --strip-debug
-            compiler.link_executable(objects, name, output_dir=folder,
-                                     extra_postargs=shlex.split(os.environ.get("LDFLAGS", "")))
+            flags = shlex.split(os.environ.get("LDFLAGS", ""))
+            preferred = program.get("preferred-link-args", [])
+            try:  # -static where the C library has its archive and no sanitizer is linked in
+                compiler.link_executable(objects, name, output_dir=folder, extra_postargs=flags + preferred)
+            except (CCompilerError, DistutilsError):
+                if not preferred:
+                    raise
+                compiler.link_executable(objects, name, output_dir=folder, extra_postargs=flags)
         except (CCompilerError, DistutilsError, OSError) as exc:
             self.warn(f"building program '{program['name']}' failed: {exc}; the install uses its Python fallback")
 

@@ -55,7 +55,7 @@ class StubbedInstance:
         self.emit = emit
         self.grace = grace
         self.error_file = error_file
-        #: Whether its error file and its folder go once read (not on poprun's own host: see ``take``).
+        #: Whether its error file goes once read (not on poprun's own host: see ``take``).
         self.tidy = tidy
         self.program = os.fsdecode(program)
         self.pid: int | None = None
@@ -188,13 +188,13 @@ class StubbedInstance:
 
     def lost(self) -> None:
         """The stub's connection ended: what its pipes hold now is passed on, then they are closed;
-        an error file no report will read goes (with its folder)."""
+        an error file no report will read goes."""
         for fd in list(self.pipes):
             self._read_to_the_end(fd)
         self.close_pipes()
         self.reader.close()
         if self.tidy and self.error_file and not self.reported and self.exit is None:
-            root_cause.remove(self.error_file, keep_job=True)
+            root_cause.remove(self.error_file)
 
     def close_pipes(self) -> None:
         for fd in list(self.pipes):
@@ -234,7 +234,7 @@ class StubbedInstance:
         assert self.exit is not None
         self.reported = True
         status, signum, flags, ended_ns, stop_begun_ns = self.exit
-        cause, recorded = root_cause.take(self.error_file, status != 0, keep_job=True, keep=not self.tidy)
+        cause, recorded = root_cause.take(self.error_file, status != 0, keep=not self.tidy)
         for frame in protocol.before_exit(cause, self.uncaught, ended_ns, stop_begun_ns, recorded):
             self.emit(frame)
         oom_killed = signum == _signal.SIGKILL and not stop_begun_ns and self.oom_kills is not None \

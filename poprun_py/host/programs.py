@@ -43,7 +43,7 @@ class HostPrograms:
             _warn(f"{exc}; {environment.OMP_NUM_THREADS} is left as it is")
             per_host = 1
         error_file = settings.text(environment.TORCHELASTIC_ERROR_FILE, env=env)
-        return cls(per_host, os.path.dirname(os.path.dirname(error_file)) if error_file else None,
+        return cls(per_host, os.path.dirname(error_file) if error_file else None,
                    settings.text(environment.ONE_STREAM, env=env) == "1",
                    settings.text(environment.HOST_SUBNET, env=env) or None)
 
@@ -64,16 +64,17 @@ class HostPrograms:
         was given), and its error file: poprun's own variables out; its launcher's library out of
         LD_PRELOAD (the program's binds are its own business); torchrun's OMP_NUM_THREADS per
         instance, unless the user set it; MPI kept on the interface in --host-subnet, unless the
-        user named one; the error file's directory made, or the variable unset (and no error file)
-        when it cannot be."""
+        user named one; the error file of an earlier start removed (the job's folder, where it goes,
+        is there: poprun's, or made by the host's first stub), or the variable unset (and no error
+        file) when that cannot be."""
         if self._shared is None:  # the same for every instance of the host: made once
             self._shared = self._shared_changes(launch_env)
         changes = self._shared
         path = self.error_file(index)
         if path is not None:
-            from poprun_py.shared.root_cause import prepare
+            from poprun_py.shared.root_cause import clear_old
 
-            problem = prepare(path, job_made=True)
+            problem = clear_old(path)
             if problem is not None:
                 _warn(f"no {environment.TORCHELASTIC_ERROR_FILE} for instance {index}: {problem}")
                 changes = {**changes, os.fsencode(environment.TORCHELASTIC_ERROR_FILE): None}

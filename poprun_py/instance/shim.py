@@ -133,16 +133,19 @@ def divide_cores() -> None:
 
 
 
-def prepare_error_file() -> str | None:
-    """The program's TORCHELASTIC_ERROR_FILE, its directories made here (on a remote host they do not
-    exist yet); None, and the variable unset with a warning, when that cannot be done."""
-    path = settings.text(environment.TORCHELASTIC_ERROR_FILE)
-    if not path:
+def prepare_error_file(index: int) -> str | None:
+    """The program's TORCHELASTIC_ERROR_FILE, moved into a folder of this shim's own
+    (``root_cause.own_folder``) and its directories made here (on a remote host they do not exist
+    yet); None, and the variable unset with a warning, when that cannot be done."""
+    given = settings.text(environment.TORCHELASTIC_ERROR_FILE)
+    if not given:
         return None
-    from poprun_py.shared.root_cause import prepare
+    from poprun_py.shared.root_cause import own_folder, prepare
 
+    path = own_folder(given, index)
     problem = prepare(path)
     if problem is None:
+        os.environ[environment.TORCHELASTIC_ERROR_FILE] = path
         return path
     os.write(2, f"poprun: warning: on host {os.uname().nodename}: no {environment.TORCHELASTIC_ERROR_FILE} "
                 f"for the program: {problem}\n".encode())
@@ -263,8 +266,8 @@ def read_nonce(control: _socket.socket, timeout: float) -> bytes:
 
 #: The most a holder (:func:`hold_until_reaped`) waits for the shim to be reaped.
 HOLD_LIMIT = 1.0
-#: How often a holder looks.
-HOLD_POLL = 0.0005
+#: How often a holder looks where Linux does not wake it when the shim is reaped.
+HOLD_POLL = 0.002
 
 
 def leave(status: int) -> NoReturn:
@@ -291,7 +294,9 @@ def _parent_is_gforker() -> bool:
 def hold_until_reaped() -> None:
     """Fork a holder that keeps this process's stdin, stdout, stderr and MPICH's ``PMI_FD`` open
     until this process has exited and been reaped (or :data:`HOLD_LIMIT` has passed), and closes
-    every other descriptor at once; the caller goes on (to exit)."""
+    every other descriptor at once; the caller goes on (to exit). The holder sleeps on a pidfd of
+    this process, which Linux wakes with EPOLLHUP once it is reaped (6.9 on); where it is not woken,
+    it looks every :data:`HOLD_POLL`."""
     me = os.getpid()
     born = sweep.start_time(me)
     try:
@@ -302,20 +307,34 @@ def hold_until_reaped() -> None:
     try:
         from poprun_py.instance.pmi_relay import pmi_line
 
-        keep = {0, 1, 2}
-        if (pmi := pmi_line()) is not None:
-            keep.add(pmi)
-        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:  # the listing's own descriptor, closed by now
-                    pass
-        deadline = time.monotonic() + HOLD_LIMIT
-        while sweep.start_time(me) == born and time.monotonic() < deadline:
-            time.sleep(HOLD_POLL)
+        keep = max(2, pmi_line() or 2)
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        _wait_reaped(me, born, time.monotonic() + HOLD_LIMIT)
     finally:
         os._exit(0)
+
+
+def _wait_reaped(pid: int, born: bytes | None, deadline: float) -> None:
+    """Until process ``pid`` (started at ``born``) has been reaped, or ``deadline``."""
+    import select
+
+    try:
+        watch = select.epoll()
+        watch.register(os.pidfd_open(pid), select.EPOLLIN | select.EPOLLHUP | select.EPOLLET)
+    except OSError:  # gone already, or no pidfd: the look alone
+        watch = None
+    while (left := deadline - time.monotonic()) > 0:
+        if watch is None:
+            time.sleep(min(left, HOLD_POLL))
+        else:
+            woken = watch.poll(min(left, HOLD_POLL))
+            if any(events & select.EPOLLHUP for _, events in woken):
+                return  # reaped
+            if woken:
+                continue  # it exited; its reaping wakes this again
+        if sweep.start_time(pid) != born:
+            return
 
 
 def main() -> int:
@@ -328,7 +347,7 @@ def main() -> int:
     if subnet := settings.text(environment.HOST_SUBNET):
         pin_network(subnet)
     divide_cores()
-    error_file = prepare_error_file()
+    error_file = prepare_error_file(index)
     sweep.adopt_orphans()
     limit = silence_limit()
     connection = connect_to_poprun(index, secret, limit)
@@ -355,8 +374,9 @@ def main() -> int:
 
 
 def _remove_error_file(error_file: str | None) -> None:
-    """The error file prepared for a program that was not started."""
+    """The error file prepared for a program that was not started, with its folder and, when no
+    other shim's is left there, the job's."""
     if error_file:
         from poprun_py.shared.root_cause import remove
 
-        remove(error_file)
+        remove(error_file, folders=2)

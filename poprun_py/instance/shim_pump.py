@@ -333,7 +333,7 @@ class Pump:
         for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
             _signal.signal(sig, self._on_signal)
         status, signum = self._pump(stdout_fd, stderr_fd)
-        cause, recorded = root_cause.take(self.error_file, status != 0)
+        cause, recorded = root_cause.take(self.error_file, status != 0, folders=2)  # (shim.prepare_error_file's)
         for frame in protocol.before_exit(cause, self.uncaught, self.ended_ns, self.stopped_ns, recorded):
             self.send(frame)
         flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \

@@ -1,17 +1,19 @@
 """torchrun's error files: where an instance's program records why it failed, and how that reaches poprun.
 
-Every instance gets ``TORCHELASTIC_ERROR_FILE`` (``error_file``): ``DIR/<i>/error.json``, DIR one
-directory per job. torch's ``@record`` (``torch.distributed.elastic.multiprocessing.errors``) writes
-the exception there as JSON: ``{"message": {"message": "ValueError: ...", "extraInfo":
+Every instance gets ``TORCHELASTIC_ERROR_FILE`` (``error_file``): ``DIR/error-<i>.json``, DIR one
+directory per job on each host. torch's ``@record`` (``torch.distributed.elastic.multiprocessing.errors``)
+writes the exception there as JSON: ``{"message": {"message": "ValueError: ...", "extraInfo":
 {"py_callstack": "Traceback ...", "timestamp": "..."}}}`` (or ``{"message": "...", "timestamp": ...}``).
 
-The instance's shim, on whichever host it runs, creates the directories before the program starts
-(``prepare``), and when the program exits non-zero sends what the file says to poprun over its
-connection (``collect``, at most ``SEND_LIMIT`` bytes), then removes it (``remove``); poprun removes
-DIR on its own host at the end. So poprun never reads a remote host's disk. poprun turns what came
-(``describe``) into its failure summary and ``--error-file``'s ``root_cause``.
+Each host's supervisor (poprun on its own host) has DIR before the program starts, and when the
+program exits non-zero sends what the file says to poprun (``take``: ``collect``, at most
+``SEND_LIMIT`` bytes), then removes it; DIR goes with the job's folder on each host. So poprun never
+reads a remote host's disk. poprun turns what came (``describe``) into its failure summary and
+``--error-file``'s ``root_cause``. A shim (``POPRUN_STUB=shim``), one per instance with nobody per
+host, keeps its program's file in a folder of its own instead (``own_folder``, ``prepare``), so
+that the shims of a host never remove DIR under each other.
 
-The shim's side uses only ``os`` (``json`` only for a file too large to send whole).
+The instances' side uses only ``os`` (``json`` only for a file too large to send whole).
 """
 
 from __future__ import annotations
@@ -28,25 +30,25 @@ SHOWN_TRACEBACK_LINES = 30
 
 
 def error_file(directory: str, index: int) -> str:
-    """Instance ``index``'s TORCHELASTIC_ERROR_FILE: a directory of its own, as torchrun gives each
-    worker, so the shims of one host can create and remove theirs without racing each other."""
-    return f"{directory}/{index}/error.json"
+    """Instance ``index``'s TORCHELASTIC_ERROR_FILE, in its job's ``directory``: a file, not a folder
+    per instance, as one supervisor per host makes and removes them (no mkdir per instance)."""
+    return f"{directory}/error-{index}.json"
 
 
-# ---------------------------------------------------------------- the shim's side
-def prepare(path: str, job_made: bool = False) -> str | None:
-    """Make ``path``'s directory (and the job's above it) exist, private to this user, and remove a
-    file left there by an earlier start; None when that works, else why not. ``job_made``: poprun
-    made the job's directory (its own host's): an instance's directory made anew here is private
-    and empty, and nothing more is checked (poprun makes one per instance of its host)."""
+# ---------------------------------------------------------------- a shim's side
+def own_folder(path: str, index: int) -> str:
+    """Where the shim of instance ``index`` has its program write the error file poprun named
+    ``path``: a folder of its own in the job's (``DIR/<i>/error.json``, as torchrun gives each
+    worker), which it makes and removes without racing the host's other shims."""
+    return f"{os.path.dirname(path)}/{index}/error.json"
+
+
+def prepare(path: str) -> str | None:
+    """Make ``path``'s directory (and the job's above it: ``own_folder``'s layout) exist, private
+    to this user, and remove a file left there by an earlier start; None when that works, else why
+    not."""
     directory = os.path.dirname(path)
     job = os.path.dirname(directory)
-    if job_made:
-        try:
-            os.mkdir(directory, 0o700)
-            return None
-        except OSError:
-            pass  # there already, or no job's directory after all: the full way
     for _ in range(3):  # another instance's shim on this host may remove the job's directory meanwhile
         try:
             for place in (job, directory):  # not os.makedirs: it makes the job's directory 0o777 & ~umask
@@ -66,6 +68,11 @@ def prepare(path: str, job_made: bool = False) -> str | None:
             return f"cannot use {place}: {exc.strerror or exc}"
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
             return f"{place} is not a private directory of this user"
+    return clear_old(path)
+
+
+def clear_old(path: str) -> str | None:
+    """Remove an error file an earlier start left at ``path``; None, else why it could not be."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -113,30 +120,33 @@ def written_at(path: str) -> int:
         return 0
 
 
-def take(path: str | None, failed: bool, keep_job: bool = False, keep: bool = False) -> tuple[bytes | None, int]:
+def take(path: str | None, failed: bool, folders: int = 0, keep: bool = False) -> tuple[bytes | None, int]:
     """What a failed program recorded in its error file at ``path`` (None: nothing, or it did not
-    fail) and when it was written (ns; 0: never); the file and its directories are then removed
-    (``keep_job``: not the job's; ``keep``: none of them, on poprun's own host, where poprun removes
-    the job's folder whole at the end and a restart's ``prepare`` removes an old file)."""
+    fail) and when it was written (ns; 0: never); the file is then removed with ``folders`` of the
+    folders above it while empty (``remove``), or nothing is (``keep``: on poprun's own host, where
+    poprun removes the job's folder whole at the end and a restart removes an old file)."""
     if not path:
         return None, 0
     cause = collect(path) if failed else None
     recorded = written_at(path) if cause is not None else 0
     if not keep:
-        remove(path, keep_job)
+        remove(path, folders)
     return cause, recorded
 
 
-def remove(path: str, keep_job: bool = False) -> None:
-    """Remove the error file, its instance's directory and, when no other instance's is left in
-    it (and not ``keep_job``), the job's directory on this host."""
-    directory = os.path.dirname(path)
-    steps = [(os.unlink, path), (os.rmdir, directory)] + ([] if keep_job else [(os.rmdir, os.path.dirname(directory))])
-    for action, target in steps:
+def remove(path: str, folders: int = 0) -> None:
+    """Remove the error file (there or not), then up to ``folders`` of the folders above it, each
+    while empty (a shim's own and its job's: ``own_folder``)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    for _ in range(folders):
+        path = os.path.dirname(path)
         try:
-            action(target)
+            os.rmdir(path)
         except OSError:
-            pass
+            return
 
 
 # ---------------------------------------------------------------- poprun's side

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -58,6 +59,8 @@ enum { VERSION = 1, HEADER_SIZE = 5, PROGRAM_FIELDS = 13, PROGRAM_NO_STDIN = 1, 
 #define PMI_HOLD 65536
 /* How long a holder keeps gforker's descriptors open for the stub to be reaped (shim.HOLD_LIMIT). */
 #define HOLD_MS 1000
+/* Where Linux does not wake the holder when the stub is reaped, how often it looks. */
+#define HOLD_CHECK_MS 2
 
 static long instance = -1;
 
@@ -507,7 +510,9 @@ static unsigned long long start_time(pid_t pid) {
 
 /* Under MPICH's gforker, the stub's last act (poprun_py/instance/shim.py's `leave` tells why): a
  * holder keeps stdin, stdout, stderr and the PMI line open until gforker has reaped the stub, so
- * that the last of them closes once gforker knows it exited. */
+ * that the last of them closes once gforker knows it exited. The holder sleeps on a pidfd of the
+ * stub, which Linux wakes with EPOLLHUP when the stub is reaped (6.9 on); where it is not woken,
+ * it looks every HOLD_CHECK_MS. */
 static void hold_until_reaped(void) {
     char path[64], exe[PATH_MAX];
     snprintf(path, sizeof path, "/proc/%d/exe", (int)getppid());
@@ -522,25 +527,46 @@ static void hold_until_reaped(void) {
     unsigned long long born = start_time(me);
     if (born == 0 || fork() != 0)
         return; /* (no holder: gforker may wait its 2 s, nothing worse) */
-    DIR *fds = opendir("/proc/self/fd");
-    if (fds != NULL) {
-        int listing = dirfd(fds);
-        for (struct dirent *entry; (entry = readdir(fds)) != NULL;) {
-            int fd = atoi(entry->d_name);
-            if (entry->d_name[0] != '.' && fd > 2 && fd != pmi_launcher && fd != listing)
-                close(fd);
-        }
-        closedir(fds);
+    int keep = pmi_launcher > 2 ? pmi_launcher : 2;
+    if (keep > 2 && close_range(3, (unsigned)keep - 1, 0) != 0)
+        for (int fd = 3; fd < keep; fd++)
+            close(fd);
+    if (close_range((unsigned)keep + 1, ~0u, 0) != 0) {
+        long most = sysconf(_SC_OPEN_MAX);
+        for (long fd = keep + 1; fd < most && fd < 65536; fd++)
+            close((int)fd);
+    }
+#ifdef SYS_pidfd_open
+    int stub = (int)syscall(SYS_pidfd_open, me, 0);
+#else
+    int stub = -1;
+#endif
+    int watch = stub >= 0 ? epoll_create1(EPOLL_CLOEXEC) : -1;
+    struct epoll_event wanted = {.events = EPOLLIN | EPOLLHUP | EPOLLET};
+    if (watch >= 0 && epoll_ctl(watch, EPOLL_CTL_ADD, stub, &wanted) != 0) {
+        close(watch);
+        watch = -1;
     }
     int64_t deadline = now_ms() + HOLD_MS;
-    while (start_time(me) == born && now_ms() < deadline) {
-        struct timespec pause = {0, 500000};
-        nanosleep(&pause, NULL);
+    for (int64_t left; (left = deadline - now_ms()) > 0;) {
+        struct epoll_event event = {0};
+        if (watch >= 0) {
+            int woken = epoll_wait(watch, &event, 1, left < HOLD_CHECK_MS ? (int)left : HOLD_CHECK_MS);
+            if (woken > 0 && (event.events & EPOLLHUP))
+                break; /* reaped */
+            if (woken > 0)
+                continue; /* it exited; its reaping wakes this again */
+        } else {
+            struct timespec pause = {0, HOLD_CHECK_MS * 1000000L};
+            nanosleep(&pause, NULL);
+        }
+        if (start_time(me) != born)
+            break;
     }
     _exit(0);
 }
 
-/* `path`, then its folder and the folder above that, each while empty. */
+/* `path`, then up to `levels` of the folders above it, each while empty (root_cause.remove). */
 static void remove_with_folders(const char *path, int levels) {
     char *copy = strdup(path);
     if (copy == NULL)
@@ -557,13 +583,13 @@ static void remove_with_folders(const char *path, int levels) {
 }
 
 /* The supervisor died (a supervisor that ends removes these itself): what it made on this host
- * for the job goes with its stubs, so that nothing is left behind: this instance's error file
- * and its folders (root_cause.remove), the socket and its private folder. */
+ * for the job goes with its stubs, so that nothing is left behind: the socket and its private
+ * folder, this instance's error file and, once empty, the job's folder it is in. */
 static void remove_what_the_supervisor_left(const char *socket_path) {
+    remove_with_folders(socket_path, 1);
     const char *error_file = getenv("TORCHELASTIC_ERROR_FILE");
     if (error_file != NULL && *error_file != 0)
-        remove_with_folders(error_file, 2);
-    remove_with_folders(socket_path, 1);
+        remove_with_folders(error_file, 1);
 }
 
 static int connect_to_supervisor(const char *path) {

@@ -341,17 +341,13 @@ def end_leftovers(pid: int, spare: int = 0) -> None:
 
 def remove_what_the_supervisor_left(socket_path: str) -> None:
     """The supervisor died (one that ends removes these itself): what it made on this host for the
-    job goes with its stubs, so that nothing is left behind: this instance's error file and its
-    folders, the socket and its private folder."""
+    job goes with its stubs, so that nothing is left behind: the socket and its private folder,
+    this instance's error file and, once empty, the job's folder it is in."""
     from poprun_py.shared import root_cause
 
+    root_cause.remove(socket_path, folders=1)
     if error_file := settings.text(environment.TORCHELASTIC_ERROR_FILE):
-        root_cause.remove(error_file)
-    for step, target in ((os.unlink, socket_path), (os.rmdir, os.path.dirname(socket_path))):
-        try:
-            step(target)
-        except OSError:
-            pass
+        root_cause.remove(error_file, folders=1)
 
 
 #: How long a stub waits for its host's supervisor, started by it or another stub, to listen.

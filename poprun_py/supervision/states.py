@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _signal
 import time
+from collections.abc import Callable
 
 from poprun_py.wire import protocol
 
@@ -117,6 +118,23 @@ class InstanceState:
             return True
         stopped = {_signal.SIGTERM, _signal.SIGKILL}
         return self.signal not in stopped and self.status not in {128 + s for s in stopped}
+
+
+class Progress:
+    """Whether ``holds`` holds for every instance, where an instance it holds for holds so for
+    good (done, ended): each instance is looked at until it holds, then never again, so a job of N
+    instances looks about N times in all rather than N times at each turn of poprun's loop."""
+
+    def __init__(self, instances: list[InstanceState], holds: Callable[[InstanceState], bool]) -> None:
+        self.instances = instances
+        self.holds = holds
+        #: The first instance it was not seen to hold for.
+        self.first = 0
+
+    def all(self) -> bool:
+        while self.first < len(self.instances) and self.holds(self.instances[self.first]):
+            self.first += 1
+        return self.first == len(self.instances)
 
 
 class Failure:

@@ -28,7 +28,7 @@ from poprun_py.shared.watch import Watch
 from poprun_py.supervision import interrupts, log
 from poprun_py.supervision.output import InstanceOutput, OutputOptions, sinks_for
 from poprun_py.supervision.process import Process
-from poprun_py.supervision.states import Failure, InstanceState, signal_name
+from poprun_py.supervision.states import Failure, InstanceState, Progress, signal_name
 from poprun_py.supervision.strays import Strays
 from poprun_py.supervision.teardown import AT_ONCE, Teardown, remove_files_left
 from poprun_py.wire import control, protocol
@@ -122,8 +122,13 @@ class Supervisor:
                                  mark=f"{environment.SECRET}={secret}".encode())
         self.next_silence_check = 0.0
         self.next_stub_tick = 0.0
-        #: The first instance not yet done (see _release_when_all_done).
-        self.first_undone = 0
+        #: Every instance done (_release_when_all_done); every one ended and no longer heard from
+        #: (the loop's end of what agents left); and, on one host, every stub gone too
+        #: (_stop_lingering_mpiexec).
+        self.all_done = Progress(self.instances, lambda s: s.done)
+        self.all_ended = Progress(self.instances, lambda s: s.status is not None and not s.attached)
+        self.all_gone = Progress(self.instances, lambda s: s.status is not None and s.connection is None
+                                 and s.pid is not None and sweep.has_ended(s.pid))
         #: ``POPRUN_SILENCE_LIMIT``: how long an instance on another host may say nothing.
         self.silence_limit = silence_limit
         #: Connections accepted that have not yet said HELLO: when each was accepted (monotonic), from
@@ -328,8 +333,8 @@ class Supervisor:
             self._check_silence()
             self._check_start()
             self._stop_lingering_mpiexec()
-            if all(s.status is not None and not s.attached for s in self.instances):
-                self.teardown.end_what_agents_left()  # (once all have ended, all stay so)
+            if self.all_ended.all():
+                self.teardown.end_what_agents_left()
             for sink in self.sinks.values():
                 sink.tick()  # a line that another instance has waited on too long is ended
             self._tick_stubs()
@@ -389,9 +394,8 @@ class Supervisor:
         assert self.mpiexec is not None
         if self.remote_hosts or self.mpiexec_stopped or self.mpiexec.returncode is not None:
             return
-        if not all(s.status is not None and s.connection is None and s.pid is not None and sweep.has_ended(s.pid)
-                   for s in self.instances):
-            return  # (once all have ended, all stay so)
+        if not self.all_gone.all():
+            return
         now = time.monotonic()
         if self.all_ended_at is None:
             self.all_ended_at = now
@@ -735,12 +739,8 @@ class Supervisor:
             log.info("%s%s", "" if index is None else f"instance {index}: ", why)
 
     def _release_when_all_done(self) -> None:
-        """Once every instance is done, let all the shims exit together (see protocol.RELEASE).
-        An instance once done stays so: the instances before ``first_undone`` are not looked at
-        again (a job of N instances looks N times in all, not N times per instance's end)."""
-        while self.first_undone < len(self.instances) and self.instances[self.first_undone].done:
-            self.first_undone += 1
-        if self.first_undone < len(self.instances):
+        """Once every instance is done, let all the shims exit together (see protocol.RELEASE)."""
+        if not self.all_done.all():
             return
         for state in self.instances:
             if state.attached:

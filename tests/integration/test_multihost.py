@@ -197,7 +197,7 @@ def test_torchruns_variables_reach_every_host(cluster: Cluster, mpi: str, user_s
         assert env["MASTER_ADDR"] == cluster.host("node0").address
         assert env["MASTER_PORT"] == ("29601" if user_set else "29500")
         assert env["TORCHELASTIC_RUN_ID"] == run_id
-        assert env["TORCHELASTIC_ERROR_FILE"] == f"/tmp/poprun-{run_id}/{i}/error.json"
+        assert env["TORCHELASTIC_ERROR_FILE"] == f"/tmp/poprun-{run_id}/error-{i}.json"
         assert env["OMP_NUM_THREADS"] == ("5" if user_set else str(max(1, report["cores"] // 2)))
     assert ("OMP_NUM_THREADS is not set" in result.stderr) != user_set
 

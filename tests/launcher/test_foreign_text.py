@@ -53,7 +53,7 @@ record = {{"message": {{"message": f"ValueError: {{rank}} {{said}}", "extraInfo"
     "timestamp": str(int(time.time()) + (86400 if rank == "0" else 0))}}}}}}
 print(said, file=sys.stderr, flush=True)
 if rank == "1":
-    while not os.path.exists(os.path.join(os.path.dirname(os.path.dirname(path)), "0", "error.json")):
+    while not os.path.exists(os.path.join(os.path.dirname(path), "error-0.json")):
         time.sleep(0.01)
 with open(path + ".new", "w") as f:
     json.dump(record, f)

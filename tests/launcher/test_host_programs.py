@@ -17,7 +17,7 @@ from poprun_py.wire import local
 
 def test_a_remote_host_reads_its_share_from_what_the_stub_that_started_it_inherited() -> None:
     programs = HostPrograms.from_environment({environment.LOCAL_WORLD_SIZE: "3",
-                                              environment.TORCHELASTIC_ERROR_FILE: "/tmp/poprun-ab/4/error.json",
+                                              environment.TORCHELASTIC_ERROR_FILE: "/tmp/poprun-ab/error-4.json",
                                               environment.ONE_STREAM: "1", environment.HOST_SUBNET: "10.0.0.0/8"})
     assert (programs.per_host, programs.error_dir, programs.one_stream, programs.subnet) == (
         3, "/tmp/poprun-ab", True, "10.0.0.0/8")
@@ -35,8 +35,9 @@ def test_instance_0_alone_keeps_stdin_and_one_stream_is_a_flag() -> None:
 def test_the_program_never_sees_poprun_s_own_variables_and_gets_its_share_of_the_cores(tmp_path: Path) -> None:
     job = tmp_path / "poprun-job"
     job.mkdir(mode=0o700)
+    Path(error_file(str(job), 2)).write_text("{}")  # an earlier start's
     changes, path = HostPrograms(4, str(job), one_stream=False).environment(2, {})
-    assert path == error_file(str(job), 2) and (job / "2").is_dir() and (job / "2").stat().st_mode & 0o777 == 0o700
+    assert path == error_file(str(job), 2) and list(job.iterdir()) == []  # the old file gone, nothing made
     assert {name: changes[os.fsencode(name)] for name in HIDDEN} == dict.fromkeys(HIDDEN)
     assert changes[environment.OMP_NUM_THREADS.encode()] == str(threads_per_instance(4)).encode()
     mine, _ = HostPrograms(4, None, one_stream=False).environment(0, {environment.OMP_NUM_THREADS: "3"})

@@ -87,8 +87,8 @@ def test_256_instances_run_on_one_host_each_with_its_environment_on_loopback_onl
     said = dict(line.rstrip("\n").split(" ", 1) for line in lines)
     error_files = {value.split()[-1] for value in said.values()}
     assert len(error_files) == 256  # each its own, in the job's one directory
-    directory = os.path.dirname(os.path.dirname(next(iter(error_files))))
-    assert said == {f"[{i}]": f"{i} {i} {i} {i} {i} {directory}/{i}/error.json" for i in range(256)}
+    directory = os.path.dirname(next(iter(error_files)))
+    assert said == {f"[{i}]": f"{i} {i} {i} {i} {i} {directory}/error-{i}.json" for i in range(256)}
     assert any(entry.startswith("127.0.0.1:") for entry in opened), opened  # poprun's port, at least
     assert _beyond_loopback(opened) == [], opened
 

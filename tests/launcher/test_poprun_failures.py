@@ -368,7 +368,7 @@ def test_signals_that_go_on_until_poprun_exits_cut_no_cleanup_short(tmp_path: Pa
     poprun is gone, a job's directory of error files made slow to remove (400 files in it): poprun
     still removes that directory, and --error-file is whole if written, with no temporary file
     left beside it."""
-    fill = ("import os, time; d = os.path.dirname(os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE'])); "
+    fill = ("import os, time; d = os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE']); "
             "[open(os.path.join(d, f'{os.getpid()}-{i}'), 'w').close() for i in range(200)]; "
             "open(os.path.join(d, 'ready-' + os.environ['RANK']), 'w').close(); print(d, flush=True)\n"
             "while os.environ['RANK'] == '1' and not os.path.exists(os.path.join(d, 'ready-0')): time.sleep(0.01)\n"

@@ -65,17 +65,24 @@ def test_collect_is_bounded_and_keeps_the_tracebacks_end(tmp_path: Path) -> None
     assert root_cause.collect(str(path)) == b"x" * root_cause.SEND_LIMIT
 
 
-def test_prepare_and_remove(tmp_path: Path) -> None:
+def test_each_instance_has_a_file_of_its_own_in_the_jobs_folder() -> None:
+    assert root_cause.error_file("/tmp/poprun-ab", 3) == "/tmp/poprun-ab/error-3.json"
+    assert root_cause.error_file("/tmp/poprun-ab", 30) != root_cause.error_file("/tmp/poprun-ab", 3)
+
+
+def test_a_shim_prepares_and_removes_a_folder_of_its_own(tmp_path: Path) -> None:
     job = tmp_path / "poprun-abc"
-    mine, other = str(job / "0" / "error.json"), str(job / "1" / "error.json")
+    mine = root_cause.own_folder(root_cause.error_file(str(job), 0), 0)
+    other = root_cause.own_folder(root_cause.error_file(str(job), 1), 1)
+    assert (mine, other) == (str(job / "0" / "error.json"), str(job / "1" / "error.json"))
     assert root_cause.prepare(mine) is None and root_cause.prepare(other) is None
-    assert (job / "0").stat().st_mode & 0o777 == 0o700
+    assert (job / "0").stat().st_mode & 0o777 == 0o700 and job.stat().st_mode & 0o777 == 0o700
     Path(mine).write_text("stale")  # left by an earlier start of the job
     assert root_cause.prepare(mine) is None and not Path(mine).exists()
     Path(mine).write_text("{}")
-    root_cause.remove(mine)
+    root_cause.remove(mine, folders=2)
     assert not (job / "0").exists() and job.exists()  # instance 1's is still there
-    root_cause.remove(other)
+    root_cause.remove(other, folders=2)
     assert not job.exists()
     job.mkdir(mode=0o755)  # someone else's, or open to others: not used
     assert root_cause.prepare(mine) == f"{job} is not a private directory of this user"
@@ -123,7 +130,7 @@ def test_a_failed_programs_record_is_in_the_summary_and_the_error_file(tmp_path:
 @pytest.mark.slow
 def test_a_record_of_a_program_that_exits_0_is_not_a_failure_and_none_is_invented() -> None:
     writes_and_succeeds = ("import os; open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w').write('{}'); "
-                           "print(os.path.dirname(os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE'])))")
+                           "print(os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE']))")
     ok = poprun("--num-instances", "2", PYTHON, "-c", writes_and_succeeds, env=OMP_SET)
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr
     job_dirs = {line.split(" ", 1)[1] for line in ok.stdout.splitlines()}
@@ -141,7 +148,7 @@ def test_a_shim_where_the_jobs_directory_does_not_exist_makes_it_and_sends_the_r
     from tests.launcher.shim import run_shim
 
     job = tmp_path / "poprun-remote"
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(job / "5" / "error.json"))
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(job / "error-5.json"))
     monkeypatch.setenv("RANK", "1")
     before = time.time_ns()
     result, frames = run_shim(PYTHON, "-c", RECORDS)

@@ -88,7 +88,7 @@ def torchrun_expected(plan: JobPlan, inst: InstancePlan) -> dict[str, str]:
         "TORCHELASTIC_USE_AGENT_STORE": "False",
     }
     if plan.error_dir is not None:
-        expected["TORCHELASTIC_ERROR_FILE"] = f"{plan.error_dir}/{inst.index}/error.json"
+        expected["TORCHELASTIC_ERROR_FILE"] = f"{plan.error_dir}/error-{inst.index}.json"
     return expected
 
 
