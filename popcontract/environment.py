@@ -189,7 +189,7 @@ LD_PRELOAD = _define("LD_PRELOAD", "poprun (one host, Hydra or Open MPI: its _lo
                      "Hydra's and Open MPI's launchers bind loopback where they would bind every interface")
 PMI_FD = _define("PMI_FD", "MPICH's mpiexec", "MPICH, the shim",
                  "the descriptor of the process's line to its launcher; under gforker the shim's last act "
-                 "keeps it open until gforker has reaped the shim (see shim.leave)")
+                 "keeps it open until gforker has reaped the shim (see poprun_py.stub.program.leave)")
 # ----------------------------------------- MPI launchers -> a program started without poprun
 # Under a bare `mpiexec -n N` (or `srun`) popdist_py answers as N instances of one replica each,
 # from the launcher's own variables; their presence also tells "started by mpiexec" from

@@ -19,9 +19,9 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from poprun_py.host import oom
 from poprun_py.host.stubs import Frame, Reader
-from poprun_py.instance import oom
-from poprun_py.instance.uncaught import Tail
+from poprun_py.host.uncaught import Tail
 from poprun_py.shared import root_cause
 from poprun_py.wire import local, protocol
 

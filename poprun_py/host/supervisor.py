@@ -238,7 +238,7 @@ class HostSupervisor:
 def connect(limit: float) -> tuple[_socket.socket, Seal, list[bytes]] | None:
     """poprun's connection, its seal, and the program, after HOST_HELLO and CLOCK; None, said on
     stderr, when poprun cannot be reached or does not send the program."""
-    from poprun_py.instance.shim import connect_to_poprun, receive_program
+    from poprun_py.host.link import connect_to_poprun, receive_program
 
     secret = settings.text(environment.SECRET)
     who = f"poprun: host supervisor on {os.uname().nodename}"
@@ -260,8 +260,7 @@ def main() -> int:
     # A process group of its own: the launcher's end of one instance (a signal to the process group
     # of the stub that started it) is not the end of the host's supervision.
     os.setpgid(0, 0)
-    from poprun_py.instance.shim import silence_limit
-    from poprun_py.instance.shim_pump import kill_grace
+    from poprun_py.host.link import kill_grace, silence_limit
 
     limit = silence_limit()
     server = None

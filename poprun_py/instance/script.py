@@ -9,7 +9,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from poprun_py.instance.shim import leave, main
+from poprun_py.instance.shim import main
+from poprun_py.stub.program import leave
 
 # os._exit (in leave): the shim writes through raw descriptors only, so the interpreter's
 # teardown (~2 ms) has nothing to flush.

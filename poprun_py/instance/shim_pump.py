@@ -21,17 +21,18 @@ import select
 import time
 
 from popcontract import environment, settings
-from poprun_py.instance import oom
-from poprun_py.instance.pmi_relay import abort_status, hang_up
-from poprun_py.instance.uncaught import Tail
+from poprun_py.host import oom
+from poprun_py.host.link import kill_grace
+from poprun_py.host.uncaught import Tail
 from poprun_py.shared import root_cause, sweep
 from poprun_py.shared.watch import Watch
+from poprun_py.stub.pmi_relay import abort_status, hang_up
 from poprun_py.wire import protocol
 from poprun_py.wire.control import TCPI_PROBES, TCPI_RETRANSMITS, since_last_ack, tcp_info
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
 if TYPE_CHECKING:
-    from poprun_py.instance.pmi_relay import PmiRelay
+    from poprun_py.stub.pmi_relay import PmiRelay
     from poprun_py.wire.seal import Seal
 
 READ_SIZE = 65536
@@ -68,17 +69,6 @@ UNANSWERED_SECONDS = 1.0
 
 def _ignore(*_: object) -> None:
     """A signal's handler during the wait for RELEASE: the wake-up descriptor does the work."""
-
-
-def kill_grace() -> float:
-    """The program's grace between SIGTERM and SIGKILL: POPRUN_KILL_GRACE, or the default with a
-    warning when it is no number of seconds (poprun refuses such a value: a shim started by hand)."""
-    grace = protocol.kill_grace()
-    if grace is None:
-        text = settings.text(environment.KILL_GRACE)
-        os.write(2, f"poprun: warning: {protocol.bad_grace(text)}; using {protocol.DEFAULT_GRACE:g}\n".encode())
-        grace = protocol.DEFAULT_GRACE
-    return grace
 
 
 class Pump:

@@ -45,7 +45,7 @@ enum { VERSION = 1, HEADER_SIZE = 5, PROGRAM_FIELDS = 13, PROGRAM_NO_STDIN = 1, 
 /* How long a stub waits for its host's supervisor, started by it or another stub, to listen. */
 #define SUPERVISOR_START_MS 30000
 
-/* The stub's status when it starts no program (poprun_py/instance/shim.py's NOT_STARTED). */
+/* The stub's status when it starts no program (poprun_py/stub/program.py's NOT_STARTED). */
 #define NOT_STARTED_STATUS 1
 /* After its report, the most a stub waits for RELEASE (shim_pump.RELEASE_WAIT_SECONDS). */
 #define RELEASE_WAIT_MS 10000
@@ -57,7 +57,7 @@ enum { VERSION = 1, HEADER_SIZE = 5, PROGRAM_FIELDS = 13, PROGRAM_NO_STDIN = 1, 
 #define LAUNCHER_NOTICE_MS 1000
 /* The longest line from the program held back as a possible abort request (pmi_relay.HOLD_LIMIT). */
 #define PMI_HOLD 65536
-/* How long a holder keeps gforker's descriptors open for the stub to be reaped (shim.HOLD_LIMIT). */
+/* How long a holder keeps gforker's descriptors open for the stub to be reaped (program.HOLD_LIMIT). */
 #define HOLD_MS 1000
 /* Where Linux does not wake the holder when the stub is reaped, how often it looks. */
 #define HOLD_CHECK_MS 2
@@ -371,7 +371,7 @@ static void end_leftovers(void) {
 }
 
 /* MPICH's PMI line (PMI_FD), relayed by the stub so that it is the first to know that its program
- * called MPI_Abort (poprun_py/instance/pmi_relay.py tells why; this is the same relay). The
+ * called MPI_Abort (poprun_py/stub/pmi_relay.py tells why; this is the same relay). The
  * program gets one end of a socket pair as the same descriptor number; an abort request
  * (`cmd=abort exitcode=N` at a line's start) is kept from the launcher: the stub kills the program
  * and reports the abort as its exit. Every other byte goes on at once. */
@@ -508,7 +508,19 @@ static unsigned long long start_time(pid_t pid) {
     return started;
 }
 
-/* Under MPICH's gforker, the stub's last act (poprun_py/instance/shim.py's `leave` tells why): a
+/* Close descriptors `first` to `last`: close_range where the kernel has it (Linux 5.9; called
+ * by its number, as C libraries before 2.34 lack the function), else one by one. */
+static void close_between(unsigned first, unsigned last) {
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, first, last, 0) == 0)
+        return;
+#endif
+    long most = sysconf(_SC_OPEN_MAX);
+    for (long fd = first; fd <= (long)last && fd < most && fd < 65536; fd++)
+        close((int)fd);
+}
+
+/* Under MPICH's gforker, the stub's last act (poprun_py/stub/program.py's `leave` tells why): a
  * holder keeps stdin, stdout, stderr and the PMI line open until gforker has reaped the stub, so
  * that the last of them closes once gforker knows it exited. The holder sleeps on a pidfd of the
  * stub, which Linux wakes with EPOLLHUP when the stub is reaped (6.9 on); where it is not woken,
@@ -528,14 +540,9 @@ static void hold_until_reaped(void) {
     if (born == 0 || fork() != 0)
         return; /* (no holder: gforker may wait its 2 s, nothing worse) */
     int keep = pmi_launcher > 2 ? pmi_launcher : 2;
-    if (keep > 2 && close_range(3, (unsigned)keep - 1, 0) != 0)
-        for (int fd = 3; fd < keep; fd++)
-            close(fd);
-    if (close_range((unsigned)keep + 1, ~0u, 0) != 0) {
-        long most = sysconf(_SC_OPEN_MAX);
-        for (long fd = keep + 1; fd < most && fd < 65536; fd++)
-            close((int)fd);
-    }
+    if (keep > 3)
+        close_between(3, (unsigned)keep - 1);
+    close_between((unsigned)keep + 1, ~0u);
 #ifdef SYS_pidfd_open
     int stub = (int)syscall(SYS_pidfd_open, me, 0);
 #else

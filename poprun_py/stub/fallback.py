@@ -1,7 +1,7 @@
 """The stub in Python, where ``_stub.c`` was not compiled: ``python -S script.py INDEX`` does
 what ``poprun-stub INDEX`` does, frame for frame (``wire.local``), and ends the same way.
 
-It gets its program from its host's supervisor, starts it as the shim does (``shim.spawn``: its
+It gets its program from its host's supervisor, starts it (``program.spawn``: its
 own process group, killed if the stub dies), hands over its pipes, waits for it, reports how it
 ended, obeys TERMINATE, STOP, CONT and RELEASE, and exits with the program's status. Built-in
 modules only, as the shim: it shares the cores with the program it starts.
@@ -19,9 +19,9 @@ import sys
 import time
 
 from popcontract import environment, settings
-from poprun_py.instance.pmi_relay import abort_status, hang_up, open_relay
-from poprun_py.instance.shim import NOT_STARTED, leave, spawn
 from poprun_py.shared import sweep
+from poprun_py.stub.pmi_relay import abort_status, hang_up, open_relay
+from poprun_py.stub.program import NOT_STARTED, leave, spawn
 from poprun_py.wire import local
 
 #: After its report, the most a stub waits for RELEASE (as ``_stub.c``).
@@ -165,7 +165,7 @@ class Stub:
 
 
     def start(self, argv: list[bytes], flags: int) -> None:
-        """Start the program (``shim.spawn``) and hand its pipes over (STARTED), or say why it
+        """Start the program (``program.spawn``) and hand its pipes over (STARTED), or say why it
         could not start (NOT_STARTED: its status then 127 for a program not found, else 126)."""
         spawned = spawn(argv, no_stdin=bool(flags & local.PROGRAM_NO_STDIN),
                         one_stream=bool(flags & local.PROGRAM_ONE_STREAM), pmi=self.pmi)

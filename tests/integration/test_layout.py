@@ -282,9 +282,9 @@ def test_the_contract_stands_alone_on_the_standard_library() -> None:
 LAUNCHER_IMPORTS = {
     "shared": set(),                                    # both processes
     "wire": {"shared"},                                 # both processes: the channel between them
-    "instance": {"wire", "shared"},                     # the shim, once per instance
-    "stub": {"instance", "wire", "shared"},             # the stub's Python fallback, once per instance
-    "host": {"instance", "wire", "shared"},             # a host's supervisor of its stubs (the shim's parts)
+    "stub": {"wire", "shared"},                         # the stub's Python fallback, once per instance
+    "host": {"wire", "shared"},                         # a host's supervisor of its stubs, once per host
+    "instance": {"stub", "host", "wire", "shared"},     # the shim (POPRUN_STUB=shim): the stub's and host's parts
     "planning": {"shared"},                             # poprun, before anything starts
     "supervision": {"planning", "host", "wire", "shared"},  # poprun, while the job runs (its host's supervisor)
     "cli": {"supervision", "planning", "shared"},       # poprun's command line
@@ -293,9 +293,9 @@ LAUNCHER_IMPORTS = {
 #: the paths of the scripts mpiexec starts for each instance. (The contract, popcontract, is a package
 #: of its own: every sub-package may read it.)
 LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.instance", "poprun_py.stub", "poprun_py.host"}
-#: Sub-packages that run in the shim, whose start-up counts against every launch: the standard
-#: library only.
-STANDARD_LIBRARY_ONLY = {"instance", "stub", "wire", "shared"}
+#: Sub-packages that run per instance or per host under ``python -S``, whose start-up counts
+#: against every launch: the standard library only.
+STANDARD_LIBRARY_ONLY = {"instance", "stub", "host", "wire", "shared"}
 
 
 def _module_of(module: str, name: str) -> str:

@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 
 from popcontract import environment
+from poprun_py.host.link import read_nonce
 from poprun_py.instance import SCRIPT
-from poprun_py.instance.shim import NOT_STARTED, divide_cores, read_nonce, spawn
+from poprun_py.instance.shim import divide_cores
 from poprun_py.instance.shim_pump import RELEASE_WAIT_SECONDS
 from poprun_py.shared import sweep
 from poprun_py.shared.cores import threads_per_instance
+from poprun_py.stub.program import NOT_STARTED, spawn
 from poprun_py.wire import protocol
 from poprun_py.wire.seal import TO_SHIM, Seal, new_nonce, new_secret
 from tests.helpers import PYTHON, SUBPROCESS_TIMEOUT, run, wait_until

@@ -33,7 +33,7 @@ def _script(code: str) -> list[str]:
     """A Python command, as mpiexec starts the shim (``python -S``), that imports the shim and runs
     ``code``; under ``make mutants`` it records what it reaches, as the shim's own script does
     (tests/conftest.py)."""
-    prelude = f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom poprun_py.instance import shim\n"
+    prelude = f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom poprun_py.stub import program as shim\n"
     if UNDER_MUTANTS:
         prelude = "import sitecustomize\n" + prelude
     return [PYTHON, "-S", "-c", prelude + code]

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from popcontract import environment
-from poprun_py.instance.shim import pin_network, silence_limit
-from poprun_py.instance.shim_pump import kill_grace
+from poprun_py.host.link import kill_grace, silence_limit
+from poprun_py.instance.shim import pin_network
 from poprun_py.planning.mpi import daemon_keepalive, ssh_args
 from poprun_py.shared.cores import threads_per_instance
 from poprun_py.shared.network import local_addresses

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.instance import oom
+from poprun_py.host import oom
 from tests.helpers import POPRUN, PYTHON, poprun, run, task_state, wait_until
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def small_memory_cgroup() -> Iterator[Path]:
 #: Run as root in a mount namespace of its own: a cgroup file system of files (tmpfs on
 #: oom.CGROUP_ROOT) laid out as argv[1] says for this process's own cgroups, then oom.kills().
 FAKE_CGROUPS = r"""import os, subprocess, sys
-from poprun_py.instance import oom
+from poprun_py.host import oom
 subprocess.run(["mount", "-t", "tmpfs", "tmpfs", oom.CGROUP_ROOT], check=True)
 layout = sys.argv[1]
 for line in open("/proc/self/cgroup").read().splitlines():

@@ -7,7 +7,7 @@ import traceback
 
 import pytest
 
-from poprun_py.instance.uncaught import TAIL_SIZE, Tail, exception_line, printing
+from poprun_py.host.uncaught import TAIL_SIZE, Tail, exception_line, printing
 
 
 class Custom(Exception):

@@ -77,6 +77,11 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
                        ("tests/launcher/test_poprun_shared_terminal.py::"
                         "test_an_instances_two_streams_keep_the_order_it_wrote_them_in"),
                        "tests/launcher/test_network_exposure.py::test_the_launchers_library_stays_out_of_the_programs_environment"),
+    # what the shim shares with the stubs (the program's start, the holder) and with the hosts'
+    # supervisors (the link to poprun, the settings they read)
+    "poprun_py.stub.program": (*_LAUNCH, _SHIM, "tests/launcher/test_shim_exit.py", "tests/launcher/test_stub.py",
+                               "tests/launcher/test_program_arguments.py"),
+    "poprun_py.host.link": (_SHIM, "tests/launcher/test_shim_settings.py"),
     "poprun_py.instance.shim_pump": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
                             "tests/launcher/test_shim_settings.py",
                             "tests/launcher/test_shim_exit.py::test_the_shim_collects_orphans_as_they_end",
@@ -117,7 +122,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         f"{_FAILURES}::test_instances_failing_together_each_report_their_own_status",
         f"{_FAILURES}::test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting"),
     "poprun_py.supervision.clocks": ("tests/launcher/test_root_cause.py",),
-    "poprun_py.instance.oom": ("tests/launcher/test_sigkill_and_left_early.py",),
+    "poprun_py.host.oom": ("tests/launcher/test_sigkill_and_left_early.py",),
     "poprun_py.supervision.strays": (
         "tests/launcher/test_supervisor_checks.py", "tests/launcher/test_control_port_flood.py",
         f"{_FAILURES}::test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on"),
@@ -177,14 +182,14 @@ def _methods(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 #: (docs/mutation.md); every function of the mutated modules is in exactly one (a test checks).
 TARGETS: dict[str, tuple[str, ...]] = {
     "library": ("popdist_py.*", "poprun_py.supervision.output.*", "popcontract.environment.*"),
-    "shim": ("poprun_py.instance.shim.*",),
+    "shim": ("poprun_py.instance.shim.*", "poprun_py.stub.program.*", "poprun_py.host.link.*"),
     "pump": ("poprun_py.instance.shim_pump.*",),
     "teardown": ("poprun_py.supervision.teardown.*", "poprun_py.wire.protocol.*"),
     "supervisor": _methods([m for m in _supervisor_methods() if m not in SUPERVISOR_CONNECTIONS]),
     "connections": _methods(SUPERVISOR_CONNECTIONS),
     "planning": ("poprun_py.planning.host_sources.*", "poprun_py.planning.agent.*", "popcontract.compiled.*"),
     "failures": ("poprun_py.supervision.first_failure.*", "poprun_py.supervision.clocks.*",
-                 "poprun_py.supervision.strays.*", "poprun_py.supervision.own_output.*", "poprun_py.instance.oom.*"),
+                 "poprun_py.supervision.strays.*", "poprun_py.supervision.own_output.*", "poprun_py.host.oom.*"),
     "stub": ("poprun_py.wire.local.*", "poprun_py.host.stubs.*", "poprun_py.stub.fallback.*",
              "poprun_py.host.instance.*", "poprun_py.host.programs.*"),
 }

@@ -1,15 +1,17 @@
-"""MPICH's PMI line (``PMI_FD``) passed through the shim, so that the shim is the first to know
-that its program called ``MPI_Abort``.
+"""MPICH's PMI line (``PMI_FD``) passed through the instance's stub (the Python one here; the
+shim's too; ``_stub.c`` has the same relay in C), so that the stub is the first to know that its
+program called ``MPI_Abort``.
 
 MPICH's ``MPI_Abort`` (also what ``python -m mpi4py`` calls on an uncaught exception, and MPICH's
 fatal-error handler) prints ``Abort(N) on node R ...``, sends ``cmd=abort exitcode=N`` to its
 launcher over this line and waits there to be killed. The launchers then end every process at
-once: gforker signals every shim (SIGINT, then SIGQUIT a second later), Hydra's proxy SIGKILLs
-them. Which instance asked was then lost in a race: the aborting program died of its own shim's
-SIGTERM like any bystander, or every shim died without a report. Here the program gets one end of
-a socket pair in place of the line (the same descriptor number, so ``PMI_FD`` still holds), and the
-shim copies the bytes both ways; an abort request is kept from the launcher: the shim ends the
-program and reports the abort as its exit, and poprun stops the others, as for any failure.
+once: gforker signals every instance's process (SIGINT, then SIGQUIT a second later), Hydra's
+proxy SIGKILLs them. Which instance asked was then lost in a race: the aborting program died of
+its own stub's SIGTERM like any bystander, or every stub died without a report. Here the program
+gets one end of a socket pair in place of the line (the same descriptor number, so ``PMI_FD``
+still holds), and the stub copies the bytes both ways; an abort request is kept from the
+launcher: the stub ends the program and reports the abort as its exit, and poprun stops the
+others, as for any failure.
 
 The relay reads MPICH's PMI-1 wire (one ``cmd=... key=value ...`` line per request), which both
 gforker and Hydra speak with MPICH's own client. Built-in modules only (``python -S``).

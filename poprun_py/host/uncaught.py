@@ -1,12 +1,12 @@
-"""Whether a program's stderr, as its shim has read it so far, ends with the traceback of an
-uncaught Python exception, as Python's default excepthook prints it.
+"""Whether a program's stderr, as its host's supervisor (or its shim) has read it so far, ends
+with the traceback of an uncaught Python exception, as Python's default excepthook prints it.
 
 An instance that fails at the moment another does may have printed its traceback and still be
 on its way out (atexit hooks, threads, the interpreter's shutdown) when poprun's stop reaches it:
-SIGTERM then ends it, and its status alone reads as "stopped". Its shim reads what the program
-wrote before the stop (the pipe, to its last byte then) and looks at how it ends. Only the end is
-kept (``Tail``), not a copy of the output; the check runs only when the program is stopped. Shim
-side: no imports.
+SIGTERM then ends it, and its status alone reads as "stopped". Its supervisor reads what the
+program wrote before the stop (the pipe, to its last byte then) and looks at how it ends. Only the
+end is kept (``Tail``), not a copy of the output; the check runs only when the program is stopped.
+No imports.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _NAME = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 
 
 class Tail:
-    """The last TAIL_SIZE bytes of a stream, and when (the shim's wall clock, ns) the last of
+    """The last TAIL_SIZE bytes of a stream, and when (its reader's wall clock, ns) the last of
     them was read."""
 
     __slots__ = ("data", "read_ns")

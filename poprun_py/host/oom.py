@@ -1,11 +1,11 @@
 """How many processes the kernel's out-of-memory killer has killed in this process's memory cgroup.
 
-A program killed by SIGKILL looks the same to its shim whoever sent the signal; the kernel's count
+A program killed by SIGKILL looks the same to its supervisor whoever sent the signal; the kernel's count
 of its cgroup's OOM kills, read before the program runs and after it died, tells whether the
 out-of-memory killer did it (torchrun users must guess). cgroup v2 keeps the count in
 ``memory.events``, cgroup v1 in ``memory.oom_control`` (``oom_kill N`` in both; kernels >= 4.13
 for v1). The cgroup is shared by the processes in it: an increase says that the OOM killer ran in
-the program's cgroup while the program died of SIGKILL. Shim side: built-in modules only.
+the program's cgroup while the program died of SIGKILL. Built-in modules only.
 """
 
 from __future__ import annotations
