@@ -10,15 +10,16 @@ instance does reaches poprun as INSTANCE frames, and poprun's commands, each for
 reach its stub. It ends once every stub it served was released and has gone, or when poprun goes
 (its stubs then stop their programs, their supervisor gone); it removes its socket and folder.
 
-A send waits while poprun does not read (back-pressure: the programs then wait on their pipes);
-poprun gone is its connection's end, or its host leaving what was sent unacknowledged for the
-silence limit (``POPRUN_SILENCE_LIMIT``, through TCP_USER_TIMEOUT).
+A send waits while poprun does not read (back-pressure: the programs then wait on their pipes),
+reading poprun's commands meanwhile; poprun gone is its connection's end, or its host leaving what
+was sent unacknowledged for the silence limit (``POPRUN_SILENCE_LIMIT``, through TCP_USER_TIMEOUT).
 """
 
 from __future__ import annotations
 
 import _socket
 import os
+import select
 import sys
 import time
 
@@ -72,13 +73,26 @@ class HostSupervisor:
 
     def send(self, data: bytes) -> None:
         """One frame to poprun, sealed, whole, however long poprun takes to read it; dropped once
-        poprun is gone."""
-        if self.gone:
-            return
-        try:
-            self.conn.sendall(self.seal.seal(data))
-        except OSError:
-            self._lose_poprun()
+        poprun is gone. While poprun does not read (back-pressure: its output paused, Ctrl-S, a
+        debugger), the wait for room still reads its commands, so that STOP, CONT and TERMINATE
+        reach the stubs as they come (Ctrl-Z stops the programs of every host even then)."""
+        left = memoryview(self.seal.seal(data))
+        room: select.poll | None = None
+        while left and not self.gone:
+            try:
+                left = left[self.conn.send(left, _socket.MSG_DONTWAIT):]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                self._lose_poprun()
+                break
+            if room is None:
+                room = select.poll()
+                room.register(self.conn, select.POLLOUT | select.POLLIN)
+            for _, events in room.poll(int(TICK_SECONDS * 1000)):
+                if events & select.POLLIN:
+                    self._from_poprun()
         self.last_sent = time.monotonic()
 
     def run(self) -> int:
