@@ -8,7 +8,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
-.PHONY: install hosts-tools lint test test-fast sanitize demo bench bench-quick mutants mutants-shim mutants-pump mutants-teardown \
+.PHONY: install hosts-tools lint test test-fast sanitize demo bench bench-quick mutants mutants-program mutants-teardown \
 	mutants-supervisor mutants-connections mutants-planning mutants-failures mutants-stub mutmut-run clean
 
 install: $(STAMP) hosts-tools
@@ -153,14 +153,15 @@ dist:
 # Mutation testing (docs/mutation.md): mutmut, from the `mutation` extra, over the modules and tests
 # named in pyproject.toml's [tool.mutmut] (which test which, and which mutants each target runs:
 # tests/mutation/selection.py); a fresh mutants/ each run, stopped after 30 minutes. `mutants`: the
-# library, output framing and the environment contract; `mutants-shim`, `mutants-pump`,
-# `mutants-teardown`, `mutants-supervisor`, `mutants-connections`, `mutants-planning` (the hosts a
-# scheduler gives, the launcher agent, the compiled parts) and `mutants-failures` (the first
-# failure, the shims' clocks, the OOM killer's count, strangers on the control port, poprun's own
-# output), `mutants-stub` (the per-instance stub's frames, the supervisor's end, the Python stub):
-# the launcher, whose tests are jobs, in eight parts that each fit in 30 minutes on 2 cores.
+# library, output framing and the environment contract; `mutants-program` (the program's start and
+# the holder, a host's link to poprun), `mutants-teardown`, `mutants-supervisor`,
+# `mutants-connections`, `mutants-planning` (the hosts a scheduler gives, the launcher agent, the
+# compiled parts) and `mutants-failures` (the first failure, the hosts' clocks, the OOM killer's
+# count, strangers on the control port, poprun's own output), `mutants-stub` (the per-instance
+# stub's frames, the supervisor's end, the Python stub): the launcher, whose tests are jobs, in
+# seven parts that each fit in 30 minutes on 2 cores.
 # MUTMUT_CHILDREN: mutmut's workers (fewer where other work shares the cores).
-MUTMUT_LAUNCHER := mutants-shim mutants-pump mutants-teardown mutants-supervisor mutants-connections \
+MUTMUT_LAUNCHER := mutants-program mutants-teardown mutants-supervisor mutants-connections \
 	mutants-planning mutants-failures mutants-stub
 MUTMUT_CHILDREN ?= 3
 

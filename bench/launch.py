@@ -2,7 +2,7 @@
 with the floor of a launcher shaped like poprun beside them (``launch_floor``: its interpreter,
 click's import, gforker and a ``python -S`` hop per instance, and nothing else); the CPU a job
 costs when its instances end at different times (MPICH's hydra proxy busy-waits from its first
-child's exit to its last; poprun's shims exit together); and each shim's own CPU and peak
+child's exit to its last; poprun's stubs exit together); and each stub's own CPU and peak
 resident memory. (Jobs of many instances: the ``scale`` section.)"""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ TARGET_RATIO = 1.5
 SKEW_SECONDS = 0.3
 #: The floor's script, timed without and with click's import beside bare mpiexec and poprun.
 FLOOR = str(Path(__file__).with_name("launch_floor.py"))
-#: The probe's pause before it reads its shim: by then the shim has set its loop up.
+#: The probe's pause before it reads its stub: by then the stub has set its loop up.
 PROBE_PAUSE_SECONDS = 0.2
 
 

@@ -105,7 +105,7 @@ def _launch_floor(launch: dict[str, Any]) -> list[str]:
             f"{ms(median['floor'] - median['mpiexec'])} ms are the floor's interpreters, "
             f"{ms(median['floor_click'] - median['floor'])} ms click's import, and "
             f"{ms(median['poprun'] - median['floor_click'])} ms poprun's own work (its modules, the plan, the control "
-            "channel and each shim's exchange with it, the output, the supervision and the end).")
+            "channel and each stub's exchange with it, the output, the supervision and the end).")
     return [*lines, "", text, ""]
 
 

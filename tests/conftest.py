@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from popcontract.environment import ENGINE_EXECUTOR, LOCAL_WORLD_SIZE
-from poprun_py.instance import SCRIPT
+from poprun_py.host import SCRIPT as HOST_SCRIPT
 from poprun_py.stub import SCRIPT as STUB_SCRIPT
 from tests import leftover_files
 from tests.helpers import MARKER_VARIABLE, ROOT, UNDER_MUTANTS
@@ -206,14 +206,14 @@ def no_start_files_left() -> Iterator[None]:
 #: mpiexec) must import the mutated copy too, and the functions the children reach are credited
 #: to the test.
 CHILD_HITS, CHILD_HITS_OWNER = "MUTMUT_CHILD_HITS", "MUTMUT_CHILD_HITS_OWNER"
-#: The scripts mpiexec starts for each instance (the shim's, the Python stub's) run as ``python
-#: -S``, where no sitecustomize is imported: in the copy each imports the recorder itself.
-ENTRIES = (Path(SCRIPT), Path(STUB_SCRIPT))
+#: The scripts of the Python stub (mpiexec starts one per instance) and of a remote host's supervisor
+#: run as ``python -S``, where no sitecustomize is imported: in the copy each imports the recorder itself.
+ENTRIES = (Path(STUB_SCRIPT), Path(HOST_SCRIPT))
 
 
 def _children_import_the_mutants() -> None:
     """PYTHONPATH for every child: the copy first, then tests/mutation/sitecustomize.py (which
-    records what a child reaches), then site-packages (the ``-S`` shim imports mutmut too). The
+    records what a child reaches), then site-packages (the ``-S`` stub imports mutmut too). The
     file of children's hits belongs to mutmut's own pytest process; a pytest under mpiexec
     (tests/integration/test_mpi_suites.py) writes to it like any other child."""
     paths = [str(ROOT), str(ROOT / "tests" / "mutation"), sysconfig.get_paths()["purelib"]]

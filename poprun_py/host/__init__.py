@@ -1,5 +1,6 @@
 """A host's supervisor: on poprun's own host poprun itself (``instance``, ``programs``, ``stubs``),
-on another host one process per job (``supervisor``), started by the first of the host's stubs."""
+on another host one process per job (``supervisor``, its link to poprun ``link``), started by the
+first of the host's stubs."""
 
 import os
 

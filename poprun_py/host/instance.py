@@ -1,5 +1,5 @@
 """One instance as its host's supervisor sees it: its stub's connection (``wire.local``), its
-program's pipes (handed over by the stub), and what poprun learns of it, as the frames a shim
+program's pipes (handed over by the stub), and what poprun learns of it, as the instance's frames
 sends (``wire.protocol``: OUTPUT, LAUNCHER_LOST, UNCAUGHT, ROOT_CAUSE, TIMES, EXIT).
 
 The stub does only what must be done in the instance's own process (fork, exec, wait, signals);
@@ -17,7 +17,6 @@ import _socket
 import errno
 import os
 import time
-from typing import TYPE_CHECKING
 
 from poprun_py.host import oom
 from poprun_py.host.stubs import Frame, Reader
@@ -25,6 +24,7 @@ from poprun_py.host.uncaught import Tail
 from poprun_py.shared import root_cause
 from poprun_py.wire import local, protocol
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -229,7 +229,7 @@ class StubbedInstance:
             self.tail_fd = None
 
     def _report(self) -> None:
-        """How the program ended, as a shim reports it: its error file, the traceback it ended with
+        """How the program ended, as poprun reads it: its error file, the traceback it ended with
         when stopped, its times, then its exit status."""
         assert self.exit is not None
         self.reported = True
@@ -239,7 +239,7 @@ class StubbedInstance:
             self.emit(frame)
         oom_killed = signum == _signal.SIGKILL and not stop_begun_ns and self.oom_kills is not None \
             and (oom.kills() or 0) > self.oom_kills
-        report_flags = (protocol.EXIT_SHIM_SIGNALLED if self.signalled else 0) | \
+        report_flags = (protocol.EXIT_STUB_SIGNALLED if self.signalled else 0) | \
             (protocol.EXIT_WAS_STOPPED if flags & local.EXITED_WAS_STOPPED else 0) | \
             (protocol.EXIT_OOM_KILLED if oom_killed else 0) | \
             (protocol.EXIT_MPI_ABORT if flags & local.EXITED_MPI_ABORT else 0)

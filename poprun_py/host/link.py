@@ -1,9 +1,9 @@
 """A host's end of its link to poprun, over TCP across hosts: reach poprun at ``POPRUN_CONTROL``,
 read its nonce, seal every frame with the job's secret (``wire.seal``), say HELLO and the host's
-clock, and receive the program. A remote host's supervisor (``host.supervisor``) holds the one
-link of its host; the shim (``POPRUN_STUB=shim``) held one per instance. Also the settings such
-a process reads from what poprun gave it, with a warning rather than a refusal (poprun refuses
-bad values before anything starts: only a process started by hand can see one).
+clock, and receive the program: what a remote host's supervisor (``host.supervisor``) does to
+hold its host's one link to poprun. Also the settings such a process reads from what poprun gave
+it, with a warning rather than a refusal (poprun refuses bad values before anything starts: only
+a process started by hand can see one).
 
 Built on the interpreter's own C modules (``_socket``), as it runs under ``python -S``.
 """
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def silence_limit() -> float:
     """``POPRUN_SILENCE_LIMIT``, or the default with a warning when it is no number of seconds
-    (poprun refuses such a value: a shim started by hand)."""
+    (poprun refuses such a value: a process started by hand)."""
     from poprun_py.wire import protocol
 
     try:
@@ -33,12 +33,11 @@ def silence_limit() -> float:
         return protocol.DEFAULT_SILENCE_LIMIT
 
 
-def connect_to_poprun(index: int, secret: str | None, limit: float,
-                      who: str = "") -> tuple[_socket.socket, Seal, int] | None:
+def connect_to_poprun(secret: str | None, limit: float, who: str) -> tuple[_socket.socket, Seal, int] | None:
     """The control connection, its seal, and when poprun's nonce arrived (this host's wall clock,
     ns: half of the measure of the clocks' offset, see ``protocol.CLOCK``); None, said on stderr,
     when poprun cannot be reached within the silence limit (``limit``), or its address or the
-    secret is missing."""
+    secret is missing (``who``: who says so)."""
     from poprun_py.wire.control import connect
 
     address = settings.text(environment.CONTROL)
@@ -59,28 +58,28 @@ def connect_to_poprun(index: int, secret: str | None, limit: float,
             return control, Seal(secret, nonce, TO_POPRUN), arrived
         except OSError as exc:
             problem = str(exc)
-    # Only poprun has the program: nothing is started. mpiexec passes this line and the status on.
+    # Only poprun has the program: nothing is started. The stubs say so too, and mpiexec passes
+    # their lines and statuses on.
     where = f" at {address}" if address else ""
-    os.write(2, f"{who or f'poprun instance {index}'}: cannot reach poprun{where} ({problem}); "
-                "the program was not started\n".encode())
+    os.write(2, f"{who}: cannot reach poprun{where} ({problem}); the program was not started\n".encode())
     return None
 
 
-def receive_program(index: int, control: _socket.socket, seal: Seal, nonce_arrived: int,
-                    hello: bytes = b"", who: str = "") -> list[bytes] | None:
-    """Say HELLO and this host's clock (``protocol.CLOCK``: when poprun's nonce arrived, and now),
+def receive_program(control: _socket.socket, seal: Seal, nonce_arrived: int, hello: bytes,
+                    who: str) -> list[bytes] | None:
+    """Say ``hello`` (a HOST_HELLO) and this host's clock (``protocol.CLOCK``: when poprun's nonce
+    arrived, and now),
     then read poprun's answer: the program and its arguments (``protocol.PROGRAM``),
     no longer than this host could pass to a program. None, said on stderr, when poprun's
     connection ends, its host stops acknowledging, or the program fails its check.
 
     A poprun that is alive may be slow to answer (its output waits for a reader that paused, or it
     is stopped): as long as its kernel acknowledges (keep-alive probes, bounded by the
-    connection's TCP_USER_TIMEOUT: ``control.connect``), the shim waits."""
+    connection's TCP_USER_TIMEOUT: ``control.connect``), this waits."""
     from poprun_py.wire import protocol
 
     try:
-        control.sendall(seal.seal(hello or protocol.hello(index, os.getpid(), _socket.gethostname()))
-                        + seal.seal(protocol.clock(nonce_arrived, time.time_ns())))
+        control.sendall(seal.seal(hello) + seal.seal(protocol.clock(nonce_arrived, time.time_ns())))
         control.setsockopt(_socket.SOL_SOCKET, _socket.SO_KEEPALIVE, 1)
         for option, seconds in (("TCP_KEEPIDLE", 2), ("TCP_KEEPINTVL", 2)):
             if hasattr(_socket, option):
@@ -97,8 +96,7 @@ def receive_program(index: int, control: _socket.socket, seal: Seal, nonce_arriv
         return protocol.decode_program(body[:length])
     except (OSError, protocol.ProtocolError) as exc:
         why = str(exc) if not isinstance(exc, TimeoutError) else "poprun's host stopped acknowledging"
-    os.write(2, f"{who or f'poprun instance {index}'}: did not receive the program from poprun ({why}); "
-                "the program was not started\n".encode())
+    os.write(2, f"{who}: did not receive the program from poprun ({why}); the program was not started\n".encode())
     return None
 
 

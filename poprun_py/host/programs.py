@@ -1,17 +1,17 @@
-"""What each stub of a host is told besides the program: the environment's changes the shim used
-to make in its own process before it started the program, made once per host instead.
+"""What each stub of a host is told besides the program: the changes to the environment the
+program inherits, made once per host.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from popcontract import environment, settings
 from poprun_py.shared.errors import PlanError
 from poprun_py.wire import local
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing under python -S
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

@@ -9,9 +9,7 @@ the kernel) must name that user, so a socket passed on by some other means is re
 from __future__ import annotations
 
 import _socket
-import array
 import os
-from typing import NamedTuple
 
 from poprun_py.shared.paths import temporary_folder
 from poprun_py.wire import local
@@ -27,18 +25,49 @@ BACKLOG = 4096
 MAX_FDS = 2
 #: The most one read of a stub's connection takes (its frames are tens of bytes).
 READ_SIZE = 4096
-_ROOM = _socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+#: A C int's size, as descriptors and credentials travel (read through ``memoryview.cast``: the
+#: ``array`` module would bring ``collections`` to every remote host's supervisor).
+INT_SIZE = memoryview(bytes(8)).cast("i").itemsize
+_ROOM = _socket.CMSG_SPACE(MAX_FDS * INT_SIZE)
 
 
-class Frame(NamedTuple):
-    kind: int
-    payload: bytes
-    fds: list[int]  # received with it (SCM_RIGHTS); the receiver's to close
+class Frame:
+    """One frame from a stub: its kind, its payload, and the descriptors received with it
+    (SCM_RIGHTS; the receiver's to close). (Plain classes, not NamedTuple: ``typing`` would cost
+    each remote host's supervisor, started under ``python -S``, several milliseconds.)"""
+
+    __slots__ = ("fds", "kind", "payload")
+
+    def __init__(self, kind: int, payload: bytes, fds: list[int]) -> None:
+        self.kind = kind
+        self.payload = payload
+        self.fds = fds
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Frame) and (self.kind, self.payload, self.fds) == (other.kind, other.payload,
+                                                                                   other.fds)
+
+    def __repr__(self) -> str:
+        return f"Frame({self.kind!r}, {self.payload!r}, {self.fds!r})"
 
 
-class Peer(NamedTuple):
-    pid: int
-    uid: int
+class Peer:
+    """A connection's peer credentials: its process and user."""
+
+    __slots__ = ("pid", "uid")
+
+    def __init__(self, pid: int, uid: int) -> None:
+        self.pid = pid
+        self.uid = uid
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Peer) and (self.pid, self.uid) == (other.pid, other.uid)
+
+    def __hash__(self) -> int:
+        return hash((self.pid, self.uid))
+
+    def __repr__(self) -> str:
+        return f"Peer(pid={self.pid}, uid={self.uid})"
 
 
 def listen(parent: str | None = None) -> tuple[_socket.socket, str]:
@@ -77,7 +106,7 @@ def remove(path: str) -> None:
 
 def peer(conn: _socket.socket) -> Peer:
     """Who is at the other end of ``conn``, as the kernel recorded when it connected."""
-    pid, uid, _gid = array.array("i", conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12))
+    pid, uid, _gid = memoryview(conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 3 * INT_SIZE)).cast("i")
     return Peer(pid, uid)
 
 
@@ -113,9 +142,7 @@ class Reader:
             return self._take()
         for level, kind, body in ancillary:
             if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                received = array.array("i")
-                received.frombytes(body[:len(body) - len(body) % received.itemsize])
-                self.fds.extend(received)
+                self.fds.extend(memoryview(body[:len(body) - len(body) % INT_SIZE]).cast("i"))
         if not data:
             self.close()
             return None

@@ -4,7 +4,7 @@ and supervises every instance of the host, as poprun does its own host's (``host
 
 It listens on the stubs' socket (``POPRUN_STUB_SOCKET``, in the job's private folder on this
 host), connects to poprun (``POPRUN_CONTROL``; every frame sealed with the run's secret,
-``POPRUN_SECRET``, as a shim's), says HOST_HELLO and its clock, and takes the program. Then each
+``POPRUN_SECRET``), says HOST_HELLO and its clock, and takes the program. Then each
 stub that says HELLO gets the program and this host's changes of its environment; what its
 instance does reaches poprun as INSTANCE frames, and poprun's commands, each for one instance,
 reach its stub. It ends once every stub it served was released and has gone, or when poprun goes
@@ -256,11 +256,11 @@ def connect(limit: float) -> tuple[_socket.socket, Seal, list[bytes]] | None:
 
     secret = settings.text(environment.SECRET)
     who = f"poprun: host supervisor on {os.uname().nodename}"
-    connection = connect_to_poprun(-1, secret, limit, who)
+    connection = connect_to_poprun(secret, limit, who)
     if connection is None:
         return None
     control, seal, arrived = connection
-    argv = receive_program(-1, control, seal, arrived, protocol.host_hello(os.getpid(), _socket.gethostname()), who)
+    argv = receive_program(control, seal, arrived, protocol.host_hello(os.getpid(), _socket.gethostname()), who)
     if argv is None:
         control.close()
         return None

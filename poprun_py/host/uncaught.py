@@ -1,4 +1,4 @@
-"""Whether a program's stderr, as its host's supervisor (or its shim) has read it so far, ends
+"""Whether a program's stderr, as its host's supervisor has read it so far, ends
 with the traceback of an uncaught Python exception, as Python's default excepthook prints it.
 
 An instance that fails at the moment another does may have printed its traceback and still be

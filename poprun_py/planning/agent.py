@@ -3,7 +3,7 @@ a scheduler or the Kubernetes MPI Operator set for MPI), such as a ``kubectl exe
 ``blaunch`` or a ``qrsh -inherit`` wrapper.
 
 poprun itself never reaches another host: mpiexec starts everything there (Hydra's proxies, Open
-MPI's daemons), and poprun talks to the shims over its control connection, which is how it stops
+MPI's daemons), and poprun talks to the hosts' supervisors over its control connection, which is how it stops
 and sweeps them. So the agent is handed to mpiexec in the form each already supports (Hydra's
 ``-launcher rsh -launcher-exec AGENT``, PRRTE's ``plm_ssh_agent``), and both call it the same way
 ssh is called: ``AGENT HOST COMMAND...``, the command words to be run by a shell on HOST.

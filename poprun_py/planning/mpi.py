@@ -4,8 +4,9 @@ Every instance is its own MPMD app context (``A : B : ...``) because each gets d
 ``POPDIST_*`` values, as PopRun does with Open MPI's ``mpirun``. Hosts are one list for the
 whole job (``-hosts h0:k,h1:k`` / ``--host h0:k,...``), filled in order; past
 ``MAX_COMMAND_BYTES`` the host list and the app contexts go to files instead of the command line.
-Each app context runs the shim with the instance's index alone: the user's program and its
-arguments are never mpiexec's to read (the shim gets them from poprun, see ``shim``).
+Each app context runs the instance's stub with the instance's index alone: the user's program and
+its arguments are never mpiexec's to read (the stub gets them from its host's supervisor, which
+has them from poprun: ``poprun_py/stub``).
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ def loopback_library(launcher: MpiLauncher) -> str | None:
 
 
 def _loopback_env(launcher: MpiLauncher, spec: CommandSpec) -> dict[str, str]:
-    """One host: the launcher's ``LD_PRELOAD``, with the library first (the shim takes it out
-    again before the program starts: what the program listens on is its own business)."""
+    """One host: the launcher's ``LD_PRELOAD``, with the library first (its host's
+    supervisor takes it out again before the program starts: what the program listens on is its own business)."""
     if spec.callback_address or not (library := loopback_library(launcher)):
         return {}
     return {environment.LD_PRELOAD: loopback.preloaded(settings.text(environment.LD_PRELOAD), library)}
@@ -165,7 +166,7 @@ class CommandSpec(NamedTuple):
     ``launch_env``: what every instance gets besides the plan's variables, the same for every start:
     poprun's settings passed on (``PYTHONUNBUFFERED``, the user's ``OMP_NUM_THREADS``, ...) and
     those its options give (``POPRUN_ONE_STREAM``, ``POPRUN_HOST_SUBNET``).
-    ``control_address``: where poprun listens for this start's shims (``POPRUN_CONTROL``).
+    ``control_address``: where poprun listens for this start's hosts' supervisors (``POPRUN_CONTROL``).
     ``callback_address``: the local address remote hosts reach this one on (None: one-host job).
     ``host_subnet``: ``--host-subnet``'s CIDR, which MPI's own traffic is kept to as well.
     ``launcher_agent``: the program that reaches the other hosts instead of ssh (``agent``).
@@ -174,8 +175,8 @@ class CommandSpec(NamedTuple):
     """
 
     launch_env: Mapping[str, str]
-    #: Each instance runs ``shim + [index]``.
-    shim: tuple[str, ...]
+    #: Each instance runs ``stub + [index]``.
+    stub: tuple[str, ...]
     silence_limit: float
     control_address: str = CONTROL_SHOWN
     global_args: tuple[str, ...] = ()
@@ -358,13 +359,13 @@ def _mpich_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) -> C
         for name, value in plan.instance_env(inst.index).items():
             block += ["-env", name, value]
         blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
-                       *spec.shim, str(inst.index)])
+                       *spec.stub, str(inst.index)])
     return Command([launcher.path, *spec.global_args], hosts, tail, blocks, "-configfile", env)
 
 
 #: Open MPI's daemons on other hosts notice within about 8 s that their launcher can no longer be
 #: reached (TCP keep-alives on its connection; by default 8 minutes) and end: a host cut off from
-#: the job keeps none of them while it stays cut off. Well before the shims there stop their
+#: the job keeps none of them while it stays cut off. Well before the stubs there stop their
 #: programs (the silence limit): the daemon then reports those exits to its launcher, and the
 #: kernel sends no keep-alive while data waits unacknowledged, so a daemon that had not given up by
 #: then would wait for TCP's retransmissions to give up (15 minutes). Idle time and interval are
@@ -424,7 +425,7 @@ def _openmpi_command(launcher: MpiLauncher, plan: JobPlan, spec: CommandSpec) ->
         for name, value in plan.instance_env(inst.index).items():
             block += ["-x", f"{name}={value}"]
         blocks.append([*block, *spec.local_args, *spec.instance_local_args.get(inst.index, []),
-                       *spec.shim, str(inst.index)])
+                       *spec.stub, str(inst.index)])
     return Command(head, hosts, tail, blocks, "--app", env)
 
 

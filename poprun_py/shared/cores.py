@@ -1,4 +1,4 @@
-"""How many threads an instance's program gets: the shim sets ``OMP_NUM_THREADS`` from it, poprun
+"""How many threads an instance's program gets: its host's supervisor sets ``OMP_NUM_THREADS`` from it, poprun
 says it (``--verbose``)."""
 
 from __future__ import annotations

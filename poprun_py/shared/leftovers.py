@@ -9,7 +9,7 @@ a few milliseconds while it exits; it is no user (else its segment would stay), 
 whose main thread has ended while another thread runs is one. (A file that another job has created but not
 yet mapped, a window of microseconds inside MPI_Init, is the one case this cannot tell apart.)
 
-Built-in modules only: the per-instance shim uses it.
+Built-in modules only: a host's supervisor may use it under ``python -S``.
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ interface (they bind the wildcard address whatever their settings say), though a
 starts no remote one. ``_loopback.c``, a small library built with the package, turns such a bind
 into one to loopback in a process that preloads it. poprun preloads it into the launcher of a
 one-host Hydra or Open MPI job (``LD_PRELOAD``, ahead of the user's own; ``mpi.loopback_library``),
-and the shim takes it out again before the program starts: what the program itself listens on is
+and each host's supervisor takes it out again before the program starts: what the program itself listens on is
 its own business.
 
-Built-in modules only: the shim uses it.
+Built-in modules only: each host's supervisor uses it.
 """
 
 from __future__ import annotations

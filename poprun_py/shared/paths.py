@@ -48,7 +48,7 @@ def private_folder(folder: str) -> bool:
 
 def temporary_folder() -> str:
     """The folder of the job's directory of error files, the same path on every host (a remote
-    host's shims create it), and of the private directory of its host's stubs' socket: the first
+    host's supervisor has it), and of the private directory of its host's stubs' socket: the first
     of TMPDIR, TEMP, TMP, /tmp, /var/tmp, /usr/tmp that is a folder poprun can write to here (a
     read-only /tmp is passed over); /tmp when none is, so that the warning names it."""
     named = [settings.passed(name, "") for name in TEMPORARY_VARIABLES]

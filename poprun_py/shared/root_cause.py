@@ -9,21 +9,18 @@ Each host's supervisor (poprun on its own host) has DIR before the program start
 program exits non-zero sends what the file says to poprun (``take``: ``collect``, at most
 ``SEND_LIMIT`` bytes), then removes it; DIR goes with the job's folder on each host. So poprun never
 reads a remote host's disk. poprun turns what came (``describe``) into its failure summary and
-``--error-file``'s ``root_cause``. A shim (``POPRUN_STUB=shim``), one per instance with nobody per
-host, keeps its program's file in a folder of its own instead (``own_folder``, ``prepare``), so
-that the shims of a host never remove DIR under each other.
+``--error-file``'s ``root_cause``.
 
-The instances' side uses only ``os`` (``json`` only for a file too large to send whole).
+The hosts' side uses only ``os`` (``json`` only for a file too large to send whole).
 """
 
 from __future__ import annotations
 
 import os
-import stat
 
-#: The most bytes of an error file a shim sends: a traceback's worth, not a runaway file's.
+#: The most bytes of an error file a host's supervisor sends: a traceback's worth, not a runaway file's.
 SEND_LIMIT = 64 * 1024
-#: The most a shim reads to cut a larger file down to SEND_LIMIT (keeping the traceback's end).
+#: The most it reads to cut a larger file down to SEND_LIMIT (keeping the traceback's end).
 READ_LIMIT = 16 * 1024 * 1024
 #: Lines of the traceback shown in poprun's summary (its end, where the error is).
 SHOWN_TRACEBACK_LINES = 30
@@ -35,42 +32,7 @@ def error_file(directory: str, index: int) -> str:
     return f"{directory}/error-{index}.json"
 
 
-# ---------------------------------------------------------------- a shim's side
-def own_folder(path: str, index: int) -> str:
-    """Where the shim of instance ``index`` has its program write the error file poprun named
-    ``path``: a folder of its own in the job's (``DIR/<i>/error.json``, as torchrun gives each
-    worker), which it makes and removes without racing the host's other shims."""
-    return f"{os.path.dirname(path)}/{index}/error.json"
-
-
-def prepare(path: str) -> str | None:
-    """Make ``path``'s directory (and the job's above it: ``own_folder``'s layout) exist, private
-    to this user, and remove a file left there by an earlier start; None when that works, else why
-    not."""
-    directory = os.path.dirname(path)
-    job = os.path.dirname(directory)
-    for _ in range(3):  # another instance's shim on this host may remove the job's directory meanwhile
-        try:
-            for place in (job, directory):  # not os.makedirs: it makes the job's directory 0o777 & ~umask
-                try:
-                    os.mkdir(place, 0o700)
-                except FileExistsError:
-                    pass
-            break
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            return f"cannot create {directory}: {exc.strerror or exc}"
-    for place in (job, directory):
-        try:
-            info = os.lstat(place)
-        except OSError as exc:
-            return f"cannot use {place}: {exc.strerror or exc}"
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            return f"{place} is not a private directory of this user"
-    return clear_old(path)
-
-
+# ---------------------------------------------------------------- a host's supervisor's side
 def clear_old(path: str) -> str | None:
     """Remove an error file an earlier start left at ``path``; None, else why it could not be."""
     try:
@@ -120,23 +82,23 @@ def written_at(path: str) -> int:
         return 0
 
 
-def take(path: str | None, failed: bool, folders: int = 0, keep: bool = False) -> tuple[bytes | None, int]:
+def take(path: str | None, failed: bool, keep: bool = False) -> tuple[bytes | None, int]:
     """What a failed program recorded in its error file at ``path`` (None: nothing, or it did not
-    fail) and when it was written (ns; 0: never); the file is then removed with ``folders`` of the
-    folders above it while empty (``remove``), or nothing is (``keep``: on poprun's own host, where
-    poprun removes the job's folder whole at the end and a restart removes an old file)."""
+    fail) and when it was written (ns; 0: never); the file is then removed, unless ``keep`` (on
+    poprun's own host, where poprun removes the job's folder whole at the end and a restart removes
+    an old file)."""
     if not path:
         return None, 0
     cause = collect(path) if failed else None
     recorded = written_at(path) if cause is not None else 0
     if not keep:
-        remove(path, folders)
+        remove(path)
     return cause, recorded
 
 
 def remove(path: str, folders: int = 0) -> None:
     """Remove the error file (there or not), then up to ``folders`` of the folders above it, each
-    while empty (a shim's own and its job's: ``own_folder``)."""
+    while empty (the job's, by a stub whose supervisor died)."""
     try:
         os.unlink(path)
     except OSError:
@@ -165,7 +127,7 @@ def _fields(record: object) -> tuple[str, str, str | None]:
 
 
 def describe(data: bytes) -> dict[str, str | None]:
-    """``{"message", "traceback", "timestamp"}`` of what a shim sent; text that is not torch's JSON
+    """``{"message", "traceback", "timestamp"}`` of what a host's supervisor sent; text that is not torch's JSON
     is kept as the message."""
     import json
 

@@ -1,10 +1,9 @@
 """What the sweeps of leftover processes share: finding a process in /proc, and killing only it.
 
-Two sweeps kill processes poprun did not start itself: the teardown's (whatever is left in
-mpiexec's session, and the launcher agents mpiexec left to poprun with what they started here,
-``teardown.Teardown.kill_leftovers`` and ``end_what_agents_left``) and the shim's (daemons that
-left the program's process group, ``shim_pump.end_escaped``); both end :func:`leftovers`: the
-sweeper's descendants, which it adopts as their subreaper, and processes that carry the job's
+The teardown's sweeps kill processes poprun did not start itself (whatever is left in mpiexec's
+session, and the launcher agents mpiexec left to poprun with what they started here,
+``teardown.Teardown.kill_leftovers`` and ``end_what_agents_left``); they end :func:`leftovers`:
+poprun's descendants, which it adopts as their subreaper, and processes that carry the job's
 marks in their environment. Each finds its targets by reading /proc;
 between that read and the kill, a target may exit and its PID go to an unrelated process. So each
 kill here pins the process first (a pidfd), checks it again through /proc, and signals it through
@@ -13,7 +12,8 @@ made here again, no slip in a sweep's own search (a condition turned round, a ma
 process) can widen what it kills; ``make mutants-launcher`` relies on that, and this module is
 tested directly, not mutated (docs/mutation.md).
 
-Built on ``os``, ``_signal`` and ``popcontract.compiled`` alone: the shim imports it under ``python -S``.
+Built on ``os``, ``_signal`` and ``popcontract.compiled`` alone: the Python stub imports it under
+``python -S``.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def in_session(pid: int, session: int) -> bool:
 
 def descendants(root: int) -> list[int]:
     """Live processes below ``root``: its children, theirs, and so on (one reading of /proc, which
-    this process skips when it has no child: a shim's end, once its program is collected)."""
+    this process skips when it has no child: a stub's end, once its program is collected)."""
     if root == os.getpid() and not has_children():
         return []
     children: dict[int, list[int]] = {}
@@ -141,14 +141,14 @@ _adopting = {"held": False}
 
 def adopt_orphans() -> bool:
     """Become the subreaper of this process's descendants (``_subreaper``): an orphan among them is
-    then adopted by this process, not by init. The shim ends the program's daemons it adopts
-    (``shim_pump.end_escaped``); poprun collects the ends of what the job orphans on its host
+    then adopted by this process, not by init. A stub ends the program's daemons it adopts;
+    poprun collects the ends of what the job orphans on its host
     (:func:`reap_adopted`). Where the system does not allow it, nothing changes. Whether it is now."""
     subreaper = compiled.load(compiled.SUBREAPER)
     try:
         _adopting["held"] = bool(subreaper.become() if subreaper is not None else _become_through_libc())
     except OSError:
-        pass  # the shim's search by environment still finds marked daemons
+        pass  # the teardown's search by environment still finds marked daemons
     return _adopting["held"]
 
 
@@ -198,8 +198,8 @@ def holds_marks(pid: int, marks: tuple[bytes, ...]) -> bool:
     """Whether ``pid`` is alive, not a zombie, not this process, and its environment holds every
     one of ``marks`` (each a whole ``NAME=value`` entry); never true for no marks.
 
-    The environment is read first, and the process's state only for a match: a shim's search by
-    environment (``shim_pump.end_escaped``, where it is no subreaper) asks this of every process on
+    The environment is read first, and the process's state only for a match: a search by
+    environment (the teardown's, where poprun is no subreaper) asks this of every process on
     the host, nearly all of them unmarked or not its user's: one failed open or one read each."""
     if not marks or pid == os.getpid():
         return False

@@ -1,6 +1,6 @@
 """Which of a set of descriptors can be read, each with a label: ``select.poll`` and a dict.
 
-poprun's event loop and the shims' share it. It stands in for ``selectors``, whose import
+poprun's event loop and the hosts' supervisors' share it. It stands in for ``selectors``, whose import
 (``collections``, ``math``, ``abc``) costs ~2 ms on the launch path.
 """
 

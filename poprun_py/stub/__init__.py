@@ -1,6 +1,6 @@
 """The per-instance stub: the compiled ``poprun-stub`` (``_stub.c``), and where it was not built,
-the same in Python (``python -S script.py INDEX``, ``fallback``). Built-in modules, ``instance``,
-``wire`` and ``shared`` only: its start-up time counts against every launch."""
+the same in Python (``python -S script.py INDEX``, ``fallback``; ``program``, ``pmi_relay``).
+Built-in modules, ``wire`` and ``shared`` only: its start-up time counts against every launch."""
 
 import os
 

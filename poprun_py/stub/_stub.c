@@ -47,13 +47,13 @@ enum { VERSION = 1, HEADER_SIZE = 5, PROGRAM_FIELDS = 13, PROGRAM_NO_STDIN = 1, 
 
 /* The stub's status when it starts no program (poprun_py/stub/program.py's NOT_STARTED). */
 #define NOT_STARTED_STATUS 1
-/* After its report, the most a stub waits for RELEASE (shim_pump.RELEASE_WAIT_SECONDS). */
+/* After its report, the most a stub waits for RELEASE (fallback.RELEASE_WAIT_SECONDS). */
 #define RELEASE_WAIT_MS 10000
 /* How long the stub keeps killing what the program left (descendants it adopted) before it exits. */
 #define LEFTOVER_WAIT_MS 2000
 #define NEVER INT64_MAX
 /* Without RELEASE, how long the stub waits, its PMI line closed, for its launcher to end the job
- * (shim_pump.LAUNCHER_NOTICE_SECONDS). */
+ * (fallback.LAUNCHER_NOTICE_SECONDS). */
 #define LAUNCHER_NOTICE_MS 1000
 /* The longest line from the program held back as a possible abort request (pmi_relay.HOLD_LIMIT). */
 #define PMI_HOLD 65536
@@ -890,8 +890,8 @@ int main(int argc, char **argv) {
         }
         if (reported && connected && now_ms() >= release_at && release_at != 0 && pmi_launcher >= 0) {
             /* No RELEASE came: other instances still run. The PMI line is closed first, and the
-             * launcher given LAUNCHER_NOTICE_MS to end the job (shim_pump's
-             * _hang_up_on_the_launcher tells why). */
+             * launcher given LAUNCHER_NOTICE_MS to end the job (pmi_relay.py's
+             * hang_up tells why). */
             close(pmi_launcher);
             pmi_launcher = -1;
             release_at = now_ms() + LAUNCHER_NOTICE_MS;

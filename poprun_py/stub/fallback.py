@@ -4,7 +4,7 @@ what ``poprun-stub INDEX`` does, frame for frame (``wire.local``), and ends the 
 It gets its program from its host's supervisor, starts it (``program.spawn``: its
 own process group, killed if the stub dies), hands over its pipes, waits for it, reports how it
 ended, obeys TERMINATE, STOP, CONT and RELEASE, and exits with the program's status. Built-in
-modules only, as the shim: it shares the cores with the program it starts.
+modules only: it shares the cores with the program it starts.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ LEFTOVER_SECONDS = 2.0
 STOPPING = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
 _NEVER = float("inf")
 #: Without RELEASE, how long the stub waits, its PMI line closed, for its launcher to end the job
-#: (as ``_stub.c``; shim_pump's ``_hang_up_on_the_launcher`` tells why).
+#: (as ``_stub.c``; ``pmi_relay.hang_up`` tells why).
 LAUNCHER_NOTICE_SECONDS = 1.0
 
 
@@ -282,7 +282,7 @@ class Stub:
 
     def _hang_up_on_the_launcher(self) -> None:
         """No RELEASE came: other instances still run. The PMI line is closed first, and the
-        launcher given LAUNCHER_NOTICE_SECONDS to end the job (shim_pump tells why)."""
+        launcher given LAUNCHER_NOTICE_SECONDS to end the job (``pmi_relay.hang_up`` tells why)."""
         self.hung_up = True
         if not hang_up():
             return

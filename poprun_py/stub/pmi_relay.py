@@ -1,5 +1,5 @@
-"""MPICH's PMI line (``PMI_FD``) passed through the instance's stub (the Python one here; the
-shim's too; ``_stub.c`` has the same relay in C), so that the stub is the first to know that its
+"""MPICH's PMI line (``PMI_FD``) passed through the instance's stub (the Python one here;
+``_stub.c`` has the same relay in C), so that the stub is the first to know that its
 program called ``MPI_Abort``.
 
 MPICH's ``MPI_Abort`` (also what ``python -m mpi4py`` calls on an uncaught exception, and MPICH's
@@ -41,8 +41,13 @@ def pmi_line() -> int | None:
 
 
 def hang_up() -> bool:
-    """Close this process's PMI line (``PMI_FD``), before it exits without RELEASE (see
-    ``shim_pump``'s ``_hang_up_on_the_launcher``); whether there was one to close."""
+    """Close this process's PMI line (``PMI_FD``), before it exits without RELEASE; whether there
+    was one to close. No RELEASE came: other instances still run. The stub closes its copy of
+    MPICH's PMI line and gives the launcher up to LAUNCHER_NOTICE_SECONDS (``fallback``) to act on
+    it before it exits. Hydra's proxy, seeing the line end and the process exit at the same moment,
+    at times took a program that left without MPI_Finalize (``os._exit``) for one that finished,
+    and the job's other instances then waited for ever; seeing the line end first, it ends the job
+    (which signals the stub). After MPI_Finalize the line's end is no news to it."""
     pmi = pmi_line()
     if pmi is None:
         return False
@@ -78,7 +83,7 @@ class PmiRelay:
         return (os.POSIX_SPAWN_DUP2, self.program_end.fileno(), self.launcher)
 
     def spawned(self) -> None:
-        """The program has its end (or was not started): the shim's copy goes."""
+        """The program has its end (or was not started): the stub's copy goes."""
         if self.program_end is not None:
             self.program_end.close()
             self.program_end = None
@@ -88,7 +93,7 @@ class PmiRelay:
         returned instead. A line is held back only while it may still be one (its start so far is
         ``cmd=abort``'s); every other byte goes on at once, whatever the wire. Once the program's
         end has closed, ``program_open`` is False (the launcher's line stays open: its end is the
-        shim's, as when the program shared it)."""
+        stub's, as when the program shared it)."""
         try:
             data = self.shim_end.recv(READ_SIZE)
         except OSError:

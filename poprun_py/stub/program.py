@@ -64,8 +64,8 @@ def spawn(argv: list[bytes], *, no_stdin: bool, one_stream: bool = False,
     return pid, out_r, err_r
 
 
-#: A stub's (or shim's) status when it starts no program: it could not reach its supervisor
-#: (poprun, for a shim), or get the program from it.
+#: A stub's status when it starts no program: it could not reach its supervisor, or get the
+#: program from it.
 NOT_STARTED = 1
 #: The most a holder (:func:`hold_until_reaped`) waits for its process to be reaped.
 HOLD_LIMIT = 1.0
@@ -74,15 +74,16 @@ HOLD_POLL = 0.002
 
 
 def leave(status: int) -> NoReturn:
-    """End this process (a stub, a shim) with ``status``; under MPICH's gforker, behind a holder
+    """End this process (a stub) with ``status``; under MPICH's gforker, behind a holder
     (:func:`hold_until_reaped`).
 
     gforker reads its children's stdout, stderr and PMI descriptors until all are closed, then
     waits for the children it has not reaped yet; that wait counts them once and, if any was
     left, spins a core until its 2 s limit runs out. A process's descriptors close before its
-    parent learns that it exited, so a shim's own exit left gforker one unreaped child in about
-    one one-host job in five (measured on 2026-11-27: 4 of 20 jobs ended 1.5-2 s late). With the
-    holder, the last descriptor closes once gforker has reaped this process."""
+    parent learns that it exited, so a per-instance process's own exit (then a shim's) left
+    gforker one unreaped child in about one one-host job in five (measured on 2026-11-27: 4 of 20
+    jobs ended 1.5-2 s late). With the holder, the last descriptor closes once gforker has reaped
+    this process."""
     if _parent_is_gforker():
         hold_until_reaped()
     os._exit(status)

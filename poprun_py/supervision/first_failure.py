@@ -3,13 +3,13 @@ all instances and hosts, not the first instance to exit.
 
 An instance failed when its program ended by itself with a non-zero status, when it recorded an
 error file (torch's ``@record``) before it was stopped, or when its stderr ended with an uncaught
-exception's traceback as its shim came to stop it (``protocol.UNCAUGHT``: it was on its way out,
+exception's traceback as its stub came to stop it (``protocol.UNCAUGHT``: it was on its way out,
 and the stop only cut that short). Its failure's time is the error file's own: torch records it in
-whole seconds, and when the file was last written (read by the shim on its own host) refines it
-within that second; else when its shim read the traceback's last line; else the time its program
-ended. Each is the latest the failure can have happened, as close to it as its shim could tell,
-so the earliest of them failed first. Its shim's clock offset (``clocks``) makes each a time on
-poprun's clock. An instance's end that poprun (or its shim) caused by stopping it is never a
+whole seconds, and when the file was last written (read by its host's supervisor) refines it
+within that second; else when its stub read the traceback's last line; else the time its program
+ended. Each is the latest the failure can have happened, as close to it as its host could tell,
+so the earliest of them failed first. Its host's clock offset (``clocks``) makes each a time on
+poprun's clock. An instance's end that poprun (or its stub) caused by stopping it is never a
 failure; only a failure that came before anything began to stop the instance (its record, its
 traceback, or its end) can be the root cause: a program that ignores SIGTERM and then exits with a
 status of its own failed too, but only after poprun's stop.
@@ -64,8 +64,8 @@ class Failed:
         self.no_later_than: float | None = None
 
     def _before_stop(self, ns: int) -> bool:
-        """Whether ``ns`` (its shim's clock) came before its shim began to stop it; without its
-        shim's times (an older report), whether it failed by itself."""
+        """Whether ``ns`` (its host's clock) came before its stub began to stop it; without its
+        stub's times (an older report), whether it failed by itself."""
         if not self.state.ended_ns:
             return self.state.failed_by_itself
         return bool(ns) and (not self.state.stopped_ns or ns < self.state.stopped_ns)
@@ -82,7 +82,7 @@ class Failed:
     @cached_property
     def uncaught(self) -> str | None:
         """The uncaught exception's line its stderr ended with when it was stopped, when that is
-        what tells its failure: it neither failed by itself nor recorded an error. Its shim looks
+        what tells its failure: it neither failed by itself nor recorded an error. Its supervisor looks
         only at what came before the stop: such a failure is always first-hand."""
         state = self.state
         if state.uncaught is None or state.failed_by_itself or self.recorded is not None:

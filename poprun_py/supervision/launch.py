@@ -98,11 +98,9 @@ def launch(options: LaunchOptions) -> int:
 
         if errors is not None:
             errors.close()
-        _print_dry_run(plan, launcher, build_command(launcher, plan, start.spec), program_argv(options),
-                       stubbed=_stubbed(start))
+        _print_dry_run(plan, launcher, build_command(launcher, plan, start.spec), program_argv(options))
         return 0
-    _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None,
-                      _stubbed(start))
+    _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
     _say_threads_per_instance(plan, remote)
     return _run(options, start, launcher, (grace, silence), errors, slots)
 
@@ -124,7 +122,7 @@ def program_argv(options: LaunchOptions) -> list[bytes]:
 
 
 def _kill_grace() -> float:
-    """$POPRUN_KILL_GRACE, which every shim reads too: one line here rather than a warning from each."""
+    """$POPRUN_KILL_GRACE, which every host's supervisor reads too: one line here rather than a warning from each."""
     from poprun_py.wire import protocol
 
     grace = protocol.kill_grace()
@@ -134,7 +132,8 @@ def _kill_grace() -> float:
 
 
 def _silence_limit() -> float:
-    """$POPRUN_SILENCE_LIMIT, which every shim reads too: one line here rather than a warning from each."""
+    """$POPRUN_SILENCE_LIMIT, which every host's supervisor reads too: one line here rather than a warning from
+    each."""
     from poprun_py.wire import protocol
 
     try:
@@ -145,7 +144,7 @@ def _silence_limit() -> float:
 
 def command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, agent: Agent | None) -> CommandSpec:
     """What the mpiexec command is built from besides the plan: what every instance gets from poprun's
-    environment and options, the shim, the user's MPI arguments and what reaches the hosts (``agent``,
+    environment and options, the stub, the user's MPI arguments and what reaches the hosts (``agent``,
     None: ssh)."""
     from poprun_py.planning import per_instance
     from poprun_py.planning.mpi import CommandSpec, parse_instance_local_args, split_args
@@ -170,8 +169,8 @@ def command_spec(options: LaunchOptions, plan: JobPlan, callback: str | None, ag
     mpi = options.mpi
     return CommandSpec(
         launch_env=MappingProxyType(launch_env),  # read-only, as the spec is
-        # Each instance a stub, its host's supervisor poprun or one of the host's (unless POPRUN_STUB=shim).
-        shim=per_instance.stub_command(per_instance.mode()),
+        # Each instance a stub, its host's supervisor poprun or one of the host's.
+        stub=per_instance.stub_command(per_instance.mode()),
         silence_limit=_silence_limit(),
         global_args=tuple(split_args(mpi.mpi_global_args, "--mpi-global-args")),
         local_args=tuple(split_args(mpi.mpi_local_args, "--mpi-local-args")),
@@ -235,8 +234,7 @@ class Start(NamedTuple):
                                  master_port=master_port())
         moved = Start(plan, tuple(remote), callback, master_port, command_spec(options, plan, callback, self.agent),
                       self.agent)
-        _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None,
-                          _stubbed(moved))
+        _check_open_files(plan.instances_per_host, plan.num_instances, options.output.log_dir is not None)
         return moved
 
 
@@ -311,29 +309,19 @@ def _run(options: LaunchOptions, start: Start, launcher: MpiLauncher, limits: tu
                 _remove_tree(error_dir)
 
 
-def _stubbed(start: Start) -> bool:
-    """Whether stubs run the instances of ``start`` (else a shim each), each host's supervisor
-    poprun on its own, one of the host's on another."""
-    from poprun_py.planning import per_instance
-
-    return per_instance.mode() != per_instance.SHIM
-
-
-def _host_programs(start: Start, plan: JobPlan, output: OutputOptions) -> HostPrograms | None:
-    """What poprun tells its own host's stubs, where they run the instances."""
+def _host_programs(start: Start, plan: JobPlan, output: OutputOptions) -> HostPrograms:
+    """What poprun tells its own host's stubs."""
     from poprun_py.host import programs
 
-    if not _stubbed(start):
-        return None
     return programs.HostPrograms(plan.instances_per_host, plan.error_dir, output.one_stream,
                                  start.spec.host_subnet)
 
 
 def _stub_socket(start: Start, plan: JobPlan) -> str | None:
-    """A job across hosts under stubs: where each host's stubs find their supervisor, the same path
-    on every host, in the job's private folder there, one per start (None: one host, whose
-    supervisor poprun makes a private folder of its own for it)."""
-    if start.callback is None or not _stubbed(start):
+    """A job across hosts: where each host's stubs find their supervisor, the same path on every
+    host, in the job's private folder there, one per start (None: one host, whose supervisor
+    poprun makes a private folder of its own for it)."""
+    if start.callback is None:
         return None
     job = plan.error_dir or f"{paths.temporary_folder()}/poprun-{plan.run_id}"
     return f"{job}/start-{plan.restart}/stubs"
@@ -442,24 +430,22 @@ def _remove_tree(path: str) -> None:
 
 
 #: Descriptors MPICH's proxy holds per process it starts (stdin, stdout and stderr pipes, the PMI
-#: socket), measured. poprun itself holds one connection per instance, and, as the supervisor of
-#: its host's stubs, their programs' two pipes too. Plus a margin for the rest.
+#: socket), measured. poprun itself, as the supervisor of its host's stubs, holds each stub's
+#: connection and its program's two pipes. Plus a margin for the rest.
 FILES_PER_LOCAL_INSTANCE = 4
-OWN_FILES_PER_INSTANCE = 1
 OWN_FILES_PER_STUB = 3
 FILES_MARGIN = 64
 #: --log-dir: poprun holds each instance's stdout and stderr log open.
 LOG_FILES_PER_INSTANCE = 2
 
 
-def _check_open_files(per_host: int, num_instances: int, log_files: bool, stubbed: bool) -> None:
+def _check_open_files(per_host: int, num_instances: int, log_files: bool) -> None:
     """A host's instances must fit the open-file limit of mpiexec's proxy there, and poprun's own
-    connections (one per instance, two log files each with --log-dir) its own: raise the soft
+    descriptors (three per instance of its host, two log files each with --log-dir) its own: raise the soft
     limit to the hard one, and refuse, naming both numbers, a job that would still fail minutes
     into its start with "Too many open files"."""
     proxy = FILES_PER_LOCAL_INSTANCE * per_host + FILES_MARGIN
-    own = ((OWN_FILES_PER_STUB if stubbed else OWN_FILES_PER_INSTANCE) + LOG_FILES_PER_INSTANCE * log_files) \
-        * num_instances + FILES_MARGIN
+    own = (OWN_FILES_PER_STUB + LOG_FILES_PER_INSTANCE * log_files) * num_instances + FILES_MARGIN
     need = max(proxy, own)
     if need <= 1024:  # every system allows this much: no need to ask
         return
@@ -510,10 +496,9 @@ def _write_file(text: str) -> str:
     return path
 
 
-def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: list[bytes], stubbed: bool) -> None:
+def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: list[bytes]) -> None:
     """The plan and what would run; files are shown by their first and last lines. The program is
-    shown as a shell would be given it, its bytes as they are, and how it reaches each instance
-    (``stubbed``: from poprun to its host's stubs)."""
+    shown as a shell would be given it, its bytes as they are, and how it reaches each instance."""
     import shlex
 
     print(plan.describe())
@@ -523,10 +508,8 @@ def _print_dry_run(plan: JobPlan, launcher: MpiLauncher, built: Command, argv: l
     print("command: " + shlex.join(built.argv()))
     sys.stdout.flush()
     sys.stdout.buffer.write(b"program: " + shlex.join(map(os.fsdecode, argv)).encode(errors="surrogateescape")
-                            + (b"\n  (each instance's stub receives it from its host's supervisor, which has it from "
-                               b"poprun" if stubbed else
-                               b"\n  (each instance's shim receives it from poprun over the control connection")
-                            + b", byte for byte; mpiexec never reads it)\n")
+                            + b"\n  (each instance's stub receives it from its host's supervisor, which has it from "
+                              b"poprun, byte for byte; mpiexec never reads it)\n")
     for placeholder, text in built.files().items():
         lines = text.splitlines()
         print(f"{placeholder}: {len(lines)} lines (the command line would be too long)")
@@ -579,7 +562,7 @@ def _check_program(program: str | None, any_remote: bool) -> None:
     if not program:
         raise PlanError("missing PROGRAM: give the program to run, e.g. 'poprun --num-instances 2 python train.py'")
     if any_remote:
-        return  # remote hosts: the instance shim reports a missing program there
+        return  # remote hosts: the instance's stub reports a missing program there
     from poprun_py.shared.paths import which
 
     path = which(program) if os.sep not in program else program

@@ -30,7 +30,7 @@ one followed by a newline adds no tag, so binary output full of ``\\r`` costs no
 **One stream.** Only the kernel knows the order of writes to two pipes, so an instance whose
 stdout and stderr were read from two pipes could show them out of the order it wrote them. When
 poprun's stdout and stderr are one file or terminal and instances' output is shown there
-(``one_stream``), each shim gives its program one pipe for both (``POPRUN_ONE_STREAM``), as ``2>&1``
+(``one_stream``), each stub gives its program one pipe for both (``POPRUN_ONE_STREAM``), as ``2>&1``
 would without poprun, and the instance's output is one stream, shown on poprun's stdout.
 
 ``--log-dir DIR`` writes each instance's streams, raw (no tags), unbuffered, to

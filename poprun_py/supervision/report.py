@@ -174,7 +174,7 @@ class Report:
         ``state``'s own host; else, when the launcher ended ``state`` (Open MPI's daemons do once
         they lose a host) and no instance left early, another host whose instances were all lost
         (a silent one first). None when ``state`` failed by itself, or its host's MPI daemon died
-        (its shim says so) and its shim then reported the stop: a shim that said so and was then
+        (its stub says so) and its stub then reported the stop: a stub that said so and was then
         lost went down with its host, having seen the daemon end a moment before."""
         if state.failed_by_itself or (state.launcher_lost and not state.lost):
             return []
@@ -225,7 +225,7 @@ class Report:
 
     def _left_early(self, state: InstanceState) -> str | None:
         """When the launcher ended an instance (Hydra kills it: no exit report; gforker signals its
-        shim) after others had exited with status 0 while it still ran, those left early: an MPI
+        stub) after others had exited with status 0 while it still ran, those left early: an MPI
         program that exits without MPI_Finalize (os._exit, a crash below Python) makes mpiexec end
         the rest of the job. Name them, not the victim."""
         left = self._left_before(state)
@@ -278,7 +278,7 @@ def own_failure(reason: str, status: int, at: float | None = None,
 
 
 def _ended_by_launcher(state: InstanceState) -> bool:
-    return state.lost or (state.shim_signalled and not state.stopped_by_poprun)
+    return state.lost or (state.stub_signalled and not state.stopped_by_poprun)
 
 
 def root_cause(state: InstanceState) -> dict[str, str | None] | None:

@@ -6,8 +6,6 @@ import _signal
 import time
 from collections.abc import Callable
 
-from poprun_py.wire import protocol
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the launch path
 if TYPE_CHECKING:
     import _socket
@@ -24,9 +22,8 @@ class InstanceState:
         self.index = index
         self.host = host
         self.output = output
+        #: On poprun's own host, where a stub runs it: its stub and the stub's connection.
         self.connection: _socket.socket | None = None
-        self.reader: protocol.FrameReader | None = None  # its frames, checked with its connection's seal
-        #: On poprun's own host, where a stub runs it: its stub's connection is ``connection``.
         self.stub: StubbedInstance | None = None
         #: On a remote host whose supervisor runs it: that supervisor's connection (``connection``
         #: stays None), until the instance has ended or is lost.
@@ -37,36 +34,33 @@ class InstanceState:
         self.error: str | None = None
         self.stopped_by_poprun = False
         self.lost = False  # disconnected without an exit report
-        self.shim_signalled = False  # its shim was signalled (not told by poprun) and stopped the program
-        self.was_stopped = False  # its program was stopped (SIGSTOP, a debugger) when its shim came to end it
+        self.stub_signalled = False  # its stub was signalled (not told by poprun) and stopped the program
+        self.was_stopped = False  # its program was stopped (SIGSTOP, a debugger) when its stub came to end it
         self.oom_killed = False  # its program died of SIGKILL as the kernel's out-of-memory killer ran (oom)
         self.mpi_abort = False  # its program called MPI_Abort, and its status is the abort's (pmi_relay)
-        self.launcher_lost: str | None = None  # its shim saw its host's MPI daemon die: why (protocol.LAUNCHER_LOST)
+        self.launcher_lost: str | None = None  # its stub saw its host's MPI daemon die: why (protocol.LAUNCHER_LOST)
         self.last_heard = 0.0  # time.monotonic() of its last frame
         self.silent = 0.0  # lost because nothing came from it for this many seconds (the silence limit)
         self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss
         self.root_cause: bytes | None = None  # what its program wrote to TORCHELASTIC_ERROR_FILE, if it failed
-        #: Its shim's clock minus poprun's (ns, see ``clocks``), and when poprun sent the nonce (ns).
+        #: Its host's clock minus poprun's (ns, see ``clocks``): its host supervisor's link's.
         self.clock_offset = 0
-        self.nonce_sent = 0
-        #: On its shim's clock (ns; 0: never or not told, see protocol.TIMES): when its program
-        #: ended, when its shim began to stop it, when its error file was last written.
+        #: On its host's clock (ns; 0: never or not told, see protocol.TIMES): when its program
+        #: ended, when its stub began to stop it, when its error file was last written.
         self.ended_ns = 0
         self.stopped_ns = 0
         self.recorded_ns = 0
         #: The exception's line of the uncaught exception's traceback its program's stderr ended
-        #: with when its shim came to stop it, and when its shim read that line (ns, its clock;
+        #: with when its stub came to stop it, and when its supervisor read that line (ns, its clock;
         #: protocol.UNCAUGHT): it had failed by itself, and the stop only ended its way out.
         self.uncaught: str | None = None
         self.uncaught_ns = 0
         self.seen_at: float | None = None  # time.time() when poprun saw its end (exit report or loss)
-        self.sending = False  # a message to its shim is half sent: nothing may be put in its middle
+        self.sending = False  # a message to its stub or host is half sent: nothing may be put in its middle
 
-    def send(self, message: bytes, within: float = 0.0) -> bool:
-        """One of poprun's messages to the shim (protocol.PROGRAM, TERMINATE, RELEASE, STOP, CONT), sealed,
-        or to its stub (the commands alone); whether it went. ``within``: seconds a message larger
-        than the socket's buffer (the program) may take to go, the shim reading it; a command always
-        fits at once."""
+    def send(self, message: bytes) -> bool:
+        """One of poprun's commands (protocol.TERMINATE, RELEASE, STOP, CONT) to its stub, or
+        through its host's supervisor; whether it went."""
         if self.stub is not None:
             return self.connection is not None and self.stub.command(message)
         if self.via is not None:
@@ -75,22 +69,11 @@ class InstanceState:
                 return self.via.command(self.index, message)
             finally:
                 self.sending = False
-        if self.connection is None or self.reader is None:
-            return False
-        self.sending = True
-        try:
-            self.connection.settimeout(within)
-            self.connection.sendall(self.reader.seal.seal(message))
-        except OSError:
-            return False  # that shim is gone already, or took no more of it for ``within`` seconds
-        finally:
-            self.sending = False
-            self.connection.setblocking(False)
-        return True
+        return False
 
     @property
     def attached(self) -> bool:
-        """Whether poprun still hears from it: its own connection (a shim's, a stub's), or its
+        """Whether poprun still hears from it: its stub's connection (on poprun's host), or its
         host's supervisor's."""
         return self.connection is not None or self.via is not None
 
@@ -109,9 +92,9 @@ class InstanceState:
     @property
     def failed_by_itself(self) -> bool:
         """It reported a failure of its own: a non-zero status that is not what stopping it gives
-        (SIGTERM, then SIGKILL, or the shell's 128+N for them), or any, when its shim's times say
+        (SIGTERM, then SIGKILL, or the shell's 128+N for them), or any, when its stub's times say
         that its program ended before anything began to stop it (a SIGKILL from the kernel's
-        out-of-memory killer, which its shim may also tell)."""
+        out-of-memory killer, which its supervisor may also tell)."""
         if not self.status:
             return False
         if self.oom_killed or (self.ended_ns and (not self.stopped_ns or self.ended_ns < self.stopped_ns)):
@@ -168,5 +151,5 @@ def describe_status(status: int, signum: int | None, oom_killed: bool = False, m
     return f"exit status {status}"
 
 
-#: What the summary adds to a SIGKILL that its shim tells came from the out-of-memory killer.
+#: What the summary adds to a SIGKILL that its supervisor tells came from the out-of-memory killer.
 OOM_KILLED = "from the kernel's out-of-memory killer (its memory cgroup's oom_kill count rose)"

@@ -1,15 +1,17 @@
 """Run the mpiexec command, route every instance's output, and end the job as one.
 
-One event loop (``watch.Watch``) watches: the control listener and each instance's connection,
-mpiexec's own stdout/stderr, and a wake-up pipe for signals. The first instance to fail is the
-root cause and starts the teardown (``teardown``); once every instance is done, all the shims are
-released together; at the end, what went wrong is reported (``report``).
+One event loop (``watch.Watch``) watches: the stubs of poprun's own host (their connections and
+their programs' pipes: poprun is its host's supervisor), the control listener and each other
+host's supervisor's connection, mpiexec's own stdout/stderr, and a wake-up pipe for signals. The
+first instance to fail is the root cause and starts the teardown (``teardown``); once every
+instance is done, all the stubs are released together; at the end, what went wrong is reported
+(``report``).
 
 poprun's own output is written as it comes, and a write waits while no one reads it (a pager left
-alone, a stalled ``tee``, Ctrl-S): the loop reads nothing meanwhile, so the shims' sends wait and
-their programs wait on their pipes, as in a shell pipeline. Time the loop did not run (such a wait,
+alone, a stalled ``tee``, Ctrl-S): the loop reads nothing meanwhile, so the hosts' supervisors'
+sends wait and the programs wait on their pipes, as in a shell pipeline. Time the loop did not run (such a wait,
 or poprun stopped: SIGSTOP, a debugger) is no one's silence (``_discount_stall``). Ctrl-Z (SIGTSTP)
-stops the whole job: every shim stops its program, then poprun stops; ``fg`` continues them all.
+stops the whole job: every stub stops its program, then poprun stops; ``fg`` continues them all.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ EXTRA_BACKLOG = 8
 TICK_SECONDS = 0.1
 #: After mpiexec exits, how long what its processes still send is read before poprun stops.
 AFTER_MPIEXEC_SECONDS = 2.0
-#: On one host, how long mpiexec may outlive the end of every instance and of every shim before
+#: On one host, how long mpiexec may outlive the end of every instance and of every stub before
 #: poprun stops it (see _stop_lingering_mpiexec).
 LINGER_SECONDS = 0.5
 #: Open MPI's launcher (PRRTE) sets the process group of the remote-start command it forks (ssh, an
@@ -67,17 +69,18 @@ SILENCE_CHECK_SECONDS = 1.0
 #: stopped, or blocked writing output no one read): it counts as no one's silence (_discount_stall).
 STALL_SECONDS = 1.0
 #: Connections that have not yet said who they are, at most: beyond it the oldest is dropped, so
-#: that strays cannot use up poprun's descriptors (each also gets the silence limit); a shim
-#: whose HELLO has come is taken first (see _make_room).
+#: that strays cannot use up poprun's descriptors (each also gets the silence limit); a host's
+#: supervisor whose HELLO has come is taken first (see _make_room).
 MAX_PENDING = 64
 
 
 class Supervisor:
     """``build_command``: the mpiexec command for poprun's control address, and what mpiexec needs in
     its environment besides poprun's. ``secret``: this run's (``seal``), which mpiexec gets in its
-    environment (never on a command line) and the shims from it. ``program``: the program and its
-    arguments, which each shim gets in answer to its HELLO. ``log_failures_said``: what the job has
-    said of logs that could not be written (see ``InstanceOutput``), shared by its starts."""
+    environment (never on a command line) and the hosts' supervisors from it. ``program``: the
+    program and its arguments, which each host's supervisor gets in answer to its HELLO.
+    ``log_failures_said``: what the job has said of logs that could not be written (see
+    ``InstanceOutput``), shared by its starts."""
 
     def __init__(self, num_instances: int, hosts: list[str],
                  build_command: Callable[[str], tuple[list[str], Mapping[str, str]]],
@@ -140,7 +143,7 @@ class Supervisor:
         self.start_timeout = start_timeout
         self.mpiexec_started = 0.0
         self.called_in = 0  # instances whose HELLO has arrived
-        #: one host: when every instance and shim was first seen ended while mpiexec ran on
+        #: one host: when every instance and stub was first seen ended while mpiexec ran on
         self.all_ended_at: float | None = None
         #: poprun stopped an mpiexec that had nothing left to do (its status is not the job's)
         self.mpiexec_stopped = False
@@ -162,7 +165,7 @@ class Supervisor:
         self.turns = 0
         self.lost_in_turn = -1
         self.mpiexec_done_at: float | None = None
-        #: Ctrl-Z came while a message to a shim was half sent: the loop stops the job (_on_stop).
+        #: Ctrl-Z came while a message to a stub was half sent: the loop stops the job (_on_stop).
         self.stop_due = False
         #: A signal asked poprun to stop the job, which the loop has not said yet (_on_signal).
         self.interrupt_unsaid = False
@@ -194,8 +197,8 @@ class Supervisor:
         stub_server: _socket.socket | None = None
         stub_path = ""
         try:
-            # What the job orphans on this host (the shims' holders under gforker, daemons the
-            # shims adopted and ended) comes to poprun, whose teardown collects their ends.
+            # What the job orphans on this host (the stubs' holders under gforker, daemons the
+            # stubs adopted and ended) comes to poprun, whose teardown collects their ends.
             sweep.adopt_orphans()
             command, env = self.build_command(address)
             self.launch_env = {**os.environ, **env, environment.SECRET: self.secret}
@@ -251,7 +254,7 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: object) -> None:
         """The first SIGINT, SIGTERM or SIGHUP stops every instance at once, from the handler, so
         that it acts even while a write of poprun's output waits for its reader (unless a message to
-        a shim is half sent: then the loop does it); the loop says so at its next turn."""
+        a stub is half sent: then the loop does it); the loop says so at its next turn."""
         if self.interrupted is None:
             self.interrupted = signum
             self.interrupt_unsaid = self.teardown.started is None
@@ -261,11 +264,11 @@ class Supervisor:
             self.teardown.started = AT_ONCE  # second signal: escalate at once
 
     def _on_stop(self, _signum: int = _signal.SIGTSTP, _frame: object = None) -> None:
-        """Ctrl-Z: stop the whole job, as a shell stops every process of a job: each shim stops its
+        """Ctrl-Z: stop the whole job, as a shell stops every process of a job: each stub stops its
         program (protocol.STOP), then poprun stops itself with SIGTSTP's own action, so that its shell
-        sees the job stopped; once continued (``fg``, ``bg``), the shims continue their programs.
+        sees the job stopped; once continued (``fg``, ``bg``), the stubs continue their programs.
         Done in the handler, so that it acts even while a write of poprun's output waits for its
-        reader; a message to a shim half sent (the program, to a shim slow to take it) is never
+        reader; a message to a stub half sent (the program, to a stub slow to take it) is never
         cut into: the loop does it once that message has gone."""
         if self._half_sent():
             self.stop_due = True
@@ -281,11 +284,11 @@ class Supervisor:
         self._tell_running(protocol.CONT)
 
     def _half_sent(self) -> bool:
-        """Whether a message to a shim or a host's supervisor is half sent (nothing may cut into it)."""
+        """Whether a message to a stub or a host's supervisor is half sent (nothing may cut into it)."""
         return any(state.sending for state in self.instances) or any(link.sending for link in self.host_links.values())
 
     def _tell_running(self, command: bytes) -> None:
-        """``command`` to every shim whose program runs (one already told to end is left to end)."""
+        """``command`` to every stub whose program runs (one already told to end is left to end)."""
         for state in self.instances:
             if state.attached and not state.finished and not state.stopped_by_poprun:
                 state.send(command)
@@ -294,7 +297,7 @@ class Supervisor:
         """Time the loop did not run (STALL_SECONDS or more between two turns: poprun was stopped,
         or a write of its output waited for its reader) is no one's silence: every deadline that
         waits for a word from elsewhere moves on by it. Meanwhile poprun read nothing, so nothing
-        could have been heard, and the shims' kernels' acknowledgements showed them poprun alive."""
+        could have been heard, and the stubs' kernels' acknowledgements showed them poprun alive."""
         now = time.monotonic()
         gap = now - self.turned_at if self.turned_at else 0.0
         self.turned_at = now
@@ -371,7 +374,7 @@ class Supervisor:
         elif kind == "pending":
             self._read_hello(*data)
         elif kind == "instance":
-            self._read_instance(data)
+            self._read_stub(self.instances[data])
         elif kind == "pipe":
             self._read_pipe(*data)
         elif kind == "host":
@@ -387,7 +390,7 @@ class Supervisor:
             self.mpiexec.reap()
 
     def _stop_lingering_mpiexec(self) -> None:
-        """One host: once every instance has reported its end and every shim has ended, mpiexec
+        """One host: once every instance has reported its end and every stub has ended, mpiexec
         has nothing left to do; one still running LINGER_SECONDS later is stopped. MPICH's gforker
         misses a child's end that comes while it handles another's failure, and then waits out its
         2 s limit with a core spinning (4 of 4 failed one-host jobs tried on 2026-11-27)."""
@@ -468,7 +471,7 @@ class Supervisor:
         if accepted is None:
             return
         conn, peer = accepted
-        from poprun_py.wire.seal import TO_SHIM, Seal, new_nonce
+        from poprun_py.wire.seal import TO_HOST, Seal, new_nonce
 
         nonce = new_nonce()
         try:
@@ -480,13 +483,13 @@ class Supervisor:
         if len(self.pending) >= MAX_PENDING:
             self._make_room()
         self.pending[conn] = (time.monotonic(), peer, sent)
-        reader = protocol.FrameReader(Seal(self.secret, nonce, TO_SHIM), hello_first=True)
+        reader = protocol.FrameReader(Seal(self.secret, nonce, TO_HOST), hello_first=True)
         self.watch.add(conn, ("pending", (conn, reader)))
 
     def _make_room(self) -> None:
         """Room for one more connection that has not said who it is. First every waiting one is
-        read (a shim whose HELLO has come becomes its instance's, a stranger that sent bytes is
-        refused), so that strays coming after a shim in mid-handshake do not push it out; then
+        read (a host's supervisor whose HELLO has come becomes its host's, a stranger that sent
+        bytes is refused), so that strays coming after one in mid-handshake do not push it out; then
         the oldest left is dropped."""
         for kind, data in self.watch.labels():
             if kind == "pending":
@@ -521,39 +524,17 @@ class Supervisor:
         if not frames:
             return
         try:  # sealed with this run's secret: a HELLO that cannot be believed ends the job
-            if frames[0][0] == protocol.HOST_HELLO:  # a remote host's supervisor
-                index, (pid, host) = -1, protocol.read_host_hello(frames[0][2])
-            else:
-                index, pid, host = protocol.read_hello(frames[0][2])
-                if not 0 <= index < len(self.instances) or self.instances[index].attached:
-                    raise protocol.ProtocolError(f"instance {index} is not expected or already connected")
+            if not self.remote_hosts:
+                raise protocol.ProtocolError("every instance of this job runs on poprun's host, and no other "
+                                             "host's supervisor is expected")
+            pid, host = protocol.read_host_hello(frames[0][2])
         except protocol.ProtocolError as exc:
             peer = self.pending[conn][1]
             self._drop_pending(conn, None)
             self._cannot_read(None, f"a connection from {peer} sealed with this run's secret sent a HELLO "
                                     f"poprun cannot read: {exc}")
             return
-        if index < 0:
-            self._host_hello(conn, reader, pid, host, frames[1:], received)
-            return
-        state = self.instances[index]
-        state.nonce_sent = self.pending.pop(conn)[2]
-        state.connection, state.reader, state.pid = conn, reader, pid
-        state.last_heard = time.monotonic()
-        self.called_in += 1
-        if self.called_in == len(self.instances):
-            self._show_held()
-        if state.host == LOCAL_HOST:
-            state.host = host  # no host list: name the machine; otherwise keep the user's name for it
-        self.watch.relabel(conn, ("instance", index))
-        log.debug("instance %d connected from %s (pid %s)", index, state.host, state.pid)
-        if not state.send(self.program, within=self.silence_limit):
-            log.error("instance %d on %s: could not send it the program", index, state.host)
-            self._disconnect(state)
-            return
-        if self.teardown.started is not None:
-            self.teardown.terminate(state)
-        self._handle_frames(state, frames[1:], received)
+        self._host_hello(conn, reader, pid, host, frames[1:], received)
 
     # ---------------------------------------------------------------- remote hosts' supervisors
     def _host_hello(self, conn: _socket.socket, reader: protocol.FrameReader, pid: int, host: str,
@@ -596,11 +577,13 @@ class Supervisor:
             if link.conn not in self.host_links:  # (lost meanwhile)
                 return
             try:
-                if kind == protocol.CLOCK:
+                if kind == protocol.CLOCK:  # (right after its HELLO: its instances take it as they call in)
                     arrived, replied = protocol.read_clock(payload)
                     link.clock_offset = offset_ns(link.nonce_sent, arrived, replied, received)
+                    for index in link.instances:
+                        self.instances[index].clock_offset = link.clock_offset
                 elif kind == protocol.INSTANCE:
-                    self._instance_frame(link, *protocol.read_instance(payload), received)
+                    self._instance_frame(link, *protocol.read_instance(payload))
                 elif kind != protocol.HEARTBEAT:
                     raise protocol.ProtocolError(f"a frame of kind {kind} from a host's supervisor")
             except protocol.ProtocolError as exc:
@@ -608,8 +591,7 @@ class Supervisor:
                 self._lose_host(link)
                 return
 
-    def _instance_frame(self, link: HostLink, index: int, kind: int, stream: int, payload: bytes,
-                        received: int) -> None:
+    def _instance_frame(self, link: HostLink, index: int, kind: int, stream: int, payload: bytes) -> None:
         if not 0 <= index < len(self.instances):
             raise protocol.ProtocolError(f"instance {index} is not of this job")
         state = self.instances[index]
@@ -630,7 +612,7 @@ class Supervisor:
         elif kind == protocol.STUB_LOST:
             self._disconnect(state)
         else:
-            self._handle_frames(state, [(kind, stream, payload)], received)
+            self._handle_frames(state, [(kind, stream, payload)])
 
     def _lose_host(self, link: HostLink) -> None:
         """A host's supervisor is gone (its connection ended, or its host fell silent): each of its
@@ -654,45 +636,16 @@ class Supervisor:
         except OSError:
             return b""
 
-    def _read_instance(self, index: int) -> None:
-        state = self.instances[index]
-        assert state.connection is not None
-        if state.stub is not None:
-            self._read_stub(state)
-            return
-        data = self._recv(state.connection)
-        received = time.time_ns()
-        if data is None:
-            return
-        if not data:
-            self._disconnect(state)
-            return
-        state.last_heard = time.monotonic()
-        assert state.reader is not None
-        try:
-            frames = state.reader.feed(data)
-        except protocol.ProtocolError as exc:
-            # Only a shim of this run can seal a frame: the connection has been tampered with.
-            log.error("instance %d on %s: dropped its connection: %s", state.index, state.host, exc)
-            self._disconnect(state)
-            return
-        self._handle_frames(state, frames, received)
-
-    def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]], received: int) -> None:
-        """``received``: when their bytes came in (wall clock, ns), for the CLOCK frame's measure."""
+    def _handle_frames(self, state: InstanceState, frames: list[tuple[int, int, bytes]]) -> None:
+        """What an instance's stub (through its host's supervisor, or poprun's own) tells of it."""
         for kind, stream, payload in frames:
             problem = protocol.unreadable(kind, stream, payload)
-            if problem is not None:  # sealed, so from its shim: a shim poprun cannot work with
-                self._cannot_read(state.index, f"its shim sent a frame poprun cannot read: {problem}")
+            if problem is not None:  # sealed, so from its stub: a stub poprun cannot work with
+                self._cannot_read(state.index, f"its stub sent a frame poprun cannot read: {problem}")
             elif kind == protocol.OUTPUT:
                 state.output.feed(stream, payload)
             elif kind == protocol.ROOT_CAUSE:
                 state.root_cause = payload
-            elif kind == protocol.CLOCK:
-                from poprun_py.supervision.clocks import offset_ns
-
-                arrived, replied = protocol.read_clock(payload)
-                state.clock_offset = offset_ns(state.nonce_sent, arrived, replied, received)
             elif kind == protocol.UNCAUGHT:
                 state.uncaught_ns, state.uncaught = protocol.read_uncaught(payload)
             elif kind == protocol.TIMES:
@@ -707,7 +660,7 @@ class Supervisor:
                     self.teardown.begin()
             elif kind == protocol.EXIT:
                 state.status, state.signal, state.error, flags = protocol.read_exit(payload)
-                state.shim_signalled = bool(flags & protocol.EXIT_SHIM_SIGNALLED)
+                state.stub_signalled = bool(flags & protocol.EXIT_STUB_SIGNALLED)
                 state.was_stopped = bool(flags & protocol.EXIT_WAS_STOPPED)
                 state.oom_killed = bool(flags & protocol.EXIT_OOM_KILLED)
                 state.mpi_abort = bool(flags & protocol.EXIT_MPI_ABORT)
@@ -717,7 +670,7 @@ class Supervisor:
                     state.output.stderr_tail.append(state.error.encode())
                 how = state.how()
                 if self.failure is not None and self.failure.index == state.index and state.launcher_lost:
-                    self.failure.status = state.status  # what its shim's stop gave, as for any failure
+                    self.failure.status = state.status  # what its stub's stop gave, as for any failure
                 fails = state.status != 0 and self.failure is None and not state.stopped_by_poprun \
                     and self.teardown.started is None
                 if fails:
@@ -730,7 +683,7 @@ class Supervisor:
                 self._release_when_all_done()
 
     def _cannot_read(self, index: int | None, why: str) -> None:
-        """A frame sealed with this run's secret that cannot be read (a shim of another version, a
+        """A frame sealed with this run's secret that cannot be read (a stub of another version, a
         bug): the job cannot be supervised as it should, and ends, saying so in one line."""
         if self.failure is None and self.teardown.started is None:
             self.failure = Failure(index, 1, why)
@@ -739,7 +692,7 @@ class Supervisor:
             log.info("%s%s", "" if index is None else f"instance {index}: ", why)
 
     def _release_when_all_done(self) -> None:
-        """Once every instance is done, let all the shims exit together (see protocol.RELEASE)."""
+        """Once every instance is done, let all the stubs exit together (see protocol.RELEASE)."""
         if not self.all_done.all():
             return
         for state in self.instances:
@@ -749,9 +702,10 @@ class Supervisor:
     def _check_silence(self) -> None:
         """An instance on another host still running that has said nothing for the silence limit
         is lost: its host died or the network to it is cut (neither closes the connection). On this
-        host neither can happen, and a shim that ends closes its connection: one silent here is only
-        waiting for a core (a thousand instances on two cores wait that long to start), not lost. A
-        connection that has not said who it is by then is dropped. Checked once a second."""
+        host neither can happen, and a stub that ends closes its connection: one silent here is only
+        waiting for a core (a thousand instances on two cores wait that long to start), not lost.
+        Silence is a host's (its supervisor's connection). A connection that has not said who it is
+        by then is dropped. Checked once a second."""
         now = time.monotonic()
         if now < self.next_silence_check:
             return
@@ -768,13 +722,6 @@ class Supervisor:
                 for state in running:
                     state.silent = self.silence_limit
                 self._lose_host(link)
-        for state in self.instances:
-            if state.connection is not None and not state.finished and state.host in self.remote_hosts \
-                    and now - state.last_heard > self.silence_limit:
-                log.warning("no word from instance %d on %s for %.0f s", state.index, state.host,
-                            now - state.last_heard)
-                state.silent = self.silence_limit
-                self._disconnect(state)
 
     def _check_start(self) -> None:
         """Instances that have not called in --start-timeout seconds after mpiexec started will not:
@@ -792,7 +739,7 @@ class Supervisor:
         self.teardown.begin()
 
     def _disconnect(self, state: InstanceState, info: bytes | None = None) -> None:
-        """poprun no longer hears from ``state``: its connection ended (its stub's or shim's, or its
+        """poprun no longer hears from ``state``: its connection ended (its stub's, or its
         host supervisor's: ``info``, that connection's TCP_INFO), or its stub left. Lost, unless it
         reported its end."""
         assert state.attached
@@ -808,7 +755,7 @@ class Supervisor:
         state.via = None
         state.output.flush()
         if state.status is None:
-            # The shim died without reporting (killed by mpiexec or a signal).
+            # The stub died without reporting (killed by mpiexec or a signal).
             state.lost = True
             now = time.monotonic()
             # When its connection ended: its last segment (the FIN) came that long ago, within this
@@ -958,9 +905,9 @@ class Supervisor:
                 state.stub.tick(now)
 
     def _from_stub(self, state: InstanceState, data: bytes) -> None:
-        """A frame poprun gets of an instance run by a stub, as its shim would have sent it."""
+        """A frame poprun gets of an instance run by a stub, as its stub would have sent it."""
         kind, stream, _ = protocol.HEADER.unpack_from(data)
-        self._handle_frames(state, [(kind, stream, data[protocol.HEADER.size:])], time.time_ns())
+        self._handle_frames(state, [(kind, stream, data[protocol.HEADER.size:])])
 
     def _read_mpiexec(self, fd: int, stream: int) -> None:
         data = os.read(fd, READ_SIZE)

@@ -1,6 +1,6 @@
 """Tear a job down on this host so that no process outlives poprun.
 
-The instances still running are told to stop (TERMINATE to their shims); mpiexec's process group
+The instances still running are told to stop (TERMINATE to their stubs); mpiexec's process group
 is sent SIGTERM, then SIGKILL, if it has not ended by then; and when poprun is done, whatever is
 still in mpiexec's session is killed and the files MPICH's killed processes left are removed.
 """
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from poprun_py.supervision.states import InstanceState
 
 #: How long after the instances' grace (SIGTERM to SIGKILL, ``environment.KILL_GRACE``) a teardown
-#: signals mpiexec's process group, then kills it: a shim that no longer answers is not waited for.
+#: signals mpiexec's process group, then kills it: a stub that no longer answers is not waited for.
 TERM_MPIEXEC_MARGIN = 0.5
 KILL_MPIEXEC_MARGIN = 1.5
 #: ``Teardown.started`` when a second signal asks for the escalation at once.

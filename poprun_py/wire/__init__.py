@@ -1,2 +1,3 @@
-"""The control channel between poprun and its shims: sockets, sealed frames, their messages.
-Both processes import it: built-in modules only."""
+"""The control channel between poprun and the hosts' supervisors (sockets, sealed frames, their
+messages), and the stubs' frames to their supervisor. Every process of a job imports it: built-in
+modules only."""

@@ -1,8 +1,8 @@
-"""The control channel's TCP sockets: poprun listens and accepts, each shim connects.
+"""The control channel's TCP sockets: poprun listens and accepts, each host's supervisor connects.
 
 Built on the interpreter's C module ``_socket``, as ``socket.py`` itself is. Importing
 ``socket`` costs ~6 ms (it turns hundreds of constants into enums), paid by poprun before
-mpiexec can start and by every shim while its program starts; these three calls are all the
+mpiexec can start and by every host's supervisor while the programs start; these three calls are all the
 channel needs.
 """
 
@@ -33,7 +33,7 @@ def since_last_ack(info: bytes) -> float:
 
 def listen(address: str, backlog: int) -> tuple[_socket.socket, str]:
     """A non-blocking listener on a free port of ``address`` (loopback for a one-host job, the
-    address remote hosts reach this one on otherwise) and the ``address:port`` shims connect to."""
+    address remote hosts reach this one on otherwise) and the ``address:port`` hosts' supervisors connect to."""
     server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
         server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)

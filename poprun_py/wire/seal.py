@@ -1,11 +1,11 @@
-"""Authentication of the control channel between poprun and its shims.
+"""Authentication of the control channel between poprun and the hosts' supervisors.
 
 poprun's control port is open to whoever can reach it (on a multi-host job, anyone on the
 network), so nothing read from it is believed unless it is sealed with this run's secret:
 
-- poprun makes a secret for each run of the job (``new_secret``) and hands it to the shims in
-  the environment (``environment.SECRET``), never on a command line; the shim removes it before
-  it starts the program.
+- poprun makes a secret for each run of the job (``new_secret``) and hands it to the hosts'
+  supervisors in the environment (``environment.SECRET``), never on a command line; the programs
+  never get it.
 - On each connection poprun speaks first: a fresh nonce. Both sides derive the connection's key
   from the secret and that nonce, so what was recorded on one connection is worth nothing on
   another.
@@ -13,10 +13,10 @@ network), so nothing read from it is believed unless it is sealed with this run'
   frame's number on the connection and the frame itself (cut to ``TAG_SIZE`` bytes). A frame
   replayed, reordered, sent the other way or changed fails its check.
 
-The shim seals its HELLO and checks its program before the program can start, so HMAC is
-computed here (RFC 2104) on the interpreter's own small SHA-256 (``_sha256``): :mod:`hmac` loads
-OpenSSL's ``_hashlib``, about 5 ms of CPU and 4 MB resident in every shim and in poprun before
-mpiexec starts. That SHA-256 is slower per byte, so a connection moves to OpenSSL's once it has
+A host's supervisor seals its HELLO and checks its program before the programs can start, so
+HMAC is computed here (RFC 2104) on the interpreter's own small SHA-256 (``_sha256``): :mod:`hmac`
+loads OpenSSL's ``_hashlib``, about 5 ms of CPU and 4 MB resident in every host's supervisor and in
+poprun before mpiexec starts. That SHA-256 is slower per byte, so a connection moves to OpenSSL's once it has
 hashed about as much as loading it costs (``FAST_AFTER_BYTES``): a chatty program's output, not a
 quiet job's handshake. Both give the same tags.
 """
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 SECRET_BYTES = 32
 #: Which way a frame goes, and its number on the connection: what a tag covers besides the frame.
 _POSITION = struct.Struct("!BQ")
-TO_POPRUN, TO_SHIM = 1, 2
+TO_POPRUN, TO_HOST = 1, 2
 _CONTEXT = b"poprun control channel"
 #: SHA-256's block: an HMAC key is padded to it.
 _BLOCK = 64
@@ -85,7 +85,7 @@ def hmac_sha256(key: bytes, message: bytes) -> bytes:
 class Seal:
     """One end of one connection: its key, and the number of frames sealed and checked so far.
 
-    ``sending``: the direction this end sends in (``TO_POPRUN`` for a shim, ``TO_SHIM`` for poprun).
+    ``sending``: the direction this end sends in (``TO_POPRUN`` for a host's supervisor, ``TO_HOST`` for poprun).
     """
 
     def __init__(self, secret: str, nonce: bytes, sending: int) -> None:
@@ -94,7 +94,7 @@ class Seal:
         #: Bytes hashed with the small SHA-256 so far (``FAST_AFTER_BYTES``); None once on OpenSSL's.
         self._small_bytes: int | None = 0
         self._sending = sending
-        self._receiving = TO_SHIM if sending == TO_POPRUN else TO_POPRUN
+        self._receiving = TO_HOST if sending == TO_POPRUN else TO_POPRUN
         self._sent = 0
         self._checked = 0
 

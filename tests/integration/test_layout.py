@@ -267,7 +267,8 @@ def test_popdist_py_imports_nothing_of_the_launcher() -> None:
 
 def test_the_contract_stands_alone_on_the_standard_library() -> None:
     # popcontract is beneath both packages: it imports neither, nor anything outside the standard
-    # library (the shim imports it under python -S; the library imports it without the launcher).
+    # library (the Python stub and hosts' supervisors import it under python -S; the library imports
+    # it without the launcher).
     import sys
 
     wrong = [f"{path.relative_to(ROOT)} imports {module}" for path in sorted((ROOT / "popcontract").rglob("*.py"))
@@ -284,7 +285,6 @@ LAUNCHER_IMPORTS = {
     "wire": {"shared"},                                 # both processes: the channel between them
     "stub": {"wire", "shared"},                         # the stub's Python fallback, once per instance
     "host": {"wire", "shared"},                         # a host's supervisor of its stubs, once per host
-    "instance": {"stub", "host", "wire", "shared"},     # the shim (POPRUN_STUB=shim): the stub's and host's parts
     "planning": {"shared"},                             # poprun, before anything starts
     "supervision": {"planning", "host", "wire", "shared"},  # poprun, while the job runs (its host's supervisor)
     "cli": {"supervision", "planning", "shared"},       # poprun's command line
@@ -292,10 +292,10 @@ LAUNCHER_IMPORTS = {
 #: What every sub-package may import although its row does not name it: the package's version and
 #: the paths of the scripts mpiexec starts for each instance. (The contract, popcontract, is a package
 #: of its own: every sub-package may read it.)
-LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.instance", "poprun_py.stub", "poprun_py.host"}
+LAUNCHER_ANYWHERE = {"poprun_py", "poprun_py.stub", "poprun_py.host"}
 #: Sub-packages that run per instance or per host under ``python -S``, whose start-up counts
 #: against every launch: the standard library only.
-STANDARD_LIBRARY_ONLY = {"instance", "stub", "host", "wire", "shared"}
+STANDARD_LIBRARY_ONLY = {"stub", "host", "wire", "shared"}
 
 
 def _module_of(module: str, name: str) -> str:
@@ -334,7 +334,7 @@ def test_every_launcher_module_belongs_to_a_sub_package_of_its_process() -> None
 def test_launcher_sub_packages_import_only_what_their_process_may() -> None:
     import sys
 
-    shim_may_import = sys.stdlib_module_names | {"__future__", "popcontract"}
+    may_import_under_s = sys.stdlib_module_names | {"__future__", "popcontract"}
     wrong = []
     for name in LAUNCHER_IMPORTS:
         for path in sorted((ROOT / "poprun_py" / name).rglob("*.py")):
@@ -344,6 +344,6 @@ def test_launcher_sub_packages_import_only_what_their_process_may() -> None:
                     if parts[1] in LAUNCHER_IMPORTS and parts[1] != name and parts[1] not in LAUNCHER_IMPORTS[name] \
                             and imported not in LAUNCHER_ANYWHERE:
                         wrong.append(f"{path.relative_to(ROOT)} imports {imported}")
-                elif name in STANDARD_LIBRARY_ONLY and imported.split(".")[0] not in shim_may_import:
-                    wrong.append(f"{path.relative_to(ROOT)} (runs in the shim) imports {imported}")
+                elif name in STANDARD_LIBRARY_ONLY and imported.split(".")[0] not in may_import_under_s:
+                    wrong.append(f"{path.relative_to(ROOT)} (runs under python -S) imports {imported}")
     assert not wrong, "\n".join(wrong)

@@ -13,7 +13,7 @@ from poprun_py.host import stubs
 from poprun_py.host.programs import HostPrograms
 from poprun_py.host.supervisor import HostSupervisor
 from poprun_py.wire import protocol
-from poprun_py.wire.seal import TO_POPRUN, TO_SHIM, Seal
+from poprun_py.wire.seal import TO_HOST, TO_POPRUN, Seal
 
 SECRET, NONCE = "a secret of this test", b"n" * protocol.NONCE_SIZE
 #: More than the socket pair's buffers take: the send cannot end until poprun's end reads.
@@ -47,7 +47,7 @@ def test_a_send_held_back_by_a_poprun_that_does_not_read_still_takes_its_command
     sending = threading.Thread(target=supervisor.send, args=(FRAME,), daemon=True)
     try:
         sending.start()
-        poprun = Seal(SECRET, NONCE, TO_SHIM)
+        poprun = Seal(SECRET, NONCE, TO_HOST)
         poprun_end.sendall(poprun.seal(protocol.host_command(3, protocol.RELEASE)))
         _wait_for(lambda: 3 in supervisor.released, "RELEASE taken while the send waited")
         assert sending.is_alive() and not supervisor.gone  # the frame is still on its way

@@ -114,7 +114,7 @@ def _command(flavour: str, agent: str | None, callback: str | None = "10.0.0.1",
              global_args: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
     plan = JobPlan(2, 2, hosts=("node0", "node1") if callback else ())
     launcher = MpiLauncher(f"/opt/{flavour}/bin/mpiexec", flavour, "5")  # type: ignore[arg-type]
-    built = build_command(launcher, plan, CommandSpec(launch_env={}, shim=("shim",), silence_limit=20,
+    built = build_command(launcher, plan, CommandSpec(launch_env={}, stub=("stub",), silence_limit=20,
                                                       explicit_hosts=bool(callback),
                                                       callback_address=callback, launcher_agent=agent,
                                                       global_args=global_args))

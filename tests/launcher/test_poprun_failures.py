@@ -597,9 +597,9 @@ def test_a_job_that_cannot_fit_the_open_file_limit_is_refused_before_it_starts()
 
 def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(tmp_path: Path) -> None:
     """Whatever connects to poprun's control port is named on poprun's stderr (each at -vv) and
-    dropped, and the instance's own connection carries on: a client without this run's secret
-    (whatever it sends), and even one with it whose first frame is not a HELLO. The secret reaches
-    the shim in its environment only: it is on no command line, and the program does not get it."""
+    dropped, and the job carries on: a client without this run's secret (whatever it sends), and
+    even one with it whose first frame is not a HELLO. The secret reaches the stub in its
+    environment only: it is on no command line, and the program does not get it."""
     go = tmp_path / "go"
     program = ("import os, sys, time\nprint(os.environ['POPRUN_CONTROL'], os.getppid(), "
                "os.environ.get('POPRUN_SECRET'), flush=True)\n"
@@ -619,10 +619,10 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
                             secret.encode() in _read(f"/proc/{pid}/cmdline")]
         assert on_command_lines == []
         host, port = control.rsplit(":", 1)
-        unsealed = protocol.hello(0, 1, "intruder")
+        unsealed = protocol.host_hello(1, "intruder")
         strays: list[tuple[str | None, bytes]] = [
-            (None, protocol.HEADER.pack(protocol.HELLO, 1, 1 << 30)),  # too long to be held
-            (new_secret(), protocol.hello(0, 1, "intruder")),  # another secret
+            (None, protocol.HEADER.pack(protocol.HOST_HELLO, 1, 1 << 30)),  # too long to be held
+            (new_secret(), protocol.host_hello(1, "intruder")),  # another secret
             (None, unsealed + bytes(protocol.TAG_SIZE)),  # no tag
             (secret, protocol.frame(protocol.OUTPUT, b"x", stream=1))]
         stray_ports = []
@@ -640,7 +640,7 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
     assert proc.returncode == 0, err
     assert out.endswith("[0] done\n"), out
     assert secret not in err  # not even at -vv
-    # The instance itself, as it called in: its index, its host and its shim's PID.
+    # The instance itself, as it called in: its index, its host and its stub's PID.
     assert re.search(rf" POPRUN \[D\] instance 0 connected from {socket.gethostname()} \(pid {shim}\)$", err,
                      re.MULTILINE), err
     assert re.search(rf" POPRUN \[I\] instance 0 on {socket.gethostname()}: exit status 0$", err, re.MULTILINE), err
@@ -650,13 +650,13 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
     assert [why for _, why in refused] == [
         f"a HELLO of {1 << 30} bytes is longer than the {protocol.MAX_HELLO} a HELLO may have",
         "a frame failed its authentication check", "a frame failed its authentication check",
-        "its first frame is of kind 2, not HELLO (1)"], err
+        f"its first frame is of kind 2, not HOST_HELLO ({protocol.HOST_HELLO})"], err
 
 
-def test_a_hello_sealed_with_the_secret_for_no_expected_instance_ends_the_job_in_one_line(tmp_path: Path) -> None:
-    """Only a process that holds this run's secret can seal it (see docs/design.md): a shim poprun
-    cannot work with, so the job ends at once, said in one line, rather than waiting for an
-    instance that will not call in."""
+def test_a_hello_sealed_with_the_secret_for_no_expected_host_ends_the_job_in_one_line(tmp_path: Path) -> None:
+    """Only a process that holds this run's secret can seal it (see docs/design.md): a host's
+    supervisor that a one-host job does not have is one poprun cannot work with, so the job ends at
+    once, said in one line."""
     program = ("import os, sys, time\nprint(os.environ['POPRUN_CONTROL'], os.getppid(), flush=True)\n"
                "time.sleep(60)\n")
     proc = subprocess.Popen([*POPRUN, "--num-instances", "1", PYTHON, "-c", program],
@@ -670,14 +670,15 @@ def test_a_hello_sealed_with_the_secret_for_no_expected_instance_ends_the_job_in
         with socket.create_connection((host, int(port)), timeout=10) as stray:
             peer = "{}:{}".format(*stray.getsockname())
             nonce = stray.recv(protocol.NONCE_SIZE, socket.MSG_WAITALL)
-            stray.sendall(Seal(secret, nonce, TO_POPRUN).seal(protocol.hello(7, 1, "intruder")))
+            stray.sendall(Seal(secret, nonce, TO_POPRUN).seal(protocol.host_hello(1, "intruder")))
             assert stray.recv(1) == b""  # dropped by poprun
         out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 1, err
     assert err.splitlines()[0] == (f"poprun: a connection from {peer} sealed with this run's secret sent a HELLO "
-                                   "poprun cannot read: instance 7 is not expected or already connected"), err
+                                   "poprun cannot read: every instance of this job runs on poprun's host, and no "
+                                   "other host's supervisor is expected"), err
     assert "Traceback" not in err and out == ""
 
 

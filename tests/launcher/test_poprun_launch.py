@@ -472,25 +472,25 @@ def test_what_mpiexec_says_is_held_until_every_instance_has_called_in_then_passe
     # gives instead; once every instance has called in, it is shown, and from then on as it comes.
     out, err = io.BytesIO(), io.BytesIO()
     s = Supervisor(3, ["node"] * 3, lambda address: ([], {}), new_secret(), PROGRAM, listen_address="127.0.0.1",
-                   start_timeout=START_TIMEOUT, stdout=out, stderr=err)
+                   start_timeout=START_TIMEOUT, stdout=out, stderr=err, remote_hosts=frozenset({"node"}))
     read, write = os.pipe()
-    shims = []
+    ends = []
     server = socket.create_server(("127.0.0.1", 0))
     server.setblocking(False)
     try:
         os.write(write, b"mpiexec: early words\n")
         s._read_mpiexec(read, 2)
         for index in (2, 0):
-            shims.append(call_in(s, server, index))
+            ends.append(call_in(s, server, index))
             assert err.getvalue() == b""
-        shims.append(call_in(s, server, 1))
+        ends.append(call_in(s, server, 1))
         assert err.getvalue() == b"mpiexec: early words\n"
         os.write(write, b"mpiexec: later words\n")
         s._read_mpiexec(read, 2)
         assert err.getvalue() == b"mpiexec: early words\nmpiexec: later words\n"
         assert out.getvalue() == b""
     finally:
-        for sock in (server, *shims, *(state.connection for state in s.instances if state.connection)):
+        for sock in (server, *ends, *(link.conn for link in s.host_links.values())):
             sock.close()
         os.close(read)
         os.close(write)

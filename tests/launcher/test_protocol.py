@@ -1,5 +1,5 @@
-"""The frames between a shim and poprun, byte for byte: what one side packs and seals, the other
-reads back, and what it refuses to believe."""
+"""The frames between a host's supervisor and poprun, byte for byte: what one side packs and seals,
+the other reads back, and what it refuses to believe."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from poprun_py.wire import protocol, seal
-from poprun_py.wire.seal import TO_POPRUN, TO_SHIM, Seal, new_nonce, new_secret
+from poprun_py.wire.seal import TO_HOST, TO_POPRUN, Seal, new_nonce, new_secret
 
 
 def ends(secret: str | None = None) -> tuple[Seal, Seal]:
-    """The shim's and poprun's seals of one connection."""
+    """A host supervisor's and poprun's seals of one connection."""
     secret, nonce = secret or new_secret(), new_nonce()
-    return Seal(secret, nonce, TO_POPRUN), Seal(secret, nonce, TO_SHIM)
+    return Seal(secret, nonce, TO_POPRUN), Seal(secret, nonce, TO_HOST)
 
 
-def shim_sends(*frames: bytes) -> tuple[bytes, protocol.FrameReader]:
-    """``frames`` as a shim puts them on the wire, and poprun's reader for them."""
-    shim, poprun = ends()
-    return b"".join(shim.seal(f) for f in frames), protocol.FrameReader(poprun)
+def host_sends(*frames: bytes) -> tuple[bytes, protocol.FrameReader]:
+    """``frames`` as a host's supervisor puts them on the wire, and poprun's reader for them."""
+    host, poprun = ends()
+    return b"".join(host.seal(f) for f in frames), protocol.FrameReader(poprun)
 
 
 def test_a_frame_is_its_header_then_its_payload_on_stream_0_unless_told() -> None:
@@ -35,13 +35,13 @@ def test_a_frame_is_its_header_then_its_payload_on_stream_0_unless_told() -> Non
 
 @pytest.mark.parametrize(("status", "signum", "error", "flags"), [
     (0, None, None, 0), (1, None, "no such file", 0), (-9, 9, None, 0), (143, 15, "stopped", 0),
-    (143, None, None, protocol.EXIT_SHIM_SIGNALLED)])
+    (143, None, None, protocol.EXIT_STUB_SIGNALLED)])
 def test_an_exit_report_reads_back_as_it_was_sent(status: int, signum: int | None, error: str | None,
                                                   flags: int) -> None:
     # No flags: none is the default.
     report = protocol.exit_report(status, signum, error, flags) if flags else protocol.exit_report(status, signum,
                                                                                                      error)
-    wire, reader = shim_sends(report)
+    wire, reader = host_sends(report)
     [(kind, stream, payload)] = reader.feed(wire)
     assert (kind, stream) == (protocol.EXIT, 0)
     assert protocol.read_exit(payload) == (status, signum, error, flags)
@@ -50,19 +50,19 @@ def test_an_exit_report_reads_back_as_it_was_sent(status: int, signum: int | Non
 
 
 def test_a_hello_reads_back_and_bytes_that_are_not_utf8_are_replaced() -> None:
-    wire, reader = shim_sends(protocol.hello(3, 4242, "node-ü"))
+    wire, reader = host_sends(protocol.host_hello(4242, "node-ü"))
     [(kind, _, payload)] = reader.feed(wire)
-    assert kind == protocol.HELLO and protocol.read_hello(payload) == (3, 4242, "node-ü")
-    assert protocol.read_hello(protocol.HELLO_FIELDS.pack(1, 7) + b"h\xffst") == (1, 7, "h\ufffdst")
+    assert kind == protocol.HOST_HELLO and protocol.read_host_hello(payload) == (4242, "node-ü")
+    assert protocol.read_host_hello(protocol.HOST_HELLO_FIELDS.pack(7) + b"h\xffst") == (7, "h\ufffdst")
     assert protocol.read_exit(protocol.EXIT_FIELDS.pack(2, 0, 0) + b"bad \xfe") == (2, None, "bad \ufffd", 0)
 
 
-def test_the_shims_clock_and_times_read_back_to_the_nanosecond() -> None:
+def test_the_hosts_clock_and_times_read_back_to_the_nanosecond() -> None:
     now = 1_795_852_183_611_421_337  # a wall clock in ns, past 2**60
-    wire, reader = shim_sends(protocol.clock(now, now + 5))
+    wire, reader = host_sends(protocol.clock(now, now + 5))
     [(kind, _, payload)] = reader.feed(wire)
     assert kind == protocol.CLOCK and protocol.read_clock(payload) == (now, now + 5)
-    wire, reader = shim_sends(protocol.times(now + 9, 0, now))
+    wire, reader = host_sends(protocol.times(now + 9, 0, now))
     [(kind, _, payload)] = reader.feed(wire)
     assert kind == protocol.TIMES and protocol.read_times(payload) == (now + 9, 0, now)  # 0: never
     for read, name, size in ((protocol.read_clock, "CLOCK", 16), (protocol.read_times, "TIMES", 24)):
@@ -73,7 +73,7 @@ def test_the_shims_clock_and_times_read_back_to_the_nanosecond() -> None:
 
 def test_an_uncaught_exception_reads_back_and_a_short_one_is_named_by_its_kind() -> None:
     now = 1_795_852_183_611_421_337
-    wire, reader = shim_sends(protocol.uncaught(now, "KeyError: 'é'".encode() + b" \xfe"))
+    wire, reader = host_sends(protocol.uncaught(now, "KeyError: 'é'".encode() + b" \xfe"))
     [(kind, _, payload)] = reader.feed(wire)
     assert kind == protocol.UNCAUGHT and protocol.read_uncaught(payload) == (now, "KeyError: 'é' \ufffd")
     for kind, name, size in ((protocol.UNCAUGHT, "UNCAUGHT", 8), (protocol.TIMES, "TIMES", 24),
@@ -84,8 +84,8 @@ def test_an_uncaught_exception_reads_back_and_a_short_one_is_named_by_its_kind()
 
 def test_a_payload_shorter_than_its_fields_is_named_exactly() -> None:
     with pytest.raises(protocol.ProtocolError) as hello:
-        protocol.read_hello(b"\0" * 5)
-    assert str(hello.value) == "HELLO payload of 5 bytes is shorter than its 12-byte header"
+        protocol.read_host_hello(b"\0" * 5)
+    assert str(hello.value) == "HOST_HELLO payload of 5 bytes is shorter than its 8-byte header"
     with pytest.raises(protocol.ProtocolError) as exit_:
         protocol.read_exit(b"\0" * 7)
     assert str(exit_.value) == "EXIT payload of 7 bytes is shorter than its 9-byte header"
@@ -94,10 +94,10 @@ def test_a_payload_shorter_than_its_fields_is_named_exactly() -> None:
 def test_frames_come_out_only_when_whole_with_their_tags_however_the_bytes_are_cut() -> None:
     frames = (protocol.HEARTBEAT_FRAME, protocol.frame(protocol.OUTPUT, b"line\n", 1), protocol.HEARTBEAT_FRAME)
     expected = [(protocol.HEARTBEAT, 0, b""), (protocol.OUTPUT, 1, b"line\n"), (protocol.HEARTBEAT, 0, b"")]
-    wire, reader = shim_sends(*frames)
+    wire, reader = host_sends(*frames)
     assert reader.feed(wire) == expected
-    shim, poprun = ends()
-    wire, reader = b"".join(shim.seal(f) for f in frames), protocol.FrameReader(poprun)
+    host, poprun = ends()
+    wire, reader = b"".join(host.seal(f) for f in frames), protocol.FrameReader(poprun)
     got = [reader.feed(wire[i:i + 1]) for i in range(len(wire))]
     # A frame is whole at the last byte of its tag: 6 + 16 bytes for a heartbeat.
     tag = protocol.TAG_SIZE
@@ -113,35 +113,35 @@ def _refused(reader: protocol.FrameReader, wire: bytes) -> str:
 
 @pytest.mark.parametrize("tamper", ["another secret", "another nonce", "a byte changed", "replayed", "reordered",
                                     "sent the other way", "tag cut short"])
-def test_a_frame_not_sealed_by_this_connections_shim_is_refused(tamper: str) -> None:
-    hello, heartbeat = protocol.hello(0, 1, "node"), protocol.HEARTBEAT_FRAME
-    shim, poprun = ends()
+def test_a_frame_not_sealed_by_this_connections_host_is_refused(tamper: str) -> None:
+    hello, heartbeat = protocol.host_hello(1, "node"), protocol.HEARTBEAT_FRAME
+    host, poprun = ends()
     reader = protocol.FrameReader(poprun)
     if tamper == "another secret":
         wire = Seal(new_secret(), new_nonce(), TO_POPRUN).seal(hello)
     elif tamper == "another nonce":  # recorded on another connection of the same run
         wire = Seal("0" * 64, new_nonce(), TO_POPRUN).seal(hello)
-        shim, poprun = ends("0" * 64)
+        host, poprun = ends("0" * 64)
         reader = protocol.FrameReader(poprun)
     elif tamper == "a byte changed":
-        sealed = shim.seal(hello)
+        sealed = host.seal(hello)
         wire = sealed[:7] + bytes([sealed[7] ^ 1]) + sealed[8:]
     elif tamper == "replayed":
-        first = shim.seal(hello)
-        assert reader.feed(first) == [(protocol.HELLO, 0, hello[6:])]
+        first = host.seal(hello)
+        assert reader.feed(first) == [(protocol.HOST_HELLO, 0, hello[6:])]
         wire = first
     elif tamper == "reordered":
-        first, second = shim.seal(hello), shim.seal(heartbeat)
+        first, second = host.seal(hello), host.seal(heartbeat)
         wire = second + first
     elif tamper == "sent the other way":  # poprun's own sealing of the same bytes
         wire = poprun.seal(hello)
     else:  # the next frame's first byte completes the tag: one that happens to equal the byte cut
         # off (1 in 256) would make a valid frame, so that pair is sealed again on fresh ends
-        first, second = shim.seal(heartbeat), shim.seal(heartbeat)
+        first, second = host.seal(heartbeat), host.seal(heartbeat)
         while first[-1] == second[0]:
-            shim, poprun = ends()
+            host, poprun = ends()
             reader = protocol.FrameReader(poprun)
-            first, second = shim.seal(heartbeat), shim.seal(heartbeat)
+            first, second = host.seal(heartbeat), host.seal(heartbeat)
         wire = first[:-1] + second
     assert _refused(reader, wire) == "a frame failed its authentication check"
 
@@ -156,11 +156,11 @@ def test_tags_are_hmac_sha256_of_direction_number_and_frame_before_and_after_the
     # The connection's first frames are hashed with the small SHA-256, those after FAST_AFTER_BYTES
     # with OpenSSL's: each tag is still the standard HMAC, and the other end checks each.
     secret, nonce = new_secret(), new_nonce()
-    shim, poprun = Seal(secret, nonce, TO_POPRUN), Seal(secret, nonce, TO_SHIM)
+    host, poprun = Seal(secret, nonce, TO_POPRUN), Seal(secret, nonce, TO_HOST)
     key = hmac.digest(secret.encode(), b"poprun control channel" + nonce, "sha256")
     frames = [b"hello", os.urandom(seal.FAST_AFTER_BYTES // 2), os.urandom(seal.FAST_AFTER_BYTES), b"exit", b""]
     for number, frame in enumerate(frames):
-        tag = shim.seal(frame)[len(frame):]
+        tag = host.seal(frame)[len(frame):]
         position = bytes([TO_POPRUN]) + number.to_bytes(8, "big")
         assert tag == hmac.new(key, position + frame, "sha256").digest()[:protocol.TAG_SIZE], number
         assert poprun.check(frame, tag), number
@@ -172,18 +172,18 @@ def test_a_header_that_claims_too_much_is_refused_before_anything_is_held() -> N
     header = protocol.HEADER.pack(protocol.OUTPUT, 1, protocol.MAX_PAYLOAD + 1)
     assert _refused(protocol.FrameReader(poprun), header) == (
         f"a frame of {protocol.MAX_PAYLOAD + 1} bytes is longer than the {protocol.MAX_PAYLOAD} a frame may have")
-    wire, reader = shim_sends(protocol.frame(protocol.OUTPUT, b"x" * protocol.MAX_PAYLOAD, 1))
+    wire, reader = host_sends(protocol.frame(protocol.OUTPUT, b"x" * protocol.MAX_PAYLOAD, 1))
     assert reader.feed(wire) == [(protocol.OUTPUT, 1, b"x" * protocol.MAX_PAYLOAD)]
 
 
 def test_commands_are_read_in_order_and_one_not_sealed_by_poprun_is_refused() -> None:
-    shim, poprun = ends()
-    commands = protocol.CommandReader(shim)
-    wire = poprun.seal(protocol.TERMINATE) + poprun.seal(protocol.RELEASE)
-    assert [commands.feed(wire[i:i + 1]) for i in range(len(wire))][16::17] == [[protocol.TERMINATE],
-                                                                                [protocol.RELEASE]]
+    host, poprun = ends()
+    commands = protocol.CommandReader(host)
+    terminate, release = protocol.host_command(0, protocol.TERMINATE), protocol.host_command(1, protocol.RELEASE)
+    wire = poprun.seal(terminate) + poprun.seal(release)
+    assert [commands.feed(wire[i:i + 1]) for i in range(len(wire))][20::21] == [[terminate], [release]]
     with pytest.raises(protocol.ProtocolError, match=r"^a command failed its authentication check$"):
-        commands.feed(shim.seal(protocol.TERMINATE))  # the shim's own sealing: the wrong direction
+        commands.feed(host.seal(terminate))  # the host's own sealing: the wrong direction
 
 
 def test_a_host_supervisors_commands_name_their_instance() -> None:

@@ -1,4 +1,4 @@
-"""torchrun's error files: the shim prepares, sends back (bounded) and removes each instance's
+"""torchrun's error files: each host's supervisor (poprun on its own) sends back (bounded) and removes each instance's
 TORCHELASTIC_ERROR_FILE; poprun shows what a failed program recorded there. Without torch: the
 programs here write what torch's ``@record`` writes (tests/integration/test_torch_ddp.py uses torch itself)."""
 
@@ -21,8 +21,8 @@ import pytest
 from poprun_py.shared import root_cause
 from poprun_py.supervision.supervisor import Supervisor
 from poprun_py.wire import protocol
-from poprun_py.wire.seal import Seal
 from tests.helpers import OMP_SET, PYTHON, poprun, wait_until
+from tests.launcher.supervising import InstanceSeal
 
 #: What torch's ErrorHandler.record_exception writes (torch 2.13).
 RECORDED: dict[str, Any] = {"message": {"message": "ValueError: bad batch 7",
@@ -68,24 +68,6 @@ def test_collect_is_bounded_and_keeps_the_tracebacks_end(tmp_path: Path) -> None
 def test_each_instance_has_a_file_of_its_own_in_the_jobs_folder() -> None:
     assert root_cause.error_file("/tmp/poprun-ab", 3) == "/tmp/poprun-ab/error-3.json"
     assert root_cause.error_file("/tmp/poprun-ab", 30) != root_cause.error_file("/tmp/poprun-ab", 3)
-
-
-def test_a_shim_prepares_and_removes_a_folder_of_its_own(tmp_path: Path) -> None:
-    job = tmp_path / "poprun-abc"
-    mine = root_cause.own_folder(root_cause.error_file(str(job), 0), 0)
-    other = root_cause.own_folder(root_cause.error_file(str(job), 1), 1)
-    assert (mine, other) == (str(job / "0" / "error.json"), str(job / "1" / "error.json"))
-    assert root_cause.prepare(mine) is None and root_cause.prepare(other) is None
-    assert (job / "0").stat().st_mode & 0o777 == 0o700 and job.stat().st_mode & 0o777 == 0o700
-    Path(mine).write_text("stale")  # left by an earlier start of the job
-    assert root_cause.prepare(mine) is None and not Path(mine).exists()
-    Path(mine).write_text("{}")
-    root_cause.remove(mine, folders=2)
-    assert not (job / "0").exists() and job.exists()  # instance 1's is still there
-    root_cause.remove(other, folders=2)
-    assert not job.exists()
-    job.mkdir(mode=0o755)  # someone else's, or open to others: not used
-    assert root_cause.prepare(mine) == f"{job} is not a private directory of this user"
 
 
 def test_summary_lines_show_the_message_then_the_tracebacks_end() -> None:
@@ -138,31 +120,6 @@ def test_a_record_of_a_program_that_exits_0_is_not_a_failure_and_none_is_invente
     fails = poprun("--num-instances", "2", PYTHON, "-c", "import os, sys; sys.exit(int(os.environ['RANK']))",
                    env=OMP_SET)
     assert fails.returncode == 1 and "root cause" not in fails.stderr, fails.stderr  # no record: no root cause
-
-
-@pytest.mark.slow
-def test_a_shim_where_the_jobs_directory_does_not_exist_makes_it_and_sends_the_record(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As on a remote host: nothing of the job's directory exists there; the shim makes it, sends the
-    failed program's record before its exit report, and removes it again."""
-    from tests.launcher.shim import run_shim
-
-    job = tmp_path / "poprun-remote"
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(job / "error-5.json"))
-    monkeypatch.setenv("RANK", "1")
-    before = time.time_ns()
-    result, frames = run_shim(PYTHON, "-c", RECORDS)
-    after = time.time_ns()
-    assert result.returncode == 3, result.stderr
-    assert [kind for kind, _, _ in frames if kind != protocol.OUTPUT] == \
-        [protocol.HELLO, protocol.CLOCK, protocol.ROOT_CAUSE, protocol.TIMES, protocol.EXIT]
-    assert json.loads(frames[-3][2]) == RECORDED
-    assert not job.exists()
-    # On this host's clock: the nonce came, then CLOCK went; the file was written, then the program
-    # ended; nothing stopped it.
-    arrived, replied = protocol.read_clock(frames[1][2])
-    ended, stopped, recorded = protocol.read_times(frames[-2][2])
-    assert before < arrived <= replied < recorded <= ended < after and stopped == 0
 
 
 # ---------------------------------------------------------------- the first failure, not the first exit
@@ -236,7 +193,7 @@ def test_an_error_that_says_a_peer_went_away_counts_a_second_later_when_it_came_
 
 
 def test_a_status_of_its_own_after_poprun_began_to_stop_it_is_never_the_first_failure() -> None:
-    """Instance 0 ignored its shim's stop and then exited 3 (a status of its own, after the stop);
+    """Instance 0 ignored its stub's stop and then exited 3 (a status of its own, after the stop);
     instance 1 failed by itself before that: 1 is the first failure, 0 only also failed."""
     with _two_instances() as (s, call_in, base):
         for index, ended, stopped, status in ((0, 600_000_000, 500_000_000, 3), (1, 700_000_000, 0, 1)):
@@ -252,28 +209,28 @@ def test_a_status_of_its_own_after_poprun_began_to_stop_it_is_never_the_first_fa
 
 
 @contextmanager
-def _two_instances() -> Iterator[tuple[Supervisor, Callable[[int], tuple[socket.socket, Seal]], int]]:
+def _two_instances() -> Iterator[tuple[Supervisor, Callable[[int], tuple[socket.socket, InstanceSeal]], int]]:
     """A supervisor of instances 0 and 1 on hosts ``a`` and ``b``; how an instance calls in (its
-    shim's end, once its nonce has arrived, and its seal); a whole second ten seconds ago (ns).
-    Every connection is closed at the end."""
+    host supervisor's end, once its nonce has arrived, and its seal); a whole second ten seconds
+    ago (ns). Every connection is closed at the end."""
     import io
 
     from tests.launcher.supervising import call_in_sealed, supervisor
 
     s = supervisor(io.BytesIO(), io.BytesIO(), hosts=("a", "b"))
-    shims: list[socket.socket] = []
+    ends: list[socket.socket] = []
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.setblocking(False)
 
-        def call_in(index: int) -> tuple[socket.socket, Seal]:
-            shim, seal = call_in_sealed(s, server, index)
-            shims.append(shim)
-            return shim, seal
+        def call_in(index: int) -> tuple[socket.socket, InstanceSeal]:
+            end, seal = call_in_sealed(s, server, index)
+            ends.append(end)
+            return end, seal
 
         try:
             yield s, call_in, (time.time_ns() // SECOND - 10) * SECOND
         finally:
-            for sock in (*shims, *(state.connection for state in s.instances if state.connection)):
+            for sock in (*ends, *(link.conn for link in s.host_links.values())):
                 sock.close()
 
 
@@ -312,7 +269,9 @@ def _assert_root_cause(reports: list[tuple[int, int, int, int]], errors: dict[in
 
 def _read(s: Supervisor, index: int) -> bool:
     """Whether instance ``index``'s exit report is in, once what it sent so far has been read."""
-    s._read_instance(index)
+    from tests.launcher.supervising import read
+
+    read(s, index)
     return s.instances[index].finished
 
 

@@ -101,7 +101,7 @@ def test_what_the_launcher_writes_reads_back_as_the_plan(shape: tuple[int, int, 
     plan = JobPlan(instances, replicas, ipus, hosts=hosts, master_addr="10.1.2.3", master_port=29511,
                    run_id="0123456789abcdef", max_restarts=3, error_dir="/tmp/poprun-0123" if error_files else None,
                    restart=restart)
-    spec = CommandSpec(launch_env={environment.OMP_NUM_THREADS: "3"}, shim=("shim",), silence_limit=20,
+    spec = CommandSpec(launch_env={environment.OMP_NUM_THREADS: "3"}, stub=("stub",), silence_limit=20,
                        control_address="10.1.2.4:5", explicit_hosts=bool(plan.hosts))
     envs = instance_environments(flavour, plan, spec)
     # What the command gives instance i is what the plan (and the launch's own variables) computes for it.

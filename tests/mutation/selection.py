@@ -41,7 +41,6 @@ _LAUNCH = ("tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_pop
         "test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on",
         "test_an_instance_found_stopped_is_named_before_the_one_that_timed_out_waiting_for_it",
     )))
-_SHIM = "tests/launcher/test_shim_commands.py"
 _COMPILED = "tests/integration/test_compiled_parts.py"
 
 TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
@@ -66,33 +65,20 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "poprun_py.supervision.supervisor": (*_LAUNCH, "tests/launcher/test_supervisor_checks.py",
                                          "tests/launcher/test_root_cause.py",
                              "tests/launcher/test_poprun_output.py::test_log_dir_keeps_each_instances_raw_output",
-                             "tests/launcher/test_shim_exit.py::test_poprun_collects_the_holders_its_job_orphans",
+                             "tests/launcher/test_holder.py::test_poprun_collects_the_holders_its_job_orphans",
                              "tests/launcher/test_lingering_mpiexec.py",
                              ("tests/launcher/test_error_file.py::"
                              "test_a_launch_that_fails_is_recorded_with_the_host_that_could_not_start")),
     "poprun_py.supervision.teardown": (*_LAUNCH, "tests/launcher/test_leftovers.py"),
-    "poprun_py.instance.shim": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
-                                "tests/launcher/test_shim_settings.py",
-                       "tests/launcher/test_shim_exit.py", "tests/launcher/test_program_arguments.py",
-                       ("tests/launcher/test_poprun_shared_terminal.py::"
-                        "test_an_instances_two_streams_keep_the_order_it_wrote_them_in"),
-                       "tests/launcher/test_network_exposure.py::test_the_launchers_library_stays_out_of_the_programs_environment"),
-    # what the shim shares with the stubs (the program's start, the holder) and with the hosts'
-    # supervisors (the link to poprun, the settings they read)
-    "poprun_py.stub.program": (*_LAUNCH, _SHIM, "tests/launcher/test_shim_exit.py", "tests/launcher/test_stub.py",
+    # what the stubs and the hosts' supervisors start with: the program's start and the holder,
+    # the link to poprun and the settings a host reads
+    "poprun_py.stub.program": (*_LAUNCH, "tests/launcher/test_holder.py", "tests/launcher/test_stub.py",
                                "tests/launcher/test_program_arguments.py"),
-    "poprun_py.host.link": (_SHIM, "tests/launcher/test_shim_settings.py"),
-    "poprun_py.instance.shim_pump": (*_LAUNCH, _SHIM, "tests/launcher/test_root_cause.py",
-                            "tests/launcher/test_shim_settings.py",
-                            "tests/launcher/test_shim_exit.py::test_the_shim_collects_orphans_as_they_end",
-                            ("tests/launcher/test_shim_exit.py::"
-                             "test_a_shim_ends_the_daemons_its_program_left_and_searches_by_environment_only_without_a_subreaper"),
-                            ("tests/launcher/test_poprun_shared_terminal.py::"
-                             "test_an_instances_two_streams_keep_the_order_it_wrote_them_in")),
+    "poprun_py.host.link": ("tests/launcher/test_host_link.py", "tests/launcher/test_host_settings.py"),
     "poprun_py.wire.protocol": (
-        "tests/launcher/test_protocol.py", "tests/launcher/test_shim_settings.py",
+        "tests/launcher/test_protocol.py", "tests/launcher/test_host_settings.py",
         "tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_network_and_host_errors.py",
-        "tests/launcher/test_program_arguments.py", _SHIM),
+        "tests/launcher/test_program_arguments.py", "tests/launcher/test_host_link.py"),
     # output framing
     "poprun_py.supervision.output": (
         "tests/launcher/test_output_tagging.py", "tests/launcher/test_poprun_output.py",
@@ -140,7 +126,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "poprun_py.host.instance": ("tests/launcher/test_root_cause.py", "tests/launcher/test_sigkill_and_left_early.py",
                                 "tests/launcher/test_poprun_output.py", "tests/launcher/test_uncaught.py",
                                 "tests/launcher/test_mpi_abort.py"),
-    "poprun_py.host.programs": ("tests/launcher/test_host_programs.py", "tests/launcher/test_shim_settings.py"),
+    "poprun_py.host.programs": ("tests/launcher/test_host_programs.py", "tests/launcher/test_host_settings.py"),
 }
 
 
@@ -157,9 +143,9 @@ def tests_of_run(patterns: list[str]) -> tuple[str, ...]:
                         for pattern in patterns) for entry in entries)
 
 
-#: The supervisor's methods that deal with the shims' connections (``make mutants-connections``);
+#: The supervisor's methods that deal with the stubs' and hosts' connections (``make mutants-connections``);
 #: the rest, the run, mpiexec and the end of the job, are ``make mutants-supervisor``'s.
-SUPERVISOR_CONNECTIONS = ("_accept", "_drop_pending", "_read_hello", "_recv", "_read_instance", "_handle_frames",
+SUPERVISOR_CONNECTIONS = ("_accept", "_drop_pending", "_read_hello", "_recv", "_read_stub", "_handle_frames",
                           "_release_when_all_done", "_check_silence", "_check_start", "_disconnect")
 
 
@@ -182,8 +168,7 @@ def _methods(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 #: (docs/mutation.md); every function of the mutated modules is in exactly one (a test checks).
 TARGETS: dict[str, tuple[str, ...]] = {
     "library": ("popdist_py.*", "poprun_py.supervision.output.*", "popcontract.environment.*"),
-    "shim": ("poprun_py.instance.shim.*", "poprun_py.stub.program.*", "poprun_py.host.link.*"),
-    "pump": ("poprun_py.instance.shim_pump.*",),
+    "program": ("poprun_py.stub.program.*", "poprun_py.host.link.*"),
     "teardown": ("poprun_py.supervision.teardown.*", "poprun_py.wire.protocol.*"),
     "supervisor": _methods([m for m in _supervisor_methods() if m not in SUPERVISOR_CONNECTIONS]),
     "connections": _methods(SUPERVISOR_CONNECTIONS),

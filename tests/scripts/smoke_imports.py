@@ -4,7 +4,7 @@
 
 Walks both packages with pkgutil from where they are installed, fails if that is under CHECKOUT,
 imports each module (the scripts, ``poprun_py.__main__``, ``popdist_py.__main__``,
-``poprun_py.instance.script``, ``poprun_py.stub.script`` and ``poprun_py.host.script``, are only
+``poprun_py.stub.script`` and ``poprun_py.host.script``, are only
 found: importing runs them; so is the library poprun preloads into Open MPI's launcher, which is
 no Python module) and prints one JSON object: the packages' files, the modules, the compiled
 extension's file and whether each package has ``py.typed``.
@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 
 #: Modules that run when imported: `python -m poprun_py`, `python -m popdist_py` (the compiled parts'
-#: report, where the package has one), the shim's script, the Python stub's and a host supervisor's.
-SCRIPTS = ("poprun_py.__main__", "popdist_py.__main__", "poprun_py.instance.script", "poprun_py.stub.script",
-           "poprun_py.host.script")
+#: report, where the package has one), the Python stub's script and a host supervisor's.
+SCRIPTS = ("poprun_py.__main__", "popdist_py.__main__", "poprun_py.stub.script", "poprun_py.host.script")
 
 
 def main(checkout: str) -> int:

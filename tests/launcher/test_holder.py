@@ -1,9 +1,10 @@
-"""How the shim ends (``shim.leave``): under MPICH's gforker, behind a holder that keeps the
-descriptors gforker reads open until gforker has reaped the shim, so that gforker never starts
-its final wait with a child it has not reaped (that wait then spins for up to 2 s). And what it
-collects on the way: the ends of the orphans it adopts while the job runs (issue 40).
+"""How a stub ends (``poprun_py/stub/program.py``'s ``leave``; ``_stub.c`` does the same): under
+MPICH's gforker, behind a holder that keeps the descriptors gforker reads open until gforker has
+reaped the stub, so that gforker never starts its final wait with a child it has not reaped (that
+wait then spins for up to 2 s). And what is collected on the way: the ends of the orphans a job
+leaves while it runs (issue 40).
 
-Real processes throughout: a child Python plays the shim, the test plays its parent (or a real
+Real processes throughout: a child Python plays the stub, the test plays its parent (or a real
 gforker is its parent); each step waits for what the processes do (a pidfd, EOF on a pipe, a
 process's state in /proc), never for a sleep."""
 
@@ -24,16 +25,16 @@ from popcontract import environment
 from poprun_py.shared import sweep
 from tests.helpers import BIN, OMP_SET, PYTHON, ROOT, SUBPROCESS_TIMEOUT, UNDER_MUTANTS, task_state, wait_until
 
-pytestmark = pytest.mark.slow  # every test starts a child that plays the shim, or gforker
+pytestmark = pytest.mark.slow  # every test starts a child that plays the stub, or gforker
 
 GFORKER = BIN / "mpiexec.gforker"
 
 
 def _script(code: str) -> list[str]:
-    """A Python command, as mpiexec starts the shim (``python -S``), that imports the shim and runs
-    ``code``; under ``make mutants`` it records what it reaches, as the shim's own script does
-    (tests/conftest.py)."""
-    prelude = f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom poprun_py.stub import program as shim\n"
+    """A Python command, as mpiexec starts the Python stub (``python -S``), that imports its
+    ``program`` module and runs ``code``; under ``make mutants`` it records what it reaches, as the
+    stub's own script does (tests/conftest.py)."""
+    prelude = f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom poprun_py.stub import program\n"
     if UNDER_MUTANTS:
         prelude = "import sitecustomize\n" + prelude
     return [PYTHON, "-S", "-c", prelude + code]
@@ -84,10 +85,10 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
                 pipe.close()
 
 
-def test_the_holder_keeps_stdio_open_until_the_shim_is_reaped(children: list[subprocess.Popen[bytes]]) -> None:
+def test_the_holder_keeps_stdio_open_until_the_stub_is_reaped(children: list[subprocess.Popen[bytes]]) -> None:
     other_r, other_w = os.pipe()  # closed by the holder as it starts: then it has closed all it will
     try:
-        child = _child("shim.HOLD_LIMIT = 600\nshim.hold_until_reaped()\nos._exit(7)", pass_fds=(other_w,))
+        child = _child("program.HOLD_LIMIT = 600\nprogram.hold_until_reaped()\nos._exit(7)", pass_fds=(other_w,))
         os.close(other_w)
         assert _at_eof(other_r, SUBPROCESS_TIMEOUT)
     finally:
@@ -97,9 +98,9 @@ def test_the_holder_keeps_stdio_open_until_the_shim_is_reaped(children: list[sub
     assert stdin is not None and stdout is not None and stderr is not None
     out, err = stdout.fileno(), stderr.fileno()
     _exited(child.pid)
-    assert not _at_eof(out), "stdout closed while the shim was not yet reaped"
-    assert not _at_eof(err), "stderr closed while the shim was not yet reaped"
-    assert _read_by_anyone(stdin), "stdin closed while the shim was not yet reaped"
+    assert not _at_eof(out), "stdout closed while the stub was not yet reaped"
+    assert not _at_eof(err), "stderr closed while the stub was not yet reaped"
+    assert _read_by_anyone(stdin), "stdin closed while the stub was not yet reaped"
     assert child.wait(timeout=SUBPROCESS_TIMEOUT) == 7  # reaped: now the holder lets go
     assert _at_eof(out, SUBPROCESS_TIMEOUT) and _at_eof(err, SUBPROCESS_TIMEOUT)
     # the holder is gone: stdin's last reader goes with it (the kernel releases a dying process's
@@ -109,7 +110,7 @@ def test_the_holder_keeps_stdio_open_until_the_shim_is_reaped(children: list[sub
 
 def test_without_a_holder_stdout_closes_before_the_parent_can_reap(children: list[subprocess.Popen[bytes]]) -> None:
     """What gforker meets without the holder, and what leave does under any other parent."""
-    child = _child("shim.leave(5)")
+    child = _child("program.leave(5)")
     children.append(child)
     assert child.stdout is not None
     _exited(child.pid)
@@ -117,8 +118,8 @@ def test_without_a_holder_stdout_closes_before_the_parent_can_reap(children: lis
     assert child.wait(timeout=SUBPROCESS_TIMEOUT) == 5
 
 
-def test_a_holder_whose_shim_is_never_reaped_gives_up(children: list[subprocess.Popen[bytes]]) -> None:
-    child = _child("shim.HOLD_LIMIT = 0.01\nshim.hold_until_reaped()\nos._exit(7)")
+def test_a_holder_whose_stub_is_never_reaped_gives_up(children: list[subprocess.Popen[bytes]]) -> None:
+    child = _child("program.HOLD_LIMIT = 0.01\nprogram.hold_until_reaped()\nos._exit(7)")
     children.append(child)
     assert child.stdout is not None
     _exited(child.pid)
@@ -131,14 +132,14 @@ def test_the_holder_keeps_pmi_fd_and_closes_every_other_descriptor(children: lis
     pmi_r, pmi_w = os.pipe()
     other_r, other_w = os.pipe()
     try:
-        child = _child("shim.HOLD_LIMIT = 600\nshim.hold_until_reaped()\nos._exit(0)", pass_fds=(pmi_w, other_w),
+        child = _child("program.HOLD_LIMIT = 600\nprogram.hold_until_reaped()\nos._exit(0)", pass_fds=(pmi_w, other_w),
                        env={**os.environ, environment.PMI_FD: str(pmi_w)})
         children.append(child)
         os.close(pmi_w)
         os.close(other_w)
         _exited(child.pid)
         assert _at_eof(other_r, SUBPROCESS_TIMEOUT), "the holder kept a descriptor gforker does not read"
-        assert not _at_eof(pmi_r), "the holder let PMI_FD go before the shim was reaped"
+        assert not _at_eof(pmi_r), "the holder let PMI_FD go before the stub was reaped"
         assert child.wait(timeout=SUBPROCESS_TIMEOUT) == 0
         assert _at_eof(pmi_r, SUBPROCESS_TIMEOUT)
     finally:
@@ -151,25 +152,25 @@ def _marked(mark: bytes, but: int) -> list[int]:
 
 
 @pytest.mark.skipif(not GFORKER.exists(), reason="needs MPICH's mpiexec.gforker (the mpich wheel)")
-def test_under_gforker_the_shim_leaves_a_holder_until_gforker_reaps_it(tmp_path: Path) -> None:
-    """gforker, stopped, cannot reap the shim: the holder waits; gforker, continued, reaps the shim,
-    the holder goes, and gforker exits with the shim's status."""
+def test_under_gforker_the_stub_leaves_a_holder_until_gforker_reaps_it(tmp_path: Path) -> None:
+    """gforker, stopped, cannot reap the stub: the holder waits; gforker, continued, reaps the stub,
+    the holder goes, and gforker exits with the stub's status."""
     mark = f"POPRUN_TEST_HOLDER={uuid.uuid4().hex}"
     go = tmp_path / "go"
     code = (f"print(os.getpid(), flush=True)\nimport time\nwhile not os.path.exists({str(go)!r}):\n"
-            "    time.sleep(0.005)\nshim.HOLD_LIMIT = 600\nshim.leave(3)")
+            "    time.sleep(0.005)\nprogram.HOLD_LIMIT = 600\nprogram.leave(3)")
     name, value = mark.split("=")
     gforker = subprocess.Popen([str(GFORKER), "-n", "1", *_script(code)], stdout=subprocess.PIPE,
                                stdin=subprocess.DEVNULL, env={**os.environ, name: value})
     try:
         assert gforker.stdout is not None
-        shim_pid = int(gforker.stdout.readline())
+        stub_pid = int(gforker.stdout.readline())
         os.kill(gforker.pid, signal.SIGSTOP)
         wait_until(lambda: sweep.is_stopped(gforker.pid), "gforker did not stop")
         go.touch()
-        wait_until(lambda: _zombie(shim_pid), "the shim did not exit")
+        wait_until(lambda: _zombie(stub_pid), "the stub did not exit")
         holders = _marked(mark.encode(), but=gforker.pid)
-        assert len(holders) == 1, f"expected the shim's holder alone, found {holders}"
+        assert len(holders) == 1, f"expected the stub's holder alone, found {holders}"
         os.kill(gforker.pid, signal.SIGCONT)
         assert gforker.wait(timeout=SUBPROCESS_TIMEOUT) == 3
         wait_until(lambda: not _marked(mark.encode(), but=gforker.pid), "the holder outlived gforker's wait")
@@ -208,7 +209,7 @@ print(status, len(left))
 
 @pytest.mark.skipif(not GFORKER.exists(), reason="needs MPICH's mpiexec.gforker (the mpich wheel)")
 def test_poprun_collects_the_holders_its_job_orphans() -> None:
-    """Each shim's holder outlives its shim: poprun, the nearest subreaper above it, collects its
+    """Each stub's holder outlives its stub: poprun, the nearest subreaper above it, collects its
     end, so nothing reaches the next one up (here a subreaper of the test's, else init)."""
     from tests.helpers import POPRUN, run
 
@@ -218,15 +219,15 @@ def test_poprun_collects_the_holders_its_job_orphans() -> None:
     assert result.stdout.split() == ["0", "0"], result.stdout
 
 
-#: The program: BATCHES times, SIZE orphans (a child forks a grandchild and exits; the shim, the
-#: subreaper, adopts the grandchild), checked to be the shim's, then released to end together; it
-#: waits (at most 10 s) until the shim has collected every one of them, and says so in REPORT
-#: (with the most zombies it saw under the shim), then exits 3.
+#: The program: BATCHES times, SIZE orphans (a child forks a grandchild and exits; the stub, the
+#: subreaper, adopts the grandchild), checked to be the stub's, then released to end together; it
+#: waits (at most 10 s) until the stub has collected every one of them, and says so in REPORT
+#: (with the most zombies it saw under the stub), then exits 3.
 _ORPHANS = """
 import os, sys, time
 report = open(sys.argv[1], 'w', buffering=1)
 batches, size = int(sys.argv[2]), int(sys.argv[3])
-shim = os.getppid()
+stub = os.getppid()
 
 def parent(pid):
     try:
@@ -237,7 +238,7 @@ def parent(pid):
     return int(fields[1]), fields[0]
 
 def zombies():
-    return sum(parent(int(name)) == (shim, b'Z') for name in os.listdir('/proc') if name.isdigit())
+    return sum(parent(int(name)) == (stub, b'Z') for name in os.listdir('/proc') if name.isdigit())
 
 most = 0
 for batch in range(batches):
@@ -261,13 +262,13 @@ for batch in range(batches):
         born += os.read(born_r, 4096)
     os.close(born_r)
     orphans = [int(pid) for pid in born.split()]
-    if any(parent(pid)[0] != shim for pid in orphans):
-        report.write('not adopted by the shim\\n')
+    if any(parent(pid)[0] != stub for pid in orphans):
+        report.write('not adopted by the stub\\n')
         sys.exit(4)
     os.close(release_r)
     os.close(release_w)  # every orphan of the batch ends now
     deadline = time.monotonic() + 10
-    while (left := sum(parent(pid)[0] == shim for pid in orphans)):
+    while (left := sum(parent(pid)[0] == stub for pid in orphans)):
         most = max(most, zombies())
         if time.monotonic() > deadline:
             report.write(f'batch {batch}: {left} of {size} orphans not collected\\n')
@@ -279,8 +280,8 @@ sys.exit(3)
 """
 
 
-def test_the_shim_collects_orphans_as_they_end(tmp_path: Path) -> None:
-    """300 orphans, in batches of 25, end while the job runs: the shim collects each batch before
+def test_the_stub_collects_orphans_as_they_end(tmp_path: Path) -> None:
+    """300 orphans, in batches of 25, end while the job runs: the stub collects each batch before
     the next is made (the zombies under it never pile up), the program's status is still exactly
     its own, and nothing is left for the process above poprun to collect."""
     from tests.helpers import POPRUN, run
@@ -293,57 +294,3 @@ def test_the_shim_collects_orphans_as_they_end(tmp_path: Path) -> None:
     assert lines[:-1] == [f"batch {batch} collected" for batch in range(batches)], (lines, result.stderr)
     assert 0 <= int(lines[-1].removeprefix("most zombies ")) <= size
     assert result.stdout.split() == ["3", "0"], (result.stdout, result.stderr)
-
-
-#: A shim's end (shim_pump.end_escaped) in a process of its own, after a program left a daemon
-#: (setsid, out of its group, orphaned at once): ``adopting``, this process is its subreaper first,
-#: as a shim is. A process that carries the job's marks but was started outside this process (its
-#: PID the second argument) shows whether the search by environment ran. The job's address is the
-#: third argument ("-": none, as if mpiexec dropped it).
-_ESCAPED = """
-import os, signal, subprocess, sys
-from popcontract import environment
-from poprun_py.instance.shim_pump import end_escaped
-from poprun_py.shared import sweep
-adopting = sys.argv[1] == "adopting"
-if adopting:
-    assert sweep.adopt_orphans()
-os.environ.pop(environment.CONTROL, None)
-if sys.argv[3] != "-":
-    os.environ[environment.CONTROL] = sys.argv[3]
-os.environ[environment.INSTANCE_INDEX] = "0"
-daemon = int(subprocess.run(["sh", "-c", "setsid sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
-                            text=True, check=True).stdout)
-assert (daemon in sweep.descendants(os.getpid())) == adopting
-end_escaped(0)
-print(sweep.has_ended(daemon), sweep.has_ended(int(sys.argv[2])))
-if not sweep.has_ended(daemon):
-    os.kill(daemon, signal.SIGKILL)
-"""
-
-
-@pytest.mark.parametrize(("adopting", "address", "ended"), [
-    (True, True, ["True", "False"]),  # the daemon below the shim; the outsider left: no search by environment
-    (False, True, ["True", "True"]),  # both found by their marks
-    (False, False, ["False", "False"]),  # no job address: no marks to know the job's processes by
-])
-def test_a_shim_ends_the_daemons_its_program_left_and_searches_by_environment_only_without_a_subreaper(
-        adopting: bool, address: bool, ended: list[str]) -> None:
-    control = f"127.0.0.1:{uuid.uuid4().int % 50000 + 10000}-{uuid.uuid4().hex}"  # this test's marks alone
-    outsider = subprocess.Popen(["sleep", "60"], env={**os.environ, environment.CONTROL: control if address else "None",
-                                                      environment.INSTANCE_INDEX: "0"})
-    try:
-        # Its exec, not its fork: until then /proc shows the environment of the test, without the marks.
-        marked = f"{environment.CONTROL}={control if address else 'None'}".encode()
-        environ = Path(f"/proc/{outsider.pid}/environ")
-        wait_until(lambda: marked in environ.read_bytes().split(b"\0"), "the sleep's exec")
-        result = subprocess.run([PYTHON, "-c", _ESCAPED, "adopting" if adopting else "not", str(outsider.pid),
-                                 control if address else "-"], capture_output=True, text=True,
-                                timeout=SUBPROCESS_TIMEOUT, cwd=ROOT)
-        assert result.returncode == 0, result.stderr
-        # Daemon, then outsider: ended or not. The search by environment reads every process on the
-        # host, and is left out where everything the program started is below the shim.
-        assert result.stdout.split() == ended
-    finally:
-        outsider.kill()
-        outsider.wait(timeout=10)
