@@ -354,15 +354,15 @@ class Cluster:
         """The host dies: every one of its processes, sshd included, is SIGKILLed at once.
 
         A real host dies at one instant; killing its processes one by one would let a survivor
-        see a sibling's death and answer (a shim reporting its program's exit), so every process
+        see a sibling's death and answer (a stub reporting its program's exit), so every process
         is first frozen with SIGSTOP (again until no new one appears), then killed. Parents are
         frozen before their children, each seen stopped before the next: a parent still running
-        when its child stops would see that and answer (a shim reporting its program stopped).
+        when its child stops would see that and answer (a stub reporting its program stopped).
         Children are killed before their parents: a parent's death would orphan its children's
         process group, and the kernel continues an orphaned group's stopped members (SIGHUP, then
         SIGCONT), which could then see the death and answer.
 
-        What the MPI daemon started (the shims and their programs) dies first, each seen dead
+        What the MPI daemon started (the stubs and their programs) dies first, each seen dead
         before the next is killed, and the daemons and sshd only DAEMONS_AFTER later. Killed all
         at once, the host's sshd could go first on a busy machine: its launcher then ends the
         other hosts' instances within milliseconds, and poprun, which orders the connections that

@@ -78,7 +78,7 @@ def resolved_as_unknown(text: str) -> str:
 def install_without(where: Path, *modules: str) -> dict[str, str]:
     """A copy of the three packages in ``where`` without the built files of compiled parts
     ``modules`` (``popcontract.compiled``'s names), as an install built without a C compiler has
-    them; the environment (PYTHONPATH first) under which poprun, its shims and their programs import
+    them; the environment (PYTHONPATH first) under which poprun, its stubs and their programs import
     that copy, run from ``where`` (``python -m`` and ``-c`` put their working directory first on
     sys.path, ahead of PYTHONPATH). Any other part keeps its build."""
     # an extension's file is NAME.<abi>.so; a program's (popcontract.compiled's STUB) is NAME itself
@@ -136,7 +136,7 @@ MARKER_VARIABLE = "POPRUN_TEST_MARKER"
 
 def job_marker() -> str:
     """A new marker for the job a test is about to start: for its program's command line, and in
-    this process's environment (until the test ends: conftest), which poprun, mpiexec, every shim
+    this process's environment (until the test ends: conftest), which poprun, mpiexec, every stub
     and every program inherit, so ``processes_matching`` finds all of them, not only the programs."""
     marker = f"marker-{uuid.uuid4().hex}"
     os.environ[MARKER_VARIABLE] = marker
@@ -146,7 +146,7 @@ def job_marker() -> str:
 def processes_matching(marker: str, inherited: bool = False) -> list[str]:
     """Command lines of live processes whose command line contains ``marker`` (read from /proc, no
     ps parsing); ``inherited``: also those whose environment has it from ``job_marker`` (a job's
-    poprun, mpiexec and shims as well as its programs)."""
+    poprun, mpiexec and stubs as well as its programs)."""
     found = []
     tagged = f"{MARKER_VARIABLE}={marker}".encode()
     for pid in os.listdir("/proc"):
@@ -166,9 +166,9 @@ def _environment(pid: str) -> list[bytes]:
         return []
 
 
-def shim_of(marker: str, index: int) -> int:
-    """The pid of the shim of instance ``index`` of the job whose programs carry ``marker`` on their
-    command lines: the parent of that instance's program (the shim's own command line names only
+def stub_of(marker: str, index: int) -> int:
+    """The pid of the stub of instance ``index`` of the job whose programs carry ``marker`` on their
+    command lines: the parent of that instance's program (the stub's own command line names only
     the instance, ``python -S script.py INDEX``)."""
     for line in processes_matching(marker):
         pid = int(line.split(":")[0])

@@ -3,7 +3,7 @@ with the same results where a fallback exists and one line of refusal where none
 promise, and says which parts it has.
 
 The installs without a part are copies of the three packages without its built file
-(``helpers.install_without``), imported first through PYTHONPATH by poprun, its shims under real
+(``helpers.install_without``), imported first through PYTHONPATH by poprun, its stubs under real
 mpiexec and their programs, as an install built without a C compiler has them; each result is
 compared with the same run on this checkout's build, which has all five.
 """
@@ -228,7 +228,7 @@ def test_without_swaps_and_tree_the_samplers_and_reductions_give_the_same_bits(t
 
 @pytest.mark.slow  # two 2-instance jobs under poprun
 def test_a_training_job_without_the_parts_that_have_a_fallback_gives_the_compiled_weights(tmp_path: Path) -> None:
-    # make demo's job (shuffled shards, gradients reduced in the tree, shims as subreapers) with
+    # make demo's job (shuffled shards, gradients reduced in the tree, stubs as subreapers) with
     # its three parts missing ends with the weights hash of this checkout's build.
     built = poprun("--num-instances", "2", "--num-replicas", "4", *DEMO, timeout=120)
     where = tmp_path / "install"
@@ -241,10 +241,10 @@ def test_a_training_job_without_the_parts_that_have_a_fallback_gives_the_compile
 
 
 #: A program that leaves an orphan (fork, fork, the middle one exits) and says whose child the
-#: orphan became: its shim's (the program's parent), when the shim is its descendants' subreaper.
+#: orphan became: its stub's (the program's parent), when the stub is its descendants' subreaper.
 ORPHAN = """
 import os
-shim = os.getppid()
+stub = os.getppid()
 go, asked = os.pipe()
 answer, told = os.pipe()
 middle = os.fork()
@@ -257,17 +257,17 @@ if middle == 0:
 os.waitpid(middle, 0)
 os.write(asked, b"x")
 parent = int(os.read(answer, 32))
-print("adopted by its shim" if parent == shim else f"adopted by {parent}, not its shim {shim}", flush=True)
+print("adopted by its stub" if parent == stub else f"adopted by {parent}, not its stub {stub}", flush=True)
 """
 
 
 @pytest.mark.slow  # starts poprun
 @pytest.mark.parametrize("instances", [1, 2])
 @pytest.mark.parametrize("build", ["compiled", "without"])
-def test_jobs_run_without_the_subreaper_and_the_shim_still_adopts_orphans(build: str, instances: int,
+def test_jobs_run_without_the_subreaper_and_the_stub_still_adopts_orphans(build: str, instances: int,
                                                                          tmp_path: Path) -> None:
     # The same prctl call through libc: a plain job runs, no traceback, and an orphan of the
-    # program goes to its shim, as with the compiled part.
+    # program goes to its stub, as with the compiled part.
     where = tmp_path / "install" if build == "without" else ROOT
     env = install_without(where, compiled.SUBREAPER) if build == "without" else {}
     plain = poprun("--num-instances", str(instances), "true", env=env, cwd=where)
@@ -276,13 +276,13 @@ def test_jobs_run_without_the_subreaper_and_the_shim_still_adopts_orphans(build:
     result = poprun("--num-instances", str(instances), PYTHON, "-c", ORPHAN, env={**env, "OMP_NUM_THREADS": "1"},
                     cwd=where)
     assert result.returncode == 0, result.stderr
-    assert sorted(result.stdout.splitlines()) == [f"[{i}] adopted by its shim" for i in range(instances)]
+    assert sorted(result.stdout.splitlines()) == [f"[{i}] adopted by its stub" for i in range(instances)]
 
 
 @pytest.mark.slow  # starts poprun
 def test_without_the_subreaper_a_daemon_that_cleared_its_environment_still_ends_with_the_job(tmp_path: Path) -> None:
     # Only a subreaper finds such a daemon (nothing in its environment says whose it is): with the
-    # fallback's prctl the shims adopt and end it, as tests/launcher/test_poprun_failures.py's does.
+    # fallback's prctl the stubs adopt and end it, as tests/launcher/test_poprun_failures.py's does.
     marker = job_marker()
     where = tmp_path / "install"
     result = poprun("--num-instances", "2", PYTHON, str(SCRIPTS / "leave_daemon.py"), marker, "ok", "bare",
@@ -358,7 +358,7 @@ def test_without_loopback_a_launcher_that_would_listen_everywhere_refuses_naming
 
 @pytest.mark.slow  # starts python
 def test_the_libc_subreaper_is_reached_only_where_the_part_is_missing() -> None:
-    # ctypes costs every instance's start about 2 ms: the shim imports it on the fallback's path only.
+    # ctypes costs every instance's start about 2 ms: the stub imports it on the fallback's path only.
     code = "import sys\nfrom poprun_py.shared import sweep\nprint(sweep.adopt_orphans(), 'ctypes' in sys.modules)"
     done = subprocess.run([PYTHON, "-S", "-c", code],
                           capture_output=True, text=True, cwd=ROOT, timeout=30)

@@ -172,7 +172,7 @@ def test_the_demo_from_the_sdist_without_a_compiler_refuses_in_one_line(sdist_in
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_a_job_gives_the_compiled_install_weights_and_orders(kind: str, request: pytest.FixtureRequest,
                                                              dist_top: Path) -> None:
-    """The reduction tree, the sampler's swap pass and the shim's subreaper: compiled in the wheel,
+    """The reduction tree, the sampler's swap pass and the stub's subreaper: compiled in the wheel,
     their fallbacks in the sdist's install; the same bits as the compiled install either way."""
     installed: Installed = request.getfixturevalue(f"{kind}_install")
     python, away = installed.venv / "bin" / "python", dist_top / "away"

@@ -52,7 +52,7 @@ def test_a_lost_host_is_left_out_and_its_replicas_spread_over_the_others(cluster
     try:
         assert lines_with(proc, "start 0:", 3) == [f"[{i}] start 0: node{i} instance {i} of 3, replicas {2 * i}+2 of 6"
                                                for i in range(3)]
-        cluster.kill_host(cluster.host("node2"))  # its sshd, MPI daemon, shims and programs
+        cluster.kill_host(cluster.host("node2"))  # its sshd, MPI daemon, stubs and programs
         out, err = proc.communicate(timeout=FAILURE_BOUND + 60)
     finally:
         proc.kill()
@@ -228,7 +228,7 @@ def _parent(pid: int) -> int:
 
 
 def _kill_daemon(cluster: Cluster, name: str) -> None:
-    """MPI's daemon on the host dies (Hydra's proxy, Open MPI's prted); its shims and programs stay."""
+    """MPI's daemon on the host dies (Hydra's proxy, Open MPI's prted); its stubs and programs stay."""
     for line in cluster.processes(cluster.host(name)):
         pid, command = line.split(": ", 1)
         if "hydra_pmi_proxy" in command or "prted" in command:
@@ -281,6 +281,6 @@ def test_the_host_that_failed_is_named_and_left_out(cluster: Cluster, mpi: str, 
     assert (ended["hosts"], ended["status"]) == (["node0", "node2"], 0)
     assert sorted(line for line in out.splitlines() if f"start {last}:" in line) == [
         f"[{i}] start {last}: node{2 * i} instance {i} of 2, replicas {3 * i}+3 of 6" for i in range(2)]
-    # Cut off, node1's shims stop their programs by themselves once their frames have gone
+    # Cut off, node1's stubs stop their programs by themselves once their frames have gone
     # unacknowledged for the silence limit; the restart elsewhere may well end before that.
     assert wait_no_processes(marker, within=SILENCE_LIMIT + DEFAULT_GRACE + 5 if case == "partition" else 5) == []

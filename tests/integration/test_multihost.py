@@ -113,7 +113,7 @@ def test_each_host_has_one_supervisor_and_one_connection_to_poprun(cluster: Clus
 def test_a_remote_program_receives_its_arguments_byte_for_byte(cluster: Cluster, mpi: str) -> None:
     """Words of mpiexec's syntax, empty strings, newlines, quotes, bytes that are not UTF-8 and a
     megabyte of them reach the program on each remote host as they reach it run directly: they
-    travel in the shim's sealed connection to poprun, not through mpiexec and ssh."""
+    travel in the stub's sealed connection to poprun, not through mpiexec and ssh."""
     args = [*MPIEXEC_WORDS, *AWKWARD_WORDS, *MEGABYTE]
     expected = received_directly(args)
     result = subprocess.run([*POPRUN, *mpi_args(mpi), "--num-instances", "2", "-H", "node0,node1", PYTHON, SHOW_ARGV,
@@ -241,7 +241,7 @@ def test_torch_ddp_across_two_hosts_is_one_host(cluster: Cluster, mpi: str) -> N
 
 @pytest.mark.timeout(TORCH_TIMEOUT + 30)
 def test_a_recorded_failure_on_a_remote_host_reaches_the_summary(cluster: Cluster, tmp_path: Path) -> None:
-    """poprun cannot read node1's disk: node1's shim sends the record of the failed program back."""
+    """poprun cannot read node1's disk: node1's stub sends the record of the failed program back."""
     error_file = tmp_path / "failure.json"
     result = poprun("--error-file", str(error_file), "--num-instances", "2", "-H", "node0,node1", PYTHON, DDP,
                     "--steps", "3", "--fail-at-step", "1", env=job_env("mpich"), timeout=TORCH_TIMEOUT)
@@ -261,7 +261,7 @@ def test_the_rank_that_raised_on_either_host_is_the_root_cause(cluster: Cluster,
                                                                linger: float) -> None:
     """tests/scripts/cascade.py on node0 and node1: the rank that raised destroys its process group,
     the others on both hosts fail on the closed connections and exit first, while it lingers for
-    ``linger`` seconds; its shim's times, made poprun's with its clock's offset, name it."""
+    ``linger`` seconds; its stub's times, made poprun's with its clock's offset, name it."""
     error_file = tmp_path / "failure.json"
     result = poprun("--error-file", str(error_file), "--num-instances", "4", "-H", "node0,node1", PYTHON, CASCADE,
                     "--fail-rank", str(failed), "--linger", str(linger), env=job_env("mpich", **OMP_SET),
@@ -398,7 +398,7 @@ def test_host_that_dies_mid_job(cluster: Cluster, mpi: str) -> None:
     try:
         wait_started(proc, 4)
         start = time.monotonic()
-        cluster.kill_host(cluster.host("node1"))  # its sshd, MPI daemon, shims and programs
+        cluster.kill_host(cluster.host("node1"))  # its sshd, MPI daemon, stubs and programs
         _, stderr = proc.communicate(timeout=FAILURE_BOUND + 30)
         took = time.monotonic() - start
     finally:
@@ -412,7 +412,7 @@ def test_host_that_dies_mid_job(cluster: Cluster, mpi: str) -> None:
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_host_cut_off_mid_job(cluster: Cluster, mpi: str) -> None:
     """No FIN, no RST: the host's link goes down. poprun hears nothing from its instances and gives
-    up on them; their shims, whose heartbeats go unacknowledged, stop their programs by themselves,
+    up on them; their stubs, whose heartbeats go unacknowledged, stop their programs by themselves,
     and the host's MPI daemon ends too (Open MPI's on the keep-alives poprun gives it), so nothing
     of the job stays there, while still cut off."""
     marker = job_marker()
@@ -437,7 +437,7 @@ def test_host_cut_off_mid_job(cluster: Cluster, mpi: str) -> None:
         return [line for line in cluster.processes(node1)
                 if marker in line or any(daemon in line for daemon in ("hydra_pmi_proxy", "prted"))]
 
-    deadline = time.monotonic() + SILENCE_LIMIT + 10  # the shims' own limit without an acknowledgement (Open MPI's
+    deadline = time.monotonic() + SILENCE_LIMIT + 10  # the stubs' own limit without an acknowledgement (Open MPI's
     # launcher may give up on node1 well before poprun does), and some
     while of_the_job() and time.monotonic() < deadline:
         time.sleep(0.2)

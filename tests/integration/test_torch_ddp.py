@@ -75,7 +75,7 @@ def _wait_for(paths: list[Path], proc: subprocess.Popen[str]) -> None:
 def test_a_rank_killed_mid_run_ends_the_job_at_once(tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     markers.mkdir()
-    marker = job_marker()  # in every process of the job's environment: poprun, mpiexec, shims, programs
+    marker = job_marker()  # in every process of the job's environment: poprun, mpiexec, stubs, programs
     proc = subprocess.Popen([*POPRUN, "--num-instances", "2", PYTHON, DDP, "--steps", "4", "--hold-at-step", "2",
                              "--marker-dir", str(markers)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)

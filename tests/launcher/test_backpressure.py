@@ -34,7 +34,7 @@ from tests.launcher.job_shell import held_back, written
 
 pytestmark = pytest.mark.slow  # every test starts poprun; two pause it past the silence limit
 PRINTER = str(ROOT / "tests" / "scripts" / "printer.py")
-#: Longer than poprun's and the shims' silence limit: what used to count as a lost host.
+#: Longer than poprun's and the stubs' silence limit: what used to count as a lost host.
 PAUSE = SILENCE_LIMIT + 5
 
 
@@ -97,7 +97,7 @@ def test_a_reader_that_pauses_longer_than_the_silence_limit_holds_the_job_back(t
 
 def test_a_poprun_stopped_longer_than_the_silence_limit_goes_on_when_continued(tmp_path: Path) -> None:
     """``kill -STOP`` on poprun while its instances print, for longer than the silence limit, then
-    ``kill -CONT``: the shims took it for paused, not gone (poprun's kernel still acknowledges), the
+    ``kill -CONT``: the stubs took it for paused, not gone (poprun's kernel still acknowledges), the
     programs were held back, not stopped, and every line arrives: status 0."""
     with open(tmp_path / "out", "wb") as out:  # a file: always read at once
         proc = start(tmp_path, stdout=out)
@@ -111,7 +111,7 @@ def test_a_poprun_stopped_longer_than_the_silence_limit_goes_on_when_continued(t
         wait_until(both_started, "the printers started")
         proc.send_signal(signal.SIGSTOP)
         progress = held_back(pids)  # poprun's socket buffers are full: the programs wait
-        time.sleep(PAUSE)  # from now on only the shims' judgement could end them
+        time.sleep(PAUSE)  # from now on only the stubs' judgement could end them
         assert programs(tmp_path) == pids and written(pids) == progress
         proc.send_signal(signal.SIGCONT)
         (tmp_path / "stop").touch()
@@ -139,10 +139,10 @@ def test_ctrl_c_while_the_reader_is_paused_stops_the_programs_at_once(tmp_path: 
     assert proc.returncode == 130 and "poprun: interrupted by SIGINT" in stderr.decode(), stderr.decode()
 
 
-def test_a_killed_poprun_is_noticed_at_once_by_shims_that_wait_to_send(tmp_path: Path) -> None:
-    """A dead poprun is not a paused one: its kernel resets the connections, and shims held back
+def test_a_killed_poprun_is_noticed_at_once_by_stubs_that_wait_to_send(tmp_path: Path) -> None:
+    """A dead poprun is not a paused one: its kernel resets the connections, and stubs held back
     by its unread output stop their programs at once."""
-    marker = job_marker()  # in the environment of the job's every process: mpiexec and the shims too
+    marker = job_marker()  # in the environment of the job's every process: mpiexec and the stubs too
     proc = start(tmp_path)
     try:
         read_until_each_has_printed(proc)
@@ -150,7 +150,7 @@ def test_a_killed_poprun_is_noticed_at_once_by_shims_that_wait_to_send(tmp_path:
         proc.kill()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
         wait_until(lambda: programs(tmp_path) == [], "the programs stopped", within=5)
-        # ... and the shims and mpiexec end after them, the shims having removed what they made
+        # ... and the stubs and mpiexec end after them, the stubs having removed what they made
         assert wait_no_processes(marker, within=5) == []
     finally:
         proc.kill()

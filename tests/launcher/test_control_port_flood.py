@@ -1,6 +1,6 @@
 """Strangers on the control port: any local process can connect to a one-host job's (any host on
 the network to a multi-host job's). A real job under a real flood of connections that send bytes no
-shim sends: poprun says so in a few lines, not one per connection, and the job's own instances
+stub sends: poprun says so in a few lines, not one per connection, and the job's own instances
 still call in, their output arrives, and the job succeeds."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ os.execv({real!r}, [{real!r}, *args])
 
 
 def _flood(address: str, job: subprocess.Popen[bytes], sent: list[int], started: threading.Event) -> None:
-    """Connections that each take poprun's nonce, send 64 bytes no shim sends and close, until the
+    """Connections that each take poprun's nonce, send 64 bytes no stub sends and close, until the
     job is over; ``started`` once AT_LEAST have."""
     host, port = address.rsplit(":", 1)
     while job.poll() is None and sent[0] < AT_MOST:

@@ -1,4 +1,4 @@
-"""What a host's supervisor tells each stub besides its program (``host.programs``): what the shim
+"""What a host's supervisor tells each stub besides its program (``host.programs``): what the stub
 used to change in its own environment, decided once per host."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A remote host's supervisor held back by a poprun that does not read (its output paused, Ctrl-S,
-stopped): its send waits for room, and meanwhile still takes poprun's commands, as a shim did.
+stopped): its send waits for room, and meanwhile still takes poprun's commands, as a stub did.
 The supervisor runs in this process over a real socket pair, poprun's end played by the test."""
 
 from __future__ import annotations

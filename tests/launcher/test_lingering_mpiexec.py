@@ -1,7 +1,7 @@
-"""On one host, an mpiexec that outlives the end of every instance and of every shim has nothing
+"""On one host, an mpiexec that outlives the end of every instance and of every stub has nothing
 left to do: poprun stops it after LINGER_SECONDS, and the job's status is the instances'.
 
-MPICH's gforker, a real one, is the launcher that lingers: it misses the end of a shim that comes
+MPICH's gforker, a real one, is the launcher that lingers: it misses the end of a stub that comes
 while it handles another's failure (then it waits its 2 s limit), and it cannot end while it is
 stopped. Each test waits for what the processes do (files, /proc), never for a sleep."""
 
@@ -28,9 +28,9 @@ pytestmark = [
 STOPPED = f"mpiexec outlived the end of every instance by {LINGER_SECONDS:g} s: stopping it"
 
 
-def test_after_a_failure_the_launcher_that_missed_a_shims_end_is_stopped() -> None:
+def test_after_a_failure_the_launcher_that_missed_a_stubs_end_is_stopped() -> None:
     """Instance 1 leaves without MPI_Finalize; gforker, handling that, misses the end of instance
-    0's shim, which poprun stopped meanwhile."""
+    0's stub, which poprun stopped meanwhile."""
     program = ("from mpi4py import MPI\nimport os, time\n"
                "os._exit(5) if os.environ['RANK'] == '1' else time.sleep(60)")
     result = run([*POPRUN, "-v", "--num-instances", "2", PYTHON, "-c", program], env=OMP_SET)
@@ -44,7 +44,7 @@ def test_after_a_failure_the_launcher_that_missed_a_shims_end_is_stopped() -> No
 def test_a_launcher_that_cannot_end_after_a_job_that_succeeded_is_stopped_and_the_job_succeeds(
         tmp_path: Path) -> None:
     """gforker, stopped (SIGSTOP) while its instances end with status 0, can neither collect
-    their shims nor end: poprun stops it and reports success, not its status."""
+    their stubs nor end: poprun stops it and reports success, not its status."""
     program = ("import os, sys, time\nd = sys.argv[1]\n"
                "open(os.path.join(d, 'started' + os.environ['RANK']), 'w').close()\n"
                "while not os.path.exists(os.path.join(d, 'go')): time.sleep(0.01)\n")

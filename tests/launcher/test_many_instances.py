@@ -32,11 +32,11 @@ from tests.launcher.test_network_exposure import (
 
 pytestmark = pytest.mark.slow  # every test starts poprun
 
-#: The program's arguments, how many and how long, and the launcher above its shim (the shim's
+#: The program's arguments, how many and how long, and the launcher above its stub (the stub's
 #: parent's executable), in one line.
 SHOW = ("import hashlib, os, sys\n"
-        "shim = open(f'/proc/{os.getppid()}/stat').read().rsplit(')', 1)[1].split()[1]\n"
-        "launcher = os.path.basename(os.readlink(f'/proc/{shim}/exe'))\n"
+        "stub = open(f'/proc/{os.getppid()}/stat').read().rsplit(')', 1)[1].split()[1]\n"
+        "launcher = os.path.basename(os.readlink(f'/proc/{stub}/exe'))\n"
         "args = [os.fsencode(a) for a in sys.argv[1:]]\n"
         "print(len(args), max(map(len, args)), hashlib.sha256(b'\\0'.join(args)).hexdigest(), launcher)\n")
 #: What differs between instances, as the program sees it.
@@ -54,7 +54,7 @@ def _poprun(*args: str) -> subprocess.CompletedProcess[str]:
 def test_hundreds_of_arguments_and_a_long_one_reach_every_instance_under_gforker(args: list[str]) -> None:
     """gforker refuses more than 254 arguments for a program ("requested=305 maximum=256"), and an
     argument of 64 KiB once pushed the command into its ignored config file: neither is gforker's
-    to read any more (the shim gets them from poprun)."""
+    to read any more (the stub gets them from poprun)."""
     digest = hashlib.sha256(b"\0".join(os.fsencode(a) for a in args)).hexdigest()
     result = _poprun("--num-instances", "2", PYTHON, "-c", SHOW, *args)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -100,7 +100,7 @@ def test_1024_instances_run_on_one_host_with_the_open_file_limit_raised_and_boun
     """1,024 instances of a trivial program on one host, started with a soft open-file limit of
     1,024 (mpiexec's proxy needs about 4 descriptors per instance: poprun raises the soft limit to
     the hard one): every instance reports, and poprun and its processes stay small. On 2 cores
-    this takes about a minute (the shims' start-up: ~0.1 s of CPU each). Where the hard limit is
+    this takes about a minute (the stubs' start-up: ~0.1 s of CPU each). Where the hard limit is
     too low, the job is refused in one line naming it."""
     hard = hard_limit or resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     need = FILES_PER_LOCAL_INSTANCE * 1024 + FILES_MARGIN

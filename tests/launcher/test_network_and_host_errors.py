@@ -86,7 +86,7 @@ def test_dry_run_of_4096_instances_on_1024_hosts_is_readable() -> None:
     assert "<config-file>: 4096 lines (the command line would be too long)" in lines
     assert "<host-file>: 1024 lines (the command line would be too long)" in lines
     assert "  n0000:4" in lines and "  ... 4090 more ..." in lines
-    # The program is in no file: the shims get it from poprun.
+    # The program is in no file: the stubs get it from poprun.
     assert "train.py" not in command and "  ... train.py" not in result.stdout
     assert "program: python train.py --lr 0.1" in lines
 

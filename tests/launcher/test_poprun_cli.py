@@ -243,7 +243,7 @@ def test_dry_run_openmpi_command(openmpi: str) -> None:
         assert f"-np 1 -x POPDIST_INSTANCE_INDEX={i} " in joined
         assert f"-x POPDIST_REPLICA_INDEX_OFFSET={2 * i} " in joined
         assert "--host" not in ctx[ctx.index("-np"):]
-        # Local args come right before the instance's shim.
+        # Local args come right before the instance's stub.
         assert joined.endswith(f"-x NCCL_DEBUG {' '.join(INSTANCE_COMMAND)} {i}")
     assert "program: python train.py" in stdout.splitlines()
 

@@ -34,7 +34,7 @@ from tests.helpers import (
     poprun,
     processes_matching,
     run,
-    shim_of,
+    stub_of,
     wait_no_processes,
     wait_until,
 )
@@ -113,7 +113,7 @@ def test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting(mpi: st
     collective; MPICH ends the job some seconds later (one job per launcher: that wait is
     MPICH's own). poprun names instance 0, not the one left waiting, and exits with
     LEFT_EARLY_STATUS, not the 143 of a poprun that received SIGTERM."""
-    # gforker (poprun's choice for one host) signals the shims it ends, which stop their programs
+    # gforker (poprun's choice for one host) signals the stubs it ends, which stop their programs
     # with SIGTERM and report; Hydra (the same MPICH, named with --mpi) kills them without a report.
     args = ["--mpi", str(BIN / "mpiexec")] if mpi == "hydra" else []
     error_file = tmp_path / "error.json"
@@ -153,18 +153,18 @@ def test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once(mpi: str) -> N
             line = proc.stdout.readline()
             assert line, proc.communicate(timeout=30)
             started += "started" in line
-        shim = shim_of(marker, 0)
-        launcher = int(Path(f"/proc/{shim}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        stub = stub_of(marker, 0)
+        launcher = int(Path(f"/proc/{stub}/stat").read_text().rsplit(")", 1)[1].split()[1])
         start = time.monotonic()
         os.kill(launcher, signal.SIGKILL)
         _, stderr = proc.communicate(timeout=30)
         took = time.monotonic() - start
     finally:
         proc.kill()
-    # Measured from the kill: ended at once (well under a second) vs noticed only when the shims'
+    # Measured from the kill: ended at once (well under a second) vs noticed only when the stubs'
     # silence limit (protocol.DEFAULT_SILENCE_LIMIT, 20 s) runs out or the instances' 120 s sleep ends;
     # half the silence limit separates the two even on a loaded 2-core host.
-    # The shim saw its launcher die and stopped the program (SIGTERM: status 143).
+    # The stub saw its launcher die and stopped the program (SIGTERM: status 143).
     assert proc.returncode == 143 and took < protocol.DEFAULT_SILENCE_LIMIT / 2, (took, stderr)
     # Both instances of this host were started by that process; either may report it first.
     assert re.search(rf"^poprun: instance [01] on {socket.gethostname()} failed: .*\n.*\n    the MPI launcher's "
@@ -188,8 +188,8 @@ def test_daemons_left_by_the_program_end_with_the_job(mode: str, status: int, ba
     assert wait_no_processes(marker) == []
 
 
-def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp_path: Path) -> None:
-    # Instance 0's shim is frozen (SIGSTOP), so it cannot stop its program when instance 1 fails:
+def test_a_stub_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp_path: Path) -> None:
+    # Instance 0's stub is frozen (SIGSTOP), so it cannot stop its program when instance 1 fails:
     # poprun sends mpiexec's process group SIGTERM, then SIGKILL (teardown.TERM/KILL_MPIEXEC_MARGIN after the grace),
     # and sweeps what is left in its session. Without that the job would sleep out instance 0's 120 s.
     marker = job_marker()
@@ -202,7 +202,7 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
         assert proc.stdout is not None
         seen = {proc.stdout.readline().strip(), proc.stdout.readline().strip()}
         assert seen == {"[0] instance 0 started", "[1] instance 1 started"}, proc.communicate(timeout=30)
-        frozen = shim_of(marker, 0)
+        frozen = stub_of(marker, 0)
         os.kill(frozen, signal.SIGSTOP)
         go.touch()
         start = time.monotonic()
@@ -222,7 +222,7 @@ def test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group(tmp
     escalation = re.findall(r" POPRUN \[D\] sending (\w+) to mpiexec's process group$", stderr, re.M)
     assert escalation in (["SIGTERM"], ["SIGTERM", "SIGKILL"]), stderr
     assert wait_no_processes(marker) == []
-    wait_until(lambda: live_command_line(frozen) is None, "the frozen shim outlived the job", within=5)
+    wait_until(lambda: live_command_line(frozen) is None, "the frozen stub outlived the job", within=5)
 
 
 def test_a_process_left_behind_is_named_by_the_first_200_bytes_of_its_command_line() -> None:
@@ -609,10 +609,10 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
     try:
         assert proc.stdout is not None
         # "[0] 127.0.0.1:PORT PID None": the program's environment has no secret.
-        control, shim, programs_secret = proc.stdout.readline().removeprefix("[0] ").split()
+        control, stub, programs_secret = proc.stdout.readline().removeprefix("[0] ").split()
         assert programs_secret == "None"
         environ = dict(entry.split("=", 1) for entry in
-                       Path(f"/proc/{shim}/environ").read_text().split("\0") if "=" in entry)
+                       Path(f"/proc/{stub}/environ").read_text().split("\0") if "=" in entry)
         secret = environ[environment.SECRET]
         assert re.fullmatch("[0-9a-f]{64}", secret)
         on_command_lines = [pid for pid in os.listdir("/proc") if pid.isdigit() and
@@ -641,7 +641,7 @@ def test_a_stray_connection_to_the_control_port_is_refused_and_the_job_goes_on(t
     assert out.endswith("[0] done\n"), out
     assert secret not in err  # not even at -vv
     # The instance itself, as it called in: its index, its host and its stub's PID.
-    assert re.search(rf" POPRUN \[D\] instance 0 connected from {socket.gethostname()} \(pid {shim}\)$", err,
+    assert re.search(rf" POPRUN \[D\] instance 0 connected from {socket.gethostname()} \(pid {stub}\)$", err,
                      re.MULTILINE), err
     assert re.search(rf" POPRUN \[I\] instance 0 on {socket.gethostname()}: exit status 0$", err, re.MULTILINE), err
     refused = re.findall(r" POPRUN \[[ED]\] unexpected connection on the control port from 127\.0\.0\.1:(\d+): (.*)$",
@@ -663,8 +663,8 @@ def test_a_hello_sealed_with_the_secret_for_no_expected_host_ends_the_job_in_one
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert proc.stdout is not None
-        control, shim = proc.stdout.readline().removeprefix("[0] ").split()
-        secret = dict(entry.split("=", 1) for entry in Path(f"/proc/{shim}/environ").read_text().split("\0")
+        control, stub = proc.stdout.readline().removeprefix("[0] ").split()
+        secret = dict(entry.split("=", 1) for entry in Path(f"/proc/{stub}/environ").read_text().split("\0")
                       if "=" in entry)[environment.SECRET]
         host, port = control.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as stray:

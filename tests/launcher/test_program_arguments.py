@@ -160,7 +160,7 @@ def test_a_job_in_mpiexecs_config_file_gives_each_instance_its_environment_and_a
 
 @pytest.mark.parametrize("mpi", ["gforker", "openmpi"])
 def test_a_program_and_script_whose_paths_are_not_utf8_are_run(tmp_path: Path, mpi: str) -> None:
-    """The program's own path goes the same way: poprun checks it, the shim starts it, by its bytes."""
+    """The program's own path goes the same way: poprun checks it, the stub starts it, by its bytes."""
     folder = os.fsencode(tmp_path)
     program, script = folder + b"/py\xe9thon", folder + b"/sh\xf6w \xff.py"
     os.symlink(os.fsencode(PYTHON), program)

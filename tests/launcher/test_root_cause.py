@@ -123,17 +123,17 @@ def test_a_record_of_a_program_that_exits_0_is_not_a_failure_and_none_is_invente
 
 
 # ---------------------------------------------------------------- the first failure, not the first exit
-def test_a_shims_clock_is_measured_and_one_that_agrees_within_the_measure_is_taken_as_poprun_s() -> None:
+def test_a_stubs_clock_is_measured_and_one_that_agrees_within_the_measure_is_taken_as_poprun_s() -> None:
     from poprun_py.supervision.clocks import offset_ns
 
-    # One host: the same clock, 1 ms on the wire each way and 5 ms in the shim: no offset.
+    # One host: the same clock, 1 ms on the wire each way and 5 ms in the stub: no offset.
     assert offset_ns(sent=1_000_000_000, arrived=1_001_000_000, replied=1_006_000_000, received=1_007_000_000) == 0
     # Asymmetric delays on one clock (0.1 ms there, 9 ms back) still measure no offset.
     assert offset_ns(sent=0, arrived=100_000, replied=200_000, received=9_200_000) == 0
     # A host whose clock is 1 h ahead, 1 ms each way: its offset, to within the measure.
     hour = 3600 * 10**9
     assert offset_ns(sent=0, arrived=hour + 1_000_000, replied=hour + 2_000_000, received=3_000_000) == hour
-    # The error is the wire's half of the round trip, not the shim's time: a shim that took 100 ms
+    # The error is the wire's half of the round trip, not the stub's time: a stub that took 100 ms
     # to answer, on a host 50 ms ahead, 1 ms each way.
     assert offset_ns(sent=0, arrived=51_000_000, replied=151_000_000, received=102_000_000) == 50_000_000
     # An offset exactly the measure's error is within it.
@@ -197,8 +197,8 @@ def test_a_status_of_its_own_after_poprun_began_to_stop_it_is_never_the_first_fa
     instance 1 failed by itself before that: 1 is the first failure, 0 only also failed."""
     with _two_instances() as (s, call_in, base):
         for index, ended, stopped, status in ((0, 600_000_000, 500_000_000, 3), (1, 700_000_000, 0, 1)):
-            shim, seal = call_in(index)
-            shim.sendall(b"".join(seal.seal(frame) for frame in (
+            stub, seal = call_in(index)
+            stub.sendall(b"".join(seal.seal(frame) for frame in (
                 protocol.clock(time.time_ns(), time.time_ns()),
                 protocol.times(base + ended, base + stopped if stopped else 0, 0),
                 protocol.exit_report(status, None, None))))
@@ -241,9 +241,9 @@ def _assert_root_cause(reports: list[tuple[int, int, int, int]], errors: dict[in
     measured as ahead or behind."""
     with _two_instances() as (s, call_in, base):
         for index, skew, second, written in reports:
-            shim, seal = call_in(index)
+            stub, seal = call_in(index)
             message, traceback = errors[index]
-            shim.sendall(b"".join(seal.seal(frame) for frame in (
+            stub.sendall(b"".join(seal.seal(frame) for frame in (
                 protocol.clock(time.time_ns() + skew, time.time_ns() + skew),
                 protocol.frame(protocol.ROOT_CAUSE, _recorded(message, (base + skew + second) // SECOND,
                                                               traceback)),

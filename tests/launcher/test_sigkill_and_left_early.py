@@ -21,7 +21,7 @@ from poprun_py.host import oom
 from tests.helpers import POPRUN, PYTHON, poprun, run, task_state, wait_until
 
 pytestmark = pytest.mark.slow
-#: The test cgroup's memory limit: poprun, mpiexec and two shims fit well within it; a program
+#: The test cgroup's memory limit: poprun, mpiexec and two stubs fit well within it; a program
 #: that keeps allocating does not.
 LIMIT = 192 << 20
 
@@ -133,8 +133,8 @@ def test_a_sigkill_by_hand_is_not_called_the_out_of_memory_killers() -> None:
 
 
 def test_two_instances_sigkilled_at_once_are_both_failures(tmp_path: Path) -> None:
-    """Both programs die of SIGKILL at once: their shims are held (SIGSTOP) while the test kills
-    both programs and sees both dead, then let go (SIGCONT), so each shim finds its program dead,
+    """Both programs die of SIGKILL at once: their stubs are held (SIGSTOP) while the test kills
+    both programs and sees both dead, then let go (SIGCONT), so each stub finds its program dead,
     whichever of them poprun hears first and tells the other to stop. Both are failures, neither
     was stopped by poprun."""
     program = ["-c", (f"import os, time; open(os.path.join({str(tmp_path)!r}, os.environ['RANK']), 'w')"
@@ -145,17 +145,17 @@ def test_two_instances_sigkilled_at_once_are_both_failures(tmp_path: Path) -> No
         try:
             files = [tmp_path / str(rank) for rank in range(2)]
             wait_until(lambda: all(f.exists() and " " in f.read_text() for f in files), "both programs' pids")
-            pids = [[int(pid) for pid in f.read_text().split()] for f in files]  # each: program, its shim
-            shims = [shim for _, shim in pids]
+            pids = [[int(pid) for pid in f.read_text().split()] for f in files]  # each: program, its stub
+            stubs = [stub for _, stub in pids]
             try:
-                for shim in shims:
-                    os.kill(shim, signal.SIGSTOP)
+                for stub in stubs:
+                    os.kill(stub, signal.SIGSTOP)
                 for program_pid, _ in pids:
                     os.kill(program_pid, signal.SIGKILL)
                 wait_until(lambda: all(task_state(f"/proc/{p}") == "Z" for p, _ in pids), "both programs dead")
             finally:
-                for shim in shims:
-                    os.kill(shim, signal.SIGCONT)
+                for stub in stubs:
+                    os.kill(stub, signal.SIGCONT)
             _, stderr = job.communicate(timeout=60)
         finally:
             job.kill()

@@ -1,4 +1,4 @@
-"""What the shim takes for a program's stderr ending with an uncaught exception's traceback: the
+"""What the stub takes for a program's stderr ending with an uncaught exception's traceback: the
 end of what Python's excepthook prints, and nothing that only looks like it (``instance.uncaught``)."""
 
 from __future__ import annotations

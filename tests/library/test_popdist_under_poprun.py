@@ -33,7 +33,7 @@ def test_popdist_api_values_per_instance() -> None:
     ("raise_exit3", 3, "exit status 3"),
 ])
 def test_failures_end_the_job_fast_with_their_status(mode: str, status: int, evidence: str) -> None:
-    marker = job_marker()  # in every process of the job's environment: poprun, mpiexec, shims, programs
+    marker = job_marker()  # in every process of the job's environment: poprun, mpiexec, stubs, programs
     start = time.monotonic()
     result = poprun("--num-instances", "3", PYTHON, JOB, mode, f"--marker={marker}")
     elapsed = time.monotonic() - start

@@ -23,7 +23,7 @@ _LAUNCH = ("tests/launcher/test_poprun_lean_launch.py", "tests/launcher/test_pop
         "test_an_instance_that_leaves_early_is_named_not_the_one_left_waiting",
         "test_the_death_of_mpis_process_on_a_host_ends_the_job_at_once",
         "test_daemons_left_by_the_program_end_with_the_job",
-        "test_a_shim_that_no_longer_answers_is_killed_with_mpiexecs_process_group",
+        "test_a_stub_that_no_longer_answers_is_killed_with_mpiexecs_process_group",
         "test_daemons_end_when_poprun_is_interrupted",
         "test_a_second_signal_kills_at_once_what_the_first_asked_to_stop",
         "test_an_instance_gets_the_whole_kill_grace_to_clean_up",
@@ -100,7 +100,7 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
         "test_without_loopback_a_launcher_that_would_listen_everywhere_refuses_naming_the_part",
         "test_the_libc_subreaper_is_reached_only_where_the_part_is_missing")),
         "tests/launcher/test_poprun_cli.py::test_version_names_each_compiled_part"),
-    # how a failed job is told: the first failure, the shims' clocks, the OOM killer, strangers on the
+    # how a failed job is told: the first failure, the stubs' clocks, the OOM killer, strangers on the
     # control port, poprun's own output gone
     "poprun_py.supervision.first_failure": (
         "tests/launcher/test_root_cause.py", "tests/launcher/test_sigkill_and_left_early.py",

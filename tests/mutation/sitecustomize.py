@@ -1,4 +1,4 @@
-"""Imported by every Python child process of a test in `make mutants` (the instance shim, which
+"""Imported by every Python child process of a test in `make mutants` (the instance stub, which
 runs without site, imports it from its entry script in mutmut's copy).
 
 mutmut learns which tests reach which functions by counting calls in the pytest process only; a

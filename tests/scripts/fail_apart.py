@@ -8,7 +8,7 @@
   ``RuntimeError: second failure`` and exits 3.
 - MODE ``no-record``: as ``record``, but SECOND records nothing (it only exits 3).
 - MODE ``end``: FIRST exits 4 without an error file, leaving a child that holds its output open, so
-  that its exit report comes about a second late (its shim drains the pipes first); SECOND, GAP
+  that its exit report comes about a second late (its stub drains the pipes first); SECOND, GAP
   seconds after FIRST has ended, records ``RuntimeError: second failure`` and exits 3 at once: its
   report comes first.
 """
@@ -61,7 +61,7 @@ def main() -> None:
         time.sleep(HOLD_SECONDS)
     elif me == second:
         pid = wait_for(done)
-        if mode == "end":  # until its shim has collected its exit
+        if mode == "end":  # until its stub has collected its exit
             while os.path.exists(f"/proc/{pid}"):
                 time.sleep(0.005)
         time.sleep(gap)

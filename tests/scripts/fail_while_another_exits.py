@@ -1,6 +1,6 @@
 """Instance 0 fails (exit status 3) while instance 1 is in some state, each step ordered by what
 poprun saw, not by a race: instance 0 waits until poprun has written instance 1's line WORDS to its
-log (``--log-dir LOG_DIR``), which poprun has from instance 1's shim, which had read it.
+log (``--log-dir LOG_DIR``), which poprun has from instance 1's stub, which had read it.
 
 ``fail_while_another_exits.py LOG_DIR MODE``:
 
