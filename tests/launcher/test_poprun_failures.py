@@ -318,18 +318,23 @@ def test_an_instance_gets_the_whole_kill_grace_to_clean_up() -> None:
 
 
 def test_a_reader_that_stops_reading_is_not_an_error() -> None:
-    """``poprun --dry-run ... | head -1``: the closed pipe ends poprun quietly, as SIGPIPE would."""
-    proc = subprocess.Popen([*POPRUN, "--dry-run", "--num-instances", "2000", "/bin/true"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    """``poprun --dry-run ... | head -0``: the closed pipe ends poprun quietly, as SIGPIPE would.
+    (The reader is gone before poprun starts: a reader that read a line first raced poprun, which
+    may write all of its few KiB before the reader closes.)"""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        assert proc.stdout.readline()
-        proc.stdout.close()  # the reader goes away with most of the output unread
+        proc = subprocess.Popen([*POPRUN, "--dry-run", "--num-instances", "2000", "/bin/true"],
+                                stdout=write_end, stderr=subprocess.PIPE, cwd=ROOT)
+    finally:
+        os.close(write_end)
+    try:
+        assert proc.stderr is not None
         stderr = proc.stderr.read()
         proc.wait(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 141 and stderr == b""
+    assert proc.returncode == 141 and stderr == b"", stderr
 
 
 def _mpich_files() -> set[str]:

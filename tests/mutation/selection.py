@@ -126,7 +126,9 @@ TESTS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "poprun_py.host.instance": ("tests/launcher/test_root_cause.py", "tests/launcher/test_sigkill_and_left_early.py",
                                 "tests/launcher/test_poprun_output.py", "tests/launcher/test_uncaught.py",
                                 "tests/launcher/test_mpi_abort.py"),
-    "poprun_py.host.programs": ("tests/launcher/test_host_programs.py", "tests/launcher/test_host_settings.py"),
+    "poprun_py.host.programs": ("tests/launcher/test_host_programs.py", "tests/launcher/test_host_settings.py",
+                                ("tests/launcher/test_network_exposure.py::"
+                                 "test_the_launchers_library_stays_out_of_the_programs_environment")),
 }
 
 
