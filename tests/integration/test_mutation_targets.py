@@ -48,3 +48,18 @@ def test_the_selection_and_mutmuts_config_name_the_same_modules_and_test_files()
     from tests.conftest import _check_selection
 
     _check_selection()  # a pytest.UsageError naming what differs
+
+
+def test_every_test_the_config_runs_or_deselects_is_there() -> None:
+    """A test file or test named in [tool.mutmut] that no longer exists (renamed, removed) would
+    stop every run at its first step; here it fails in `make test` instead."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    args = config["pytest_add_cli_args_test_selection"]
+    named = [arg for arg in args if arg.startswith("tests/")]
+    missing = [arg for arg in named if not (ROOT / arg.split("::", 1)[0]).is_file()]
+    assert named and missing == []
+    for arg in named:
+        if "::" in arg:
+            path, test = arg.split("::", 1)
+            tree = ast.parse((ROOT / path).read_text())
+            assert test in {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}, arg
