@@ -9,8 +9,8 @@ can keep the part's promise; :func:`report` says which are present (``poprun --v
 ``python -m popdist_py``).
 
 The parts belong to poprun_py and popdist_py; this module names them by string and imports one only
-when its own package asks for it. Standard library only, and nothing imported on the way: the shim
-asks for the subreaper on every launch.
+when its own package asks for it. Standard library only, and nothing imported on the way: the Python
+stub asks for the subreaper on every launch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the shim's launch path
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the stubs' launch path
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -55,7 +55,7 @@ class Part:
 PARTS = (
     Part(BATCH_INVARIANT, "batch-invariant products, the same bits on every CPU",
          "batch_invariant.matmul and outer_sum refuse (numpy cannot promise their bits on every CPU)"),
-    Part(SUBREAPER, "the shim as subreaper of its program's daemons",
+    Part(SUBREAPER, "the Python stub as subreaper of its program's daemons",
          "the same prctl call through ctypes (about 2 ms more at each instance's start)"),
     Part(TREE, "a reduction tree's additions over gradient pieces in one call",
          "numpy makes the same additions in the same order (same bits; slower over many small pieces)"),

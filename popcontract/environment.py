@@ -6,7 +6,7 @@ them back. Both packages import the names from this module, so a name cannot dri
 writer and reader. docs/environment.md's table lists exactly :data:`VARIABLES` (a test
 checks it).
 
-Import-free on purpose: the per-instance shim imports it with ``python -S``, and popdist_py
+Import-free on purpose: the Python stub and each host's supervisor import it with ``python -S``, and popdist_py
 imports it without pulling in any of the launcher.
 """
 
@@ -84,12 +84,12 @@ TORCHELASTIC_MAX_RESTARTS = _define("TORCHELASTIC_MAX_RESTARTS", "poprun", "the 
 TORCHELASTIC_USE_AGENT_STORE = _define("TORCHELASTIC_USE_AGENT_STORE", "poprun", "torch.distributed (env://)",
                                        "False: instance 0 hosts torch's TCPStore (there is no agent)")
 TORCHELASTIC_ERROR_FILE = _define("TORCHELASTIC_ERROR_FILE", "poprun", "torch's @record",
-                                  "this instance's error file, in a directory of the job that the shim creates "
-                                  "and poprun removes; a failing instance's root cause and traceback in it reach "
-                                  "poprun's summary and --error-file")
+                                  "this instance's error file, in the job's folder on its host, which its "
+                                  "host's supervisor has and removes; a failing instance's root cause and "
+                                  "traceback in it reach poprun's summary and --error-file")
 TORCH_NCCL_ASYNC_ERROR_HANDLING = _define("TORCH_NCCL_ASYNC_ERROR_HANDLING", "poprun, unless set", "torch (NCCL)",
                                           "1, as torchrun sets it")
-OMP_NUM_THREADS = _define("OMP_NUM_THREADS", "the shim, unless set", "OpenMP, BLAS",
+OMP_NUM_THREADS = _define("OMP_NUM_THREADS", "its host's supervisor, unless set", "OpenMP, BLAS",
                           "with several instances on a host: its usable cores divided by them (at least 1)")
 
 # ------------------------------------------------------------ knobs a user sets for popdist_py
@@ -108,37 +108,38 @@ REMOTE_DIR = _define("POPDIST_REMOTE_DIR", "the user", "popdist_py.engine",
                      "existing directory for file-backed remote buffers (default: a private one in /dev/shm, or in "
                      "the temp dir when /dev/shm has no room)")
 
-# ----------------------------------------------------- poprun and its per-instance shim
-CONTROL = _define("POPRUN_CONTROL", "poprun", "the shim", "address:port where the shim reports to poprun")
-SECRET = _define("POPRUN_SECRET", "poprun", "the shim",
-                 "this run's secret, which every frame between the shim and poprun is sealed with; in the "
-                 "environment, never on a command line; the shim removes it before it starts the program; "
+# ------------------------------------------- poprun, its hosts' supervisors and the instances' stubs
+CONTROL = _define("POPRUN_CONTROL", "poprun", "a host's supervisor",
+                  "address:port where each other host's supervisor reports to poprun")
+SECRET = _define("POPRUN_SECRET", "poprun", "a host's supervisor",
+                 "this run's secret, which every frame between a host's supervisor and poprun is sealed with; "
+                 "in the environment, never on a command line; the program never gets it; "
                  "where poprun cannot be their subreaper, what a launcher agent leaves on poprun's host is "
                  "found by it")
-KILL_GRACE = _define("POPRUN_KILL_GRACE", "the user", "the shim, poprun",
+KILL_GRACE = _define("POPRUN_KILL_GRACE", "the user", "the stubs (from their host's supervisor), poprun",
                      "seconds between SIGTERM and SIGKILL when an instance is stopped (3); poprun's "
                      "own escalation waits for it too")
-SILENCE_LIMIT = _define("POPRUN_SILENCE_LIMIT", "the user", "poprun, the shim",
-                        "seconds an instance on another host may say nothing before poprun counts it lost "
-                        "(its host down, the network cut), and a shim may go unanswered by poprun's host "
-                        "before it stops its program (20; at least 5; inf: never); shims say something every "
-                        "quarter of it, at least every 5 s; ssh gets half of it to connect")
-HOST_SUBNET = _define("POPRUN_HOST_SUBNET", "poprun", "the shim",
-                      "--host-subnet: each host's shim keeps MPI on its interface in it")
+SILENCE_LIMIT = _define("POPRUN_SILENCE_LIMIT", "the user", "poprun, a host's supervisor",
+                        "seconds another host's supervisor may say nothing before poprun counts its instances "
+                        "lost (its host down, the network cut), and a supervisor may go unanswered by poprun's "
+                        "host before it ends and its stubs stop their programs (20; at least 5; inf: never); "
+                        "supervisors say something every quarter of it, at least every 5 s; ssh gets half of it "
+                        "to connect")
+HOST_SUBNET = _define("POPRUN_HOST_SUBNET", "poprun", "a host's supervisor",
+                      "--host-subnet: each host's supervisor keeps MPI on its interface in it")
 RESTART_COUNT = _define("POPDIST_RESTART_COUNT", "poprun", "the program",
                         "how often the job was restarted (--max-restarts): resume from a checkpoint when > 0")
 TORCHELASTIC_RESTART_COUNT = _define("TORCHELASTIC_RESTART_COUNT", "poprun", "the program",
                                      "the same, under torchrun's name")
 UNBUFFERED = _define("PYTHONUNBUFFERED", "poprun, unless set", "Python",
                      "1: a Python program's output reaches poprun line by line")
-ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the shim",
+ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the stubs (from their host's supervisor)",
                      "1 when poprun's stdout and stderr are one file or terminal (a terminal, `2>&1`) and the "
                      "output is shown there: the program's stdout and stderr are one pipe, as `2>&1` makes them, so "
-                     "its lines keep the order it wrote them in; the shim removes it before it starts the program")
+                     "its lines keep the order it wrote them in; the program does not get it")
 STUB = _define("POPRUN_STUB", "the user", "poprun",
                "what runs each instance's program: compiled (the compiled stub, the default where it was built), "
-               "python (the stub's Python fallback), each under its host's one supervisor; shim (a Python shim per "
-               "instance, each with its own connection to poprun)")
+               "python (the stub's Python fallback), each under its host's one supervisor")
 PYTHON = _define("POPRUN_PYTHON", "poprun (a job across hosts)", "the stub",
                  "the Python that runs a remote host's supervisor (poprun's own, the same path on every host, as "
                  "the stub's): the first stub of the job on a host starts it")
@@ -178,18 +179,19 @@ HYDRA_SSH_ARGS = _define("HYDRA_LAUNCHER_EXTRA_ARGS", "poprun, unless set", "MPI
                          "ssh options for remote hosts (batch mode, connect timeout, keep-alives)")
 PRTE_SSH_ARGS = _define("PRTE_MCA_plm_ssh_args", "poprun, unless set", "Open MPI's mpirun",
                         "the same ssh options for Open MPI")
-UCX_NET_DEVICES = _define("UCX_NET_DEVICES", "poprun (one host: lo) or the shim (--host-subnet), unless set",
+UCX_NET_DEVICES = _define("UCX_NET_DEVICES",
+                          "poprun (one host: lo) or its host's supervisor (--host-subnet), unless set",
                           "MPICH (UCX)", "the interface MPI traffic uses on this host")
-FI_TCP_IFACE = _define("FI_TCP_IFACE", "poprun (one host: lo) or the shim (--host-subnet), unless set",
+FI_TCP_IFACE = _define("FI_TCP_IFACE", "poprun (one host: lo) or its host's supervisor (--host-subnet), unless set",
                        "MPICH (libfabric)", "the same, for libfabric's TCP provider")
 OMPI_MCA_BTL = _define("OMPI_MCA_btl", "poprun (one host: ^tcp), unless set", "Open MPI",
                        "its byte transfer layers: on one host none over TCP, which listens on every interface")
-LD_PRELOAD = _define("LD_PRELOAD", "poprun (one host, Hydra or Open MPI: its _loopback library first), the shim "
-                     "(removes it)", "the dynamic loader",
+LD_PRELOAD = _define("LD_PRELOAD", "poprun (one host, Hydra or Open MPI: its _loopback library first), each "
+                     "host's supervisor (removes it for the program)", "the dynamic loader",
                      "Hydra's and Open MPI's launchers bind loopback where they would bind every interface")
-PMI_FD = _define("PMI_FD", "MPICH's mpiexec", "MPICH, the shim",
-                 "the descriptor of the process's line to its launcher; under gforker the shim's last act "
-                 "keeps it open until gforker has reaped the shim (see poprun_py.stub.program.leave)")
+PMI_FD = _define("PMI_FD", "MPICH's mpiexec", "MPICH, the stub",
+                 "the descriptor of the process's line to its launcher; under gforker the stub's last act "
+                 "keeps it open until gforker has reaped the stub (see poprun_py.stub.program.leave)")
 # ----------------------------------------- MPI launchers -> a program started without poprun
 # Under a bare `mpiexec -n N` (or `srun`) popdist_py answers as N instances of one replica each,
 # from the launcher's own variables; their presence also tells "started by mpiexec" from

@@ -7,15 +7,15 @@ Every getter reads ``os.environ`` unless given another mapping (``env``: an envi
 not this process's, such as a test's).
 
 Copying the environment for a child, setting or removing a variable, and a PATH search are not
-settings reads: they stay with ``os.environ``. The per-instance shim imports this module under
-``python -S``: it imports ``os`` alone (``typing`` and ``collections`` would cost every launch).
+settings reads: they stay with ``os.environ``. The Python stub and the hosts' supervisors import
+this module under ``python -S``: it imports ``os`` alone (``typing`` and ``collections`` would cost every launch).
 """
 
 from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the shim's launch path
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the stubs' launch path
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

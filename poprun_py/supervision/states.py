@@ -39,7 +39,6 @@ class InstanceState:
         self.oom_killed = False  # its program died of SIGKILL as the kernel's out-of-memory killer ran (oom)
         self.mpi_abort = False  # its program called MPI_Abort, and its status is the abort's (pmi_relay)
         self.launcher_lost: str | None = None  # its stub saw its host's MPI daemon die: why (protocol.LAUNCHER_LOST)
-        self.last_heard = 0.0  # time.monotonic() of its last frame
         self.silent = 0.0  # lost because nothing came from it for this many seconds (the silence limit)
         self.ended_at: float | None = None  # time.monotonic() of its exit report or its loss
         self.root_cause: bytes | None = None  # what its program wrote to TORCHELASTIC_ERROR_FILE, if it failed

@@ -304,8 +304,6 @@ class Supervisor:
         if gap < STALL_SECONDS:
             return
         log.debug("poprun did not run for %.1f s: not counted as anyone's silence", gap)
-        for state in self.instances:
-            state.last_heard += gap
         for link in self.host_links.values():
             link.last_heard += gap
         for line in {id(sink.line): sink.line for sink in self.sinks.values()}.values():
@@ -599,7 +597,7 @@ class Supervisor:
             if state.attached or state.pid is not None:
                 raise protocol.ProtocolError(f"instance {index} is already connected")
             state.pid = protocol.read_stub_hello(payload)
-            state.via, state.clock_offset, state.last_heard = link, link.clock_offset, time.monotonic()
+            state.via, state.clock_offset = link, link.clock_offset
             link.instances.add(index)
             self.called_in += 1
             if self.called_in == len(self.instances):
@@ -854,7 +852,6 @@ class Supervisor:
         state.stub = StubbedInstance(index, conn, reader, lambda data: self._from_stub(state, data), grace=self.grace,
                                      error_file=error_file, program=self.argv[0], tidy=False)
         state.connection, state.pid = conn, stubs.peer(conn).pid
-        state.last_heard = time.monotonic()
         self.called_in += 1
         if self.called_in == len(self.instances):
             self._show_held()

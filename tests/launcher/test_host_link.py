@@ -67,7 +67,7 @@ def test_a_host_says_hello_and_its_clock_then_takes_its_program_byte_for_byte() 
 
 @pytest.mark.parametrize("case", ["another secret", "too long", "poprun gone"])
 def test_a_program_that_cannot_be_had_is_one_line_and_nothing(case: str, capfd: pytest.CaptureFixture[str]) -> None:
-    host, poprun, host_seal, poprun_seal = _link()
+    host, poprun, host_seal, _ = _link()
     with host, poprun:
         message = protocol.encode_program(PROGRAM)
         if case == "another secret":
@@ -82,7 +82,6 @@ def test_a_program_that_cannot_be_had_is_one_line_and_nothing(case: str, capfd: 
            "poprun gone": "poprun closed the connection"}[case]
     assert capfd.readouterr().err == (f"{WHO}: did not receive the program from poprun ({why}); the program was "
                                       "not started\n")
-    del poprun_seal
 
 
 def test_without_poprun_s_address_or_the_secret_nothing_is_reached(monkeypatch: pytest.MonkeyPatch,
