@@ -108,6 +108,17 @@ REMOTE_DIR = _define("POPDIST_REMOTE_DIR", "the user", "popdist_py.engine",
                      "existing directory for file-backed remote buffers (default: a private one in /dev/shm, or in "
                      "the temp dir when /dev/shm has no room)")
 
+# ------------------------------------------------- Horovod's knobs, read by popdist_py.horovod
+HOROVOD_DYNAMIC_PROCESS_SETS = _define("HOROVOD_DYNAMIC_PROCESS_SETS", "the user", "popdist_py.horovod",
+                                       "1: process sets may be added and removed after hvd.init() (0)")
+HOROVOD_ELASTIC = _define("HOROVOD_ELASTIC", "the user", "popdist_py.horovod",
+                          "1: DistributedOptimizer hooks its gradients even in a one-rank job (0)")
+HOROVOD_TIMELINE = _define("HOROVOD_TIMELINE", "the user", "popdist_py.horovod",
+                           "a file to write a timeline of the job's ops to (Chrome's trace format), from "
+                           "hvd.init() on; DYNAMIC: only between hvd.start_timeline() and hvd.stop_timeline()")
+HOROVOD_FUSION_THRESHOLD = _define("HOROVOD_FUSION_THRESHOLD", "the user", "popdist_py.horovod",
+                                   "the most bytes of ready allreduces fused into one exchange (67108864, 64 MiB)")
+
 # ------------------------------------------- poprun, its hosts' supervisors and the instances' stubs
 CONTROL = _define("POPRUN_CONTROL", "poprun", "a host's supervisor",
                   "address:port where each other host's supervisor reports to poprun")
@@ -131,6 +142,8 @@ RESTART_COUNT = _define("POPDIST_RESTART_COUNT", "poprun", "the program",
                         "how often the job was restarted (--max-restarts): resume from a checkpoint when > 0")
 TORCHELASTIC_RESTART_COUNT = _define("TORCHELASTIC_RESTART_COUNT", "poprun", "the program",
                                      "the same, under torchrun's name")
+PYTHONPATH = _define("PYTHONPATH", "the user; poprun --horovod puts popdist_py's `horovod` first", "Python",
+                     "where the program's imports are looked for")
 UNBUFFERED = _define("PYTHONUNBUFFERED", "poprun, unless set", "Python",
                      "1: a Python program's output reaches poprun line by line")
 ONE_STREAM = _define("POPRUN_ONE_STREAM", "poprun", "the stubs (from their host's supervisor)",

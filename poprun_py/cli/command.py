@@ -152,7 +152,7 @@ FOREIGN_OPTIONS = {
 
 #: ``--help``'s sections, in order, by parameter name; every option is in exactly one (a test checks).
 HELP_SECTIONS = {
-    "Launch": ("num_instances", "num_replicas", "ipus_per_replica", "executable_cache_path", "dry_run",
+    "Launch": ("num_instances", "num_replicas", "ipus_per_replica", "executable_cache_path", "horovod", "dry_run",
                "verbose", "version", "help"),
     "Hosts": ("host", "host_file", "host_subnet", "launcher_agent", "master_port", "numa_aware"),
     "Output": ("only_output_from_instance", "log_dir", "tee", "prefix_timestamp", "print_topology"),
@@ -334,6 +334,9 @@ def import_config(ctx: click.Context, param: click.Parameter, path: str | None) 
               help="Run without devices: every run is.")
 @click.option("--executable-cache-path", type=Text(empty=False), metavar="DIR",
               help="Shared cache directory, given to instances as POPDIST_EXECUTABLE_CACHE_PATH.")
+@click.option("--horovod", is_flag=True,
+              help="Let the program's `import horovod` find Horovod's PyTorch API in popdist_py.horovod "
+                   "(an installed Horovod still wins).")
 @click.option("--import-config", type=FileName(exists=True, dir_okay=False, readable=True), metavar="FILE",
               is_eager=True, expose_value=False, callback=import_config,
               help="Take options from a JSON file (keys: long option names); the command line wins.")

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 #: poprun's control address where no real one is known yet (a dry run, the checks before the start).
 CONTROL_SHOWN = "<poprun-address>:<port>"
 #: Open MPI does not forward the environment by default; PopRun forwards these by name.
-OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
+OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", environment.PYTHONPATH, "VIRTUAL_ENV")
 #: ... and every variable with one of these prefixes.
 
 

@@ -74,6 +74,7 @@ class LaunchOptions(NamedTuple):
     num_replicas: int | None
     ipus_per_replica: int
     executable_cache_path: str | None
+    horovod: bool
     dry_run: bool
     verbose: int
     print_topology: bool

@@ -84,7 +84,7 @@ class JobPlan:
     each instance's environment is computed from the plan alone (``job_env``, ``instance_env``)."""
 
     __slots__ = ("error_dir", "executable_cache_path", "hosts", "ipus_per_replica", "master_addr", "master_port",
-                 "max_restarts", "num_instances", "num_replicas", "restart", "run_id")
+                 "max_restarts", "num_instances", "num_replicas", "python_path", "restart", "run_id")
     __setattr__ = _set_once
     __delattr__ = _no_delete
 
@@ -92,7 +92,7 @@ class JobPlan:
                  hosts: tuple[str, ...] = (), executable_cache_path: str | None = None,
                  master_addr: str = "127.0.0.1", master_port: int | str = DEFAULT_MASTER_PORT,
                  run_id: str = "none", max_restarts: int = 0, error_dir: str | None = None,
-                 restart: int = 0) -> None:
+                 restart: int = 0, python_path: str | None = None) -> None:
         self.num_instances: Final = num_instances
         self.num_replicas: Final = num_replicas
         self.ipus_per_replica: Final = ipus_per_replica
@@ -105,6 +105,8 @@ class JobPlan:
         self.error_dir: Final = error_dir
         #: Which start of the job this is: 0 for the first, then 1 .. max_restarts.
         self.restart: Final = restart
+        #: The instances' PYTHONPATH, where poprun changes it (--horovod); None: as poprun's.
+        self.python_path: Final = python_path
         for name in ("num_instances", "num_replicas", "ipus_per_replica"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -194,6 +196,8 @@ class JobPlan:
         }
         if self.executable_cache_path:
             env[names.EXECUTABLE_CACHE_PATH] = self.executable_cache_path
+        if self.python_path is not None:
+            env[names.PYTHONPATH] = self.python_path
         return env
 
     def instance_env(self, index: int) -> dict[str, str]:

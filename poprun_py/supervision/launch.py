@@ -57,7 +57,7 @@ def launch(options: LaunchOptions) -> int:
         log.info("reaching other hosts with %s (%s) instead of ssh", agent.path, agent.given_by)
     # The layout alone, checked before any name is resolved; the plan adds torchrun's contract.
     shape = JobPlan(options.num_instances, options.replicas, options.ipus_per_replica, tuple(hosts),
-                    options.executable_cache_path)
+                    options.executable_cache_path, python_path=_python_path(options.horovod))
     _check_slots(shape, slots, source)
     if options.output.log_dir is not None or not options.output.tee:
         from poprun_py.supervision.output import check_log_options
@@ -461,6 +461,20 @@ def _check_open_files(per_host: int, num_instances: int, log_files: bool) -> Non
                         f"more than this system allows ({hard}, ulimit -Hn)")
     if soft != resource.RLIM_INFINITY and soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # mpiexec and its proxies inherit it
+
+
+def _python_path(horovod: bool) -> str | None:
+    """The instances' PYTHONPATH where poprun changes it (--horovod), else None."""
+    if not horovod:
+        return None
+    from poprun_py.planning.horovod import alias_folder, horovod_python_path, installed_horovod
+
+    folder = alias_folder()
+    installed = installed_horovod(folder)
+    if installed is not None:
+        log.warning("--horovod: Horovod is installed (%s): the program imports it, not popdist_py's Horovod API",
+                    installed)
+    return horovod_python_path(folder)
 
 
 def _remote_hosts(hosts: list[str], resolve: bool) -> list[str]:

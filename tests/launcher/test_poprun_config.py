@@ -86,7 +86,7 @@ def test_vipu_options_from_a_file_are_warned_about(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("content,message", [
     ('{"num-instance": 2}', ("Invalid value for '--import-config': '{path}' has unknown option(s) 'num-instance'; "
-                             "known options are: error-file, executable-cache-path, host, ")),
+                             "known options are: error-file, executable-cache-path, horovod, host, ")),
     ('{"dry-run": true}', "has unknown option(s) 'dry-run'"),
     ('{"num-instances": "two"}', "config file '{path}': 'num-instances': 'two' is not a whole number in plain decimal"),
     ('{"num-instances": "2_0"}', "config file '{path}': 'num-instances': '2_0' is not a whole number in plain decimal"),

@@ -1,0 +1,2 @@
+"""Horovod's runner: here only the helpers Horovod programs and tests import (``util.threads``);
+jobs are started by ``poprun``."""

@@ -1,0 +1,1 @@
+"""Horovod's runner utilities that programs import."""
