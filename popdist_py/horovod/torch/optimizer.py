@@ -201,8 +201,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
                          op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
-    """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over the ranks."""
+                         process_set: ProcessSet = global_process_set) -> Any:
+    """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over the ranks: an
+    instance of a subclass of its class, made here, which adds ``synchronize()``,
+    ``skip_synchronize()`` and ``set_backward_passes_per_step()``."""
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
@@ -215,7 +217,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     if op == Adasum:
         raise NotImplementedError("Adasum is not available in popdist_py's Horovod; use op=hvd.Average or hvd.Sum")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
-    wrapped: torch.optim.Optimizer = cls(optimizer.param_groups, named_parameters, compression,
-                                         backward_passes_per_step, op, gradient_predivide_factor, groups,
-                                         sparse_as_dense, process_set)
-    return wrapped
+    return cls(optimizer.param_groups, named_parameters, compression,
+               backward_passes_per_step, op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
