@@ -269,6 +269,31 @@ def test_the_rank_that_raised_on_either_host_is_the_root_cause(cluster: Cluster,
     check_cascade(result, error_file, 4, failed, ["node0", "node0", "node1", "node1"])
 
 
+HOROVOD_MIXED = str(SCRIPTS / "horovod_mixed.py")
+
+
+@pytest.mark.timeout(3 * TORCH_TIMEOUT)
+def test_an_unmodified_horovod_job_across_hosts_ends_right(cluster: Cluster) -> None:
+    """tests/scripts/horovod_mixed.py under poprun --horovod on node0 and node1: ranks that submit
+    in different orders and run out of data at different times end with one set of parameters,
+    over the network; a rank on node1 that raises is the job's one error."""
+    before = tx_bytes(cluster)
+    result = poprun("--horovod", "--num-instances", "4", "-H", "node0,node1", PYTHON, HOROVOD_MIXED,
+                    env=job_env("mpich", **OMP_SET), timeout=TORCH_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    reports = tagged_json(result.stdout)
+    assert sorted(reports) == [0, 1, 2, 3] and len({r["digest"] for r in reports.values()}) == 1
+    assert {r["last_to_join"] for r in reports.values()} == {3}
+    assert min(tx_bytes(cluster)[h] - before[h] for h in ("node0", "node1")) > 0
+    failed = poprun("--horovod", "--num-instances", "4", "-H", "node0,node1", PYTHON, HOROVOD_MIXED,
+                    "--raise-at", "1", env=job_env("mpich", **OMP_SET), timeout=TORCH_TIMEOUT)
+    assert failed.returncode == 1
+    lines = failed.stderr.splitlines()
+    assert [line for line in lines if re.match(r"poprun: instance \d+ on \S+ failed", line)] == [
+        "poprun: instance 3 on node1 failed: exit status 1"], failed.stderr
+    assert "ValueError: rank 3 cannot read batch 1" in failed.stderr
+
+
 # ------------------------------------------------------------------ collectives across hosts
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 def test_each_instance_keeps_the_order_of_its_two_streams_across_hosts(cluster: Cluster, mpi: str,

@@ -335,3 +335,18 @@ def test_unnamed_ops_of_different_process_sets_keep_their_own_count(monkeypatch:
 def test_barrier_waits_for_every_rank() -> None:
     hvd.barrier()
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()
+
+
+def test_a_rank_that_shuts_down_fails_the_ops_that_need_it_naming_it() -> None:
+    if hvd.rank() == 1:
+        hvd.shutdown()
+        assert not hvd.is_initialized()
+        with pytest.raises(ValueError, match="Horovod has not been initialized"):
+            hvd.size()
+    else:
+        with pytest.raises(hvd.HorovodInternalError,
+                           match=r"allreduce 'after.leave': rank 1 shut down \(Horovod has been shut down\)"):
+            hvd.allreduce(torch.ones(1), name="after.leave")
+    hvd.shutdown()
+    hvd.init()  # every rank again: a new start of Horovod on the same world
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()

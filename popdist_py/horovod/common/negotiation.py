@@ -147,11 +147,17 @@ class Table:
         self.joined: list[int] = []
         #: Ranks that shut down, with the reason their peers' ops fail.
         self.gone: dict[int, str] = {}
+        #: Why every op fails from now on (the coordinator is shutting down), or "".
+        self.closing = ""
 
     def submit(self, rank: int, requests: Iterable[Request]) -> list[Response]:
         """Take a rank's new requests; returns immediate errors (an op on a set it is not in)."""
         errors: list[Response] = []
         for request in requests:
+            if self.closing:
+                errors.append(Response(request.kind, request.process_set, (request,), members=(rank,),
+                                       error=f"{request.kind} {request.name!r}: {self.closing}"))
+                continue
             if request.kind == JOIN:
                 if rank not in self.joined:
                     self.joined.append(rank)
@@ -166,6 +172,11 @@ class Table:
                 continue
             self.pending.setdefault((request.process_set, request.name), {})[rank] = request
         return errors
+
+    def close(self, reason: str) -> None:
+        """The coordinator shuts down: every op not yet run, and every later one, fails with ``reason``."""
+        self.closing = reason
+        self.joined = []
 
     def leave(self, rank: int, reason: str) -> None:
         """A rank shut down: every op that still needs it fails, naming it."""
@@ -196,6 +207,9 @@ class Table:
         submitted = self.pending[key]
         members = self.sets[set_id]
         any_request = next(iter(submitted.values()))
+        if self.closing:
+            return Response(any_request.kind, set_id, (any_request,), members=tuple(sorted(submitted)),
+                            error=f"{any_request.kind} {name!r}: {self.closing}")
         missing = [r for r in members if r not in submitted]
         gone = [r for r in missing if r in self.gone]
         if gone:

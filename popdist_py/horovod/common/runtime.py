@@ -33,7 +33,9 @@ from popdist_py.horovod.common.negotiation import Request, Response
 
 log = logging.getLogger(__name__)
 
-_REQUESTS, _RESPONSES, _LEAVE = 11, 12, 13
+_REQUESTS, _RESPONSES, _LEAVE, _STOP, _BYE = 11, 12, 13, 14, 15
+#: How long a stopping rank waits for its peers' answers (a rank that died cannot answer).
+_LEAVE_WITHIN = 10.0
 #: Waiting for a peer: yield the core this long, then sleep, doubling up to _MAX_SLEEP.
 _YIELD = 100e-6
 _FIRST_SLEEP = 20e-6
@@ -117,6 +119,11 @@ class Runtime:
         self._wake = threading.Event()
         self._sends: list[Any] = []
         self._stopping = ""
+        self._stop_began = 0.0
+        self._bye = False
+        self._left: set[int] = set()
+        self._said_bye: set[int] = set()
+        self._responses: list[Response] = []
         self.dead = ""
         self._timeout = collective_timeout()
         self._thread = threading.Thread(target=self._main, name="horovod-background", daemon=True)
@@ -129,8 +136,8 @@ class Runtime:
         handle = Handle(request, inputs, outputs)
         key = (request.process_set, request.name)
         with self._lock:
-            if self.dead:
-                handle.finish(self.dead)
+            if self.dead or self._stopping:
+                handle.finish(self.dead or self._stopping)
                 return handle
             if key in self._in_flight and request.kind != neg.JOIN:
                 raise ValueError(f"{request.kind}: an op named {request.name!r} is already in flight on rank "
@@ -148,8 +155,7 @@ class Runtime:
             return (process_set, name) in self._in_flight
 
     def stop(self, reason: str = "Horovod has been shut down") -> None:
-        """Stop the thread; ops still in flight here fail with ``reason``, and ops of other ranks
-        that need this rank fail naming it."""
+        """Stop the thread (see :meth:`_main`); then ops still in flight here fail with ``reason``."""
         with self._lock:
             if not self._stopping:
                 self._stopping = reason
@@ -159,22 +165,56 @@ class Runtime:
 
     # -- the background thread ---------------------------------------------------------------
     def _main(self) -> None:
+        """Cycle until stopped, then leave so that every message sent is received.
+
+        A rank that stops sends LEAVE and goes on running the responses it gets (ops it submitted
+        that its peers will run) until the coordinator's BYE, the last message it sends that rank.
+        The coordinator that stops fails every op not yet run, sends STOP to the ranks still
+        there, and answers each LEAVE with BYE; it ends when every rank has left (or after
+        ``_LEAVE_WITHIN`` s, for a rank that cannot answer)."""
         try:
             delay = 0.0
             idle_since = time.monotonic()
-            while not self._stopping:
+            while not self._done():
                 if self._cycle():
                     delay = 0.0
                     idle_since = time.monotonic()
                     continue
                 delay = self._wait(delay, idle_since)
-            self._leave(self._stopping)
+            self._finish_sends()
+            self._die(self._stopping)
         except BaseException as e:  # an MPI failure: every op in flight says so
             log.debug("Horovod's background thread failed", exc_info=True)
             self._die(f"Horovod's background thread on rank {self.rank} failed: {type(e).__name__}: {e}")
 
+    def _done(self) -> bool:
+        if not self._stopping:
+            return False
+        if self._stop_began == 0.0:
+            self._stop_began = time.monotonic()
+            self._begin_leaving()
+        if time.monotonic() - self._stop_began > _LEAVE_WITHIN:
+            log.debug("rank %d: leaving without every answer after %g s", self.rank, _LEAVE_WITHIN)
+            return True
+        if self.table is not None:
+            return len(self._left) == self.size - 1
+        return self._bye
+
+    def _begin_leaving(self) -> None:
+        if self.table is not None:
+            self.table.close(f"rank 0 (Horovod's coordinator) shut down: {self._stopping}")
+            for rank in range(1, self.size):
+                if rank not in self._left:
+                    self._sends.append(self.ctrl.isend(self._stopping, rank, _STOP))
+        else:
+            self._sends.append(self.ctrl.isend(self._stopping, 0, _LEAVE))
+
+    def _finish_sends(self) -> None:
+        sends = self._sends
+        poll(lambda: self.MPI.Request.Testall(sends), time.monotonic() + 1.0, yield_for=0.0)
+
     def _wait(self, delay: float, idle_since: float) -> float:
-        busy = self.rank == 0 or bool(self._in_flight)
+        busy = self.rank == 0 or bool(self._in_flight) or bool(self._stopping)
         if not busy:
             self._wake.wait(_IDLE_WAKE)
             return 0.0
@@ -191,60 +231,59 @@ class Runtime:
         with self._lock:
             new, self._queue = self._queue, []
         progressed = bool(new)
-        responses: list[Response] = []
         if self.table is not None:
-            outboxes: dict[int, list[Response]] = {}
-            if new:
-                responses += self.table.submit(0, [r for r, _ in new])
-            status = self.MPI.Status()
-            while (message := self.ctrl.improbe(self.MPI.ANY_SOURCE, self.MPI.ANY_TAG, status)) is not None:
-                source, tag = status.Get_source(), status.Get_tag()
-                payload = message.recv()
-                progressed = True
-                if tag == _LEAVE:
-                    self.table.leave(source, payload)
-                else:
-                    for error in self.table.submit(source, payload):
-                        outboxes.setdefault(source, []).append(error)
-            for response in self.table.ready():
-                for member in response.members:
-                    if member == 0:
-                        responses.append(response)
-                    else:
-                        outboxes.setdefault(member, []).append(response)
-            for member, batch in outboxes.items():
-                self._sends.append(self.ctrl.isend(batch, member, _RESPONSES))
+            progressed = self._coordinate(new) or progressed
         else:
             if new:
                 self._sends.append(self.ctrl.isend([r for r, _ in new], 0, _REQUESTS))
             status = self.MPI.Status()
             while (message := self.ctrl.improbe(0, self.MPI.ANY_TAG, status)) is not None:
-                payload = message.recv()
+                payload, tag = message.recv(), status.Get_tag()
                 progressed = True
-                if status.Get_tag() == _LEAVE:
-                    self._die(payload)
-                    self._stopping = self._stopping or payload
-                    return True
-                responses += payload
+                if tag == _RESPONSES:
+                    self._responses += payload
+                elif tag == _STOP:
+                    with self._lock:
+                        self._stopping = self._stopping or f"rank 0 (Horovod's coordinator) shut down: {payload}"
+                elif tag == _BYE:
+                    self._bye = True
         if self._sends:
             self._sends = [s for s in self._sends if not s.Test()]
-        for response in responses:
-            self._run(response)
+        while self._responses:
+            self._run(self._responses.pop(0))
         return progressed
 
-    def _leave(self, reason: str) -> None:
-        """Tell the coordinator (or, on rank 0, every rank) that this rank is gone, then fail what is left."""
-        if self.rank == 0:
-            targets = list(range(1, self.size))
-            message = f"rank 0 (Horovod's coordinator) shut down: {reason}"
-        else:
-            targets = [0]
-            message = f"shut down ({reason})"
-        if not self.dead:
-            sends = [self.ctrl.isend(message, t, _LEAVE) for t in targets]
-            deadline = time.monotonic() + 1.0
-            poll(lambda: self.MPI.Request.Testall(sends + self._sends), deadline, yield_for=0.0)
-        self._die(reason)
+    def _coordinate(self, new: list[tuple[Request, Handle]]) -> bool:
+        """Rank 0's turn: take every rank's requests and leaves, announce what is ready."""
+        assert self.table is not None
+        outboxes: dict[int, list[Response]] = {}
+        progressed = False
+        if new:
+            self._responses += self.table.submit(0, [r for r, _ in new])
+        status = self.MPI.Status()
+        while (message := self.ctrl.improbe(self.MPI.ANY_SOURCE, self.MPI.ANY_TAG, status)) is not None:
+            source, tag = status.Get_source(), status.Get_tag()
+            payload = message.recv()
+            progressed = True
+            if tag == _LEAVE:
+                self.table.leave(source, f"shut down ({payload})")
+                self._left.add(source)
+            else:
+                for error in self.table.submit(source, payload):
+                    outboxes.setdefault(source, []).append(error)
+        for response in self.table.ready():
+            for member in response.members:
+                if member == 0:
+                    self._responses.append(response)
+                elif member not in self._left:
+                    outboxes.setdefault(member, []).append(response)
+        for member, batch in outboxes.items():
+            if member not in self._left:
+                self._sends.append(self.ctrl.isend(batch, member, _RESPONSES))
+        for member in self._left - self._said_bye:
+            self._sends.append(self.ctrl.isend(None, member, _BYE))
+            self._said_bye.add(member)
+        return progressed
 
     def _die(self, reason: str) -> None:
         with self._lock:
