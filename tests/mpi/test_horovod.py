@@ -8,6 +8,8 @@ Every rank runs the same tests in the same order; ``hvd.init()`` is once for the
 from __future__ import annotations
 
 import itertools
+import json
+import pathlib
 import warnings
 from collections.abc import Iterator
 
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 import popdist_py.horovod.torch as hvd
-from popcontract.environment import HOROVOD_DYNAMIC_PROCESS_SETS
+from popcontract.environment import HOROVOD_DYNAMIC_PROCESS_SETS, HOROVOD_TIMELINE
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -350,3 +352,22 @@ def test_a_rank_that_shuts_down_fails_the_ops_that_need_it_naming_it() -> None:
     hvd.shutdown()
     hvd.init()  # every rank again: a new start of Horovod on the same world
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()
+
+
+def test_a_timeline_shows_each_ops_negotiation_and_run(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ValueError, match="HOROVOD_TIMELINE=DYNAMIC"):
+        hvd.start_timeline(str(tmp_path / "never.json"))
+    monkeypatch.setenv(HOROVOD_TIMELINE, "DYNAMIC")
+    path = tmp_path / "timeline.json"
+    hvd.start_timeline(str(path), mark_cycles=True)
+    hvd.allreduce(torch.ones(3), name="traced")
+    hvd.stop_timeline()
+    if hvd.rank() == 0:  # rank 0, the coordinator, writes it
+        events = json.loads(path.read_text())
+        names = {e.get("args", {}).get("name") for e in events if e.get("ph") == "M"}
+        phases = [e.get("name") for e in events if e.get("ph") == "B"]
+        assert "allreduce.traced" in names and phases[:2] == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"]
+        assert any(e.get("name") == "CYCLE_START" for e in events)
+    else:
+        assert not path.exists()

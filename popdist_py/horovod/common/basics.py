@@ -12,11 +12,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from popcontract import settings
+from popcontract.environment import HOROVOD_TIMELINE
 from popdist_py.horovod.common import process_sets
 from popdist_py.horovod.common.process_sets import ProcessSet, global_process_set, set_world_rank
 from popdist_py.horovod.common.runtime import Runtime
+from popdist_py.horovod.common.timeline import Timeline
 
 NOT_INITIALIZED = process_sets.NOT_INITIALIZED
+#: HOROVOD_TIMELINE's value for a timeline that start_timeline and stop_timeline write.
+DYNAMIC = "DYNAMIC"
 
 _lock = threading.RLock()
 _state: _State | None = None
@@ -88,6 +93,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
             use = comm
         _state = _State(use, list(process_sets or ()))
         set_world_rank(_state.comm.Get_rank())
+        path = settings.text(HOROVOD_TIMELINE)
+        if path and path != DYNAMIC and _state.comm.Get_rank() == 0:
+            _state.runtime.timeline = Timeline(path)
         atexit.register(_shutdown_at_exit)
 
 
@@ -109,9 +117,30 @@ def shutdown() -> None:
         set_world_rank(None)
     if state is not None:
         state.runtime.stop()
+        if state.runtime.timeline is not None:
+            state.runtime.timeline.close()
         for ps in state.process_sets.values():
             if ps is not global_process_set:
                 ps._invalidate()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Write a timeline of the ops to ``file_path`` from now on (rank 0 writes it); needs
+    HOROVOD_TIMELINE=DYNAMIC, as Horovod's does."""
+    current = state()
+    if settings.text(HOROVOD_TIMELINE) != DYNAMIC:
+        raise ValueError(f"start_timeline needs {HOROVOD_TIMELINE}={DYNAMIC} in the environment (set before "
+                         f"hvd.init())")
+    if current.comm.Get_rank() == 0:
+        stop_timeline()
+        current.runtime.timeline = Timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop writing the timeline (and close its file)."""
+    timeline, state().runtime.timeline = state().runtime.timeline, None
+    if timeline is not None:
+        timeline.close()
 
 
 def state() -> _State:

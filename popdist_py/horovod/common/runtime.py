@@ -30,6 +30,7 @@ from popcontract.environment import HOROVOD_FUSION_THRESHOLD
 from popdist_py.deadline import collective_timeout, poll
 from popdist_py.horovod.common import negotiation as neg
 from popdist_py.horovod.common.negotiation import Request, Response
+from popdist_py.horovod.common.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,8 @@ class Runtime:
         self._said_bye: set[int] = set()
         self._responses: list[Response] = []
         self.dead = ""
+        #: Rank 0's timeline while one is being written (hvd.start_timeline, HOROVOD_TIMELINE).
+        self.timeline: Timeline | None = None
         self._timeout = collective_timeout()
         self._thread = threading.Thread(target=self._main, name="horovod-background", daemon=True)
         self._thread.start()
@@ -147,6 +150,8 @@ class Runtime:
             else:
                 self._in_flight[(0, "\0join")] = handle
             self._queue.append((request, handle))
+        if self.timeline is not None:
+            self.timeline.negotiate(request.kind, request.name)
         self._wake.set()
         return handle
 
@@ -228,6 +233,8 @@ class Runtime:
     def _cycle(self) -> bool:
         """One turn: send new requests, take responses (coordinate on rank 0), run them."""
         self._wake.clear()
+        if self.timeline is not None:
+            self.timeline.cycle()
         with self._lock:
             new, self._queue = self._queue, []
         progressed = bool(new)
@@ -303,6 +310,18 @@ class Runtime:
             return self._in_flight.pop((response.process_set, request.name), None)
 
     def _run(self, response: Response) -> None:
+        timeline = self.timeline
+        if timeline is not None:
+            for r in response.requests:
+                timeline.start(r.kind, r.name)
+        try:
+            self._run_now(response)
+        finally:
+            if timeline is not None:
+                for r in response.requests:
+                    timeline.end(r.kind, r.name)
+
+    def _run_now(self, response: Response) -> None:
         handles = [self._take(response, r) for r in response.requests]
         if response.error:
             for h in handles:

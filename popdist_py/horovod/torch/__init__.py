@@ -27,6 +27,8 @@ from popdist_py.horovod.common.basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
     sycl_built,
 )
 from popdist_py.horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -146,6 +148,8 @@ __all__ = [
     "shutdown",
     "size",
     "sparse_allreduce_async",
+    "start_timeline",
+    "stop_timeline",
     "sycl_built",
     "synchronize",
 ]
