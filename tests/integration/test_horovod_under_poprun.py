@@ -90,3 +90,17 @@ def test_elastic_state_resumes_from_the_last_commit_after_a_restart() -> None:
     second = [r["committed_epoch"] for r in reports if r["start"] == 1 and r["rank"] == 0 and "committed_epoch" in r]
     assert first[:2] == [1, 2] and second and second[0] == first[-1] + 1 and second[-1] == 4
     assert {r["digest"] for r in reports if "digest" in r} == digest
+
+
+def test_the_guides_listing_initialises_horovod_beside_popdist() -> None:
+    listing = str(ROOT / "examples" / "popdist_horovod.py")
+    result = poprun("--horovod", "--num-instances", "2", "--num-replicas", "4", PYTHON, listing, "--replicas", "4",
+                    env=OMP_SET, timeout=TORCH_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [
+        "[0] instance 0 of 2: replicas [0, 1] of 4; Horovod rank and size (0, 2)",
+        "[1] instance 1 of 2: replicas [2, 3] of 4; Horovod rank and size (1, 2)"]
+    overridden = poprun("--horovod", "--num-instances", "2", "--num-replicas", "4", PYTHON, listing, env=OMP_SET,
+                        timeout=TORCH_TIMEOUT)
+    assert overridden.returncode == 0, overridden.stderr
+    assert overridden.stdout.count("The number of replicas is overridden by PopRun. The new value is 4.") == 2
