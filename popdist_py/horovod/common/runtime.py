@@ -37,8 +37,13 @@ log = logging.getLogger(__name__)
 _REQUESTS, _RESPONSES, _LEAVE, _STOP, _BYE = 11, 12, 13, 14, 15
 #: How long a stopping rank waits for its peers' answers (a rank that died cannot answer).
 _LEAVE_WITHIN = 10.0
-#: Waiting for a peer: yield the core this long, then sleep, doubling up to _MAX_SLEEP.
-_YIELD = 100e-6
+#: Waiting for a peer while ops are in flight: yield the core until this long has passed without
+#: progress (an op's answer comes within microseconds to milliseconds, and a sleep would add tens
+#: of microseconds to each), then sleep, doubling up to _MAX_SLEEP.
+_YIELD = 5e-3
+#: After any progress, yield this long before sleeping even with nothing in flight: a program's
+#: next op often comes within a millisecond, and a sleeping thread takes tens of microseconds to wake.
+_HOT = 1e-3
 _FIRST_SLEEP = 20e-6
 _MAX_SLEEP = 1e-3
 #: A rank with nothing in flight wakes this often to see whether the coordinator left.
@@ -219,12 +224,17 @@ class Runtime:
         poll(lambda: self.MPI.Request.Testall(sends), time.monotonic() + 1.0, yield_for=0.0)
 
     def _wait(self, delay: float, idle_since: float) -> float:
-        busy = self.rank == 0 or bool(self._in_flight) or bool(self._stopping)
-        if not busy:
-            self._wake.wait(_IDLE_WAKE)
-            return 0.0
-        if time.monotonic() - idle_since < _YIELD:
+        """Wait for something to do: a local submission wakes the thread at once; a peer's message
+        is polled for, at once while this rank waits for an answer, with back-off when it is idle
+        (the coordinator always listens; another rank with nothing in flight has nothing to hear
+        but STOP, which can wait)."""
+        waiting = bool(self._in_flight) or bool(self._stopping) or bool(self.table and self.table.pending)
+        quiet = time.monotonic() - idle_since
+        if (waiting and quiet < _YIELD) or quiet < _HOT:
             os.sched_yield()
+            return 0.0
+        if not waiting and self.rank != 0:
+            self._wake.wait(_IDLE_WAKE)
             return 0.0
         delay = min(max(delay * 2, _FIRST_SLEEP), _MAX_SLEEP)
         self._wake.wait(delay)
