@@ -8,7 +8,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 MPIEXEC := $(VENV)/bin/mpiexec
 PYTEST  := $(PY) -m pytest -q --color=no
 
-.PHONY: install hosts-tools lint test test-fast sanitize demo bench bench-quick mutants mutants-program mutants-teardown \
+.PHONY: install hosts-tools lint test test-fast sanitize demo bench bench-quick horovod-suite horovod-src mutants mutants-program mutants-teardown \
 	mutants-supervisor mutants-connections mutants-planning mutants-failures mutants-stub mutmut-run clean
 
 install: $(STAMP) hosts-tools
@@ -115,6 +115,25 @@ bench: install
 bench-quick: install
 	$(PY) -m compileall -q poprun_py popdist_py popcontract
 	$(PY) -m bench.run --quick
+
+# `make horovod-suite HOROVOD_SRC=DIR` (bench/horovod_suite.py): Horovod's own test/parallel/test_torch.py and
+# two of its PyTorch examples, taken from DIR (a Horovod checkout or git directory) into a temporary folder
+# (never into this repository) and run under poprun --horovod at HOROVOD_INSTANCES instances; the results
+# in bench/horovod_suite.json, for `python -m bench.run --doc FILE`. By hand only: CI has neither Horovod's
+# sources nor the internet. What they import, the `horovod` extra, is installed first.
+HOROVOD_STAMP := $(VENV)/.installed-horovod
+HOROVOD_INSTANCES ?= 2,3
+
+horovod-src:
+	@test -n "$(HOROVOD_SRC)" || { echo "make: horovod-suite needs HOROVOD_SRC=DIR, a Horovod checkout or git directory" >&2; exit 1; }
+
+$(HOROVOD_STAMP): $(STAMP)
+	$(PIP) --config-settings editable_mode=compat -e '.[test,examples,bench,horovod]'
+	touch $(HOROVOD_STAMP)
+
+horovod-suite: horovod-src $(HOROVOD_STAMP)
+	$(PY) -m compileall -q poprun_py popdist_py popcontract
+	$(PY) -m bench.horovod_suite --horovod-src '$(HOROVOD_SRC)' --instances '$(HOROVOD_INSTANCES)'
 
 # `make dist` (docs/packaging.md): dist/ gets the sdist and a wheel for this CPython that installs
 # with no compiler. Its compiled parts are built by zig's C compiler against glibc 2.17's symbols

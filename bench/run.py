@@ -2,8 +2,10 @@
 
     python -m bench.run [--quick] [--sections NAME,...]
     python -m bench.run --doc FILE     # FILE's generated sections from bench/results.json
+                                       # (and bench/horovod_suite.json's, make horovod-suite)
 
-Sections: allreduce, launch, scale, scaling, rts_memory, training, pipeline, multihost, matmul, peers, cores.
+Sections: allreduce, launch, scale, scaling, rts_memory, training, pipeline, multihost, matmul, peers, cores,
+horovod.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import logging
 from pathlib import Path
 
+from bench.horovod_report import DOC_SECTION, doc_section
 from bench.machine import machine_info
 from bench.report import markdown, plot, write_doc
 
@@ -22,7 +25,8 @@ log = logging.getLogger("bench")
 SECTIONS = {"allreduce": "bench.collectives", "launch": "bench.launch", "scale": "bench.scale",
             "scaling": "bench.scaling",
             "rts_memory": "bench.rts_memory", "training": "bench.training", "pipeline": "bench.pipeline",
-            "multihost": "bench.multihost", "matmul": "bench.matmul", "peers": "bench.peers", "cores": "bench.cores"}
+            "multihost": "bench.multihost", "matmul": "bench.matmul", "peers": "bench.peers", "cores": "bench.cores",
+            "horovod": "bench.horovod"}
 
 
 def main() -> None:
@@ -34,10 +38,13 @@ def main() -> None:
                                                  "measuring nothing")
     args = parser.parse_args()
     if args.doc:
-        results_file = HERE / "results.json"
-        if not results_file.exists():
+        results_file, suite_file = HERE / "results.json", HERE / "horovod_suite.json"
+        if not results_file.exists() and not suite_file.exists():
             parser.error(f"{results_file} does not exist: run make bench first")
-        done = write_doc(args.doc, json.loads(results_file.read_text()))
+        # the Horovod suite's results, run by hand (make horovod-suite), are a file of their own
+        other = {DOC_SECTION: doc_section(json.loads(suite_file.read_text()), args.doc)} if suite_file.exists() else {}
+        measured = json.loads(results_file.read_text()) if results_file.exists() else {}
+        done = write_doc(args.doc, measured, other)
         print(f"bench: regenerated {', '.join(done) or 'no section'} in {args.doc}")
         return
     logging.basicConfig(level=logging.INFO, format="bench: %(message)s")

@@ -284,3 +284,27 @@ def test_the_small_all_reduce_is_timed_under_each_executor_beside_a_thread_hand_
     assert set(lat["auto"].values()) <= {"threads", "cooperative"} and lat["handoff_seconds"] > 0
     table = "\n".join(report._latency(lat))
     assert "| 2x2 |" in table and "| 1x2 | - |" in table and "One hand-off between two Python threads" in table
+
+
+def test_the_horovod_section_compares_with_ddp_and_mpi4py_and_renders() -> None:
+    """Horovod's API beside DDP and mpi4py in the same 2 processes, at the smallest sizes."""
+    pytest.importorskip("torch")
+    from bench import horovod
+
+    section: dict[str, Any] = horovod.run(quick=True, sizes=[1024, 1 << 20], steps=(1, 2))
+    trained = section["training"]  # the worker fails when the two models' parameters end apart
+    assert set(trained["seconds"]) == {"horovod", "ddp"} and min(trained["seconds"].values()) > 0
+    assert trained["rounds"] == 2 and trained["steps"] == 3 and trained["max_abs_change"] > 0
+    assert [row["bytes"] for row in section["allreduce"]] == [1024, 1 << 20]
+    for row in section["allreduce"]:
+        assert row["ratio"] == row["horovod"] / row["mpi4py"] > 0
+        assert row["in_place_ratio"] == row["horovod_in_place"] / row["mpi4py"] > 0
+    assert [t["what"] for t in section["targets"]] == [
+        "horovod: DistributedOptimizer step / torch DDP (gloo) step, 2 processes",
+        "horovod: hvd.allreduce 1 MiB / mpi4py Allreduce, 2 ranks"]
+    assert all(t["holds"] == (t["value"] <= t["limit"]) for t in section["targets"])
+    table = report.markdown({"horovod": section})
+    assert "| hvd.DistributedOptimizer (ms) | torch DDP, gloo (ms) | ratio |" in table
+    assert "| hvd.allreduce_ in place (ms) | in place / mpi4py |" in table
+    assert "| 1 KiB | " in table and "| 1 MiB | " in table
+    assert "| horovod: hvd.allreduce 1 MiB / mpi4py Allreduce, 2 ranks | ? | 1.1 |" in table
