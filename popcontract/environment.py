@@ -116,6 +116,10 @@ HOROVOD_ELASTIC = _define("HOROVOD_ELASTIC", "the user", "popdist_py.horovod",
 HOROVOD_TIMELINE = _define("HOROVOD_TIMELINE", "the user", "popdist_py.horovod",
                            "a file to write a timeline of the job's ops to (Chrome's trace format), from "
                            "hvd.init() on; DYNAMIC: only between hvd.start_timeline() and hvd.stop_timeline()")
+HOROVOD_STALL_CHECK_TIME_SECONDS = _define("HOROVOD_STALL_CHECK_TIME_SECONDS", "the user", "popdist_py.horovod",
+                                           "seconds an op may wait for ranks that have not submitted it before "
+                                           "rank 0 names them in a warning (60); at POPDIST_COLLECTIVE_TIMEOUT it "
+                                           "fails on the ranks that submitted it")
 HOROVOD_FUSION_THRESHOLD = _define("HOROVOD_FUSION_THRESHOLD", "the user", "popdist_py.horovod",
                                    "the most bytes of ready allreduces fused into one exchange (67108864, 64 MiB)")
 

@@ -68,20 +68,17 @@ def test_different_orders_and_early_joins_end_with_one_set_of_parameters() -> No
 
 
 def test_a_rank_that_raises_is_the_jobs_one_error() -> None:
-    result = poprun("--horovod", "--num-instances", "3", PYTHON, MIXED, "--raise-at", "1", env=OMP_SET,
+    result = poprun("--horovod", "--num-instances", "2", PYTHON, MIXED, "--raise-at", "1", env=OMP_SET,
                     timeout=TORCH_TIMEOUT)
     assert result.returncode == 1
     poprun_lines = [line for line in result.stderr.splitlines() if line.startswith("poprun: ")]
     failed = [line for line in poprun_lines if re.match(r"poprun: instance \d+ on \S+ failed", line)]
-    assert len(failed) == 1 and failed[0].startswith("poprun: instance 2 on "), result.stderr
-    assert "ValueError: rank 2 cannot read batch 1" in result.stderr
+    assert len(failed) == 1 and failed[0].startswith("poprun: instance 1 on "), result.stderr
+    assert "ValueError: rank 1 cannot read batch 1" in result.stderr
     assert "HorovodInternalError" not in result.stderr  # the others were stopped, not failed
 
 
 def test_elastic_state_resumes_from_the_last_commit_after_a_restart() -> None:
-    whole = poprun("--horovod", "--num-instances", "2", PYTHON, ELASTIC, env=OMP_SET, timeout=TORCH_TIMEOUT)
-    assert whole.returncode == 0, whole.stderr
-    digest = {r["digest"] for r in lines_of(whole.stdout) if "digest" in r}
     result = poprun("--horovod", "--num-instances", "2", "--max-restarts", "1", "--restart-backoff", "0", PYTHON,
                     ELASTIC, "--die-in", "2", env=OMP_SET, timeout=2 * TORCH_TIMEOUT)
     assert result.returncode == 0, result.stderr
@@ -89,18 +86,17 @@ def test_elastic_state_resumes_from_the_last_commit_after_a_restart() -> None:
     first = [r["committed_epoch"] for r in reports if r["start"] == 0 and r["rank"] == 0 and "committed_epoch" in r]
     second = [r["committed_epoch"] for r in reports if r["start"] == 1 and r["rank"] == 0 and "committed_epoch" in r]
     assert first[:2] == [1, 2] and second and second[0] == first[-1] + 1 and second[-1] == 4
-    assert {r["digest"] for r in reports if "digest" in r} == digest
+    ends = [r for r in reports if "digest" in r]
+    assert len(ends) == 2 and all(r["digest"] == r["uninterrupted"] for r in ends)
 
 
 def test_the_guides_listing_initialises_horovod_beside_popdist() -> None:
     listing = str(ROOT / "examples" / "popdist_horovod.py")
-    result = poprun("--horovod", "--num-instances", "2", "--num-replicas", "4", PYTHON, listing, "--replicas", "4",
-                    env=OMP_SET, timeout=TORCH_TIMEOUT)
+    result = poprun("--horovod", "--num-instances", "2", "--num-replicas", "4", PYTHON, listing, env=OMP_SET,
+                    timeout=TORCH_TIMEOUT)
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == [
+        "[0] The number of replicas is overridden by PopRun. The new value is 4.",
         "[0] instance 0 of 2: replicas [0, 1] of 4; Horovod rank and size (0, 2)",
+        "[1] The number of replicas is overridden by PopRun. The new value is 4.",
         "[1] instance 1 of 2: replicas [2, 3] of 4; Horovod rank and size (1, 2)"]
-    overridden = poprun("--horovod", "--num-instances", "2", "--num-replicas", "4", PYTHON, listing, env=OMP_SET,
-                        timeout=TORCH_TIMEOUT)
-    assert overridden.returncode == 0, overridden.stderr
-    assert overridden.stdout.count("The number of replicas is overridden by PopRun. The new value is 4.") == 2

@@ -285,13 +285,13 @@ def test_an_unmodified_horovod_job_across_hosts_ends_right(cluster: Cluster) -> 
     assert sorted(reports) == [0, 1, 2, 3] and len({r["digest"] for r in reports.values()}) == 1
     assert {r["last_to_join"] for r in reports.values()} == {3}
     assert min(tx_bytes(cluster)[h] - before[h] for h in ("node0", "node1")) > 0
-    failed = poprun("--horovod", "--num-instances", "4", "-H", "node0,node1", PYTHON, HOROVOD_MIXED,
+    failed = poprun("--horovod", "--num-instances", "2", "-H", "node0,node1", PYTHON, HOROVOD_MIXED,
                     "--raise-at", "1", env=job_env("mpich", **OMP_SET), timeout=TORCH_TIMEOUT)
     assert failed.returncode == 1
     lines = failed.stderr.splitlines()
     assert [line for line in lines if re.match(r"poprun: instance \d+ on \S+ failed", line)] == [
-        "poprun: instance 3 on node1 failed: exit status 1"], failed.stderr
-    assert "ValueError: rank 3 cannot read batch 1" in failed.stderr
+        "poprun: instance 1 on node1 failed: exit status 1"], failed.stderr
+    assert "ValueError: rank 1 cannot read batch 1" in failed.stderr
 
 
 # ------------------------------------------------------------------ collectives across hosts

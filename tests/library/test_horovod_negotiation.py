@@ -110,3 +110,19 @@ def test_an_op_on_a_set_the_rank_is_not_in_is_refused_to_that_rank_alone() -> No
     table = Table(2, {0: (0, 1), 1: (1,)})
     (error,) = table.submit(0, [allreduce("x", process_set=1)])
     assert error.members == (0,) and "rank 0 is not in it" in error.error
+
+
+def test_an_op_some_ranks_never_submit_is_named_then_fails_for_those_who_did() -> None:
+    table = Table(3)
+    table.submit(0, [allreduce("lonely")])
+    table.submit(2, [allreduce("lonely")])
+    began = table.since[(0, "lonely")]
+    assert table.stalled(60, began + 30) == []
+    assert table.stalled(60, began + 61) == [
+        "allreduce 'lonely' has waited 61 s for rank(s) 1, which have not submitted it (submitted by rank(s) 0, 2)"]
+    assert table.stalled(60, began + 62) == []  # once per op
+    assert table.expire(600, began + 599, "wait longer") == []
+    (failed,) = table.expire(600, began + 601, "set POPDIST_COLLECTIVE_TIMEOUT to wait longer")
+    assert failed.members == (0, 2) and failed.error == (
+        "allreduce 'lonely': rank(s) 1 did not submit it within 600 s; set POPDIST_COLLECTIVE_TIMEOUT to wait longer")
+    assert table.pending == {} and table.since == {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import pathlib
+import time
 import warnings
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 import popdist_py.horovod.torch as hvd
-from popcontract.environment import HOROVOD_DYNAMIC_PROCESS_SETS, HOROVOD_TIMELINE
+from popcontract.environment import COLLECTIVE_TIMEOUT, HOROVOD_DYNAMIC_PROCESS_SETS, HOROVOD_TIMELINE
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -93,9 +94,19 @@ def test_ranks_disagreeing_on_the_op_or_the_root_fail_alike() -> None:
 
 
 def test_a_name_in_flight_twice_is_a_value_error_at_the_call() -> None:
-    first = hvd.allreduce_async(torch.ones(2), name="twice")
-    with pytest.raises(ValueError, match="an op named 'twice' is already in flight"):
-        hvd.allreduce_async(torch.ones(2), name="twice")
+    from mpi4py import MPI
+
+    gate = MPI.COMM_WORLD.Dup()  # the others submit only after rank 0's second try: "twice" is in flight there
+    if hvd.rank() == 0:
+        first = hvd.allreduce_async(torch.ones(2), name="twice")
+        with pytest.raises(ValueError, match="an op named 'twice' is already in flight on rank 0"):
+            hvd.allreduce_async(torch.ones(2), name="twice")
+        for r in range(1, hvd.size()):
+            gate.send(None, dest=r, tag=6)
+    else:
+        gate.recv(source=0, tag=6)
+        first = hvd.allreduce_async(torch.ones(2), name="twice")
+    gate.Free()
     hvd.synchronize(first)
     hvd.synchronize(hvd.allreduce_async(torch.ones(2), name="twice"))  # free again once done
 
@@ -371,3 +382,26 @@ def test_a_timeline_shows_each_ops_negotiation_and_run(monkeypatch: pytest.Monke
         assert any(e.get("name") == "CYCLE_START" for e in events)
     else:
         assert not path.exists()
+
+
+def test_an_op_a_rank_never_submits_fails_after_the_timeout_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mpi4py import MPI
+
+    monkeypatch.setenv(COLLECTIVE_TIMEOUT, "2")
+    gate = MPI.COMM_WORLD.Dup()  # rank 1 goes on once rank 0 has its error (a message, not a sleep)
+    try:
+        if hvd.rank() == 1:
+            while not gate.Iprobe(source=0, tag=5):
+                time.sleep(0.01)
+            gate.recv(source=0, tag=5)
+        else:
+            with pytest.raises(hvd.HorovodInternalError,
+                               match=r"^allreduce 'lonely': rank\(s\) 1 did not submit it within 2 s; set "
+                                     r"POPDIST_COLLECTIVE_TIMEOUT to wait longer$"):
+                hvd.allreduce(torch.ones(1), name="lonely")
+            if hvd.rank() == 0:
+                gate.send(None, dest=1, tag=5)
+    finally:
+        gate.Free()
+    monkeypatch.undo()
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()

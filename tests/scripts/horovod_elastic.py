@@ -1,7 +1,8 @@
 """``hvd.elastic.run`` over poprun's restarts: on the job's first start (POPDIST_RESTART_COUNT=0)
 rank 1 kills itself with SIGKILL in epoch ``--die-in``; the next start resumes from the last
 commit. Each rank prints a JSON line per committed epoch and one at the end with a digest of the
-parameters, which an uninterrupted run must match."""
+parameters and the digest of the same training done here, in one process, without interruption
+(every rank's gradient summed in rank order and divided by the ranks, as the allreduce does)."""
 
 import argparse
 import hashlib
@@ -41,4 +42,28 @@ def train(state: "hvd.elastic.TorchState") -> str:
     return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
 
 
-print(json.dumps({"start": start, "rank": hvd.rank(), "digest": train(state)}), flush=True)
+def digest(module: torch.nn.Module) -> str:
+    return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in module.parameters())).hexdigest()[:16]
+
+
+def uninterrupted(size: int) -> str:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    for epoch in range(args.epochs):
+        grads = []
+        for rank in range(size):
+            model.zero_grad()
+            model(torch.full((2, 4), float(epoch + rank + 1))).pow(2).sum().backward()
+            grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            total = grads[0][i]
+            for g in grads[1:]:
+                total = total + g[i]
+            p.grad = total / size
+        optimizer.step()
+    return digest(model)
+
+
+print(json.dumps({"start": start, "rank": hvd.rank(), "digest": train(state),
+                  "uninterrupted": uninterrupted(hvd.size())}), flush=True)

@@ -6,8 +6,9 @@ Walks both packages with pkgutil from where they are installed, fails if that is
 imports each module (the scripts, ``poprun_py.__main__``, ``popdist_py.__main__``,
 ``poprun_py.stub.script`` and ``poprun_py.host.script``, are only
 found: importing runs them; so is the library poprun preloads into Open MPI's launcher, which is
-no Python module) and prints one JSON object: the packages' files, the modules, the compiled
-extension's file and whether each package has ``py.typed``.
+no Python module, and so is popdist_py.horovod.torch where torch is not installed) and prints one
+JSON object: the packages' files, the modules, the compiled extension's file and whether each
+package has ``py.typed``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 #: Modules that run when imported: `python -m poprun_py`, `python -m popdist_py` (the compiled parts'
 #: report, where the package has one), the Python stub's script and a host supervisor's.
 SCRIPTS = ("poprun_py.__main__", "popdist_py.__main__", "poprun_py.stub.script", "poprun_py.host.script")
+#: The modules that import torch (found only where it is not installed).
+NEEDS_TORCH = "popdist_py.horovod.torch"
 
 
 def main(checkout: str) -> int:
@@ -31,6 +34,8 @@ def main(checkout: str) -> int:
     from poprun_py.shared import loopback
 
     found_only = (*SCRIPTS, f"poprun_py.shared.{loopback.NAME}")
+    # Horovod's torch API needs torch, which the package does not require: without it, found only.
+    needs_torch = () if importlib.util.find_spec("torch") else (NEEDS_TORCH,)
 
     root = Path(checkout).resolve()
     modules: list[str] = []
@@ -42,8 +47,10 @@ def main(checkout: str) -> int:
             raise SystemExit(f"{package.__name__} comes from the checkout ({where}), not the installed wheel")
         files[package.__name__] = str(where)
         typed[package.__name__] = (where / "py.typed").is_file()
-        for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".", onerror=_raise):
-            if info.name in found_only:
+        walk = pkgutil.walk_packages(package.__path__, package.__name__ + ".",
+                                     onerror=lambda name: None if name.startswith(needs_torch) else _raise(name))
+        for info in walk:
+            if info.name in found_only or info.name.startswith(needs_torch):
                 if importlib.util.find_spec(info.name) is None:
                     raise SystemExit(f"{info.name} is missing")
             else:

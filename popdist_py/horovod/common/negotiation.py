@@ -13,6 +13,7 @@ alone: pure Python, no MPI (:mod:`popdist_py.horovod.common.runtime` moves the m
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -148,6 +149,9 @@ class Table:
         self.gone: dict[int, str] = {}
         #: Why every op fails from now on (the coordinator is shutting down), or "".
         self.closing = ""
+        #: When each pending op was first submitted (time.monotonic()), and those warned about.
+        self.since: dict[tuple[int, str], float] = {}
+        self.warned: set[tuple[int, str]] = set()
 
     def submit(self, rank: int, requests: Iterable[Request]) -> list[Response]:
         """Take a rank's new requests; returns immediate errors (an op on a set it is not in)."""
@@ -169,8 +173,45 @@ class Table:
                                        error=f"{request.kind} {request.name!r}: process set "
                                              f"{request.process_set}: {why}"))
                 continue
-            self.pending.setdefault((request.process_set, request.name), {})[rank] = request
+            key = (request.process_set, request.name)
+            if key not in self.pending:
+                self.since[key] = time.monotonic()
+            self.pending.setdefault(key, {})[rank] = request
         return errors
+
+    def stalled(self, after: float, now: float) -> list[str]:
+        """One line for each op that has waited more than ``after`` seconds for ranks that have
+        not submitted it (once per op): Horovod's stall warning."""
+        lines = []
+        for key, began in self.since.items():
+            if now - began > after and key not in self.warned:
+                self.warned.add(key)
+                submitted = self.pending[key]
+                request = next(iter(submitted.values()))
+                missing = ", ".join(map(str, self._missing_of(key, submitted)))
+                lines.append(f"{request.kind} {request.name!r} has waited {now - began:.0f} s for rank(s) {missing}, "
+                             f"which have not submitted it (submitted by rank(s) "
+                             f"{', '.join(map(str, sorted(submitted)))})")
+        return lines
+
+    def expire(self, timeout: float, now: float, what: str) -> list[Response]:
+        """Ops that waited more than ``timeout`` seconds fail on the ranks that submitted them,
+        naming the ranks that did not (``what``: how to wait longer)."""
+        out = []
+        for key, began in list(self.since.items()):
+            if now - began > timeout:
+                submitted = self.pending.pop(key)
+                del self.since[key]
+                self.warned.discard(key)
+                request = next(iter(submitted.values()))
+                missing = ", ".join(map(str, self._missing_of(key, submitted)))
+                out.append(Response(request.kind, key[0], (request,), members=tuple(sorted(submitted)),
+                                    error=f"{request.kind} {request.name!r}: rank(s) {missing} did not submit it "
+                                          f"within {timeout:g} s; {what}"))
+        return out
+
+    def _missing_of(self, key: tuple[int, str], submitted: dict[int, Request]) -> list[int]:
+        return [r for r in self.sets[key[0]] if r not in submitted and r not in self.joined]
 
     def close(self, reason: str) -> None:
         """The coordinator shuts down: every op not yet run, and every later one, fails with ``reason``."""
@@ -189,6 +230,8 @@ class Table:
             if response is None:
                 continue
             del self.pending[key]
+            self.since.pop(key, None)
+            self.warned.discard(key)
             if response.kind == ADD_PROCESS_SET and not response.error:
                 response = self._add_set(response)
             elif response.kind == REMOVE_PROCESS_SET and not response.error:

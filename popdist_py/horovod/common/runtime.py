@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from popcontract import settings
-from popcontract.environment import HOROVOD_FUSION_THRESHOLD
+from popcontract.environment import COLLECTIVE_TIMEOUT, HOROVOD_FUSION_THRESHOLD, HOROVOD_STALL_CHECK_TIME_SECONDS
 from popdist_py.deadline import collective_timeout, poll
 from popdist_py.horovod.common import negotiation as neg
 from popdist_py.horovod.common.negotiation import Request, Response
@@ -48,6 +48,10 @@ _FIRST_SLEEP = 20e-6
 _MAX_SLEEP = 1e-3
 #: A rank with nothing in flight wakes this often to see whether the coordinator left.
 _IDLE_WAKE = 0.05
+#: Horovod's stall warning: an op waiting this long for ranks that have not submitted it is named
+#: (HOROVOD_STALL_CHECK_TIME_SECONDS); at POPDIST_COLLECTIVE_TIMEOUT it fails. Checked once a second.
+_STALL_WARNING = 60.0
+_STALL_CHECK_EVERY = 1.0
 #: A data exchange is polled (yielding the core) this long before it sleeps between polls.
 _DATA_YIELD = 0.05
 
@@ -130,6 +134,7 @@ class Runtime:
         self._left: set[int] = set()
         self._said_bye: set[int] = set()
         self._responses: list[Response] = []
+        self._next_stall_check = 0.0
         self.dead = ""
         #: Rank 0's timeline while one is being written (hvd.start_timeline, HOROVOD_TIMELINE).
         self.timeline: Timeline | None = None
@@ -288,6 +293,18 @@ class Runtime:
             else:
                 for error in self.table.submit(source, payload):
                     outboxes.setdefault(source, []).append(error)
+        now = time.monotonic()
+        if now >= self._next_stall_check:
+            self._next_stall_check = now + _STALL_CHECK_EVERY
+            for line in self.table.stalled(settings.seconds(HOROVOD_STALL_CHECK_TIME_SECONDS, _STALL_WARNING), now):
+                log.warning("popdist_py.horovod: %s", line)
+            expired = self.table.expire(collective_timeout(), now, f"set {COLLECTIVE_TIMEOUT} to wait longer")
+            for response in expired:
+                for member in response.members:
+                    if member == 0:
+                        self._responses.append(response)
+                    else:
+                        outboxes.setdefault(member, []).append(response)
         for response in self.table.ready():
             for member in response.members:
                 if member == 0:

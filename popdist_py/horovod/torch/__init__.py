@@ -6,6 +6,12 @@ Everything a Horovod program calls: ``init``, where this rank stands, the collec
 and ``elastic``. It runs over the MPI world of the job (``poprun``, ``mpiexec`` or ``srun``).
 """
 
+try:
+    import torch as _torch  # noqa: F401  (the one clear line where it is missing)
+except ImportError as _missing:
+    raise ImportError("popdist_py.horovod.torch needs torch, which is not installed here: install torch (its CPU "
+                      "build) first, as Horovod's own horovod.torch needs it") from _missing
+
 from popdist_py.horovod.common.basics import (
     ccl_built,
     cross_rank,
