@@ -53,6 +53,8 @@ def main(checkout: str) -> int:
             if info.name in found_only or info.name.startswith(needs_torch):
                 if importlib.util.find_spec(info.name) is None:
                     raise SystemExit(f"{info.name} is missing")
+                if info.name in needs_torch:
+                    modules += _submodules(info.name)  # the walk cannot import it to go further
             else:
                 module = importlib.import_module(info.name)
                 if Path(module.__file__ or "").resolve().is_relative_to(root):
@@ -64,6 +66,21 @@ def main(checkout: str) -> int:
                       "version": [poprun_py.__version__, popdist_py.__version__,
                                   popcontract.__version__]}))
     return 0
+
+
+def _submodules(package: str) -> list[str]:
+    """Every module under ``package`` (a package that cannot be imported here), found, not imported."""
+    spec = importlib.util.find_spec(package)
+    found: list[str] = []
+
+    def walk(paths: list[str], prefix: str) -> None:
+        for info in pkgutil.iter_modules(paths, prefix):
+            found.append(info.name)
+            if info.ispkg:
+                walk([str(Path(p) / info.name.rpartition(".")[2]) for p in paths], info.name + ".")
+
+    walk(list(spec.submodule_search_locations or []) if spec else [], package + ".")
+    return found
 
 
 def _raise(name: str) -> None:

@@ -38,12 +38,13 @@ _REQUESTS, _RESPONSES, _LEAVE, _STOP, _BYE = 11, 12, 13, 14, 15
 #: How long a stopping rank waits for its peers' answers (a rank that died cannot answer).
 _LEAVE_WITHIN = 10.0
 #: Waiting for a peer while ops are in flight: yield the core until this long has passed without
-#: progress (an op's answer comes within microseconds to milliseconds, and a sleep would add tens
-#: of microseconds to each), then sleep, doubling up to _MAX_SLEEP.
-_YIELD = 5e-3
+#: progress (an op's answer mostly comes within it, and a sleep would add tens of microseconds),
+#: then sleep, doubling up to _MAX_SLEEP: longer spinning only burns the cores that the peers
+#: (and, on a shared host, every other job) need to get there.
+_YIELD = 5e-4
 #: After any progress, yield this long before sleeping even with nothing in flight: a program's
 #: next op often comes within a millisecond, and a sleeping thread takes tens of microseconds to wake.
-_HOT = 1e-3
+_HOT = 2e-4
 _FIRST_SLEEP = 20e-6
 _MAX_SLEEP = 1e-3
 #: A rank with nothing in flight wakes this often to see whether the coordinator left.
