@@ -54,6 +54,9 @@ CLUSTER_TESTS = ("tests/integration/test_multihost.py", "tests/integration/test_
 
 #: The checks of `make bench`'s sections at their smallest sizes: many short jobs that import torch.
 BENCH_TESTS = "tests/integration/test_bench.py"
+#: Horovod's API under poprun: unmodified Horovod programs (torch jobs of 2-3 instances each) and
+#: the suite runner's own checks; a part of their own, so that `apps` is not the longest by far.
+HOROVOD_TESTS = ("tests/integration/test_horovod_under_poprun.py", "tests/integration/test_horovod_suite.py")
 #: The installs: `make dist`'s wheel and sdist into fresh venvs, and the package without its parts.
 INSTALL_TESTS = ("tests/integration/test_dist.py", "tests/integration/test_package.py",
                  "tests/integration/test_compiled_parts.py", "tests/integration/test_make_install.py")
@@ -86,7 +89,7 @@ def parts() -> list[Part]:
     under every other OpenBLAS kernel this CPU runs; the compiled parts under AddressSanitizer and
     UndefinedBehaviorSanitizer (``make sanitize``); ruff and mypy (``make lint``)."""
     kernels = blas_kernels.kernels()
-    elsewhere = [f"--ignore={test}" for test in (*CLUSTER_TESTS, BENCH_TESTS, *INSTALL_TESTS)]
+    elsewhere = [f"--ignore={test}" for test in (*CLUSTER_TESTS, BENCH_TESTS, *INSTALL_TESTS, *HOROVOD_TESTS)]
     return [
         Part("lint", (("make", "--no-print-directory", "lint"),)),
         Part("hosts", (_pytest("hosts", "pytest", *CLUSTER_TESTS),), own_network=False),
@@ -94,6 +97,7 @@ def parts() -> list[Part]:
         Part("launcher", (_pytest("launcher", "pytest", "tests/launcher"),)),
         Part("apps", (_pytest("apps", "pytest", "tests/integration", *elsewhere),)),
         Part("installs", (_pytest("installs", "pytest", *INSTALL_TESTS),), own_network=False),
+        Part("horovod", (_pytest("horovod", "pytest", *HOROVOD_TESTS),)),
         # Bits promised equal must not depend on the BLAS kernel this CPU picked.
         Part("blas", tuple(("env", f"OPENBLAS_CORETYPE={k}", *_pytest("blas", k, "-m", "determinism", "tests"))
                            for k in kernels)),
