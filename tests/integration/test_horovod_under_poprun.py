@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import OMP_SET, PYTHON, ROOT, poprun, tagged_json
+from tests.helpers import OMP_SET, OPENMPI_LIBMPI, OPENMPI_MPIEXEC, PYTHON, ROOT, poprun, tagged_json
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +56,11 @@ def test_an_installed_horovod_is_never_hidden(tmp_path: Path) -> None:
                          "popdist_py's Horovod API")]
 
 
-def test_different_orders_and_early_joins_end_with_one_set_of_parameters() -> None:
-    result = poprun("--horovod", "--num-instances", "3", PYTHON, MIXED, env=OMP_SET, timeout=TORCH_TIMEOUT)
+@pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
+def test_different_orders_and_early_joins_end_with_one_set_of_parameters(mpi: str) -> None:
+    args = ["--mpi", str(OPENMPI_MPIEXEC)] if mpi == "openmpi" else []
+    env = {**OMP_SET, "MPI4PY_LIBMPI": str(OPENMPI_LIBMPI)} if mpi == "openmpi" else OMP_SET
+    result = poprun(*args, "--horovod", "--num-instances", "3", PYTHON, MIXED, env=env, timeout=TORCH_TIMEOUT)
     assert result.returncode == 0, result.stderr
     reports = tagged_json(result.stdout)
     assert sorted(reports) == [0, 1, 2]
