@@ -397,11 +397,16 @@ class Runtime:
                 parts.extend(zip(handle.inputs, handle.outputs, strict=True))
         work = _work_dtype(parts[0][0].dtype)
         total = sum(a.size for a, _ in parts)
+        send: Any = self.MPI.IN_PLACE
         if len(parts) == 1 and work == parts[0][0].dtype and parts[0][1] is not None:
             src, single = parts[0]
             assert single is not None
             buf = single.reshape(-1) if single.flags.c_contiguous else np.empty(total, work)
-            if not np.shares_memory(src, buf):
+            if np.may_share_memory(src, buf):
+                pass  # in place
+            elif first.prescale == 1.0 and src.flags.c_contiguous and comm.Get_size() > 1:
+                send = src.reshape(-1)  # MPI reduces from it into buf: no copy of the whole input first
+            else:
                 np.copyto(buf, src.reshape(-1))
         else:
             buf = np.empty(total, work)
@@ -409,13 +414,14 @@ class Runtime:
             for a, _ in parts:
                 np.copyto(buf[at:at + a.size], a.reshape(-1), casting="unsafe")
                 at += a.size
-        scale(buf, first.prescale)
+        if send is self.MPI.IN_PLACE:
+            scale(buf, first.prescale)
         if comm.Get_size() > 1 and total:
-            self._complete("allreduce", comm.Iallreduce(self.MPI.IN_PLACE, buf, op=_np_op(first.op)))
+            self._complete("allreduce", comm.Iallreduce(send, buf, op=_np_op(first.op)))
         finish_average(buf, first.op, first.postscale, comm.Get_size())
         at = 0
         for a, dest in parts:
-            if dest is not None and not np.shares_memory(dest, buf):
+            if dest is not None and not np.may_share_memory(dest, buf):
                 np.copyto(dest, buf[at:at + a.size].reshape(dest.shape), casting="unsafe")
             at += a.size
 
