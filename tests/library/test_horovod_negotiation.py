@@ -126,3 +126,15 @@ def test_an_op_some_ranks_never_submit_is_named_then_fails_for_those_who_did() -
     assert failed.members == (0, 2) and failed.error == (
         "allreduce 'lonely': rank(s) 1 did not submit it within 600 s; set POPDIST_COLLECTIVE_TIMEOUT to wait longer")
     assert table.pending == {} and table.since == {}
+
+
+def test_a_barrier_is_ready_only_once_every_rank_of_its_set_has_arrived() -> None:
+    table = Table(3, {0: (0, 1, 2), 1: (0, 2)})
+    table.submit(0, [Request("b", neg.BARRIER, 0), Request("s", neg.BARRIER, 1)])
+    table.submit(1, [Request("b", neg.BARRIER, 0)])
+    assert table.ready() == []  # rank 2 is in both and has come to neither
+    table.submit(2, [Request("s", neg.BARRIER, 1)])
+    (in_set,) = table.ready()
+    assert (in_set.names, in_set.members) == (("s",), (0, 2))
+    table.submit(2, [Request("b", neg.BARRIER, 0)])
+    assert [(r.names, r.members) for r in table.ready()] == [(("b",), (0, 1, 2))]

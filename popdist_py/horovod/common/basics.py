@@ -84,10 +84,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         if comm is None:
             use = base
         elif isinstance(comm, (list, tuple)):
+            from mpi4py import MPI
+
             group = base.Get_group().Incl(sorted(comm))
             use = base.Create_group(group)
             group.Free()
-            if use == _comm_null():
+            if use == MPI.COMM_NULL:
                 raise ValueError(f"hvd.init(comm={list(comm)}): this rank ({base.Get_rank()}) is not in it")
         else:
             use = comm
@@ -97,12 +99,6 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         if path and path != DYNAMIC and _state.comm.Get_rank() == 0:
             _state.runtime.timeline = Timeline(path)
         atexit.register(_shutdown_at_exit)
-
-
-def _comm_null() -> Any:
-    from mpi4py import MPI
-
-    return MPI.COMM_NULL
 
 
 def _shutdown_at_exit() -> None:

@@ -444,7 +444,6 @@ class Runtime:
                 np.copyto(out, send)
             if handle is not None:
                 handle.outputs.append(out)
-                handle.value = rows[i]
 
     def _broadcast(self, response: Response, handles: list[Handle | None]) -> None:
         comm = self.comms[response.process_set]

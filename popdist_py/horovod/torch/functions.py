@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import pickle
 from collections.abc import Iterable
 from typing import Any
@@ -21,10 +20,6 @@ def _dumps(obj: Any) -> bytes:
     except ImportError:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return bytes(cloudpickle.dumps(obj))
-
-
-def _loads(data: bytes) -> Any:
-    return pickle.load(io.BytesIO(data))
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = global_process_set) -> None:
@@ -54,7 +49,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     if basics.rank() != root_rank:
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
     mpi_ops.broadcast_(payload, root_rank, name=f"{name}.t", process_set=process_set)
-    return obj if basics.rank() == root_rank else _loads(payload.numpy().tobytes())
+    return obj if basics.rank() == root_rank else pickle.loads(payload.numpy().tobytes())
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet = global_process_set) -> list[Any]:
@@ -68,7 +63,7 @@ def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet 
     raw = gathered.numpy().tobytes()
     out, at = [], 0
     for n in sizes.tolist():
-        out.append(_loads(raw[at:at + n]))
+        out.append(pickle.loads(raw[at:at + n]))
         at += n
     return out
 

@@ -123,8 +123,8 @@ def _dtype(tensor: torch.Tensor, kind: str, reducible: bool = False) -> str:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{kind}: expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in allowed or tensor.is_sparse or tensor.device.type != "cpu":
-        what = "sparse" if tensor.is_sparse else f"on {tensor.device}" if tensor.device.type != "cpu" else ""
-        raise ValueError(f"{kind}: a {what or ''}{' ' if what else ''}tensor of {tensor.dtype} is not supported: "
+        where = "sparse " if tensor.is_sparse else "" if tensor.device.type == "cpu" else f"{tensor.device} "
+        raise ValueError(f"{kind}: a {where}tensor of {tensor.dtype} is not supported: "
                         f"CPU tensors of {', '.join(sorted(str(d).removeprefix('torch.') for d in allowed))} are")
     return str(tensor.dtype).removeprefix("torch.")
 
